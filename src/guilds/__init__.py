@@ -1,0 +1,1 @@
+"""guilds: the orchestrator side of the code tools (toolbox, sandboxes, record, fronts)."""

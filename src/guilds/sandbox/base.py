@@ -1,0 +1,56 @@
+"""The sandbox seam: anything that can run an argv and write a file.
+
+Contract every backend keeps (the conformance suite in tests/ checks it):
+
+- ``start()`` makes the sandbox ready (idempotent): the home exists, the
+  helpers are installed at ``helper_path(name)``, the state root exists with
+  ``<agent id>/repos.json`` (mode 0600) written. Found again by agent id where
+  the backend is long-lived.
+- ``exec(argv, env=..., timeout=...)`` runs argv inside the sandbox, in the
+  home, with the agent's environment (HOME, PORT, the port block, the secrets,
+  GUILDS_STATE_DIR) plus ``env``; stdin closed. It never waits longer than
+  ``timeout`` seconds: past it the process (and what it started) is killed and
+  ``timed_out`` is set. Secret values travel in the environment, never in argv.
+- ``write_file(path, data)`` writes a file inside the sandbox (path as the
+  sandbox sees it), atomically, mode 0600: the "sandbox file API".
+- ``stop()`` ends everything inside the sandbox.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool = False
+
+
+class Sandbox(Protocol):
+    name: str
+    home: str
+    """The agent's home as the sandbox sees it (absolute)."""
+    state_dir: str
+    """The state root as the sandbox sees it (GUILDS_STATE_DIR inside)."""
+
+    def helper_path(self, name: str) -> str:
+        """Where the one-file helper `name` (guilds-code, guilds-harness) lives inside."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float,
+    ) -> ExecResult: ...
+
+    async def write_file(self, path: str, data: bytes) -> None: ...
+
+    async def stop(self) -> None: ...

@@ -1,0 +1,78 @@
+"""Every number of the product page, named, with the reason beside it.
+
+The orchestrator imports this module too (for tool schemas and its own waits),
+so it must stay standard-library only and free of work at import time.
+"""
+
+# --- the result -----------------------------------------------------------
+DEFAULT_MAX_BYTES = 8192
+"""CODE_RESULT_MAX_BYTES when unset: a result the model can read in one go."""
+MIN_MAX_BYTES = 1024
+"""The smallest cap a request may ask for: below it no head/tail shape fits."""
+PLATFORM_CAP_BYTES = 64 * 1024
+"""The platform pipeline's cap, applied by the orchestrator after redaction."""
+
+# --- transport ------------------------------------------------------------
+REQUEST_ARGV_MAX = 64 * 1024
+"""A request whose base64 passes this goes through a request file instead:
+one argv string is capped at 128 KiB by the kernel (MAX_ARG_STRLEN)."""
+REQUEST_FILE_MAX = 16 * 1024 * 1024
+"""A request file larger than this is refused without being parsed."""
+OP_WAIT_SECONDS = 120
+"""How long the orchestrator waits for any op but shell."""
+SHELL_WAIT_EXTRA_SECONDS = 30
+"""shell waits its own timeout plus this."""
+STDERR_TAIL_LINES = 5
+"""Lines of a failed helper's stderr quoted in 'code helper failed'."""
+
+# --- shell ----------------------------------------------------------------
+SHELL_TIMEOUT_DEFAULT = 120
+SHELL_TIMEOUT_MIN = 1
+SHELL_TIMEOUT_MAX = 600
+SHELL_KILL_GRACE_SECONDS = 2
+"""SIGTERM, then SIGKILL this much later, for the whole process group."""
+SHELL_DRAIN_SECONDS = 0.2
+"""After bash exits, how long to keep reading a pipe that a grandchild holds."""
+TIMEOUT_EXIT_CODE = 124
+"""exit_code of a command stopped at its timeout, as timeout(1) reports it."""
+COMMAND_MAX_CHARS = 1024 * 1024
+"""A shell command longer than this is refused (it would not fit in argv)."""
+READ_CHUNK = 64 * 1024
+"""Output is streamed in reads of this size into the log."""
+HEAD_BYTES = 2 * 1024
+"""An elided output keeps at most this much of its start..."""
+TAIL_BYTES = 6 * 1024
+"""...and about this much of its end, less room for the trailers."""
+
+# --- background -----------------------------------------------------------
+STATUS_TAIL_LINES = 40
+"""shell_status with id shows this many last lines of the log."""
+STOP_KILL_GRACE_SECONDS = 5
+"""stop: SIGTERM to the group, SIGKILL this much later."""
+BACKGROUND_ID_PREFIX = "b"
+
+# --- file_read ------------------------------------------------------------
+READ_LIMIT_DEFAULT = 200
+READ_LIMIT_MAX = 500
+READ_LINE_MAX_CHARS = 400
+"""A longer line is clipped with '… [+N chars]'."""
+BINARY_SNIFF_BYTES = 8000
+"""A NUL byte within this many first bytes makes a file binary (as git does)."""
+
+# --- code_search ----------------------------------------------------------
+SEARCH_FILES_MAX = 30
+SEARCH_LINES_MAX = 40
+SEARCH_MATCHES_PER_FILE = 10
+SEARCH_CONTEXT_MAX = 5
+SEARCH_LINE_MAX_CHARS = 300
+SEARCH_TIMEOUT_SECONDS = 60
+
+# --- state ----------------------------------------------------------------
+RUNS_KEPT = 20
+"""Only the most recent runs' folders under .runs/ are kept."""
+DEFAULT_STATE_DIR = "/run/guilds"
+STATE_DIR_ENV = "GUILDS_STATE_DIR"
+STATE_FILE_MAX_BYTES = 64 * 1024
+"""A state file (cwd, a record, repos.json) larger than this is treated as corrupt."""
+NAME_MAX_CHARS = 128
+"""run_id, agent_id and call_id become file names: at most this long."""

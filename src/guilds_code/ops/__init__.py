@@ -1,0 +1,1 @@
+"""One module per op; each exposes ``run(request) -> protocol.Reply``."""

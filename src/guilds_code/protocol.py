@@ -1,0 +1,383 @@
+"""The wire protocol between the orchestrator and the helper, defined once.
+
+Request (orchestrator -> helper): ``python3 -I -S guilds-code ARG`` where ARG is
+base64 (standard alphabet, validated) of UTF-8 JSON, or the absolute path of a
+request file under ``<state root>/requests/`` that the helper reads and then
+deletes, also when the request inside it is bad. Fields:
+
+    op          "shell" | "shell_status" | "file_read" | "code_search"
+    args        the tool's arguments as the model gave them (validated here)
+    run_id, agent_id, call_id
+                names that become file names: [A-Za-z0-9._-], at most 128, no ".."
+    home        absolute path of the agent's home
+    cwd         the run's default working directory, absolute (default: home)
+    max_bytes   the result's byte cap (default 8192, at least 1024)
+    seq         the message seq this call's result will have (default 0)
+    reads       file_read only: earlier reads that may be pointed to, each
+                {"path", "range": [a, b], "content_hash", "seq"}
+    redact_env  names of environment variables whose values are secrets; the
+                helper replaces them (and the repository tokens of repos.json)
+                by [REDACTED] before it clips anything, so no clip can cut a
+                secret in two. Names only: values never travel on a command line.
+
+Envelope (helper -> orchestrator): exactly one line on stdout, base64 of UTF-8
+JSON, ``{"ok": true, "text": str, "meta": {...}}`` or
+``{"ok": false, "error": "one line"}``; the helper exits 0 whenever it printed one.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import limits
+
+OPS = ("shell", "shell_status", "file_read", "code_search")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_BACKGROUND_ID_RE = re.compile(r"^b[1-9][0-9]{0,8}$")
+
+
+class RequestError(Exception):
+    """A malformed request: the message is one line that names the field."""
+
+
+class OpError(Exception):
+    """An op could not do what was asked (missing file, path outside the home...).
+
+    Turned into ``{"ok": false, "error": message}`` in exactly one place.
+    """
+
+
+@dataclass
+class Reply:
+    """What an op returns: the shaped text and the call's metadata."""
+
+    text: str
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Request:
+    op: str
+    args: Dict[str, Any]
+    run_id: str
+    agent_id: str
+    call_id: str
+    home: str
+    cwd: str
+    max_bytes: int = limits.DEFAULT_MAX_BYTES
+    seq: int = 0
+    reads: List[Dict[str, Any]] = field(default_factory=list)
+    redact_env: List[str] = field(default_factory=list)
+
+
+# --- argument specs: (type, default, (min, max) or choices) -----------------
+# type is one of "str", "int", "bool"; REQUIRED marks a required argument.
+REQUIRED = object()
+
+ARG_SPECS: Dict[str, Dict[str, Tuple[str, Any, Any]]] = {
+    "shell": {
+        "command": ("str", REQUIRED, None),
+        "timeout_seconds": (
+            "int",
+            limits.SHELL_TIMEOUT_DEFAULT,
+            (limits.SHELL_TIMEOUT_MIN, limits.SHELL_TIMEOUT_MAX),
+        ),
+        "background": ("bool", False, None),
+    },
+    "shell_status": {
+        "id": ("str", None, None),
+        "stop": ("bool", False, None),
+    },
+    "file_read": {
+        "path": ("str", REQUIRED, None),
+        "offset": ("int", 1, (1, 2**63 - 1)),
+        "limit": ("int", limits.READ_LIMIT_DEFAULT, (1, limits.READ_LIMIT_MAX)),
+    },
+    "code_search": {
+        "pattern": ("str", REQUIRED, None),
+        "path": ("str", None, None),
+        "glob": ("str", None, None),
+        "mode": ("str", "files", ("files", "content")),
+        "fixed": ("bool", False, None),
+        "ignore_case": ("bool", False, None),
+        "context": ("int", 0, (0, limits.SEARCH_CONTEXT_MAX)),
+        "limit": (
+            "int",
+            None,
+            (1, max(limits.SEARCH_FILES_MAX, limits.SEARCH_LINES_MAX)),
+        ),
+    },
+}
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=True)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_int(name: str, value: Any, bounds: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(f"{name}: must be an integer, got {_show(value)}")
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise RequestError(f"{name}: must be an integer, got {_show(value)}")
+        value = int(value)
+    lo, hi = bounds
+    if not lo <= value <= hi:
+        span = f"at least {lo}" if hi >= 2**63 - 1 else f"from {lo} to {hi}"
+        raise RequestError(f"{name}: must be {span}, got {value}")
+    return value
+
+
+def _check_str(name: str, value: Any, choices: Any) -> str:
+    if not isinstance(value, str):
+        raise RequestError(f"{name}: must be a string, got {_show(value)}")
+    if "\x00" in value:
+        raise RequestError(f"{name}: must not contain a NUL character")
+    if choices and value not in choices:
+        allowed = " or ".join(repr(c) for c in choices)
+        raise RequestError(f"{name}: must be {allowed}, got {_show(value)}")
+    return value
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise RequestError(f"{name}: must be true or false, got {_show(value)}")
+    return value
+
+
+def validate_args(op: str, args: Any) -> Dict[str, Any]:
+    """Check a tool's arguments against ARG_SPECS; fill defaults.
+
+    A null value counts as absent. Unknown arguments are refused by name.
+    """
+    if not isinstance(args, dict):
+        raise RequestError(f"args: must be an object, got {_show(args)}")
+    specs = ARG_SPECS[op]
+    for key in args:
+        if key not in specs:
+            known = ", ".join(specs)
+            raise RequestError(f"{key}: unknown argument for {op} (known: {known})")
+    out: Dict[str, Any] = {}
+    for name, (kind, default, extra) in specs.items():
+        value = args.get(name)
+        if value is None:
+            if default is REQUIRED:
+                raise RequestError(f"{name}: required by {op}")
+            out[name] = default
+            continue
+        if kind == "int":
+            out[name] = _check_int(name, value, extra)
+        elif kind == "bool":
+            out[name] = _check_bool(name, value)
+        else:
+            out[name] = _check_str(name, value, extra)
+    _check_op_rules(op, out)
+    return out
+
+
+def _check_op_rules(op: str, args: Dict[str, Any]) -> None:
+    if op == "shell":
+        if not args["command"].strip():
+            raise RequestError("command: must not be empty")
+        if len(args["command"]) > limits.COMMAND_MAX_CHARS:
+            raise RequestError(
+                f"command: longer than {limits.COMMAND_MAX_CHARS} characters"
+            )
+    elif op == "shell_status":
+        if args["id"] is not None and not _BACKGROUND_ID_RE.match(args["id"]):
+            raise RequestError(f"id: must look like b1, got {_show(args['id'])}")
+        if args["stop"] and args["id"] is None:
+            raise RequestError("stop: needs an id")
+    elif op == "file_read":
+        if not args["path"]:
+            raise RequestError("path: must not be empty")
+    elif op == "code_search" and not args["pattern"]:
+        raise RequestError("pattern: must not be empty")
+
+
+# --- request decoding ------------------------------------------------------
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _parse_json(raw: bytes, where: str) -> Any:
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError:
+        raise RequestError(f"{where}: not UTF-8") from None
+    except ValueError as exc:
+        raise RequestError(f"{where}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise RequestError(f"{where}: JSON nested too deeply") from None
+
+
+def state_root() -> str:
+    """The state root: $GUILDS_STATE_DIR, else /run/guilds."""
+    return os.environ.get(limits.STATE_DIR_ENV) or limits.DEFAULT_STATE_DIR
+
+
+def _read_request_file(path: str) -> bytes:
+    """Read a request file under <state root>/requests/, then delete it."""
+    requests_dir = os.path.join(os.path.realpath(state_root()), "requests")
+    parent = os.path.realpath(os.path.dirname(path))
+    if parent != requests_dir:
+        raise RequestError(f"request: file must be in {requests_dir}, got {path}")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise RequestError(f"request: cannot open {path}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RequestError(f"request: {path} is not a regular file")
+        if st.st_size > limits.REQUEST_FILE_MAX:
+            raise RequestError(f"request: {path} is larger than {limits.REQUEST_FILE_MAX} bytes")
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _decode_arg(arg: str) -> bytes:
+    if arg.startswith("/"):
+        return _read_request_file(arg)
+    try:
+        return base64.b64decode(arg.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError, ValueError):
+        raise RequestError("request: not valid base64") from None
+
+
+def _name(data: Dict[str, Any], key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value:
+        raise RequestError(f"{key}: required, a non-empty string")
+    if len(value) > limits.NAME_MAX_CHARS or not _NAME_RE.match(value) or ".." in value:
+        raise RequestError(f"{key}: must be letters, digits, '.', '_' or '-', got {_show(value)}")
+    return value
+
+
+def _abs_path(data: Dict[str, Any], key: str, default: Optional[str] = None) -> str:
+    value = data.get(key, default)
+    if not isinstance(value, str) or not value.startswith("/") or "\x00" in value:
+        raise RequestError(f"{key}: must be an absolute path, got {_show(value)}")
+    return os.path.normpath(value)
+
+
+def _reads(value: Any) -> List[Dict[str, Any]]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise RequestError("reads: must be a list")
+    out = []
+    for i, item in enumerate(value):
+        ok = (
+            isinstance(item, dict)
+            and isinstance(item.get("path"), str)
+            and isinstance(item.get("content_hash"), str)
+            and isinstance(item.get("seq"), int)
+            and not isinstance(item.get("seq"), bool)
+            and isinstance(item.get("range"), list)
+            and len(item["range"]) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in item["range"])
+        )
+        if not ok:
+            raise RequestError(f"reads[{i}]: must be {{path, range: [a, b], content_hash, seq}}")
+        out.append(item)
+    return out
+
+
+def _redact_env(value: Any) -> List[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(
+        isinstance(v, str) and _ENV_NAME_RE.match(v) for v in value
+    ):
+        raise RequestError("redact_env: must be a list of environment variable names")
+    return value
+
+
+def parse_request(data: Any) -> Request:
+    """Validate a decoded request object into a Request."""
+    if not isinstance(data, dict):
+        raise RequestError("request: must be a JSON object")
+    op = data.get("op")
+    if op not in OPS:
+        raise RequestError(f"op: unknown op {_show(op)} (known: {', '.join(OPS)})")
+    home = _abs_path(data, "home")
+    max_bytes = data.get("max_bytes", limits.DEFAULT_MAX_BYTES)
+    return Request(
+        op=op,
+        args=validate_args(op, data.get("args", {})),
+        run_id=_name(data, "run_id"),
+        agent_id=_name(data, "agent_id"),
+        call_id=_name(data, "call_id"),
+        home=home,
+        cwd=_abs_path(data, "cwd", home),
+        max_bytes=_check_int("max_bytes", max_bytes, (limits.MIN_MAX_BYTES, limits.PLATFORM_CAP_BYTES)),
+        seq=_check_int("seq", data.get("seq", 0), (0, 2**63 - 1)),
+        reads=_reads(data.get("reads")),
+        redact_env=_redact_env(data.get("redact_env")),
+    )
+
+
+def decode_request(argv: List[str]) -> Request:
+    """argv (without the program name) -> Request, or RequestError."""
+    if len(argv) != 1:
+        raise RequestError(f"request: expected one argument, got {len(argv)}")
+    return parse_request(_parse_json(_decode_arg(argv[0]), "request"))
+
+
+def encode_request(request: Dict[str, Any]) -> str:
+    """The orchestrator's side: a request object -> the base64 argv string."""
+    raw = json.dumps(request, ensure_ascii=False, separators=(",", ":"))
+    return base64.b64encode(raw.encode("utf-8")).decode("ascii")
+
+
+# --- envelopes -----------------------------------------------------------
+def _encode(obj: Dict[str, Any]) -> bytes:
+    raw = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return base64.b64encode(raw.encode("utf-8", "surrogateescape")) + b"\n"
+
+
+def ok_envelope(reply: Reply) -> bytes:
+    return _encode({"ok": True, "text": reply.text, "meta": reply.meta})
+
+
+def error_envelope(message: str) -> bytes:
+    one_line = " ".join(message.split()) or "error"
+    return _encode({"ok": False, "error": one_line})
+
+
+def decode_envelope(line: bytes) -> Dict[str, Any]:
+    """The orchestrator's side: one stdout line -> the envelope object.
+
+    Raises ValueError when the line is not a well-formed envelope.
+    """
+    raw = base64.b64decode(line.strip(), validate=True)
+    obj = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    if not isinstance(obj, dict) or not isinstance(obj.get("ok"), bool):
+        raise ValueError("envelope has no boolean 'ok'")
+    if obj["ok"] and not (isinstance(obj.get("text"), str) and isinstance(obj.get("meta"), dict)):
+        raise ValueError("envelope has no text and meta")
+    if not obj["ok"] and not isinstance(obj.get("error"), str):
+        raise ValueError("envelope has no error")
+    return obj

@@ -1,0 +1,103 @@
+"""Shared fixtures: the built one-file helper, run as the orchestrator runs it."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import pytest
+
+from guilds.helpers import build_helper
+from guilds_code.protocol import decode_envelope
+
+PYTHON = os.path.realpath(sys.executable)
+
+
+@pytest.fixture(scope="session")
+def helper_path(tmp_path_factory) -> Path:
+    """The guilds-code zipapp, built once per test session."""
+    return build_helper(tmp_path_factory.mktemp("helper") / "guilds-code")
+
+
+@dataclass
+class Sandbox:
+    """A plain-folder sandbox for helper tests: a home and a state root."""
+
+    helper: Path
+    home: Path
+    state: Path
+    run_id: str = "run1"
+    agent_id: str = "agent1"
+    env: Dict[str, str] = field(default_factory=dict)
+    _calls: int = 0
+
+    def request(self, op: str, args: Dict[str, Any], **extra: Any) -> Dict[str, Any]:
+        self._calls += 1
+        req = {
+            "op": op,
+            "args": args,
+            "run_id": self.run_id,
+            "agent_id": self.agent_id,
+            "call_id": f"c{self._calls}",
+            "home": str(self.home),
+            "cwd": str(self.home),
+            "max_bytes": 8192,
+            "seq": self._calls,
+        }
+        req.update(extra)
+        return req
+
+    def process_env(self) -> Dict[str, str]:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.home),
+            "GUILDS_STATE_DIR": str(self.state),
+            "LANG": "C.UTF-8",
+        }
+        env.update(self.env)
+        return env
+
+    def run_raw(self, arg: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [PYTHON, "-I", "-S", str(self.helper), arg],
+            env=self.process_env(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+        )
+
+    def call_request(self, req: Dict[str, Any], timeout: float = 60) -> Dict[str, Any]:
+        arg = base64.b64encode(json.dumps(req).encode()).decode()
+        proc = self.run_raw(arg, timeout=timeout)
+        assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+        lines = proc.stdout.splitlines()
+        assert len(lines) == 1, proc.stdout[:500]
+        return decode_envelope(lines[0])
+
+    def call(self, op: str, args: Dict[str, Any], timeout: float = 60, **extra: Any) -> Dict[str, Any]:
+        return self.call_request(self.request(op, args, **extra), timeout=timeout)
+
+
+@pytest.fixture
+def sandbox(helper_path, tmp_path) -> Sandbox:
+    home = tmp_path / "home"
+    home.mkdir()
+    state = tmp_path / "state"
+    state.mkdir()
+    return Sandbox(helper=helper_path, home=home, state=state)
+
+
+def ok_text(envelope: Dict[str, Any]) -> str:
+    assert envelope["ok"] is True, envelope
+    return envelope["text"]
+
+
+def error_text(envelope: Dict[str, Any]) -> str:
+    assert envelope["ok"] is False, envelope
+    return envelope["error"]
