@@ -2,7 +2,7 @@
 
 Request (orchestrator -> helper): ``python3 -I -S guilds-code ARG`` where ARG is
 base64 (standard alphabet, validated) of UTF-8 JSON, or the absolute path of a
-request file under ``<state root>/requests/`` that the helper reads and then
+request file (``*.json``) under ``<state root>/requests/`` that the helper reads and then
 deletes, also when the request inside it is bad. Fields:
 
     op          "shell" | "shell_status" | "file_read" | "code_search"
@@ -258,7 +258,8 @@ def _read_request_file(path: str) -> bytes:
 
 
 def _decode_arg(arg: str) -> bytes:
-    if arg.startswith("/"):
+    # "." is not in the base64 alphabet, so a path ending in .json is never base64.
+    if arg.startswith("/") and arg.endswith(".json"):
         return _read_request_file(arg)
     try:
         return base64.b64decode(arg.encode("ascii"), validate=True)
