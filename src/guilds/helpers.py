@@ -19,7 +19,12 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-HELPER_PACKAGES = {"guilds-code": "guilds_code"}
+HELPER_PACKAGES = {
+    "guilds-code": ("guilds_code",),
+    "guilds-harness": ("guilds_harness", "guilds_code"),
+}
+"""Each helper's packages: the first holds its __main__; the rest are bundled
+beside it because it imports them."""
 _MAIN = "# -*- coding: utf-8 -*-\nimport sys\nfrom {pkg}.__main__ import main\nsys.exit(main())\n"
 _SHEBANG = b"#!/usr/bin/env python3\n"
 _EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -54,15 +59,20 @@ def _add(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
     zf.writestr(info, data)
 
 
-def build_bytes(package: str) -> bytes:
-    """The zipapp's bytes: deterministic for the same sources and interpreter."""
+def build_bytes(packages: str | tuple[str, ...]) -> bytes:
+    """The zipapp's bytes: deterministic for the same sources and interpreter.
+
+    packages: one package name, or a tuple whose first runs as __main__.
+    """
+    if isinstance(packages, str):
+        packages = (packages,)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
-        _add(zf, "__main__.py", _MAIN.format(pkg=package).encode())
-        for rel, source in _sources(package):
-            _add(zf, rel, source)
-            pyc_name = rel[:-3] + ".pyc"
-            _add(zf, pyc_name, _pyc(source, rel))
+        _add(zf, "__main__.py", _MAIN.format(pkg=packages[0]).encode())
+        for package in packages:
+            for rel, source in _sources(package):
+                _add(zf, rel, source)
+                _add(zf, rel[:-3] + ".pyc", _pyc(source, rel))
     return _SHEBANG + buf.getvalue()
 
 

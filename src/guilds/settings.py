@@ -2,33 +2,73 @@
 
 ```toml
 [agent]
-id = "agent1"
-home = "/path/to/home"        # made if missing
+id = "agent1"                 # letters, digits, '.', '_', '-' (it names files)
+home = "/path/to/home"        # made if missing; relative to this file's folder
 sandbox = "auto"              # auto | local | bwrap | docker | kubernetes
 coding = true                 # the live coding flag: tools offered only while true
 max_tool_calls = 200          # per run; remaining_tool_calls counts down from it
 ports = "20000-20099"         # the port block; PORT is its first port
 network = false               # bwrap: may commands reach the network
+result_max_bytes = 8192       # the helper's cap (else $CODE_RESULT_MAX_BYTES, else 8192)
 
 [secrets]                     # put into every command's environment; redacted from every result
 OPENAI_API_KEY = "..."
 
 [repos.web]                   # a repository: its folder under the home, its token
-path = "repos/web"
+path = "repos/web"            # default repos/<name>
 token = "..."
+
+[docker]                      # sandbox = "docker": one container per agent (docs/sandboxes.md)
+image = "guilds-sandbox:latest"
+memory = "2g"                 # the container's memory limit
+pids_limit = 512
+idle_minutes = 30             # stopped after this long without a call
+network = "bridge"            # the Docker network joined when agent.network is true
+
+[kubernetes]                  # sandbox = "kubernetes": one pod per agent (docs/sandboxes.md)
+namespace = "guilds"
+image = "guilds-sandbox:latest"
+runtime_class = ""            # e.g. "gvisor"; empty: the cluster's default runtime
+cpu = "1"                     # requests = limits
+memory = "2Gi"
+service_account = ""          # one with no API rights; empty: the namespace's default
+idle_minutes = 30             # the pod is deleted after this long without a call
+home_size = "10Gi"            # the agent's volume claim (home and state root)
 ```
+
+Every section and key is optional. A bad file raises ``ConfigError`` whose
+message names the key (``agent.sandbx: unknown key``). Loading has no side
+effects: the home is made by the sandbox when it starts.
 """
 
 from __future__ import annotations
 
+import os
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Callable, Mapping
+
+from guilds_code import limits
+from guilds_code.redact import MIN_SECRET_CHARS
+
+from . import _checks as check
+from .errors import ConfigError
 
 DEFAULT_AGENT_ID = "agent1"
 DEFAULT_SANDBOX = "auto"
 DEFAULT_MAX_TOOL_CALLS = 200
 DEFAULT_PORTS = (20000, 20099)
+DEFAULT_HOME = "home"
+"""The home when the file names none: a folder beside the settings file."""
+SANDBOXES = ("auto", "local", "bwrap", "docker", "kubernetes")
+SETTINGS_FILE = "settings.toml"
+DATA_ENV = "GUILDS_DATA"
+RESULT_MAX_BYTES_ENV = "CODE_RESULT_MAX_BYTES"
+RESERVED_ENV = frozenset(
+    {"HOME", "PATH", "PORT", "GH_TOKEN", limits.STATE_DIR_ENV, "GUILD_RUN_ID", "GUILD_AGENT_ID"}
+)
+"""Secret names refused: the sandbox and the helper set these themselves."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +77,35 @@ class Repo:
     path: str
     """Folder relative to the home."""
     token: str = ""
+
+
+DEFAULT_SANDBOX_IMAGE = "guilds-sandbox:latest"
+DEFAULT_IDLE_MINUTES = 30
+
+
+@dataclass(frozen=True)
+class DockerSettings:
+    """[docker]: the agent's container (see the module docstring for each key)."""
+
+    image: str = DEFAULT_SANDBOX_IMAGE
+    memory: str = "2g"
+    pids_limit: int = 512
+    idle_minutes: int = DEFAULT_IDLE_MINUTES
+    network: str = "bridge"
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    """[kubernetes]: the agent's pod (see the module docstring for each key)."""
+
+    namespace: str = "guilds"
+    image: str = DEFAULT_SANDBOX_IMAGE
+    runtime_class: str = ""
+    cpu: str = "1"
+    memory: str = "2Gi"
+    service_account: str = ""
+    idle_minutes: int = DEFAULT_IDLE_MINUTES
+    home_size: str = "10Gi"
 
 
 @dataclass(frozen=True)
@@ -50,7 +119,202 @@ class AgentSettings:
     network: bool = False
     secrets: Mapping[str, str] = field(default_factory=dict)
     repos: tuple[Repo, ...] = ()
+    result_max_bytes: int = limits.DEFAULT_MAX_BYTES
+    docker: DockerSettings = field(default_factory=DockerSettings)
+    kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
 
     def secret_values(self) -> list[str]:
         """Every value to redact: the secrets and the repository tokens."""
         return [*self.secrets.values(), *(r.token for r in self.repos if r.token)]
+
+
+_AGENT_KEYS = ("id", "home", "sandbox", "coding", "max_tool_calls", "ports", "network",
+               "result_max_bytes")
+
+
+def _result_max_bytes(table: dict, env: Mapping[str, str]) -> int:
+    """agent.result_max_bytes, else $CODE_RESULT_MAX_BYTES, else 8192."""
+    if "result_max_bytes" in table:
+        key, value = "agent.result_max_bytes", table["result_max_bytes"]
+    elif env.get(RESULT_MAX_BYTES_ENV):
+        key = RESULT_MAX_BYTES_ENV
+        value = check.int_text(env[RESULT_MAX_BYTES_ENV], key)
+    else:
+        return limits.DEFAULT_MAX_BYTES
+    return check.integer(value, key, limits.MIN_MAX_BYTES, limits.PLATFORM_CAP_BYTES)
+
+
+def _agent(table: dict, base: Path, env: Mapping[str, str]) -> dict:
+    check.known(table, "agent", _AGENT_KEYS)
+    home = Path(check.string(table.get("home", DEFAULT_HOME), "agent.home")).expanduser()
+    return {
+        "id": check.name(table.get("id", DEFAULT_AGENT_ID), "agent.id"),
+        "home": (base / home).resolve(),
+        "sandbox": check.choice(table.get("sandbox", DEFAULT_SANDBOX), "agent.sandbox", SANDBOXES),
+        "coding": check.boolean(table.get("coding", True), "agent.coding"),
+        "max_tool_calls": check.integer(
+            table.get("max_tool_calls", DEFAULT_MAX_TOOL_CALLS), "agent.max_tool_calls", 1
+        ),
+        "ports": check.ports(table.get("ports", "%d-%d" % DEFAULT_PORTS), "agent.ports"),
+        "network": check.boolean(table.get("network", False), "agent.network"),
+        "result_max_bytes": _result_max_bytes(table, env),
+    }
+
+
+def _redactable(value: str, key: str) -> str:
+    if len(value) < MIN_SECRET_CHARS:
+        raise ConfigError(f"{key}: at least {MIN_SECRET_CHARS} characters, or it cannot be redacted")
+    return value
+
+
+def _secrets(table: dict) -> dict[str, str]:
+    out = {}
+    for name, value in table.items():
+        key = f"secrets.{name}"
+        check.env_name(name, key)
+        if name in RESERVED_ENV:
+            raise ConfigError(f"{key}: reserved, the sandbox sets {name} itself")
+        out[name] = _redactable(check.string(value, key), key)
+    return out
+
+
+def _repo(name: str, entry: Any) -> Repo:
+    key = f"repos.{name}"
+    check.name(name, key)
+    entry = check.table(entry, key)
+    check.known(entry, key, ("path", "token"))
+    path = check.string(entry.get("path", f"repos/{name}"), f"{key}.path")
+    token = check.string(entry.get("token", ""), f"{key}.token")
+    return Repo(
+        name=name,
+        path=check.relative_path(path, f"{key}.path"),
+        token=_redactable(token, f"{key}.token") if token else "",
+    )
+
+
+def _minutes(value: Any, key: str) -> int:
+    return check.integer(value, key, 1)
+
+
+_SECTIONS: dict[str, tuple[type, dict[str, Callable[[Any, str], Any]]]] = {
+    "docker": (DockerSettings, {"image": check.string, "memory": check.string,
+                                "pids_limit": lambda v, k: check.integer(v, k, 16),
+                                "idle_minutes": _minutes, "network": check.string}),
+    "kubernetes": (KubernetesSettings, {
+        "namespace": check.string, "image": check.string, "runtime_class": check.string,
+        "cpu": check.string, "memory": check.string, "service_account": check.string,
+        "idle_minutes": _minutes, "home_size": check.string}),
+}
+
+
+def _section(data: Mapping[str, Any], where: str) -> Any:
+    """[docker] or [kubernetes]: each key checked by its checker, the rest defaulted."""
+    cls, checks = _SECTIONS[where]
+    table = check.table(data.get(where, {}), where)
+    check.known(table, where, checks)
+    return cls(**{k: checks[k](v, f"{where}.{k}") for k, v in table.items()})
+
+
+def parse_settings(data: Mapping[str, Any], base: Path, env: Mapping[str, str] | None = None) -> AgentSettings:
+    """A parsed TOML document -> AgentSettings; relative paths resolve against base."""
+    check.known(data, "", ("agent", "secrets", "repos", *_SECTIONS))
+    env = os.environ if env is None else env
+    agent = _agent(check.table(data.get("agent", {}), "agent"), base, env)
+    secrets = _secrets(check.table(data.get("secrets", {}), "secrets"))
+    repos = tuple(_repo(n, e) for n, e in check.table(data.get("repos", {}), "repos").items())
+    sections = {where: _section(data, where) for where in _SECTIONS}
+    return AgentSettings(**agent, secrets=secrets, repos=repos, **sections)
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such settings file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
+def load_settings(path: Path | str, env: Mapping[str, str] | None = None) -> AgentSettings:
+    """Read and check the settings file; ConfigError names the bad key.
+
+    env (default os.environ) is read only for $CODE_RESULT_MAX_BYTES.
+    """
+    path = Path(path).expanduser().resolve()
+    return parse_settings(_read_toml(path), path.parent, env)
+
+
+def data_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The data folder: $GUILDS_DATA, else ~/.local/share/guilds."""
+    env = os.environ if env is None else env
+    value = env.get(DATA_ENV)
+    return Path(value).expanduser() if value else Path.home() / ".local/share/guilds"
+
+
+_DEFAULT_TEMPLATE = '''\
+# The embedded default agent of guilds, written on first run. Edit freely:
+# the keys are documented in docs/settings.md.
+[agent]
+id = "{id}"
+home = "home"                 # {data}/home
+sandbox = "{sandbox}"
+coding = true
+max_tool_calls = {max_calls}
+ports = "{ports[0]}-{ports[1]}"
+network = false
+
+[secrets]
+# NAME = "value"
+
+# [repos.web]
+# path = "repos/web"
+# token = "..."
+'''
+
+
+def default_settings_file(data: Path) -> Path:
+    """<data>/settings.toml, written (mode 0600, never overwritten) on first run."""
+    path = Path(data) / SETTINGS_FILE
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = _DEFAULT_TEMPLATE.format(id=DEFAULT_AGENT_ID, data=data, sandbox=DEFAULT_SANDBOX,
+                                        max_calls=DEFAULT_MAX_TOOL_CALLS, ports=DEFAULT_PORTS)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return path
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    return path
+
+
+def default_settings(data: Path, env: Mapping[str, str] | None = None) -> AgentSettings:
+    """The embedded default agent's settings (the file is written on first run)."""
+    return load_settings(default_settings_file(data), env)
+
+
+def coding_flag(path: Path | str) -> Callable[[], bool]:
+    """The live coding flag: ``agent.coding`` of the settings file, read afresh.
+
+    Each call stats the file and re-reads it only when its mtime or size
+    changed, so asking at every generation costs one stat. A file that became
+    bad raises ConfigError naming the key.
+    """
+    path = Path(path).expanduser().resolve()
+    seen: dict[str, Any] = {"stamp": None, "value": True}
+
+    def read() -> bool:
+        try:
+            st = path.stat()
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if stamp != seen["stamp"]:
+            seen["value"] = load_settings(path, env={}).coding
+            seen["stamp"] = stamp
+        return seen["value"]
+
+    return read

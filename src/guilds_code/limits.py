@@ -58,6 +58,9 @@ READ_LINE_MAX_CHARS = 400
 """A longer line is clipped with '… [+N chars]'."""
 BINARY_SNIFF_BYTES = 8000
 """A NUL byte within this many first bytes makes a file binary (as git does)."""
+READ_FILE_CHUNK = 1024 * 1024
+"""file_read reads (and hashes) the file in chunks of this size: large enough
+that hashing and newline counting run at memory speed, small enough to bound memory."""
 
 # --- code_search ----------------------------------------------------------
 SEARCH_FILES_MAX = 30
@@ -66,6 +69,16 @@ SEARCH_MATCHES_PER_FILE = 10
 SEARCH_CONTEXT_MAX = 5
 SEARCH_LINE_MAX_CHARS = 300
 SEARCH_TIMEOUT_SECONDS = 60
+SEARCH_PATH_MAX_BYTES = 64 * 1024
+"""A path printed by rg longer than this is not a path (paths are at most 4 KiB)."""
+SEARCH_STDERR_MAX_BYTES = 4096
+"""How much of rg's stderr is kept for an error message."""
+
+# --- paths ----------------------------------------------------------------
+PATH_MAX_LINKS = 40
+"""Links followed while resolving one path, as the kernel's ELOOP limit."""
+PATH_MAX_DEPTH = 256
+"""Folders a resolved path may go below the home: bounds the descriptors held."""
 
 # --- state ----------------------------------------------------------------
 RUNS_KEPT = 20
@@ -76,3 +89,24 @@ STATE_FILE_MAX_BYTES = 64 * 1024
 """A state file (cwd, a record, repos.json) larger than this is treated as corrupt."""
 NAME_MAX_CHARS = 128
 """run_id, agent_id and call_id become file names: at most this long."""
+
+# --- shell output shaping and background (added by the shell engineer) ----
+ANSI_SEQUENCE_MAX = 4096
+"""An escape sequence still open after this many characters is taken as text:
+holding it back longer would let one stray ESC swallow the output."""
+REDRAW_PENDING_MAX = 256 * 1024
+"""A line is held (for a carriage-return redraw) until its newline, up to this
+many characters; a longer line is passed on, so one 2 GB line stays bounded."""
+STOP_WAIT_SECONDS = 0.5
+"""stop waits this long for the command to go before it answers 'stopping'
+and leaves the SIGKILL to a detached killer."""
+STATUS_TAIL_MAX_BYTES = 256 * 1024
+"""shell_status reads at most this much of the log's end for its last lines."""
+STATUS_COMMAND_MAX_CHARS = 80
+"""A command's first line in shell_status is clipped to this many characters."""
+RECORD_COMMAND_MAX_CHARS = 4096
+"""A background record keeps this much of its command (a record must stay
+under STATE_FILE_MAX_BYTES; shell_status shows only the first line)."""
+COMMAND_ARGV_MAX = 100 * 1024
+"""A shell command longer than this (UTF-8 bytes) is written to a file in the
+run folder and sourced: one argv string is capped at 128 KiB (MAX_ARG_STRLEN)."""

@@ -1,0 +1,60 @@
+"""Sandbox backends, chosen by the short name in ``agent.sandbox``.
+
+    local       a folder on this machine; no isolation          (local.py)
+    bwrap       one long-lived bubblewrap sandbox per agent      (bubblewrap.py)
+    auto        bwrap where it works here, else local with a one-line warning
+    docker, kubernetes   not available yet
+
+Backends are imported only when chosen. The seam they implement: ``base.Sandbox``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from ..errors import ConfigError, SandboxError
+from ..settings import AgentSettings
+from .base import ExecResult, Sandbox
+
+__all__ = ["ExecResult", "Sandbox", "get_sandbox"]
+
+NAMES = ("auto", "local", "bwrap")
+LATER = ("docker", "kubernetes")
+log = logging.getLogger(__name__)
+
+
+def get_sandbox(
+    settings: AgentSettings, data_dir: str | os.PathLike, *, idle_seconds: float | None = None
+) -> Sandbox:
+    """The sandbox named by settings.sandbox, for that agent, keeping its files under data_dir.
+
+    idle_seconds: bwrap's idle stop (default bubblewrap.DEFAULT_IDLE_SECONDS).
+    Raises ConfigError for a name it does not know or cannot offer yet, and
+    SandboxError when ``bwrap`` is asked for where it does not work.
+    """
+    name = settings.sandbox
+    if name in LATER:
+        raise ConfigError(f"agent.sandbox: {name!r} is not available yet (use auto, local or bwrap)")
+    if name not in NAMES:
+        raise ConfigError(f"agent.sandbox: unknown sandbox {name!r} (known: {', '.join(NAMES + LATER)})")
+    if name != "local":
+        from .bwrap_argv import unavailable
+
+        reason = unavailable()
+        if reason is None:
+            return _bwrap(settings, data_dir, idle_seconds)
+        if name == "bwrap":
+            raise SandboxError(f"agent.sandbox = 'bwrap': bubblewrap does not work here: {reason}")
+        log.warning("sandbox: bubblewrap does not work here (%s); using local, with no isolation", reason)
+    from .local import LocalSandbox
+
+    return LocalSandbox(settings, data_dir)
+
+
+def _bwrap(settings: AgentSettings, data_dir: str | os.PathLike, idle_seconds: float | None) -> Sandbox:
+    from .bubblewrap import BwrapSandbox
+
+    if idle_seconds is None:
+        return BwrapSandbox(settings, data_dir)
+    return BwrapSandbox(settings, data_dir, idle_seconds=idle_seconds)

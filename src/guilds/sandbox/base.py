@@ -2,18 +2,24 @@
 
 Contract every backend keeps (the conformance suite in tests/ checks it):
 
-- ``start()`` makes the sandbox ready (idempotent): the home exists, the
-  helpers are installed at ``helper_path(name)``, the state root exists with
-  ``<agent id>/repos.json`` (mode 0600) written. Found again by agent id where
-  the backend is long-lived.
+- ``start()`` makes the sandbox ready (idempotent; call it before the rest):
+  the home exists, the helpers are installed at ``helper_path(name)``, the
+  state root exists with ``<agent id>/repos.json`` (mode 0600) written. Found
+  again by agent id where the backend is long-lived (a later orchestrator
+  process reaches the same running sandbox); recreated by the next call if it
+  ended (idle stop, machine restart).
 - ``exec(argv, env=..., timeout=...)`` runs argv inside the sandbox, in the
   home, with the agent's environment (HOME, PORT, the port block, the secrets,
-  GUILDS_STATE_DIR) plus ``env``; stdin closed. It never waits longer than
-  ``timeout`` seconds: past it the process (and what it started) is killed and
-  ``timed_out`` is set. Secret values travel in the environment, never in argv.
+  GUILDS_STATE_DIR) plus ``env``; stdin closed. Past ``timeout`` seconds the
+  process and its process group are killed (SIGTERM, then SIGKILL a grace
+  later) and ``timed_out`` is set; a process killed by signal N has ``exit_code`` -N.
+  Secret values travel in the environment, never in argv. Run the helper as
+  ``[sandbox.python, "-I", "-S", sandbox.helper_path("guilds-code"), ARG]``.
 - ``write_file(path, data)`` writes a file inside the sandbox (path as the
   sandbox sees it), atomically, mode 0600: the "sandbox file API".
-- ``stop()`` ends everything inside the sandbox.
+  Only paths under the home or the state root; a link inside is never followed.
+- ``stop()`` ends everything inside the sandbox (a backend without isolation,
+  ``local``, cannot: it documents what it leaves running).
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ class Sandbox(Protocol):
     """The agent's home as the sandbox sees it (absolute)."""
     state_dir: str
     """The state root as the sandbox sees it (GUILDS_STATE_DIR inside)."""
+    python: str
+    """The python3 that runs the helpers inside the sandbox."""
 
     def helper_path(self, name: str) -> str:
         """Where the one-file helper `name` (guilds-code, guilds-harness) lives inside."""

@@ -1,0 +1,175 @@
+"""The MCP front's added cost per call, and `guilds mcp` against desktop-commander.
+
+Run: .venv/bin/python bench/mcp_bench.py [--runs N] [--sandbox local|bwrap] [--no-dc]
+
+Needs, for the comparison, desktop-commander installed under bench/.out:
+    cd bench/.out && PUPPETEER_SKIP_DOWNLOAD=1 npm install @wonderwhy-er/desktop-commander
+
+Two calls, each measured the same way in the same run on the same machine
+(median wall time of N calls after 3 warm-up calls):
+    echo   shell `echo hi`            desktop-commander: start_process `echo hi`
+    read   file_read of a 200-line file (a new file each call, so no call is
+           answered by a repeated-read pointer)   desktop-commander: read_file
+Paths:
+    toolbox      Toolbox.call in this process: the floor the front adds to
+    front        the official SDK client against build_server() in memory (no transport)
+    guilds mcp   the SDK client over stdio against `python -m guilds.mcp_server`
+    dc           the SDK client over stdio against desktop-commander (node), telemetry off
+Prints a Markdown table (pasted into docs/benchmarks.md under "MCP").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from mcp import Client, StdioServerParameters  # noqa: E402
+
+from guilds.mcp_server import build_server  # noqa: E402
+from guilds.sandbox import get_sandbox  # noqa: E402
+from guilds.settings import load_settings  # noqa: E402
+from guilds.store import Store  # noqa: E402
+from guilds.toolbox import Toolbox  # noqa: E402
+
+DC_SCRIPT = ROOT / "bench/.out/node_modules/@wonderwhy-er/desktop-commander/dist/index.js"
+WARMUP = 3
+LINES = 200
+Call = Callable[[str, int], Awaitable[Any]]
+"""(operation, index) -> the call's result; operation is "echo" or "read"."""
+
+
+def make_files(home: Path, count: int) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    body = "".join(f"line {n}: the quick brown fox jumps over the lazy dog\n" for n in range(LINES))
+    for i in range(count):
+        (home / f"f{i}.txt").write_text(body)
+
+
+async def median_ms(call: Call, op: str, runs: int) -> float:
+    for i in range(WARMUP):
+        await call(op, runs + i)
+    samples = []
+    for i in range(runs):
+        start = time.perf_counter()
+        await call(op, i)
+        samples.append((time.perf_counter() - start) * 1000)
+    return statistics.median(samples)
+
+
+async def measure(call: Call, runs: int) -> dict[str, float]:
+    return {op: await median_ms(call, op, runs) for op in ("echo", "read")}
+
+
+def checked(result: Any) -> Any:
+    if getattr(result, "is_error", False):
+        raise RuntimeError(f"call failed: {result}")
+    return result
+
+
+def guilds_call(call_tool: Callable[..., Awaitable[Any]], home: Path) -> Call:
+    async def call(op: str, i: int) -> Any:
+        if op == "echo":
+            return checked(await call_tool("shell", {"command": "echo hi"}))
+        return checked(await call_tool("file_read", {"path": str(home / f"f{i}.txt")}))
+    return call
+
+
+def dc_call(client: Client, home: Path) -> Call:
+    async def call(op: str, i: int) -> Any:
+        if op == "echo":
+            return checked(await client.call_tool("start_process", {"command": "echo hi", "timeout_ms": 10000}))
+        return checked(await client.call_tool("read_file", {"path": str(home / f"f{i}.txt")}))
+    return call
+
+
+async def bench_guilds(settings_file: Path, data: Path, home: Path, runs: int) -> dict[str, dict[str, float]]:
+    settings = load_settings(settings_file)
+    data.mkdir()
+    out = {}
+    async with Store(f"sqlite:///{data / 'guilds.db'}") as store:
+        toolbox = Toolbox(settings, get_sandbox(settings, data), store)
+        direct = guilds_call(lambda tool, args: _direct(toolbox, tool, args), home)
+        out["toolbox"] = await measure(direct, runs)
+        async with Client(build_server(toolbox, run_id="mcp-bench-front")) as client:
+            out["front"] = await measure(guilds_call(client.call_tool, home), runs)
+    params = StdioServerParameters(command=sys.executable, args=["-m", "guilds.mcp_server", str(settings_file),
+                                                                  str(data)], env=_env(GUILDS_DATA=str(data)))
+    async with Client(params, read_timeout_seconds=120) as client:
+        out["guilds mcp"] = await measure(guilds_call(client.call_tool, home), runs)
+    return out
+
+
+async def _direct(toolbox: Toolbox, tool: str, args: dict) -> Any:
+    result = await toolbox.call("mcp-bench-direct", tool, args)
+    return checked(result)
+
+
+async def bench_dc(folder: Path, home: Path, runs: int) -> dict[str, float]:
+    dc_home = folder / "dc-home"
+    dc_home.mkdir()
+    env = _env(HOME=str(dc_home), DESKTOP_COMMANDER_DISABLE_TELEMETRY="1")
+    params = StdioServerParameters(command="node", args=[str(DC_SCRIPT), "--no-onboarding"], env=env)
+    async with Client(params, read_timeout_seconds=120) as client:
+        return await measure(dc_call(client, home), runs)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GUILDS_")}
+    return {**env, **extra}
+
+
+def table(rows: dict[str, dict[str, float]]) -> str:
+    base = rows["toolbox"]
+    lines = ["| path | echo (ms) | read (ms) | echo vs toolbox | read vs toolbox |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for name, ms in rows.items():
+        lines.append(f"| {name} | {ms['echo']:.1f} | {ms['read']:.1f} | "
+                     f"{ms['echo'] / base['echo']:.2f}x | {ms['read'] / base['read']:.2f}x |")
+    if "desktop-commander" in rows:
+        ours, theirs = rows["guilds mcp"], rows["desktop-commander"]
+        lines.append("")
+        lines.append(f"guilds mcp / desktop-commander: echo {ours['echo'] / theirs['echo']:.2f}x, "
+                     f"read {ours['read'] / theirs['read']:.2f}x")
+    for op in ("echo", "read"):
+        lines.append(f"front's added cost, {op}: in process {rows['front'][op] - base[op]:+.1f} ms, "
+                     f"over stdio {rows['guilds mcp'][op] - base[op]:+.1f} ms")
+    return "\n".join(lines)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--sandbox", default="local", choices=("local", "bwrap"))
+    parser.add_argument("--no-dc", action="store_true", help="skip desktop-commander")
+    opts = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="mcp-bench-"))
+    try:
+        home = folder / "home"
+        make_files(home, opts.runs + WARMUP)
+        settings_file = folder / "settings.toml"
+        settings_file.write_text(f'[agent]\nhome = "{home}"\nsandbox = "{opts.sandbox}"\nmax_tool_calls = 100000\n')
+        rows = await bench_guilds(settings_file, folder / "data", home, opts.runs)
+        if not opts.no_dc:
+            if not DC_SCRIPT.exists() or not shutil.which("node"):
+                sys.exit(f"desktop-commander not installed at {DC_SCRIPT} (see this script's docstring)")
+            rows["desktop-commander"] = await bench_dc(folder, home, opts.runs)
+        print(f"sandbox {opts.sandbox}, {opts.runs} calls each, median; load average "
+              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
+        print(table(rows))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,299 @@
+"""The MCP front: one agent's code tools for MCP clients, on stdio and streamable HTTP.
+
+A thin translation over ``Toolbox.call``; no tool logic lives here.
+
+    build_server(toolbox, run_id=None) -> mcp.server.lowlevel.Server
+    run_stdio(settings, data_dir, *, settings_file=None)   `guilds mcp`
+    http_endpoint(toolbox, ...) -> McpEndpoint                `/mcp` in `guilds serve`
+    streamable_http_app(toolbox, ...) -> Starlette            the endpoint as an app of its own
+
+The SDK's low-level ``Server`` is used, not ``MCPServer``: ``MCPServer`` derives
+a tool's input schema from a Python signature, and these tools must offer the
+toolbox's JSON Schemas exactly.
+
+Contract:
+
+- ``tools/list`` asks ``toolbox.tools()`` at every call (the live coding
+  flag): each tool with its ToolSpec's description and input schema unchanged,
+  a title, and the annotations of ``ANNOTATIONS``.
+- ``tools/call`` -> one ``Toolbox.call``: the result text as one text content
+  block, ``isError`` as the toolbox says, its metadata under
+  ``_meta["guilds/meta"]`` (``run``, ``seq``, ``call``, ``row``, ...). Bad
+  arguments, an unknown tool, a call while coding is off, any GuildsError:
+  an ``isError`` result naming what was wrong, made in ``_call_tool`` only.
+- Runs: one MCP session is one run, ``mcp-<32 hex>``. stdio: the process's
+  connection (``run_id``). HTTP with a session (``Mcp-Session-Id``, the
+  handshake era): derived from that id. A client may name the run itself
+  with ``_meta["guilds/run"]`` on the call (the 2026-07-28 era's HTTP has no
+  session: without that key each call there is a run of its own).
+- Progress: while a call runs, ``notifications/progress`` every
+  PROGRESS_SECONDS with the elapsed seconds, when the client sent a token.
+- Cancel: the client's cancel, its disconnect, or the server's shutdown
+  cancels the toolbox call once (it runs in a task of its own, so the SDK's
+  repeated cancellation cannot cut its clean-up short) and waits for it,
+  shielded: the spawn path stops the helper, which stops its command's
+  group, and the toolbox records the call as cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import signal
+import time
+import uuid
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import anyio
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from .errors import GuildsError
+from .toolbox import CallResult, Toolbox
+from .toolbox.tools import ToolSpec
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "guilds"
+META_KEY = "guilds/meta"
+"""Where a result's metadata travels: ``_meta["guilds/meta"]``."""
+RUN_KEY = "guilds/run"
+"""A request ``_meta`` key naming the run a call belongs to."""
+RUN_PREFIX = "mcp-"
+SESSION_HEADER = "mcp-session-id"
+PROGRESS_SECONDS = 1.0
+"""How often a running call reports progress (elapsed seconds)."""
+CANCEL_WAIT_SECONDS = 15.0
+"""How long a cancelled call may take to stop its helper and record itself
+(the helper's own SIGTERM-then-SIGKILL grace, the spawn path's, the write)."""
+CODING_OFF = "tool {name!r} is not offered: the agent's coding capability is off (agent.coding)"
+INSTRUCTIONS = (
+    "Code tools running inside an agent's sandbox: shell (tests, builds, git), shell_status "
+    "(background commands), file_read, code_search, code_task. One session is one run: a cd "
+    "carries over to the next shell call."
+)
+
+
+@dataclass(frozen=True)
+class Hints:
+    """The truthful MCP annotations of one tool."""
+
+    title: str
+    read_only: bool
+    destructive: bool
+    idempotent: bool
+    open_world: bool
+
+    def annotations(self) -> types.ToolAnnotations:
+        return types.ToolAnnotations(
+            title=self.title, read_only_hint=self.read_only, destructive_hint=self.destructive,
+            idempotent_hint=self.idempotent, open_world_hint=self.open_world,
+        )
+
+
+ANNOTATIONS = {
+    "code_task": Hints("Delegate a code change", False, True, False, True),
+    "shell": Hints("Run a shell command", False, True, False, True),
+    "shell_status": Hints("Follow or stop a background command", False, True, True, False),
+    "file_read": Hints("Read lines of a file", True, False, True, False),
+    "code_search": Hints("Search the code", True, False, True, False),
+}
+"""shell and code_task change files and may reach the network; shell_status
+lists and checks read-only, but its ``stop`` ends a process (annotations are
+per tool, so it is not read-only); file_read and code_search only read."""
+
+
+def mcp_tool(spec: ToolSpec) -> types.Tool:
+    hints = ANNOTATIONS[spec.name]
+    return types.Tool(name=spec.name, title=hints.title, description=spec.description,
+                      input_schema=spec.input_schema, annotations=hints.annotations())
+
+
+def new_run_id() -> str:
+    return RUN_PREFIX + uuid.uuid4().hex
+
+
+def session_run_id(session_id: str) -> str:
+    """The run of an HTTP session: stable per session, without showing the session id."""
+    return RUN_PREFIX + hashlib.sha256(session_id.encode()).hexdigest()[:32]
+
+
+def error_result(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+
+
+def to_result(result: CallResult) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=result.text)], is_error=result.is_error,
+                                meta={META_KEY: result.meta})
+
+
+async def run_call(call: Awaitable[CallResult], report: Callable[[float], Awaitable[None]]) -> CallResult:
+    """Await a toolbox call in a task of its own, reporting elapsed seconds every PROGRESS_SECONDS.
+
+    When the awaiting side is cancelled, the task is cancelled once and awaited,
+    shielded, for up to CANCEL_WAIT_SECONDS; then the cancellation goes on.
+    """
+    task = asyncio.ensure_future(call)
+    started = time.monotonic()
+    try:
+        while not (await asyncio.wait({task}, timeout=PROGRESS_SECONDS))[0]:
+            await report(time.monotonic() - started)
+        return task.result()
+    except BaseException:
+        task.cancel()
+        with anyio.move_on_after(CANCEL_WAIT_SECONDS, shield=True):
+            await asyncio.wait({task})
+        raise
+
+
+class _Front:
+    """The two handlers, over one toolbox; ``run_id`` fixed for a stdio connection."""
+
+    def __init__(self, toolbox: Toolbox, run_id: str | None):
+        self.toolbox = toolbox
+        self.run_id = run_id
+
+    async def list_tools(self, ctx: ServerRequestContext, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[mcp_tool(spec) for spec in self.toolbox.tools()])
+
+    def input_schema(self, name: str) -> dict[str, Any] | None:
+        specs = {spec.name: spec for spec in self.toolbox.tools()}
+        return specs[name].input_schema if name in specs else None
+
+    def run_for(self, ctx: ServerRequestContext) -> str:
+        named = (ctx.meta or {}).get(RUN_KEY)
+        if named is not None:
+            return named  # the toolbox checks it is a safe name
+        if self.run_id is not None:
+            return self.run_id
+        session = ctx.request.headers.get(SESSION_HEADER) if ctx.request is not None else None
+        return session_run_id(session) if session else new_run_id()
+
+    async def call_tool(self, ctx: ServerRequestContext, params: types.CallToolRequestParams) -> types.CallToolResult:
+        """The one place a failed call becomes an isError result."""
+        try:
+            if not self.toolbox.tools():
+                return error_result(CODING_OFF.format(name=params.name))
+            result = await run_call(self.toolbox.call(self.run_for(ctx), params.name, params.arguments or {}),
+                                    lambda elapsed: _progress(ctx, params.name, elapsed))
+        except GuildsError as exc:
+            return error_result(str(exc))
+        except Exception as exc:
+            log.exception("tool %s failed", params.name)
+            return error_result(f"internal error: {type(exc).__name__}")
+        return to_result(result)
+
+
+async def _progress(ctx: ServerRequestContext, tool: str, elapsed: float) -> None:
+    """Best effort: a client gone away is noticed by the transport, not here."""
+    seconds = round(elapsed)
+    try:
+        await ctx.session.report_progress(seconds, None, f"{tool}: running for {seconds} s")
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass
+
+
+def build_server(toolbox: Toolbox, *, run_id: str | None = None) -> Server:
+    """An MCP server offering toolbox's tools; every call goes to ``run_id`` when given."""
+    front = _Front(toolbox, run_id)
+    return Server(SERVER_NAME, version=_version(), instructions=INSTRUCTIONS,
+                  get_tool_input_schema=front.input_schema,
+                  on_list_tools=front.list_tools, on_call_tool=front.call_tool)
+
+
+def _version() -> str:
+    try:
+        return version("guilds")
+    except PackageNotFoundError:
+        return "0"
+
+
+# --- streamable HTTP ---------------------------------------------------------
+@dataclass(frozen=True)
+class McpEndpoint:
+    """``/mcp`` for a web app: add ``route`` to its routes, enter ``lifespan()`` in its lifespan."""
+
+    route: Route
+    lifespan: Callable[[], AbstractAsyncContextManager[None]]
+    """Runs the session manager; every session's calls end (cancelled) when it exits."""
+
+
+def http_endpoint(toolbox: Toolbox, *, path: str = "/mcp", host: str = "127.0.0.1") -> McpEndpoint:
+    """The streamable HTTP endpoint at path. host: the address served; for 127.0.0.1,
+    localhost or ::1 the SDK's DNS-rebinding protection admits only local Host headers."""
+    app = streamable_http_app(toolbox, path=path, host=host)
+    server: Server = app.state.mcp_server
+    return McpEndpoint(route=app.routes[0], lifespan=server.session_manager.run)
+
+
+def streamable_http_app(toolbox: Toolbox, *, path: str = "/mcp", host: str = "127.0.0.1") -> Starlette:
+    """A Starlette app serving only the endpoint at path, with its own lifespan."""
+    server = build_server(toolbox)
+    app = server.streamable_http_app(streamable_http_path=path, host=host)
+    app.state.mcp_server = server
+    return app
+
+
+# --- stdio ---------------------------------------------------------------------
+def run_stdio(settings: Any, data_dir: str | os.PathLike, *, settings_file: str | os.PathLike | None = None) -> None:
+    """`guilds mcp`: serve the agent's tools on stdin/stdout until the client closes stdin.
+
+    settings: the agent's AgentSettings; data_dir: the data folder (the run
+    record, the sandbox's files); settings_file: when given, the tools follow
+    that file's live ``agent.coding``. SIGTERM and SIGINT end the server the
+    way a closed stdin does: running calls are cancelled and recorded.
+    """
+    anyio.run(serve_stdio, settings, Path(data_dir), settings_file)
+
+
+async def serve_stdio(settings: Any, data_dir: Path, settings_file: str | os.PathLike | None = None) -> None:
+    from .sandbox import get_sandbox
+    from .settings import coding_flag
+    from .store import Store, database_url
+
+    coding = coding_flag(settings_file) if settings_file is not None else None
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    async with Store(database_url(data_dir, os.environ)) as store:
+        toolbox = Toolbox(settings, get_sandbox(settings, data_dir), store, coding=coding)
+        await serve_streams(build_server(toolbox, run_id=new_run_id()))
+
+
+async def serve_streams(server: Server) -> None:
+    """Run server on this process's stdio until EOF, SIGTERM or SIGINT."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_cancel_on_signal, tg.cancel_scope)
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+        tg.cancel_scope.cancel()
+
+
+async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m guilds.mcp_server SETTINGS_FILE DATA_DIR``: `guilds mcp` without the CLI
+    (the tests and the benchmark launch it so)."""
+    import sys
+
+    from .settings import load_settings
+
+    settings_file, data_dir = (sys.argv[1:] if argv is None else argv)
+    run_stdio(load_settings(settings_file), data_dir, settings_file=settings_file)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""The one spawn path: a backend builds an argv, these functions run it.
+
+``run_process`` is the contract every exec goes through:
+
+- the process runs in its own session and process group, stdin /dev/null;
+- stdout is kept up to STDOUT_MAX_BYTES (the helper's envelope is one line),
+  stderr only its last STDERR_KEEP_BYTES, read here as it arrives;
+- past ``timeout`` the whole group gets SIGTERM, then SIGKILL
+  KILL_GRACE_SECONDS later, and ``timed_out`` is set;
+- once the process has exited, what is left in the pipes is read for at most
+  DRAIN_SECONDS: a grandchild that keeps a pipe open cannot pin the call;
+- if the awaiting task is cancelled, the group gets SIGKILL before the
+  cancellation goes on;
+- a process killed by signal N reports ``exit_code`` -N, never 0.
+
+``spawn_detached`` starts a long-lived process (a sandbox's init) that outlives
+us; ``succeeds`` runs a quick probe. The /proc helpers identify a process by pid
+*and* start time, so a reused pid is never mistaken for ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import signal
+import subprocess
+import time
+from typing import Mapping, Sequence
+
+from ..errors import SandboxError
+from .base import ExecResult
+
+STDOUT_MAX_BYTES = 4 * 1024 * 1024
+"""stdout kept: the envelope is one line, already capped by the helper."""
+STDERR_KEEP_BYTES = 64 * 1024
+"""stderr kept (its end): enough for the tail quoted in 'code helper failed'."""
+KILL_GRACE_SECONDS = 2.0
+"""SIGTERM to the group, then SIGKILL this much later."""
+DRAIN_SECONDS = 0.5
+"""After the process exited, how long to keep reading pipes a grandchild holds."""
+_READ = 64 * 1024
+
+
+class _Collector(asyncio.SubprocessProtocol):
+    """Bounded stdout head and stderr tail; futures for exit and pipes closed."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        self.exited = loop.create_future()
+        self.closed = loop.create_future()
+        self._open = 2
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        if fd == 1:
+            self.stdout += data[: STDOUT_MAX_BYTES - len(self.stdout)]
+            return
+        self.stderr += data
+        if len(self.stderr) > 2 * STDERR_KEEP_BYTES:
+            del self.stderr[:-STDERR_KEEP_BYTES]
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self._open -= 1
+        if self._open <= 0 and not self.closed.done():
+            self.closed.set_result(None)
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+
+async def _settled(future: asyncio.Future, timeout: float) -> bool:
+    """Wait up to timeout for future, without cancelling it; True when done."""
+    await asyncio.wait({future}, timeout=timeout)
+    return future.done()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def _stop_group(pgid: int, exited: asyncio.Future) -> None:
+    _signal_group(pgid, signal.SIGTERM)
+    if not await _settled(exited, KILL_GRACE_SECONDS):
+        _signal_group(pgid, signal.SIGKILL)
+        await _settled(exited, KILL_GRACE_SECONDS)
+    _signal_group(pgid, signal.SIGKILL)  # what the leader left in its group
+
+
+async def run_process(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None = None,
+    timeout: float,
+) -> ExecResult:
+    """Run argv to its end or its timeout (see the module docstring)."""
+    loop = asyncio.get_running_loop()
+    try:
+        transport, proto = await loop.subprocess_exec(
+            lambda: _Collector(loop), *argv, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(env), cwd=cwd,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        where = f" in {cwd}" if cwd else ""
+        raise SandboxError(f"cannot run {argv[0]}{where}: {exc.strerror or exc}") from exc
+    pgid = transport.get_pid()
+    try:
+        timed_out = not await _settled(proto.exited, timeout)
+        if timed_out:
+            await _stop_group(pgid, proto.exited)
+        await _settled(proto.closed, DRAIN_SECONDS)
+        stderr = bytes(proto.stderr[-STDERR_KEEP_BYTES:])
+        return ExecResult(transport.get_returncode(), bytes(proto.stdout), stderr, timed_out)
+    except BaseException:
+        _signal_group(pgid, signal.SIGKILL)
+        raise
+    finally:
+        transport.close()
+
+
+def succeeds(argv: Sequence[str], *, timeout: float = 10) -> bool:
+    """A quick probe: True when argv runs and exits 0 within timeout."""
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def read_until(fd: int, *, timeout: float, stop: bytes | None = None) -> bytes:
+    """Read fd until EOF, until ``stop`` has arrived, or for timeout seconds; return what came."""
+    data, deadline = b"", time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        if not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, _READ)
+        data += chunk
+        if not chunk or (stop is not None and stop in data):
+            break
+    return data
+
+
+def spawn_detached(
+    argv: Sequence[str], *, env: Mapping[str, str], log_path: str, pass_fds: Sequence[int],
+    timeout: float = 10,
+) -> None:
+    """Start argv so that it outlives us, and return at once.
+
+    ``setsid --fork`` puts argv in a session of its own and hands it to init as
+    parent, so it is neither our zombie nor killed with our process group.
+    ``pass_fds`` (write ends of pipes argv names, as bwrap's ``--info-fd``) stay
+    open in argv and are closed here. stdout and stderr go to ``log_path``.
+    """
+    try:
+        with open(log_path, "ab") as log:
+            subprocess.run(["setsid", "--fork", *argv], env=dict(env), stdin=subprocess.DEVNULL,
+                           stdout=log, stderr=log, pass_fds=tuple(pass_fds), check=True,
+                           timeout=timeout)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise SandboxError(f"cannot start {argv[0]}: {exc}") from exc
+    finally:
+        for fd in pass_fds:
+            os.close(fd)
+
+
+_PF_EXITING = 0x4
+
+
+def _stat(pid: int) -> list[bytes] | None:
+    """/proc/<pid>/stat's fields after the command name; None if gone, exiting or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    exiting = fields[0] in (b"Z", b"X") or int(fields[6]) & _PF_EXITING
+    return None if exiting else fields
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot), None if it is gone or a zombie."""
+    fields = _stat(pid)
+    return None if fields is None else int(fields[19])
+
+
+def parent_pid(pid: int) -> int | None:
+    fields = _stat(pid)
+    return None if fields is None else int(fields[1])
+
+
+def kill_and_wait(pid: int, started: int, *, timeout: float = 5) -> None:
+    """SIGKILL pid if it is still the process that started at ``started``; wait for it to go."""
+    if start_time(pid) != started:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while start_time(pid) == started and time.monotonic() < deadline:
+        time.sleep(0.02)

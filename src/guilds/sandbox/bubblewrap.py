@@ -1,0 +1,230 @@
+"""The ``bwrap`` backend: one long-lived bubblewrap sandbox per agent, like a container.
+
+What the sandbox holds: ``bwrap_argv``.
+
+Host files, under the data folder::
+
+    sandboxes/<agent id>.json    the running sandbox: pid and start time of its
+                                 init, and the fingerprint of its config
+    sandboxes/<agent id>.lock    held (flock) while a process finds or starts it
+    sandboxes/<agent id>.log     bwrap's stderr
+    sandboxes/<agent id>/state/  the state root; emptied when a sandbox starts,
+                                 so background ids begin again at b1
+
+Lifecycle:
+
+- start: ``setsid --fork bwrap ... python3 -c INIT``. INIT sleeps until the
+  state root's mtime is older than the idle time, then exits; bwrap, pid 1 of
+  the namespace, reaps orphans meanwhile and ends with INIT, and the kernel then
+  kills every process left in the namespace (setsid daemons included).
+- found again: any orchestrator process reads the record. Its pid counts while
+  that pid's start time matches and the config fingerprint is unchanged;
+  otherwise the old sandbox is killed and a new one started.
+- exec: ``nsenter`` into the namespaces (it forks into the pid namespace), then
+  ``setpriv`` drops every capability, then argv; the agent's environment is
+  nsenter's environment, never its argv. Each exec touches the state root: that
+  mtime is the idle clock.
+- stop: SIGKILL to the init; the kernel ends the rest.
+
+Needs root (nsenter into the namespaces), bwrap, and util-linux's nsenter,
+setpriv and setsid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+from ..errors import SandboxError
+from ..helpers import HELPER_PACKAGES, cached_helper
+from ..settings import AgentSettings
+from ._agent import REAL_PYTHON, agent_env, checked_id, locate, write_beneath, write_repos
+from ._process import kill_and_wait, parent_pid, read_until, run_process, spawn_detached, start_time
+from .base import ExecResult
+from .bwrap_argv import (
+    DEFAULT_IDLE_SECONDS, HELPER_DIR, READY, STATE_INSIDE, BwrapConfig, bwrap_argv, enter_argv,
+    host_local_bin, keep_run,
+)
+
+START_SECONDS = 10
+"""How long a starting sandbox may take to say it is ready."""
+
+
+class BwrapSandbox:
+    name = "bwrap"
+    state_dir = STATE_INSIDE
+
+    def __init__(
+        self, settings: AgentSettings, data_dir: str | os.PathLike, *,
+        idle_seconds: float = DEFAULT_IDLE_SECONDS, path: str | None = None,
+    ):
+        """idle_seconds: the idle stop; path: the agent's PATH (default: this process's)."""
+        self.settings = settings
+        self.home = str(settings.home)
+        self.python = REAL_PYTHON
+        self.idle_seconds = idle_seconds
+        self._data = os.path.realpath(data_dir)
+        base = os.path.join(self._data, "sandboxes", checked_id(settings))
+        self._record, self._lock, self._log = (f"{base}.{ext}" for ext in ("json", "lock", "log"))
+        self._state = os.path.join(base, "state")
+        self._env = agent_env(settings, home=self.home, state_dir=STATE_INSIDE,
+                              path=path or os.environ.get("PATH"))
+        self._helpers: tuple[tuple[str, str], ...] = ()
+
+    def helper_path(self, name: str) -> str:
+        if name not in HELPER_PACKAGES:
+            raise SandboxError(f"no helper named {name}")
+        return f"{HELPER_DIR}/{name}"
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._start)
+
+    def _start(self) -> None:
+        self._ensure()
+        self._write_repos()  # again: the tokens may have changed since it started
+
+    async def exec(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float
+    ) -> ExecResult:
+        pid = await asyncio.to_thread(self._ensure)
+        try:
+            return await run_process(enter_argv(pid, self.home, argv),
+                                     env={**self._env, **(env or {})}, cwd="/", timeout=timeout)
+        finally:
+            self._touch()
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        root, rel = locate(path, {STATE_INSIDE: self._state, self.home: self.home})
+
+        def write() -> None:
+            self._ensure()  # first: a sandbox started now empties the state root
+            write_beneath(root, rel, data)
+
+        await asyncio.to_thread(write)
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self._stop)
+
+    # --- lifecycle (blocking; run in a thread) --------------------------------
+    def _ensure(self) -> int:
+        """The running sandbox's init pid: found again by agent id, else started."""
+        with self._locked():
+            record, fingerprint = self._read_record(), self._fingerprint()
+            if record and record["fingerprint"] == fingerprint:
+                if start_time(record["pid"]) == record["start"]:
+                    self._touch()
+                    return record["pid"]
+            if record:
+                _end(record)
+            return self._create(fingerprint)
+
+    def _stop(self) -> None:
+        with self._locked():
+            record = self._read_record()
+            if record:
+                _end(record)
+            Path(self._record).unlink(missing_ok=True)
+
+    def _create(self, fingerprint: str) -> int:
+        shutil.rmtree(self._state, ignore_errors=True)
+        os.makedirs(self._state, mode=0o700)
+        os.makedirs(self.home, exist_ok=True)
+        self._write_repos()
+        pid = self._launch()
+        outer = parent_pid(pid) or 0
+        record = {"pid": pid, "start": start_time(pid), "fingerprint": fingerprint,
+                  "outer": [outer, start_time(outer) or 0]}
+        if record["start"] is None:
+            raise SandboxError(f"bwrap sandbox ended at once: {self._log_tail()}")
+        write_beneath(os.path.dirname(self._record), os.path.basename(self._record),
+                      json.dumps(record).encode())
+        return pid
+
+    def _launch(self) -> int:
+        """Start bwrap; once its init is ready, return the init's pid (bwrap's --info-fd)."""
+        (info_r, info_w), (ready_r, ready_w) = os.pipe(), os.pipe()
+        try:
+            argv = bwrap_argv(self._config(info_fd=info_w, ready_fd=ready_w))
+            launch_env = {"PATH": self._env["PATH"], "LANG": self._env["LANG"]}
+            spawn_detached(argv, env=launch_env, log_path=self._log, pass_fds=(info_w, ready_w))
+            pid = _child_pid(read_until(info_r, timeout=START_SECONDS))
+            ready = READY in read_until(ready_r, timeout=START_SECONDS, stop=READY)
+        finally:
+            os.close(info_r)
+            os.close(ready_r)
+        if pid is not None and ready:
+            return pid
+        if pid is not None:
+            kill_and_wait(pid, start_time(pid) or 0)
+        raise SandboxError(f"bwrap did not start: {self._log_tail()}")
+
+    def _config(self, info_fd: int = 3, ready_fd: int = 4) -> BwrapConfig:
+        if not self._helpers:
+            cache = Path(self._data, "helpers")
+            self._helpers = tuple((n, str(cached_helper(cache, n))) for n in HELPER_PACKAGES)
+        return BwrapConfig(
+            home=self.home, state=self._state, helpers=self._helpers,
+            local_bin=host_local_bin(skip=HELPER_PACKAGES), hidden=(self._data,),
+            keep_run=keep_run() if self.settings.network else (), network=self.settings.network,
+            python=self.python, idle_seconds=self.idle_seconds, info_fd=info_fd, ready_fd=ready_fd,
+        )
+
+    def _fingerprint(self) -> str:
+        """What makes a running sandbox still the right one (host /usr/local/bin aside)."""
+        stable = replace(self._config(), local_bin=())
+        return hashlib.sha256(json.dumps(bwrap_argv(stable)).encode()).hexdigest()
+
+    def _read_record(self) -> dict | None:
+        try:
+            record = json.loads(Path(self._record).read_bytes())
+            ok = all(isinstance(record.get(k), int) for k in ("pid", "start"))
+            return record if ok and isinstance(record.get("fingerprint"), str) else None
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """An exclusive flock: one process at a time finds, starts or stops the sandbox."""
+        os.makedirs(os.path.dirname(self._lock), mode=0o700, exist_ok=True)
+        with open(self._lock, "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            yield
+
+    def _touch(self) -> None:
+        try:
+            os.utime(self._state)
+        except OSError:
+            pass
+
+    def _write_repos(self) -> None:
+        write_repos(self.settings, state_root=self._state, home=self.home)
+
+    def _log_tail(self) -> str:
+        try:
+            return " ".join(Path(self._log).read_text(errors="replace").splitlines()[-3:])
+        except OSError:
+            return "(no log)"
+
+
+def _end(record: dict) -> None:
+    """Kill the init (the kernel then kills the namespace), then bwrap's outer process."""
+    kill_and_wait(record["pid"], record["start"])
+    outer = record.get("outer")
+    if isinstance(outer, list) and len(outer) == 2 and all(isinstance(n, int) for n in outer):
+        kill_and_wait(*outer)
+
+
+def _child_pid(info: bytes) -> int | None:
+    try:
+        pid = json.loads(info)["child-pid"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return pid if isinstance(pid, int) else None

@@ -1,0 +1,218 @@
+"""The toolbox of one agent: a tool call in, the result text, is_error and metadata out.
+
+One call, in order:
+
+1. the run id is checked (it names files in the home): BadInput if unsafe;
+2. the run record gives the call its seq and a slot in the run's budget
+   (``max_tool_calls``), atomically; a call past the budget is recorded, runs
+   nothing, is not counted, and gets an error result;
+3. the call runs: code_task answers that it is not available in this build;
+   an unknown tool or bad arguments get the helper's own error without a
+   process; otherwise the request goes to guilds-code in the sandbox (a
+   file_read carries the read ledger). HelperFailed and SandboxError become
+   error results here, and only here;
+4. the pipeline: redaction, the 64 KiB cap, the ``remaining_tool_calls`` trailer;
+5. the result is recorded with its metadata (the helper's, plus ``call``,
+   ``tool``, ``run``, ``seq``, ``started_at``, ``duration_ms`` and ``row``).
+
+Every admitted call counts against the budget, also one that failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import posixpath
+import secrets
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from guilds_code.protocol import RequestError, validate_args
+from guilds_code.redact import Redactor
+
+from .._checks import is_safe_name
+from ..errors import BadInput, HelperFailed, SandboxError
+from ..rows import row_text
+from ..sandbox.base import Sandbox
+from ..settings import AgentSettings
+from ..store import Store
+from . import transport
+from .ledger import earlier_reads
+from .pipeline import redact_meta, run_pipeline
+from .tools import TOOL_NAMES, ToolSpec, tool_specs
+
+CODE_TASK_UNAVAILABLE = (
+    "code_task is not available in this build; make the change with shell "
+    "(and check it with file_read and code_search)"
+)
+BUDGET_REFUSED = (
+    "tool call budget exhausted: this run has made all {n} of its tool calls "
+    "(max_tool_calls = {n}); nothing was run"
+)
+CANCELLED = "the call was cancelled before it finished"
+_SPECS = tuple(tool_specs())
+
+
+@dataclass(frozen=True)
+class CallResult:
+    text: str
+    is_error: bool
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What running a call gave, before the pipeline."""
+
+    text: str
+    is_error: bool
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One call in flight: who it is, and what the run record gave it."""
+
+    run_id: str
+    tool: str
+    args: Any
+    seq: int
+    call_id: str
+    started_at: datetime
+    t0: float
+    """time.monotonic() at the start, for duration_ms."""
+    remaining: int
+    """The run's calls left after this one: the trailer's N."""
+
+
+def _error(text: str) -> _Outcome:
+    return _Outcome(text, True)
+
+
+def new_call_id() -> str:
+    """Unique per call, safe as a file name (the log is <call id>.log)."""
+    return "c" + secrets.token_hex(6)
+
+
+def check_run_id(run_id: Any) -> str:
+    if not isinstance(run_id, str) or not is_safe_name(run_id):
+        raise BadInput(
+            f"run id: must be letters, digits, '.', '_' or '-' (at most 128, no '..'), got {run_id!r}"
+        )
+    return run_id
+
+
+class Toolbox:
+    """The five tools for one agent: its settings, its sandbox, the shared run record.
+
+    ``coding`` is the live coding flag, asked at every ``tools()``: by default
+    the flag in ``settings``; pass ``guilds.settings.coding_flag(path)`` to
+    follow the settings file, or any callable. Secrets, repositories and the
+    budget are read from ``settings`` once, when the toolbox is made.
+    """
+
+    def __init__(self, settings: AgentSettings, sandbox: Sandbox, store: Store, *,
+                 coding: Callable[[], bool] | None = None):
+        self.settings = settings
+        self.sandbox = sandbox
+        self.store = store
+        self._coding = coding or (lambda: settings.coding)
+        self._redactor = Redactor(settings.secret_values())
+        self._redact_env = sorted(settings.secrets)
+        self._started = False
+        self._start_lock = asyncio.Lock()
+
+    def tools(self) -> list[ToolSpec]:
+        """The tools to offer in this generation: all five while coding is on, else none."""
+        return list(_SPECS) if self._coding() else []
+
+    def default_cwd(self) -> str:
+        """repos/<name> when the agent has exactly one repository, else the home (as the sandbox sees it)."""
+        home = self.sandbox.home
+        if len(self.settings.repos) == 1:
+            return posixpath.normpath(posixpath.join(home, self.settings.repos[0].path))
+        return home
+
+    async def _ensure_started(self) -> None:
+        if self._started:
+            return
+        async with self._start_lock:
+            if not self._started:
+                await self.sandbox.start()
+                self._started = True
+
+    async def call(self, run_id: str, tool: str, args: Any) -> CallResult:
+        """Run one tool call of a run through the whole pipeline, and record it.
+
+        A call cancelled while it runs is recorded as ``cancelled`` (an error),
+        then the cancellation goes on; any other surprise is recorded as
+        ``internal error: <type>`` and raised.
+        """
+        check_run_id(run_id)
+        started_at, t0 = datetime.now(timezone.utc), time.monotonic()
+        call_id = new_call_id()
+        budget = self.settings.max_tool_calls
+        slot = await self.store.begin_call(run_id=run_id, agent_id=self.settings.id, tool=tool, args=args,
+                                           call_id=call_id, started_at=started_at, budget=budget)
+        call = _Call(run_id, tool, args, slot.seq, call_id, started_at, t0, max(0, budget - slot.used))
+        try:
+            if slot.admitted:
+                outcome = await self._run(call)
+            else:
+                outcome = _error(BUDGET_REFUSED.format(n=budget))
+        except asyncio.CancelledError:
+            await self._record(call, _error(CANCELLED), status="cancelled")
+            raise
+        except BaseException as exc:
+            await self._record(call, _error(f"internal error: {type(exc).__name__}"))
+            raise
+        return await self._record(call, outcome)
+
+    async def _run(self, call: _Call) -> _Outcome:
+        tool, args = call.tool, call.args
+        if tool == "code_task":
+            return _error(CODE_TASK_UNAVAILABLE)
+        if tool not in TOOL_NAMES:
+            return _error(f"unknown tool {tool!r} (known: {', '.join(TOOL_NAMES)})")
+        try:
+            valid = validate_args(tool, args)
+        except RequestError as exc:
+            return _error(str(exc))
+        request = self._request(call)
+        if tool == "file_read":
+            request["reads"] = await earlier_reads(self.store, call.run_id, call.seq)
+        try:
+            await self._ensure_started()
+            envelope = await transport.call_helper(self.sandbox, request, wait=transport.wait_for(tool, valid))
+        except HelperFailed as exc:
+            return _error(exc.message)
+        except SandboxError as exc:
+            return _error(f"sandbox error: {exc}")
+        if not envelope["ok"]:
+            return _error(envelope["error"])
+        return _Outcome(envelope["text"], False, envelope["meta"])
+
+    def _request(self, call: _Call) -> dict[str, Any]:
+        return {
+            "op": call.tool, "args": call.args, "run_id": call.run_id, "agent_id": self.settings.id,
+            "call_id": call.call_id, "cwd": self.default_cwd(), "home": self.sandbox.home,
+            "max_bytes": self.settings.result_max_bytes, "seq": call.seq, "redact_env": self._redact_env,
+        }
+
+    async def _record(self, call: _Call, outcome: _Outcome, status: str = "done") -> CallResult:
+        shaped = run_pipeline(self._redactor, outcome.text, call.remaining)
+        duration_ms = round((time.monotonic() - call.t0) * 1000)
+        row = self._redactor.redact(row_text(call.tool, call.args, outcome.meta, outcome.is_error))
+        meta = {
+            **redact_meta(self._redactor, outcome.meta),
+            "call": call.call_id, "tool": call.tool, "run": call.run_id, "seq": call.seq,
+            "started_at": call.started_at.isoformat(timespec="milliseconds"),
+            "duration_ms": duration_ms, "row": row,
+        }
+        await self.store.finish_call(
+            run_id=call.run_id, seq=call.seq, text=shaped.text, is_error=outcome.is_error, meta=meta,
+            cut=shaped.cut, finished_at=datetime.now(timezone.utc), duration_ms=duration_ms, row=row,
+            status=status,
+        )
+        return CallResult(shaped.text, outcome.is_error, meta)

@@ -1,0 +1,183 @@
+"""The five tools' definitions: names, descriptions a model can act on, JSON Schemas.
+
+The schemas of the four check tools are built from ``guilds_code.protocol.ARG_SPECS``
+(the helper's own validation table), so names, defaults and ranges cannot
+drift from what the helper accepts. Exported for three formats:
+
+    anthropic  {"name", "description", "input_schema"}              (Messages API)
+    openai     {"type": "function", "function": {"name", "description", "parameters"}}
+                                                                   (Chat Completions)
+    mcp        {"name", "description", "inputSchema"}               (tools/list)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from guilds_code import limits
+from guilds_code.protocol import ARG_SPECS, REQUIRED
+
+CODE_TASK_TIMEOUT_DEFAULT = 30
+CODE_TASK_TIMEOUT_MAX = 240
+"""code_task's timeout_minutes: the Code tasks page owns these; placeholders until it lands."""
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+DESCRIPTIONS = {
+    "code_task": (
+        "Delegate a change to the coding harness, or resume one of its sessions. "
+        "Give a self-contained brief; the result is the harness's status, diffstat, "
+        "final message and log path. Check its work with shell, file_read and code_search."
+    ),
+    "shell": (
+        "Run a bash command in the agent's sandbox: tests, builds, git, gh. Returns combined "
+        "stdout and stderr, then exit_code: N when not 0. A long output keeps its start and its "
+        "end and names a log file holding all of it (read it with file_read). A cd carries over "
+        "to the next call; environment changes do not. Stdin is closed: pass non-interactive "
+        f"flags. Default timeout {limits.SHELL_TIMEOUT_DEFAULT} s, "
+        f"{limits.SHELL_TIMEOUT_MIN} to {limits.SHELL_TIMEOUT_MAX}. Set background for a "
+        "long-running process such as a dev server (listen on $PORT), then follow it with "
+        "shell_status."
+    ),
+    "shell_status": (
+        "Follow or stop a command started with shell in the background. Without id: every "
+        "background command with its state (running, exited N, stopping, stopped, ended). "
+        f"With id (b1, b2, ...): its state, exit code and the last {limits.STATUS_TAIL_LINES} "
+        "lines of its log. With id and stop: end it."
+    ),
+    "file_read": (
+        "Read numbered lines of a text file inside the agent's home. path is relative to the "
+        f"working directory (~ is the home). Returns up to limit lines (default "
+        f"{limits.READ_LIMIT_DEFAULT}, at most {limits.READ_LIMIT_MAX}) from offset (first line, "
+        "1-based) under a 'lines a–b of n' header; a cut range says which offset continues it. "
+        f"Lines over {limits.READ_LINE_MAX_CHARS} characters are clipped. Reading the same "
+        "unchanged lines again returns a pointer to the earlier result instead of the text."
+    ),
+    "code_search": (
+        "Search the code with ripgrep (respects .gitignore). mode 'files' (default) lists "
+        f"matching paths with match counts, at most {limits.SEARCH_FILES_MAX}; mode 'content' "
+        f"shows path:line: text, at most {limits.SEARCH_LINES_MAX} lines and "
+        f"{limits.SEARCH_MATCHES_PER_FILE} matches per file, with context lines. pattern is a "
+        "regular expression unless fixed. Search files first, then lines. Paths in the result "
+        "are relative to the working directory and can be passed to file_read."
+    ),
+}
+
+ARG_DESCRIPTIONS = {
+    "shell": {
+        "command": "The bash command, run with bash -c in the working directory.",
+        "timeout_seconds": "Stop the command after this many seconds.",
+        "background": "Start it in the background and return at once (for servers, watchers).",
+    },
+    "shell_status": {
+        "id": "A background command's id, like b1. Omit to list them all.",
+        "stop": "End the command given by id.",
+    },
+    "file_read": {
+        "path": "The file, relative to the working directory, absolute inside the home, or ~/...",
+        "offset": "The first line to return, 1-based.",
+        "limit": "How many lines to return.",
+    },
+    "code_search": {
+        "pattern": "A regular expression (a literal string with fixed).",
+        "path": "A folder or file to search, relative to the working directory. Default: it.",
+        "glob": "Only files whose path matches this glob, like '*.py' or 'src/**'.",
+        "mode": "'files': matching paths with counts; 'content': matching lines.",
+        "fixed": "Match pattern as a literal string.",
+        "ignore_case": "Match regardless of case.",
+        "context": "Lines of context around each match (content mode).",
+        "limit": (
+            f"Lower the maximum of files ({limits.SEARCH_FILES_MAX}) or lines "
+            f"({limits.SEARCH_LINES_MAX}) returned."
+        ),
+    },
+}
+
+_TYPES = {"str": "string", "int": "integer", "bool": "boolean"}
+
+
+def _property(kind: str, default: Any, extra: Any, description: str) -> dict[str, Any]:
+    prop: dict[str, Any] = {"type": _TYPES[kind], "description": description}
+    if default is not REQUIRED and default is not None:
+        prop["default"] = default
+    if kind == "int" and extra:
+        prop["minimum"] = extra[0]
+        if extra[1] < 2**63 - 1:
+            prop["maximum"] = extra[1]
+    elif kind == "str" and extra:
+        prop["enum"] = list(extra)
+    return prop
+
+
+def schema_for(op: str) -> dict[str, Any]:
+    """The JSON Schema of a check tool's arguments, from ARG_SPECS."""
+    specs = ARG_SPECS[op]
+    props = {
+        name: _property(kind, default, extra, ARG_DESCRIPTIONS[op][name])
+        for name, (kind, default, extra) in specs.items()
+    }
+    required = [name for name, (_, default, _) in specs.items() if default is REQUIRED]
+    return {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+
+
+def code_task_schema() -> dict[str, Any]:
+    string = {"type": "string"}
+    return {
+        "type": "object",
+        "properties": {
+            "brief": {**string, "description": "What to change and how to know it is done."},
+            "repo": {**string, "description": "The repository to work in, by name. Default: the only one."},
+            "session_id": {**string, "description": "Resume this harness session instead of starting one."},
+            "notes": {**string, "description": "Extra context for the harness: findings, constraints."},
+            "timeout_minutes": {
+                "type": "integer", "minimum": 1, "maximum": CODE_TASK_TIMEOUT_MAX,
+                "default": CODE_TASK_TIMEOUT_DEFAULT, "description": "Stop the harness after this long.",
+            },
+        },
+        "required": ["brief"],
+        "additionalProperties": False,
+    }
+
+
+TOOL_NAMES = ("code_task", "shell", "shell_status", "file_read", "code_search")
+
+
+def tool_specs() -> list[ToolSpec]:
+    """The five tools, in the page's order."""
+    specs = [ToolSpec("code_task", DESCRIPTIONS["code_task"], code_task_schema())]
+    specs += [ToolSpec(op, DESCRIPTIONS[op], schema_for(op)) for op in TOOL_NAMES[1:]]
+    return specs
+
+
+def to_anthropic(spec: ToolSpec) -> dict[str, Any]:
+    return {"name": spec.name, "description": spec.description, "input_schema": spec.input_schema}
+
+
+def to_openai(spec: ToolSpec) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {"name": spec.name, "description": spec.description, "parameters": spec.input_schema},
+    }
+
+
+def to_mcp(spec: ToolSpec) -> dict[str, Any]:
+    return {"name": spec.name, "description": spec.description, "inputSchema": spec.input_schema}
+
+
+FORMATS: dict[str, Callable[[ToolSpec], dict[str, Any]]] = {
+    "anthropic": to_anthropic,
+    "openai": to_openai,
+    "mcp": to_mcp,
+}
+
+
+def export(specs: list[ToolSpec], fmt: str) -> list[dict[str, Any]]:
+    """The definitions in one model API's format (anthropic, openai, mcp)."""
+    return [FORMATS[fmt](spec) for spec in specs]

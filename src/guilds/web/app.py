@@ -1,0 +1,187 @@
+"""The app: runs, a run's flow of calls, each call's views, live. A front: it only translates.
+
+    GET /                              the runs, the most recently active first
+    GET /runs/{run}                    the run's Chat tab: the newest page of its flow
+    GET /runs/{run}/flow?before=N      the page before seq N (a fragment: "Load earlier")
+    GET /runs/{run}/calls/{seq}        a call opened (?view=arguments|result|metadata,
+                                       &format=raw); a fragment for htmx, else the whole page
+    GET /runs/{run}/calls/{seq}/log    the call's Full output log, redacted, bounded
+    GET /runs/{run}/events?after=N     server-sent events: the run's new and changed calls
+    GET /static/...                    CSS, JS and the vendored htmx
+
+Every record is redacted (``flow.redact_call``) before a view sees it; what
+the views build, the templates only lay out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Sequence
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from guilds_code.redact import Redactor
+
+from ..records import CallRecord
+from ..store import Store
+from . import queries
+from .events import RETRY_MS, call_updates, sse_message
+from .flow import flow_item, flow_page, redact_call, runs_page
+from .logs import LogReader, LogUnavailable
+from .views import call_page, log_view
+
+HERE = Path(__file__).parent
+RUNS_PAGE = 50
+SECURITY_HEADERS = {
+    "content-security-policy": "default-src 'self'; img-src 'self' data:; object-src 'none'; "
+                               "base-uri 'none'; frame-ancestors 'none'; form-action 'self'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "x-frame-options": "DENY",
+}
+
+
+def templates() -> Environment:
+    return Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]),
+                       trim_blocks=True, lstrip_blocks=True)
+
+
+def _int(value: str | None, default: int | None = None) -> int | None:
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        raise HTTPException(400, f"not a number: {value!r}") from None
+
+
+def _fragment(request: Request) -> bool:
+    """htmx asked for a part of the page (not a history restore, which wants it whole)."""
+    return "hx-request" in request.headers and "hx-history-restore-request" not in request.headers
+
+
+class WebApp:
+    """The routes' handlers over one store, one redactor (every served agent's secrets) and the logs."""
+
+    def __init__(self, store: Store, redactor: Redactor, logs: LogReader):
+        self.store, self.redactor, self.logs = store, redactor, logs
+        self.env = templates()
+
+    def page(self, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+        return HTMLResponse(self.env.get_template(name).render(**context), status, headers={"vary": "HX-Request"})
+
+    async def _run(self, request: Request):
+        run = await queries.get_run(self.store, request.path_params["run_id"])
+        if run is None:
+            raise HTTPException(404, "no such run")
+        return run
+
+    async def _call(self, request: Request) -> CallRecord:
+        call = await self.store.call(request.path_params["run_id"], _int(request.path_params["seq"]))
+        if call is None:
+            raise HTTPException(404, "no such call")
+        return redact_call(call, self.redactor)
+
+    async def _flow(self, run_id: str, before: int | None):
+        calls = await queries.flow_before(self.store, run_id, before)
+        return flow_page(run_id, [redact_call(c, self.redactor) for c in calls])
+
+    async def runs(self, request: Request) -> Response:
+        offset = max(0, _int(request.query_params.get("offset"), 0))
+        runs = await self.store.list_runs(limit=RUNS_PAGE + 1, offset=offset)
+        return self.page("runs.html", runs=runs_page(runs, offset, RUNS_PAGE))
+
+    async def run(self, request: Request, opened: Any = None) -> Response:
+        run = await self._run(request)
+        return self.page("run.html", run=run, flow=await self._flow(run.id, None), opened=opened)
+
+    async def earlier(self, request: Request) -> Response:
+        run = await self._run(request)
+        flow = await self._flow(run.id, _int(request.query_params.get("before")))
+        return self.page("_flow_items.html", flow=flow)
+
+    async def call(self, request: Request) -> Response:
+        call = await self._call(request)
+        opened = call_page(call, request.query_params.get("view"), request.query_params.get("format"))
+        if _fragment(request):
+            return self.page("_call.html", opened=opened)
+        return await self.run(request, opened)
+
+    async def log(self, request: Request) -> Response:
+        call = await self._call(request)
+        path = (call.meta or {}).get("log_path")
+        if not isinstance(path, str) or not path:
+            raise HTTPException(404, "this call has no full output log")
+        run = await self._run(request)
+        try:
+            view = log_view(call, await self.logs.read(run.agent_id, path))
+        except LogUnavailable as exc:
+            view = log_view(call, None, str(exc))
+        return self.page("log.html", run=run, log=view)
+
+    async def events(self, request: Request) -> Response:
+        run = await self._run(request)
+        after = max(_int(request.query_params.get("after"), 0), _int(request.headers.get("last-event-id"), 0))
+        return StreamingResponse(self._stream(run.id, after), media_type="text/event-stream",
+                                 headers={"cache-control": "no-store", "x-accel-buffering": "no"})
+
+    async def _stream(self, run_id: str, after: int) -> AsyncIterator[str]:
+        yield f"retry: {RETRY_MS}\n\n"
+        row = self.env.get_template("_item.html")
+        fetch = lambda seq: queries.flow_after(self.store, run_id, seq)  # noqa: E731
+        async for call, point in call_updates(fetch, after, page=queries.FLOW_PAGE):
+            item = flow_item(redact_call(call, self.redactor))
+            yield sse_message("call", row.render(item=item).strip(), point)
+
+    async def not_found(self, request: Request, exc: Exception) -> Response:
+        detail = getattr(exc, "detail", "not found")
+        return self.page("error.html", getattr(exc, "status_code", 404), message=detail)
+
+    def routes(self) -> list[BaseRoute]:
+        return [
+            Route("/", self.runs, name="runs"),
+            Route("/runs/{run_id}", self.run, name="run"),
+            Route("/runs/{run_id}/flow", self.earlier, name="flow"),
+            Route("/runs/{run_id}/calls/{seq:int}", self.call, name="call"),
+            Route("/runs/{run_id}/calls/{seq:int}/log", self.log, name="log"),
+            Route("/runs/{run_id}/events", self.events, name="events"),
+            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        ]
+
+
+class SecurityHeaders:
+    """Adds SECURITY_HEADERS to every response (a plain ASGI middleware: streams stay streams)."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        async def with_headers(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] = list(message["headers"]) + [
+                    (k.encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
+            await send(message)
+
+        await self.app(scope, receive, with_headers if scope["type"] == "http" else send)
+
+
+def create_app(store: Store, *, redactor: Redactor, logs: LogReader, extra_routes: Sequence[BaseRoute] = (),
+               allowed_hosts: Sequence[str] | None = None,
+               lifespan: Callable[[Starlette], contextlib.AbstractAsyncContextManager] | None = None) -> Starlette:
+    """The app over a run record. ``redactor`` holds the secret values of every agent whose
+    runs it shows; ``extra_routes`` (the MCP endpoint) come first; ``allowed_hosts``, when
+    given, refuses other Host headers (DNS rebinding)."""
+    web = WebApp(store, redactor, logs)
+    middleware = [Middleware(SecurityHeaders)]
+    if allowed_hosts is not None:
+        middleware.insert(0, Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))
+    return Starlette(routes=[*extra_routes, *web.routes()], middleware=middleware, lifespan=lifespan,
+                     exception_handlers={HTTPException: web.not_found})

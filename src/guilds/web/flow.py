@@ -1,0 +1,171 @@
+"""A run's flow as the app shows it: pure functions of the run record, table-tested.
+
+The product page: each call other than code_task is a row of the run's flow
+on its Chat tab, with a summary of what it did; a code_task is a block of its
+own. The row is the text stored with the call (``guilds.rows.row_text``,
+computed when the call finished); a call still running has none yet and gets
+the same function's text without a result.
+
+Where the page is silent: the code_task block reads ``status``, ``diffstat``
+and ``final_message`` from the call's metadata; a call without them (one
+refused, say) shows its result text as the message.
+
+Every record reaching these functions has been through ``redact_call``: the
+run record keeps arguments as the model gave them, so a secret the model typed
+would otherwise reach the page.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from guilds_code.redact import Redactor
+
+from ..records import CallRecord, RunRecord
+from ..rows import row_text
+from ..toolbox.pipeline import redact_meta
+from .render import split_trailer
+
+
+def run_path(run_id: str) -> str:
+    return f"/runs/{run_id}"
+
+
+def call_path(run_id: str, seq: int, view: str | None = None, fmt: str | None = None) -> str:
+    """A call's page, with the view and the Result's format when given."""
+    query = "&".join(f"{k}={v}" for k, v in (("view", view), ("format", fmt)) if v)
+    return f"/runs/{run_id}/calls/{seq}" + (f"?{query}" if query else "")
+
+
+def log_url(run_id: str, seq: int) -> str:
+    """A call's Full output log."""
+    return f"/runs/{run_id}/calls/{seq}/log"
+
+
+def redact_call(call: CallRecord, redactor: Redactor) -> CallRecord:
+    """The record with every string the app could show redacted."""
+    if not redactor:
+        return call
+    return replace(call, args=redact_meta(redactor, call.args), meta=redact_meta(redactor, call.meta),
+                   text=None if call.text is None else redactor.redact(call.text),
+                   row=None if call.row is None else redactor.redact(call.row))
+
+
+def text_of(value: Any) -> str:
+    """A metadata value that should be a string: itself, else empty."""
+    return value if isinstance(value, str) else ""
+
+
+@dataclass(frozen=True)
+class CodeTaskBlock:
+    status: str
+    diffstat: str
+    message: str
+
+
+@dataclass(frozen=True)
+class FlowItem:
+    seq: int
+    text: str
+    """The row; "Code task" for a code_task block."""
+    state: str
+    """running, done or error."""
+    duration: str
+    href: str
+    task: CodeTaskBlock | None = None
+
+
+def row_of(call: CallRecord) -> str:
+    """The stored row, or, while the call runs, the row of its arguments alone."""
+    if call.row is not None:
+        return call.row
+    return row_text(call.tool, call.args, {}, False)
+
+
+def state_of(call: CallRecord) -> str:
+    if call.status != "done":
+        return "running"
+    return "error" if call.is_error else "done"
+
+
+def duration_text(ms: int | None) -> str:
+    """350 ms, 1.2 s, 95 s; empty while running."""
+    if ms is None:
+        return ""
+    if ms < 1000:
+        return f"{ms} ms"
+    return f"{ms / 1000:.1f} s" if ms < 10_000 else f"{round(ms / 1000)} s"
+
+
+def code_task_block(call: CallRecord) -> CodeTaskBlock:
+    meta = call.meta or {}
+    message = text_of(meta.get("final_message")) or split_trailer(call.text or "")[0]
+    return CodeTaskBlock(status=text_of(meta.get("status")) or state_of(call),
+                         diffstat=text_of(meta.get("diffstat")), message=message)
+
+
+def flow_item(call: CallRecord) -> FlowItem:
+    task = code_task_block(call) if call.tool == "code_task" else None
+    return FlowItem(seq=call.seq, text=row_of(call), state=state_of(call),
+                    duration=duration_text(call.duration_ms), href=call_path(call.run_id, call.seq), task=task)
+
+
+def resume_after(calls: list[CallRecord], after: int) -> int:
+    """The seq a live stream continues after, given the calls past ``after`` in seq order:
+    the last one, or just before the first still running (it will change)."""
+    for call in calls:
+        if call.status != "done":
+            return call.seq - 1
+        after = call.seq
+    return after
+
+
+@dataclass(frozen=True)
+class RunItem:
+    id: str
+    agent_id: str
+    calls: int
+    updated: str
+    href: str
+
+
+def when(value: datetime) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def run_item(run: RunRecord) -> RunItem:
+    return RunItem(run.id, run.agent_id, run.calls, when(run.updated_at), run_path(run.id))
+
+
+@dataclass(frozen=True)
+class FlowPage:
+    """A page of a run's flow: its items, the link to the page before, where live updates start."""
+
+    items: list[FlowItem]
+    earlier_href: str
+    """Empty when the page starts at the run's first call."""
+    events_href: str
+
+
+def flow_page(run_id: str, calls: list[CallRecord]) -> FlowPage:
+    """Calls are a run's consecutive seqs from 1, so a page starting past 1 has calls before it."""
+    first = calls[0].seq if calls else 1
+    earlier = f"/runs/{run_id}/flow?before={first}" if first > 1 else ""
+    after = resume_after(calls, first - 1)
+    return FlowPage([flow_item(c) for c in calls], earlier, f"/runs/{run_id}/events?after={after}")
+
+
+@dataclass(frozen=True)
+class RunsPage:
+    items: list[RunItem]
+    newer_href: str
+    older_href: str
+
+
+def runs_page(runs: list[RunRecord], offset: int, limit: int) -> RunsPage:
+    """``runs`` holds up to limit + 1 runs from offset: one more means there are older ones."""
+    newer = f"/?offset={max(0, offset - limit)}" if offset > 0 else ""
+    older = f"/?offset={offset + limit}" if len(runs) > limit else ""
+    return RunsPage([run_item(r) for r in runs[:limit]], newer, older)

@@ -1,0 +1,365 @@
+"""file_read: numbered lines of one range of a regular file inside the home.
+
+Result text (exact)::
+
+    <path> lines a–b of n          header (en dash), then one row per line:
+    <number>  <text>               the number right-aligned to the widest shown,
+                                   two spaces, the line without its newline
+    [stopped at line N to stay under M bytes; continue with offset N+1]
+                                   when the result's byte cap stops the range:
+                                   N is the last line shown
+
+    <path> is empty                an empty file (meta lines 0, no range)
+    <path> has n lines; offset X is past the end
+    <path> is a binary file (S bytes); not shown
+                                   a NUL in the first 8000 bytes (meta: path and
+                                   content_hash only; no lines, no range)
+    <path> lines a–b: unchanged since step N; read that result.
+                                   a repeated read (see below)
+
+<path> is the resolved file relative to the run's working directory when it lies
+under it, else ``~/<path under the home>`` (paths.display): either can be passed
+back to file_read as it is.
+
+Lines are what rg and ``wc -l`` count: split only on ``\\n`` (a form feed or
+U+2028 inside a line does not split it). n is the number of ``\\n`` plus one when
+the file does not end with one (``wc -l`` + 1 for a last line without newline;
+a trailing newline does not start an empty line). A ``\\r`` before the ``\\n``
+(CRLF) is not shown. Text is UTF-8, an invalid byte shown as U+FFFD. Secrets are
+redacted from each line before it is clipped to 400 characters (``… [+N chars]``).
+
+Repeated reads: when request.reads holds an earlier read of the same resolved
+path with the same content_hash whose range covers the lines this read shows,
+the result is the pointer line, naming the latest such read's seq.
+
+The whole file is hashed (SHA-256, meta content_hash) in one streaming pass that
+also counts lines; memory stays bounded whatever the file (a long line is kept
+only up to what its clip shows, and counted past that).
+
+meta: path (resolved, absolute), range [a, b] (1-based, inclusive, the lines
+shown), content_hash, lines (n); repeat_of on a pointer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import queue
+import threading
+from typing import Any, Dict, List, Optional
+
+from .. import limits, paths, protocol, redact, runstate
+from ..shaping import clip_line, utf8_len
+
+_CONTINUATION = bytes(range(0x80, 0xC0))
+
+
+def make_redactor(request: protocol.Request) -> redact.Redactor:
+    """The run's secrets: the redact_env values and the repository tokens."""
+    tokens = runstate.load_repo_tokens(request).values()
+    return redact.from_environment(request.redact_env, extra=tokens)
+
+
+def char_count(data: bytes) -> int:
+    """Characters of UTF-8 bytes (every byte that does not continue a character)."""
+    return len(data.translate(None, _CONTINUATION))
+
+
+def _complete_end(data: bytes) -> int:
+    """Where a UTF-8 sequence cut off at the end of data starts (len(data) if none)."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:
+            need = 2 if byte >= 0xC0 else 1
+            need += (byte >= 0xE0) + (byte >= 0xF0)
+            return len(data) - back if need > back else len(data)
+    return len(data)
+
+
+class LineHead:
+    """One line fed in pieces: redacted as a stream, its start kept, the rest counted.
+
+    Keeps the first `keep` bytes of the redacted line and counts the characters
+    past them, so a line of any length costs `keep` bytes. ``text()`` gives the
+    kept start (cut at a character boundary) and the line's total characters.
+    """
+
+    def __init__(self, keep: int, redactor: Optional[redact.Redactor]):
+        self._keep = keep
+        self._stream = redactor.stream() if redactor else None
+        self._head = bytearray()
+        self._extra = 0
+        self.last_byte = -1
+
+    def add(self, piece: bytes) -> None:
+        if self._stream is not None:
+            piece = self._stream.feed(bytes(piece))
+        self._take(piece)
+
+    def _take(self, piece: bytes) -> None:
+        if not piece:
+            return
+        self.last_byte = piece[-1]
+        room = self._keep - len(self._head)
+        if room > 0:
+            self._head += piece[:room]
+            piece = piece[room:]
+        if piece:
+            self._extra += char_count(piece)
+
+    def text(self, strip_cr: bool = False):
+        """(start of the line as text, total characters of the line)."""
+        if self._stream is not None:
+            self._take(self._stream.flush())
+            self._stream = None
+        head = bytes(self._head)
+        extra = self._extra
+        if extra:
+            cut = _complete_end(head)
+            extra += 1 if cut < len(head) else 0
+            head = head[:cut]
+        text = head.decode("utf-8", "replace")
+        if strip_cr and self.last_byte == 0x0D:
+            if extra:
+                extra -= 1
+            else:
+                text = text[:-1]
+        return text, len(text) + extra
+
+
+def clip_counted(text: str, total: int, max_chars: int) -> str:
+    """text (the start of a line of `total` characters) clipped like shaping.clip_line."""
+    if total == len(text):
+        return clip_line(text, max_chars)
+    shown = text[:max_chars]
+    return f"{shown}… [+{total - len(shown)} chars]"
+
+
+def keep_bytes(max_chars: int) -> int:
+    """Bytes of a line to keep: enough for max_chars + 1 characters of any width."""
+    return 4 * (max_chars + 1)
+
+
+class _Collector:
+    """Gathers the lines first..last of a byte stream fed in chunks."""
+
+    def __init__(self, first: int, last: int, redactor: redact.Redactor):
+        self.first, self.last = first, last
+        self.lineno = 1
+        self.rows: List[tuple] = []
+        self._redactor = redactor if redactor else None
+        self._keep = keep_bytes(limits.READ_LINE_MAX_CHARS)
+        self._line: Optional[LineHead] = None
+
+    def feed(self, buf: bytearray, size: int, newlines: int) -> None:
+        start, self.lineno = self.lineno, self.lineno + newlines
+        if self.lineno < self.first or start > self.last:
+            return
+        pos, line = 0, start
+        while line < self.first:
+            pos = buf.find(b"\n", pos, size) + 1
+            line += 1
+        while line <= self.last:
+            nl = buf.find(b"\n", pos, size)
+            end = size if nl < 0 else nl
+            if end > pos or nl >= 0:
+                self._current().add(buf[pos:end])
+            if nl < 0:
+                return
+            self.finish()
+            line, pos = line + 1, nl + 1
+
+    def _current(self) -> LineHead:
+        if self._line is None:
+            self._line = LineHead(self._keep, self._redactor)
+        return self._line
+
+    def finish(self) -> None:
+        """End the current line (at a newline, or at the end of the file)."""
+        if self._line is not None:
+            self.rows.append(self._line.text(strip_cr=True))
+            self._line = None
+
+
+class _Hasher:
+    """SHA-256 in a worker thread (hashlib drops the GIL), beside reading and counting.
+
+    Buffers go round: ``buffer()`` hands out a free one, ``submit`` queues it for
+    hashing, after which it is free again.
+    """
+
+    def __init__(self, buffers: int = 3):
+        self._sha = hashlib.sha256()
+        self._free: "queue.Queue[bytearray]" = queue.Queue()
+        self._todo: "queue.Queue[Any]" = queue.Queue()
+        for _ in range(buffers):
+            self._free.put(bytearray(limits.READ_FILE_CHUNK))
+        self._thread = threading.Thread(target=self._work, daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            item = self._todo.get()
+            if item is None:
+                return
+            buf, size = item
+            with memoryview(buf) as view:
+                self._sha.update(view[:size])
+            self._free.put(buf)
+
+    def buffer(self) -> bytearray:
+        return self._free.get()
+
+    def submit(self, buf: bytearray, size: int) -> None:
+        self._todo.put((buf, size))
+
+    def hexdigest(self) -> str:
+        self._todo.put(None)
+        self._thread.join()
+        return self._sha.hexdigest()
+
+
+class Scan:
+    """One pass over a file: its hash, size, line count, binary or not, wanted lines."""
+
+    def __init__(self) -> None:
+        self.digest = ""
+        self.size = 0
+        self.lines = 0
+        self.binary = False
+        self.rows: List[tuple] = []
+
+
+def scan(fd: int, first: int, last: int, redactor: redact.Redactor) -> Scan:
+    """Read fd to its end once: hash, sniff, count lines, collect lines first..last."""
+    result, hasher = Scan(), _Hasher()
+    collector = _Collector(first, last, redactor)
+    last_byte = 0x0A
+    with io.FileIO(fd, closefd=False) as reader:
+        while True:
+            buf = hasher.buffer()
+            size = reader.readinto(buf) or 0
+            if not size:
+                break
+            if result.size < limits.BINARY_SNIFF_BYTES and not result.binary:
+                sniff = min(size, limits.BINARY_SNIFF_BYTES - result.size)
+                result.binary = buf.find(b"\0", 0, sniff) >= 0
+            if not result.binary:
+                collector.feed(buf, size, buf.count(b"\n", 0, size))
+            result.size += size
+            last_byte = buf[size - 1]
+            hasher.submit(buf, size)
+    collector.finish()
+    result.digest = hasher.hexdigest()
+    result.lines = collector.lineno - (1 if last_byte == 0x0A else 0)
+    result.rows = collector.rows
+    return result
+
+
+# --- the result text ---------------------------------------------------------
+def _header(shown: str, first: int, last: int, total: int) -> str:
+    return f"{shown} lines {first}–{last} of {total}"
+
+
+def _stop(last: int, cap: int) -> str:
+    return f"[stopped at line {last} to stay under {cap} bytes; continue with offset {last + 1}]"
+
+
+def _numbered(first: int, rows: List[str]) -> List[str]:
+    width = len(str(first + len(rows) - 1))
+    return [f"{first + i:>{width}}  {row}" if row else f"{first + i:>{width}}" for i, row in enumerate(rows)]
+
+
+def _fitting(shown: str, first: int, rows: List[str], total: int, cap: int) -> int:
+    """How many rows fit under cap with the header, and the stop line when cut.
+
+    Exact: the numbers' width is that of the last row of each candidate range.
+    """
+    rows_size = 0
+    for k, row in enumerate(rows, start=1):
+        rows_size += utf8_len(row) + (3 if row else 1)
+        last = first + k - 1
+        size = utf8_len(_header(shown, first, last, total)) + rows_size + k * len(str(last))
+        if k < len(rows):
+            size += 1 + utf8_len(_stop(last, cap))
+        if size > cap:
+            return k - 1
+    return len(rows)
+
+
+def _render(shown: str, first: int, rows: List[tuple], total: int, cap: int):
+    """(text, last line shown): the header, the rows that fit, the stop line if cut.
+
+    When not even the first line fits (a long line of wide characters under a
+    small cap), that line alone is shown, clipped shorter until it fits.
+    """
+    max_chars = limits.READ_LINE_MAX_CHARS
+    clipped = [clip_counted(text, count, max_chars) for text, count in rows]
+    fit = _fitting(shown, first, clipped, total, cap)
+    while fit == 0 and max_chars > 1:
+        max_chars //= 2
+        clipped[0] = clip_counted(rows[0][0], rows[0][1], max_chars)
+        fit = min(_fitting(shown, first, clipped, total, cap), 1)
+    fit = max(fit, 1)
+    last = first + fit - 1
+    lines = [_header(shown, first, last, total)] + _numbered(first, clipped[:fit])
+    if fit < len(rows):
+        lines.append(_stop(last, cap))
+    return "\n".join(lines), last
+
+
+def _earlier(reads: List[Dict[str, Any]], path: str, digest: str, first: int, last: int) -> Optional[int]:
+    """The seq of the latest earlier read of path, same hash, whose range covers first..last."""
+    seqs = [
+        read["seq"]
+        for read in reads
+        if read["path"] == path
+        and read["content_hash"] == digest
+        and read["range"][0] <= first
+        and last <= read["range"][1]
+    ]
+    return max(seqs) if seqs else None
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def _reply(shown: str, path: str, result: Scan, request: protocol.Request) -> protocol.Reply:
+    first = request.args["offset"]
+    meta: Dict[str, Any] = {"path": path, "content_hash": result.digest}
+    if result.binary:
+        return protocol.Reply(f"{shown} is a binary file ({result.size} bytes); not shown", meta)
+    meta["lines"] = result.lines
+    if result.lines == 0:
+        return protocol.Reply(f"{shown} is empty", meta)
+    if first > result.lines:
+        text = f"{shown} has {_plural(result.lines, 'line')}; offset {first} is past the end"
+        return protocol.Reply(text, meta)
+    text, last = _render(shown, first, result.rows, result.lines, request.max_bytes)
+    meta["range"] = [first, last]
+    seq = _earlier(request.reads, path, result.digest, first, last)
+    if seq is not None:
+        meta["repeat_of"] = seq
+        text = f"{shown} lines {first}–{last}: unchanged since step {seq}; read that result."
+    return protocol.Reply(text, meta)
+
+
+def run(request: protocol.Request) -> protocol.Reply:
+    """Read args.path from args.offset, args.limit lines (see the module docstring)."""
+    given = request.args["path"]
+    first = request.args["offset"]
+    last = first + request.args["limit"] - 1
+    cwd = runstate.current_cwd(request)
+    with paths.resolve(request.home, cwd, given) as target:
+        fd = target.open_regular(given)
+        path = target.path
+    try:
+        result = scan(fd, first, last, make_redactor(request))
+    except OSError as exc:
+        raise paths.fail(given, f"cannot be read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    shown = paths.display(path, request.home, paths.physical_cwd(request.home, cwd))
+    return _reply(shown, path, result, request)

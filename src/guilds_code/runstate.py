@@ -1,0 +1,208 @@
+"""The run's state inside the sandbox: folders, the working directory, tokens.
+
+Layout (see contract.md, "State inside the sandbox"):
+
+    <home>/.runs/<run id>/cwd          the run's working directory (atomic writes)
+    <home>/.runs/<run id>/<call>.log   a shell call's full output
+    <state root>/<agent id>/repos.json absolute repository folder -> token (0600)
+    <state root>/<agent id>/background/ background records (ops/background.py)
+
+Everything under the home can be rewritten by the agent's own commands, so it
+is read defensively: one component at a time without following links, regular
+files only, at most limits.STATE_FILE_MAX_BYTES. A bad state file counts as
+absent; a bad state folder is an OpError naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+from typing import Dict, List, Optional
+
+from . import limits, protocol
+
+RUNS_DIR = ".runs"
+CWD_FILE = "cwd"
+REPOS_FILE = "repos.json"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
+    """Write data to path through a temp file in the same folder and a rename.
+
+    A reader sees the old content or the new, never a part. A link at path is
+    replaced, not followed. Raises OSError.
+    """
+    folder, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        unlink_quietly(tmp)
+        raise
+
+
+def ensure_dir(path: str) -> bool:
+    """Make path a folder (0700) if missing; True when it was made now.
+
+    OpError when path is a link or not a folder, or cannot be made.
+    """
+    try:
+        os.mkdir(path, 0o700)
+        created = True
+    except FileExistsError:
+        created = False
+    except OSError as exc:
+        raise protocol.OpError(f"cannot make {path}: {exc.strerror}") from None
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise protocol.OpError(f"{path} is a link or not a folder; remove it")
+    return created
+
+
+def run_dir(request: protocol.Request) -> str:
+    """<home>/.runs/<run id>, made if missing; making one prunes old runs."""
+    runs = os.path.join(request.home, RUNS_DIR)
+    ensure_dir(runs)
+    path = os.path.join(runs, request.run_id)
+    if ensure_dir(path):
+        prune_runs(runs, keep=limits.RUNS_KEPT)
+    else:
+        _touch(path)
+    return path
+
+
+def log_path(request: protocol.Request) -> str:
+    """<run dir>/<call id>.log (absolute): where a shell call's output goes."""
+    return os.path.join(run_dir(request), f"{request.call_id}.log")
+
+
+def prune_runs(runs: str, keep: int) -> None:
+    """Delete all but the `keep` most recent run folders (by mtime) in runs.
+
+    Links and other non-folders are left alone; nothing is followed.
+    """
+    entries = []
+    with os.scandir(runs) as it:
+        for entry in it:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                entries.append((st.st_mtime, entry.path))
+    entries.sort(reverse=True)
+    for _, path in entries[keep:]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def current_cwd(request: protocol.Request) -> str:
+    """The run's working directory.
+
+    <run dir>/cwd when it holds an absolute path of an existing folder, else the
+    request's default cwd, else (when that is gone too) the home.
+    """
+    raw = read_small(request.home, [RUNS_DIR, request.run_id, CWD_FILE])
+    if raw is not None:
+        path = os.fsdecode(raw)
+        if _is_dir_path(path):
+            return path
+    if os.path.isdir(request.cwd):
+        return request.cwd
+    return request.home
+
+
+def save_cwd(request: protocol.Request, path: str) -> None:
+    """Record path (absolute) as the run's working directory, atomically."""
+    target = os.path.join(run_dir(request), CWD_FILE)
+    try:
+        atomic_write(target, os.fsencode(path))
+    except OSError as exc:
+        raise protocol.OpError(f"cannot save the working directory: {exc.strerror}") from None
+
+
+def state_dir() -> str:
+    """The state root: $GUILDS_STATE_DIR, else /run/guilds."""
+    return protocol.state_root()
+
+
+def agent_dir(request: protocol.Request) -> str:
+    """<state root>/<agent id> (not made here)."""
+    return os.path.join(state_dir(), request.agent_id)
+
+
+def load_repo_tokens(request: protocol.Request) -> Dict[str, str]:
+    """<state root>/<agent id>/repos.json: absolute folder -> token.
+
+    Missing, unreadable or malformed counts as {}; entries that are not an
+    absolute path mapped to a non-empty string are skipped.
+    """
+    raw = read_small(state_dir(), [request.agent_id, REPOS_FILE])
+    if raw is None:
+        return {}
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {
+        os.path.normpath(folder): token
+        for folder, token in data.items()
+        if folder.startswith("/") and isinstance(token, str) and token
+    }
+
+
+def read_small(base: str, names: List[str]) -> Optional[bytes]:
+    """The bytes of base/names[0]/.../names[-1], or None.
+
+    base is followed; every name after it is opened without following links.
+    None when any part is missing, a link, of the wrong kind, or the file is
+    larger than limits.STATE_FILE_MAX_BYTES.
+    """
+    fds = []
+    try:
+        fds.append(os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        for name in names[:-1]:
+            fds.append(os.open(name, _DIR_FLAGS, dir_fd=fds[-1]))
+        fds.append(os.open(names[-1], _FILE_FLAGS, dir_fd=fds[-1]))
+        return _read_regular(fds[-1], limits.STATE_FILE_MAX_BYTES)
+    except OSError:
+        return None
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _read_regular(fd: int, cap: int) -> Optional[bytes]:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > cap:
+        return None
+    data = os.read(fd, cap + 1)
+    return data if len(data) <= cap else None
+
+
+def _is_dir_path(path: str) -> bool:
+    return path.startswith("/") and "\x00" not in path and os.path.isdir(path)
+
+
+def _touch(path: str) -> None:
+    try:
+        os.utime(path, follow_symlinks=False)
+    except OSError:
+        pass
+
+
+def unlink_quietly(path: str) -> None:
+    """Remove path if it is there; never fails."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -1,0 +1,20 @@
+"""Harness adapters by short name, imported lazily (see base.py for the contract).
+
+Adding a harness (aider, opencode, ...): one module with an ``ADAPTER`` that
+keeps the contract, one line here, and its event streams in the conformance
+suite.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+HARNESSES = {
+    "claude-code": "guilds_harness.adapters.claude_code",
+    "codex": "guilds_harness.adapters.codex",
+}
+
+
+def get(name: str):
+    """The adapter for a harness name of HARNESSES (KeyError otherwise)."""
+    return importlib.import_module(HARNESSES[name]).ADAPTER

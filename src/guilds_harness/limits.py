@@ -1,0 +1,48 @@
+"""Every number of code_task, named, with the reason beside it.
+
+The orchestrator may import this module (tool schema, its own wait), so it
+stays standard-library only and free of work at import time.
+"""
+
+TIMEOUT_MINUTES_DEFAULT = 30
+"""A harness working on one change rarely needs longer; the model can resume."""
+TIMEOUT_MINUTES_MIN = 1
+TIMEOUT_MINUTES_MAX = 120
+"""Longer than this holds a run (and the orchestrator's wait) for too long."""
+KILL_GRACE_SECONDS = 5
+"""At the timeout: SIGTERM to the harness's process group, SIGKILL this much
+later. A harness gets a moment to save its session, so it can be resumed."""
+DRAIN_SECONDS = 0.5
+"""After the harness exits, how long to keep reading pipes that a leftover
+child still holds, before the group is stopped."""
+WAIT_EXTRA_SECONDS = 180
+"""The orchestrator waits timeout_minutes * 60 plus this: the kill grace, the
+drain, and the two repository snapshots of the diffstat (each at most
+SNAPSHOT_TIMEOUT_SECONDS), with room to spare."""
+
+BRIEF_MAX_CHARS = 100_000
+"""brief plus notes travel as one argv string to the harness; the kernel caps
+one argv string at 128 KiB (MAX_ARG_STRLEN)."""
+SESSION_ID_MAX_CHARS = 128
+
+LINE_MAX_BYTES = 8 * 1024 * 1024
+"""NDJSON size guard: one event line longer than this is not parsed, and the
+log keeps only its size and start. Memory per stream stays under this."""
+OVERSIZED_HEAD_BYTES = 4096
+"""How much of an oversized line the log keeps."""
+STDERR_LINE_MAX_BYTES = 64 * 1024
+"""A stderr line longer than this is clipped in the log."""
+STDERR_TAIL_LINES = 20
+"""Lines of the harness's stderr kept in memory to explain a crash."""
+READ_CHUNK = 64 * 1024
+"""The harness's output is read in chunks of this size."""
+ERROR_MAX_CHARS = 600
+"""The error line of a result is clipped to this many characters."""
+
+SNAPSHOT_TIMEOUT_SECONDS = 60
+"""A repository snapshot (git add -A into a temporary index) that takes
+longer is given up: the result says the diffstat is unavailable."""
+DIFFSTAT_FILES_MAX = 40
+"""git diff --stat lists at most this many files, then its summary line."""
+DIFFSTAT_WIDTH = 100
+"""git diff --stat=<width>: paths are shortened to fit lines this wide."""

@@ -1,0 +1,195 @@
+"""code_task: snapshot the repository, run the harness, read its stream, report.
+
+Statuses (``meta.status``, first word of the result):
+
+    completed        the harness's final event reported success and it exited 0
+    failed           its final event reported an error (or it exited non-zero after it)
+    timed out        timeout_minutes passed; its process group was stopped
+    unknown session  session_id names a session the harness does not know
+    not installed    the harness's program is not on PATH (nothing ran)
+    crashed          it ended without its final event: killed by a signal, or
+                     exited on its own, or printed no events it understood
+
+Every status but "not installed" and "unknown session" (when the adapter
+tells before starting) comes with a diffstat and the log; the log is always
+written. Whatever the status, nothing the harness started is left in its
+process group.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+from typing import Deque, Dict, Optional
+
+from guilds_code import protocol, runstate
+from guilds_code.redact import from_environment
+
+from . import adapters, diffstat, limits, process, report
+from .request import HarnessRequest, TaskArgs, resolve_repo
+from .stream import EventLog, LineFramer
+
+COMMAND_ENV = {
+    "NO_COLOR": "1",
+    "TERM": "dumb",
+    "PAGER": "cat",
+    "GIT_PAGER": "cat",
+    "GIT_TERMINAL_PROMPT": "0",
+    "DEBIAN_FRONTEND": "noninteractive",
+}
+"""What every command the agent runs gets (as shell does), the harness too."""
+
+
+def prompt(task: TaskArgs) -> str:
+    """The brief, then the notes under their own heading."""
+    if task.notes and task.notes.strip():
+        return f"{task.brief.rstrip()}\n\nNotes:\n{task.notes.strip()}"
+    return task.brief
+
+
+def harness_env(request: HarnessRequest, repo: str, tokens: Dict[str, str], extra: Dict[str, str]) -> Dict[str, str]:
+    """The agent's environment (the helper's own), plus the command variables,
+    GH_TOKEN of the repository, and what the adapter asks for."""
+    env = dict(os.environ)
+    env.update(COMMAND_ENV, GUILD_RUN_ID=request.run_id, GUILD_AGENT_ID=request.agent_id)
+    token = _token_for(repo, tokens)
+    if token:
+        env["GH_TOKEN"] = token
+    else:
+        env.pop("GH_TOKEN", None)
+    env.update(extra)
+    return env
+
+
+def _token_for(folder: str, tokens: Dict[str, str]) -> Optional[str]:
+    holders = [f for f in tokens if folder == f or folder.startswith(f.rstrip("/") + os.sep)]
+    return tokens[max(holders, key=len)] if holders else None
+
+
+class _Streams:
+    """stdout -> events into the parser; stderr -> log and a bounded tail."""
+
+    def __init__(self, log: EventLog, parser) -> None:
+        self.log, self.parser = log, parser
+        self.out = LineFramer(limits.LINE_MAX_BYTES)
+        self.err = LineFramer(limits.STDERR_LINE_MAX_BYTES)
+        self.stderr_tail: Deque[str] = collections.deque(maxlen=limits.STDERR_TAIL_LINES)
+        self.events = 0
+        self.other_lines = 0
+
+    def on_stdout(self, data: bytes) -> None:
+        for line in self.out.feed(data):
+            self._line(line)
+
+    def _line(self, line) -> None:
+        event = self.log.stdout_line(line, limits.OVERSIZED_HEAD_BYTES)
+        if event is None:
+            self.other_lines += bool(line.size)
+            return
+        self.events += 1
+        self.parser.feed(event)
+
+    def on_stderr(self, data: bytes) -> None:
+        for line in self.err.feed(data):
+            self.stderr_tail.append(self.log.stderr_line(line))
+
+    def flush(self) -> None:
+        for line in self.out.flush():
+            self._line(line)
+        for line in self.err.flush():
+            self.stderr_tail.append(self.log.stderr_line(line))
+
+
+def run(request: HarnessRequest) -> protocol.Reply:
+    """The op: one code_task, start to end (see the module docstring)."""
+    task = request.task
+    name, repo = resolve_repo(request, runstate.current_cwd(request))
+    if not os.path.isdir(repo):
+        raise protocol.OpError(f"repo: the folder of {name}, {repo}, does not exist")
+    adapter = adapters.get(request.harness)
+    tokens = runstate.load_repo_tokens(request)
+    env = harness_env(request, repo, tokens, adapter.environ())
+    log = EventLog(runstate.log_path(request))
+    rep = report.Report(status="crashed", harness=adapter.name, repo=name, cwd=repo, log_path=log.path)
+    try:
+        _execute(rep, adapter, task, env, log)
+    finally:
+        log.record("end", status=rep.status, exit_code=rep.exit.exit_code if rep.exit else None,
+                   session_id=rep.session_id, error=rep.error)
+        log.close()
+    redactor = from_environment(request.redact_env, tokens.values())
+    return report.render(rep, request.max_bytes, redactor)
+
+
+def _execute(rep: report.Report, adapter, task: TaskArgs, env: Dict[str, str], log: EventLog) -> None:
+    argv = adapter.argv(prompt(task), task.session_id)
+    log.record("start", harness=adapter.name, argv=argv, cwd=rep.cwd, repo=rep.repo,
+               session_id=task.session_id, timeout_minutes=task.timeout_minutes)
+    rep.session_id = task.session_id
+    program = shutil.which(adapter.executable, path=env.get("PATH", os.defpath))
+    if program is None:
+        rep.status = "not installed"
+        rep.error = f"{adapter.name} is not installed: no {adapter.executable} on PATH"
+        return
+    if task.session_id and adapter.unknown_session(task.session_id, env):
+        _unknown_session(rep, task.session_id)
+        return
+    before = diffstat.snapshot(rep.cwd, env)
+    streams = _Streams(log, adapter.parser())
+    try:
+        rep.exit = process.run_process([program] + argv[1:], rep.cwd, env,
+                                       task.timeout_minutes * 60, streams.on_stdout, streams.on_stderr)
+    except OSError as exc:
+        rep.status, rep.error = "not installed", f"cannot start {program}: {exc.strerror}"
+        return
+    streams.flush()
+    rep.stat = _stat(before, diffstat.snapshot(rep.cwd, env), env)
+    rep.outcome = streams.parser.outcome()
+    _decide(rep, task, streams)
+
+
+def _stat(before, after, env):
+    for snap in (before, after):
+        if isinstance(snap, diffstat.Unavailable):
+            return snap
+    return diffstat.diffstat(before, after, env)
+
+
+def _unknown_session(rep: report.Report, session_id: str) -> None:
+    rep.status = "unknown session"
+    rep.session_id = None
+    rep.error = f"{rep.harness} has no session {session_id}; start a new one without session_id"
+
+
+def _decide(rep: report.Report, task: TaskArgs, streams: _Streams) -> None:
+    out, ex = rep.outcome, rep.exit
+    rep.session_id = out.session_id or task.session_id
+    if ex.timed_out:
+        rep.status = "timed out"
+        rep.error = f"stopped after {task.timeout_minutes} min (timeout_minutes)"
+    elif out.unknown_session:
+        _unknown_session(rep, task.session_id or "")
+    elif out.finished and out.ok and ex.exit_code == 0:
+        rep.status, rep.error = "completed", None
+    elif out.finished:
+        rep.status = "failed"
+        rep.error = out.error or f"{rep.harness} reported success but exited with {ex.exit_code}"
+    else:
+        rep.status, rep.error = "crashed", _crash_reason(rep, streams)
+
+
+def _crash_reason(rep: report.Report, streams: _Streams) -> str:
+    ex = rep.exit
+    how = (f"was killed by {report.signal_name(ex.signal)}" if ex.signal
+           else f"exited with {ex.exit_code}")
+    parts = [f"{rep.harness} {how} before its final event"]
+    if streams.other_lines:
+        parts.append(f"it printed {streams.other_lines} lines that are not {rep.harness} events")
+    elif streams.events == 0:
+        parts.append("it printed no events")
+    if rep.outcome.error:
+        parts.append(rep.outcome.error)
+    if streams.stderr_tail:
+        parts.append("stderr: " + streams.stderr_tail[-1])
+    return "; ".join(parts)

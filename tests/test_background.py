@@ -1,0 +1,236 @@
+"""Background commands and shell_status through the built helper, real bash."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import error_text, ok_text
+from guilds_code.protocol import decode_envelope
+
+START_RE = re.compile(
+    r"started (b\d+) in the background \(pid (\d+)\)\n"
+    r"log: (/\S+\.log)\n"
+    r"check it with shell_status id=\1; stop it with shell_status id=\1 stop=true"
+)
+
+
+def _records(sandbox):
+    folder = sandbox.state / sandbox.agent_id / "background"
+    return [json.loads(p.read_text()) for p in folder.glob("b*.json")] if folder.is_dir() else []
+
+
+def _stat(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _start_time(pid):
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def _state(pid):
+    fields = _stat(pid)
+    return fields[0] if fields else None
+
+
+@pytest.fixture
+def bg(sandbox):
+    """The sandbox; afterwards every still-running background group is killed."""
+    yield sandbox
+    for record in _records(sandbox):
+        if _start_time(record["pid"]) == record["start_time"]:
+            try:
+                os.killpg(record["pid"], signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def start(sandbox, command, **extra):
+    env = sandbox.call("shell", {"command": command, "background": True}, **extra)
+    match = START_RE.fullmatch(ok_text(env))
+    assert match, ok_text(env)
+    bid, pid, log = match.group(1), int(match.group(2)), match.group(3)
+    assert env["meta"] == {"background_id": bid, "log_path": log}
+    return bid, pid, log
+
+
+def status(sandbox, **args):
+    return sandbox.call("shell_status", args)
+
+
+def wait_state(sandbox, bid, prefix, timeout=8.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        env = status(sandbox, id=bid)
+        if env["meta"]["state"].startswith(prefix) or time.monotonic() > deadline:
+            return env
+        time.sleep(0.1)
+
+
+def test_start_returns_at_once_and_runs_detached(bg):
+    began = time.monotonic()
+    bid, pid, log = start(bg, "echo hello; sleep 30")
+    assert time.monotonic() - began < 3
+    assert bid == "b1" and log == str(bg.home / ".runs" / "run1" / "c1.log")
+    fields = _stat(pid)
+    assert int(fields[3]) == int(fields[2]) == pid  # session and group leader
+    time.sleep(0.3)
+    env = status(bg, id="b1")
+    expected = f"b1 running [0-2]s echo hello; sleep 30\nlog: {re.escape(log)}\nlast 40 lines of the log:\nhello"
+    assert re.fullmatch(expected, ok_text(env))
+    assert env["meta"] == {"background_id": "b1", "state": "running", "log_path": log}
+    assert re.fullmatch("b1 running [0-2]s echo hello; sleep 30", ok_text(status(bg)))
+
+
+def test_exited_with_code_and_last_40_lines(bg):
+    command = "printf '\\033[32mgreen\\033[0m\\n'; seq 1 100; printf 'a\\rb\\n'; exit 3"
+    bid, _, log = start(bg, command)
+    env = wait_state(bg, bid, "exited")
+    lines = ok_text(env).split("\n")
+    assert re.fullmatch(f"{bid} exited 3 [0-9]s " + re.escape(command), lines[0])
+    assert lines[1:3] == [f"log: {log}", "last 40 lines of the log:"]
+    assert lines[3:] == [str(i) for i in range(62, 101)] + ["b"]
+    assert env["meta"] == {"background_id": bid, "state": "exited 3", "log_path": log, "exit_code": 3}
+    assert os.path.exists(log)  # a background log is always kept
+
+
+def test_no_output_and_empty_list(bg):
+    assert ok_text(status(bg)) == "no background commands"
+    bid, _, _ = start(bg, "true")
+    text = ok_text(wait_state(bg, bid, "exited"))
+    assert text.endswith("\nthe log is empty") and "exited 0" in text
+
+
+def test_stop_a_running_command(bg):
+    bid, pid, _ = start(bg, "sleep 30")
+    env = status(bg, id=bid, stop=True)
+    assert re.fullmatch(f"stopped {bid}\n{bid} stopped [0-2]s sleep 30", ok_text(env))
+    assert env["meta"]["state"] == "stopped" and "exit_code" not in env["meta"]
+    assert _state(pid) in (None, "Z")
+    assert ok_text(status(bg, id=bid, stop=True)) == f"{bid} is not running: stopped"
+
+
+@pytest.mark.slow
+def test_stop_escalates_to_sigkill_without_blocking(bg):
+    bid, pid, _ = start(bg, "trap '' TERM; echo armed; sleep 60 & wait")
+    time.sleep(0.3)
+    began = time.monotonic()
+    env = status(bg, id=bid, stop=True)
+    assert time.monotonic() - began < 2
+    assert env["meta"]["state"] == "stopping"
+    assert ok_text(env).startswith(f"sent SIGTERM to {bid}; SIGKILL follows 5s later")
+    assert ok_text(status(bg)).startswith(f"{bid} stopping ")
+    env = wait_state(bg, bid, "stopped", timeout=8)
+    assert env["meta"]["state"] == "stopped"
+    assert time.monotonic() - began >= 4.5
+
+
+def test_ended_when_gone_without_exit_code(bg):
+    bid, pid, _ = start(bg, "sleep 30")
+    os.killpg(pid, signal.SIGKILL)
+    env = wait_state(bg, bid, "ended")
+    assert env["meta"]["state"] == "ended"
+    first = ok_text(status(bg)).split(" ")
+    assert first[:2] == [bid, "ended"]
+
+
+def test_reused_pid_is_not_ours(bg):
+    bid, pid, _ = start(bg, "sleep 30")
+    record_path = bg.state / "agent1" / "background" / f"{bid}.json"
+    record = json.loads(record_path.read_text())
+    record["start_time"] -= 1  # as if the pid now named another process
+    record_path.write_text(json.dumps(record))
+    assert status(bg, id=bid)["meta"]["state"] == "ended"
+    assert "is not running: ended" in ok_text(status(bg, id=bid, stop=True))
+    assert _start_time(pid) is not None  # not signalled
+    os.killpg(pid, signal.SIGKILL)
+
+
+def test_background_environment_and_cwd(bg):
+    (bg.home / "sub").mkdir()
+    bg.call("shell", {"command": "cd sub"})
+    bid, _, log = start(bg, 'pwd; echo "$TERM $PAGER $GUILD_RUN_ID"; cd /; exit 0')
+    wait_state(bg, bid, "exited")
+    with open(log) as fh:
+        assert fh.read() == f"{bg.home}/sub\ndumb cat run1\n"
+    assert ok_text(bg.call("shell", {"command": "pwd"})) == f"{bg.home}/sub"
+
+
+def test_status_tail_is_redacted_and_capped(bg):
+    secret = "bg-secret-value-0123456789"
+    bg.env["BG_SECRET"] = secret
+    command = "for i in $(seq 1 50); do printf 'x%.0s' $(seq 1 200); echo \" $BG_SECRET\"; done"
+    bid, _, log = start(bg, command, redact_env=["BG_SECRET"])
+    wait_state(bg, bid, "exited")
+    env = bg.call("shell_status", {"id": bid}, redact_env=["BG_SECRET"], max_bytes=1024)
+    text = ok_text(env)
+    assert len(text.encode()) <= 1024
+    assert "[REDACTED]" in text and secret[:8] not in text and secret[-8:] not in text
+    assert re.search(r"\[… \d+ bytes elided; full output: " + re.escape(log) + " …\\]", text)
+
+
+def test_unknown_and_bad_ids(bg):
+    assert error_text(status(bg, id="b7")) == "id: no background command b7"
+    assert error_text(status(bg, id="x1")).startswith("id: must look like b1")
+    assert error_text(status(bg, stop=True)) == "stop: needs an id"
+
+
+def test_long_list_keeps_the_newest(bg):
+    folder = bg.state / "agent1" / "background"
+    folder.mkdir(parents=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for n in range(1, 301):
+        record = {"id": f"b{n}", "pid": dead.pid, "start_time": None, "command": f"cmd number {n} " + "y" * 80,
+                  "started_at": time.time() - 200, "log_path": "/nowhere.log", "exit_file": f".exit-{n}"}
+        (folder / f"b{n}.json").write_text(json.dumps(record))
+    text = ok_text(status(bg))
+    lines = text.split("\n")
+    assert len(text.encode()) <= 8192
+    assert re.fullmatch(r"… \d+ earlier commands not shown", lines[0])
+    assert lines[-1].startswith("b300 ended 3m2") and lines[-1].endswith("… [+15 chars]")
+
+
+@pytest.mark.slow
+def test_fifty_concurrent_starts_get_distinct_ids(bg):
+    def one(i):
+        req = bg.request("shell", {"command": "true", "background": True})
+        req["call_id"] = f"par{i}"
+        proc = bg.run_raw(base64.b64encode(json.dumps(req).encode()).decode())
+        return decode_envelope(proc.stdout)["meta"]["background_id"]
+
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        ids = list(pool.map(one, range(50)))
+    assert sorted(ids, key=lambda b: int(b[1:])) == [f"b{n}" for n in range(1, 51)]
+    assert len(_records(bg)) == 50
+
+
+def test_huge_command_still_listed(bg):
+    command = "true # " + "z" * 80_000  # a record with all of it would pass 64 KiB
+    bid, _, _ = start(bg, command)
+    assert re.fullmatch(r"b1 (running|exited 0) \ds true # z{73}… \[\+\d+ chars\]", ok_text(status(bg)))
+
+
+def test_background_command_longer_than_one_argv_string(bg):
+    command = "v='" + "x" * 150_000 + "'\necho ${#v}"
+    req = bg.request("shell", {"command": command, "background": True})
+    folder = bg.state / "requests"
+    folder.mkdir()
+    (folder / "run1-c1.json").write_text(json.dumps(req))
+    env = decode_envelope(bg.run_raw(str(folder / "run1-c1.json")).stdout)
+    bid = env["meta"]["background_id"]
+    assert ok_text(wait_state(bg, bid, "exited")).endswith("\n150000")
+    assert re.search(f"{bid} exited 0 [0-9]+s v='xxx", ok_text(status(bg)))

@@ -1,0 +1,110 @@
+"""`guilds call` and `guilds tools`, in process and once as the installed console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from guilds.cli import main
+
+
+def config(tmp_path: Path, extra: str = "") -> Path:
+    path = tmp_path / "agent.toml"
+    path.write_text(f'[agent]\nhome = "home"\nsandbox = "local"\n{extra}')
+    return path
+
+
+def run(capsys, tmp_path, *argv, env=None):
+    code = main(list(argv), env={"GUILDS_DATA": str(tmp_path / "data"), **(env or {})})
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("fmt", ["anthropic", "openai", "mcp"])
+def test_tools_prints_the_definitions(capsys, tmp_path, fmt):
+    code, out, _ = run(capsys, tmp_path, "tools", "--format", fmt)
+    tools = json.loads(out)
+    assert code == 0 and len(tools) == 5
+    names = [t["function"]["name"] if fmt == "openai" else t["name"] for t in tools]
+    assert names == ["code_task", "shell", "shell_status", "file_read", "code_search"]
+
+
+def test_call_prints_the_result_and_a_run_carries_its_directory(capsys, tmp_path):
+    cfg = str(config(tmp_path))
+    (tmp_path / "home/sub").mkdir(parents=True)
+    code, out, _ = run(capsys, tmp_path, "call", "shell", '{"command": "cd sub && echo in"}', "--config", cfg, "--run", "r1")
+    assert (code, out) == (0, "in\nremaining_tool_calls: 199\n")
+    code, out, _ = run(capsys, tmp_path, "call", "shell", '{"command": "pwd; exit 4"}', "--config", cfg,
+                       "--run", "r1", "--json")
+    result = json.loads(out)
+    assert code == 0 and set(result) == {"text", "is_error", "meta"}
+    assert result["text"] == f"{tmp_path}/home/sub\nexit_code: 4\nremaining_tool_calls: 198"
+    assert result["is_error"] is False
+    assert (result["meta"]["seq"], result["meta"]["exit_code"], result["meta"]["row"]) == (2, 4, "Run pwd; exit 4 · exit 4")
+
+
+def test_an_error_result_is_still_a_call_made(capsys, tmp_path):
+    code, out, _ = run(capsys, tmp_path, "call", "file_read", '{"path": "nope"}', "--config", str(config(tmp_path)))
+    assert code == 0 and out.endswith("remaining_tool_calls: 199\n")
+
+
+def test_home_overrides_the_settings(capsys, tmp_path):
+    other = tmp_path / "elsewhere"
+    code, out, _ = run(capsys, tmp_path, "call", "shell", '{"command": "pwd"}', "--config", str(config(tmp_path)),
+                       "--home", str(other))
+    assert code == 0 and out.startswith(f"{other}\n")
+
+
+def test_the_embedded_default_writes_its_settings_on_first_run(capsys, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "settings.toml").write_text('[agent]\nsandbox = "local"\n')  # as a user would edit it
+    code, out, _ = run(capsys, tmp_path, "call", "shell", '{"command": "pwd"}')
+    assert code == 0 and out.startswith(f"{data}/home\n")
+    assert (data / "guilds.db").exists()
+    fresh = tmp_path / "fresh"
+    main(["tools"], env={"GUILDS_DATA": str(fresh)})
+    assert not fresh.exists()  # `tools` touches nothing
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["call", "shell", '{"command": "ls"'], "arguments: not valid JSON"),
+        (["call", "shell", "[1]"], "arguments: must be a JSON object"),
+        (["call", "shell", '{"x": NaN}'], "arguments: not valid JSON"),
+        (["call", "shell", "{}", "--run", "../up"], "run id: must be letters"),
+        (["serve"], "guilds serve: not available yet"),
+        (["mcp", "--home", "x"], "guilds mcp: not available yet"),
+    ],
+)
+def test_bad_input_exits_2_with_a_clear_message(capsys, tmp_path, argv, message):
+    code, out, err = run(capsys, tmp_path, *argv, "--config", str(config(tmp_path))) if argv[0] == "call" \
+        else run(capsys, tmp_path, *argv)
+    assert (code, out) == (2, "") and message in err
+
+
+def test_bad_settings_name_the_key(capsys, tmp_path):
+    cfg = config(tmp_path, "ports = 'many'\n")
+    code, _, err = run(capsys, tmp_path, "call", "shell", '{"command": "ls"}', "--config", str(cfg))
+    assert code == 2 and "agent.ports: must be 'first-last'" in err
+    cfg.write_text('[agent]\nsandbx = "local"\n')
+    code, _, err = run(capsys, tmp_path, "call", "shell", '{"command": "ls"}', "--config", str(cfg))
+    assert code == 2 and "agent.sandbx: unknown key" in err
+    code, _, err = run(capsys, tmp_path, "call", "shell", "{}", "--config", str(tmp_path / "missing.toml"))
+    assert code == 2 and "no such settings file" in err
+
+
+def test_the_console_script(tmp_path):
+    exe = shutil.which("guilds", path=os.path.dirname(sys.executable))
+    assert exe, "the guilds console script is installed beside python"
+    env = {**os.environ, "GUILDS_DATA": str(tmp_path / "data")}
+    proc = subprocess.run([exe, "call", "shell", '{"command": "echo $PORT"}', "--config", str(config(tmp_path))],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert (proc.returncode, proc.stdout) == (0, "20000\nremaining_tool_calls: 199\n"), proc.stderr

@@ -1,0 +1,125 @@
+"""`guilds mcp` over stdio: the official SDK's client against the server in a real subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from asyncio.subprocess import DEVNULL, PIPE
+from pathlib import Path
+from typing import AsyncIterator
+
+import pytest
+from mcp import Client, StdioServerParameters
+
+from guilds.sandbox.bwrap_argv import unavailable
+from guilds.store import Store
+from mcp_kit import (
+    SETTLE_SECONDS, cancel_sleep, check_bad_calls, check_each_tool, check_progress, check_tool_list,
+    meta_of, processes, sleep_command, text_of, wait_for, write_settings,
+)
+
+
+
+def server_params(tmp_path: Path, sandbox: str = "local") -> StdioServerParameters:
+    settings = write_settings(tmp_path, sandbox=sandbox)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GUILDS_")}
+    return StdioServerParameters(command=sys.executable, args=["-m", "guilds.mcp_server", str(settings), str(tmp_path / "data")],
+                                 env=env)
+
+
+@contextlib.asynccontextmanager
+async def stdio_client(tmp_path: Path, sandbox: str = "local", **kw) -> AsyncIterator[Client]:
+    async with Client(server_params(tmp_path, sandbox), read_timeout_seconds=60, **kw) as client:
+        yield client
+
+
+async def recorded_calls(tmp_path: Path, run_id: str) -> list:
+    async with Store(f"sqlite:///{tmp_path / 'data' / 'guilds.db'}") as store:
+        return await store.calls(run_id)
+
+
+async def test_tools_each_call_and_the_record(tmp_path):
+    async with stdio_client(tmp_path) as client:
+        await check_tool_list(client)
+        run_id = await check_each_tool(client, tmp_path / "home")
+        await check_bad_calls(client)
+    assert run_id.startswith("mcp-")
+    calls = await recorded_calls(tmp_path, run_id)
+    assert [c.tool for c in calls[:5]] == ["shell", "file_read", "code_search", "shell_status", "code_task"]
+    assert all(c.status == "done" for c in calls)
+    assert calls[0].row == "Run echo hi"
+
+
+async def test_one_session_is_one_run_and_cd_carries_over(tmp_path):
+    (tmp_path / "home" / "sub").mkdir(parents=True)
+    async with stdio_client(tmp_path) as client:
+        first = await client.call_tool("shell", {"command": "cd sub"})
+        second = await client.call_tool("shell", {"command": "pwd"})
+    assert text_of(second).startswith(str(tmp_path / "home" / "sub"))
+    assert meta_of(first)["run"] == meta_of(second)["run"]
+    async with stdio_client(tmp_path) as client:
+        other = await client.call_tool("shell", {"command": "pwd"})
+    assert meta_of(other)["run"] != meta_of(first)["run"]
+
+
+async def test_progress_on_a_long_command(tmp_path):
+    async with stdio_client(tmp_path) as client:
+        await check_progress(client)
+
+
+async def test_legacy_handshake_client(tmp_path):
+    """Clients of the 2025 protocol (Claude Desktop, Cursor, ...) get the same tools."""
+    async with stdio_client(tmp_path, mode="legacy") as client:
+        await check_tool_list(client)
+        result = await client.call_tool("shell", {"command": "echo legacy"})
+    assert text_of(result).startswith("legacy")
+
+
+@pytest.mark.parametrize("sandbox", [
+    "local",
+    pytest.param("bwrap", marks=[pytest.mark.bwrap, pytest.mark.skipif(unavailable() is not None,
+                                                                       reason=f"bwrap: {unavailable()}")]),
+])
+async def test_cancel_kills_the_command_and_is_recorded(tmp_path, sandbox):
+    async with stdio_client(tmp_path, sandbox) as client:
+        arg = await cancel_sleep(client)
+        assert await wait_for(lambda: not processes("sleep", arg), SETTLE_SECONDS), processes("sleep", arg)
+        after = await client.call_tool("shell", {"command": "echo still serving"})
+    assert text_of(after).startswith("still serving")
+    calls = await recorded_calls(tmp_path, meta_of(after)["run"])
+    assert calls[0].status == "cancelled" and calls[0].is_error
+    assert calls[1].status == "done"
+
+
+@pytest.mark.parametrize("leave", ["close stdin", "SIGTERM"])
+async def test_a_client_gone_mid_call_leaves_nothing_running(tmp_path, leave):
+    """A raw client (no courtesy cancel) starts a long command, then goes away."""
+    command, arg = sleep_command()
+    params = server_params(tmp_path)
+    proc = await asyncio.create_subprocess_exec(params.command, *params.args, env=params.env,
+                                                stdin=PIPE, stdout=PIPE, stderr=DEVNULL)
+    for message in handshake_and_call(command):
+        proc.stdin.write(json.dumps(message).encode() + b"\n")
+    await proc.stdin.drain()
+    assert await wait_for(lambda: processes("sleep", arg), 20)
+    if leave == "SIGTERM":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        proc.stdin.close()
+    assert await asyncio.wait_for(proc.wait(), SETTLE_SECONDS) == 0
+    assert not processes("sleep", arg)
+
+
+def handshake_and_call(command: str) -> list[dict]:
+    return [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+         "params": {"name": "shell", "arguments": {"command": command}}},
+    ]

@@ -1,0 +1,154 @@
+"""The agent's settings file: every key, its defaults, and a clear error naming each bad key."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from guilds.errors import ConfigError
+from guilds.settings import (
+    DEFAULT_MAX_TOOL_CALLS,
+    AgentSettings,
+    coding_flag,
+    data_dir,
+    default_settings,
+    default_settings_file,
+    load_settings,
+)
+
+FULL = """
+[agent]
+id = "web-agent"
+home = "/srv/agents/web"
+sandbox = "local"
+coding = false
+max_tool_calls = 7
+ports = "30000-30009"
+network = true
+result_max_bytes = 4096
+
+[secrets]
+OPENAI_API_KEY = "sk-test-1234567890"
+
+[repos.web]
+path = "code/web"
+token = "ghp_abcdefghijklmnop"
+
+[repos.api]
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "settings.toml"
+    path.write_text(text)
+    return path
+
+
+def load(tmp_path: Path, text: str, env: dict | None = None) -> AgentSettings:
+    return load_settings(write(tmp_path, text), env=env or {})
+
+
+def test_every_key_is_read(tmp_path):
+    s = load(tmp_path, FULL)
+    assert s.id == "web-agent"
+    assert s.home == Path("/srv/agents/web")
+    assert (s.sandbox, s.coding, s.network) == ("local", False, True)
+    assert (s.max_tool_calls, s.ports, s.result_max_bytes) == (7, (30000, 30009), 4096)
+    assert dict(s.secrets) == {"OPENAI_API_KEY": "sk-test-1234567890"}
+    assert [(r.name, r.path, r.token) for r in s.repos] == [
+        ("web", "code/web", "ghp_abcdefghijklmnop"),
+        ("api", "repos/api", ""),
+    ]
+    assert sorted(s.secret_values()) == ["ghp_abcdefghijklmnop", "sk-test-1234567890"]
+
+
+def test_an_empty_file_gives_the_defaults_with_the_home_beside_it(tmp_path):
+    s = load(tmp_path, "")
+    assert s.id == "agent1"
+    assert s.home == (tmp_path / "home").resolve()
+    assert (s.sandbox, s.coding, s.max_tool_calls) == ("auto", True, DEFAULT_MAX_TOOL_CALLS)
+    assert (s.ports, s.result_max_bytes, s.repos) == ((20000, 20099), 8192, ())
+
+
+def test_a_relative_home_resolves_against_the_files_folder(tmp_path):
+    assert load(tmp_path, '[agent]\nhome = "agents/a"').home == (tmp_path / "agents/a").resolve()
+
+
+def test_result_max_bytes_falls_back_to_the_environment(tmp_path):
+    assert load(tmp_path, "", env={"CODE_RESULT_MAX_BYTES": "2048"}).result_max_bytes == 2048
+    assert load(tmp_path, "[agent]\nresult_max_bytes = 3000", env={"CODE_RESULT_MAX_BYTES": "2048"}).result_max_bytes == 3000
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "message"),
+    [
+        ('[agent]\nsandbx = "local"', {}, "agent.sandbx: unknown key"),
+        ('[agnt]\nid = "a"', {}, "agnt: unknown key"),
+        ('[repos.web]\ntokn = "abcdef"', {}, "repos.web.tokn: unknown key"),
+        ('[agent]\nsandbox = "vm"', {}, "agent.sandbox: must be one of auto, local, bwrap, docker, kubernetes"),
+        ('[agent]\nmax_tool_calls = "200"', {}, "agent.max_tool_calls: must be an integer"),
+        ("[agent]\nmax_tool_calls = 0", {}, "agent.max_tool_calls: must be at least 1, got 0"),
+        ("[agent]\nmax_tool_calls = true", {}, "agent.max_tool_calls: must be an integer"),
+        ('[agent]\ncoding = "false"', {}, "agent.coding: must be true or false"),
+        ("[agent]\nnetwork = 1", {}, "agent.network: must be true or false"),
+        ("[agent]\nports = 20000", {}, "agent.ports: must be a string 'first-last'"),
+        ('[agent]\nports = "20000"', {}, "agent.ports: must be 'first-last'"),
+        ('[agent]\nports = "30000-20000"', {}, "agent.ports: must be a block within 1-65535"),
+        ('[agent]\nports = "1-70000"', {}, "agent.ports: must be a block within 1-65535"),
+        ('[agent]\nid = "../x"', {}, "agent.id: must be letters, digits"),
+        ("[agent]\nhome = 3", {}, "agent.home: must be a string"),
+        ("[agent]\nresult_max_bytes = 100", {}, "agent.result_max_bytes: must be from 1024 to 65536, got 100"),
+        ("", {"CODE_RESULT_MAX_BYTES": "lots"}, "CODE_RESULT_MAX_BYTES: must be an integer"),
+        ("", {"CODE_RESULT_MAX_BYTES": "999999"}, "CODE_RESULT_MAX_BYTES: must be from 1024 to 65536"),
+        ('[secrets]\n"BAD-NAME" = "abcdef"', {}, "secrets.BAD-NAME: not an environment variable name"),
+        ("[secrets]\nTOKEN = 12345", {}, "secrets.TOKEN: must be a string"),
+        ('[secrets]\nTOKEN = "abc"', {}, "secrets.TOKEN: at least 4 characters"),
+        ('[secrets]\nHOME = "/elsewhere"', {}, "secrets.HOME: reserved"),
+        ('secrets = "x"', {}, "secrets: must be a table"),
+        ('[repos]\nweb = "x"', {}, "repos.web: must be a table"),
+        ('[repos.web]\npath = "../outside"', {}, "repos.web.path: must be a folder inside the home"),
+        ('[repos.web]\npath = "/abs"', {}, "repos.web.path: must be a folder inside the home"),
+        ('[repos."a/b"]', {}, "repos.a/b: must be letters, digits"),
+        ('[repos.web]\ntoken = "ab"', {}, "repos.web.token: at least 4 characters"),
+    ],
+)
+def test_a_bad_key_is_named(tmp_path, text, env, message):
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, text, env)
+    assert message in str(err.value)
+
+
+def test_bad_toml_and_a_missing_file_are_clear(tmp_path):
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load(tmp_path, "[agent\nid = 1")
+    with pytest.raises(ConfigError, match="no such settings file"):
+        load_settings(tmp_path / "nope.toml")
+
+
+def test_data_dir_follows_guilds_data(tmp_path):
+    assert data_dir({"GUILDS_DATA": str(tmp_path)}) == tmp_path
+    assert data_dir({}) == Path.home() / ".local/share/guilds"
+
+
+def test_the_embedded_default_writes_its_file_once(tmp_path):
+    data = tmp_path / "data"
+    s = default_settings(data, env={})
+    path = default_settings_file(data)
+    assert path == data / "settings.toml"
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert s.home == (data / "home").resolve() and s.coding is True
+    path.write_text(path.read_text().replace("max_tool_calls = 200", "max_tool_calls = 5"))
+    assert default_settings(data, env={}).max_tool_calls == 5  # never overwritten
+
+
+def test_the_coding_flag_is_read_afresh(tmp_path):
+    path = write(tmp_path, "[agent]\ncoding = true\n")
+    flag = coding_flag(path)
+    assert flag() is True
+    path.write_text("[agent]\ncoding = false\n")
+    assert flag() is False
+    path.write_text("[agent]\ncoding = 1\n")
+    with pytest.raises(ConfigError, match="agent.coding"):
+        flag()
