@@ -28,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -56,19 +57,18 @@ def make_files(home: Path, count: int) -> None:
         (home / f"f{i}.txt").write_text(body)
 
 
-async def median_ms(call: Call, op: str, runs: int) -> float:
-    for i in range(WARMUP):
-        await call(op, runs + i)
-    samples = []
-    for i in range(runs):
-        start = time.perf_counter()
-        await call(op, i)
-        samples.append((time.perf_counter() - start) * 1000)
-    return statistics.median(samples)
-
-
-async def measure(call: Call, runs: int) -> dict[str, float]:
-    return {op: await median_ms(call, op, runs) for op in ("echo", "read")}
+async def measure(paths: dict[str, Call], runs: int) -> dict[str, dict[str, float]]:
+    """Median ms per call of each path and operation, the paths taking turns call by call
+    (so a change in the machine's load falls on all of them alike)."""
+    samples: dict[str, dict[str, list[float]]] = {name: {"echo": [], "read": []} for name in paths}
+    for i in range(WARMUP + runs):
+        for op in ("echo", "read"):
+            for name, call in paths.items():
+                start = time.perf_counter()
+                await call(op, i)
+                if i >= WARMUP:
+                    samples[name][op].append((time.perf_counter() - start) * 1000)
+    return {name: {op: statistics.median(v) for op, v in ops.items()} for name, ops in samples.items()}
 
 
 def checked(result: Any) -> Any:
@@ -93,35 +93,39 @@ def dc_call(client: Client, home: Path) -> Call:
     return call
 
 
-async def bench_guilds(settings_file: Path, data: Path, home: Path, runs: int) -> dict[str, dict[str, float]]:
-    settings = load_settings(settings_file)
+async def open_paths(stack: AsyncExitStack, folder: Path, home: Path, sandbox: str,
+                     with_dc: bool) -> dict[str, Call]:
+    settings_file = folder / "settings.toml"
+    settings_file.write_text(f'[agent]\nhome = "{home}"\nsandbox = "{sandbox}"\nmax_tool_calls = 100000\n')
+    settings, data = load_settings(settings_file), folder / "data"
     data.mkdir()
-    out = {}
-    async with Store(f"sqlite:///{data / 'guilds.db'}") as store:
-        toolbox = Toolbox(settings, get_sandbox(settings, data), store)
-        direct = guilds_call(lambda tool, args: _direct(toolbox, tool, args), home)
-        out["toolbox"] = await measure(direct, runs)
-        async with Client(build_server(toolbox, run_id="mcp-bench-front")) as client:
-            out["front"] = await measure(guilds_call(client.call_tool, home), runs)
+    store = await stack.enter_async_context(Store(f"sqlite:///{data / 'guilds.db'}"))
+    toolbox = Toolbox(settings, get_sandbox(settings, data), store)
+    paths = {"toolbox": guilds_call(lambda tool, args: _direct(toolbox, tool, args), home)}
+    front = await stack.enter_async_context(Client(build_server(toolbox, run_id="mcp-bench-front")))
+    paths["front"] = guilds_call(front.call_tool, home)
     params = StdioServerParameters(command=sys.executable, args=["-m", "guilds.mcp_server", str(settings_file),
-                                                                  str(data)], env=_env(GUILDS_DATA=str(data)))
-    async with Client(params, read_timeout_seconds=120) as client:
-        out["guilds mcp"] = await measure(guilds_call(client.call_tool, home), runs)
-    return out
+                                                                  str(data)], env=_env())
+    stdio = await stack.enter_async_context(Client(params, read_timeout_seconds=120))
+    paths["guilds mcp"] = guilds_call(stdio.call_tool, home)
+    if with_dc:
+        paths["desktop-commander"] = dc_call(await stack.enter_async_context(dc_client(folder)), home)
+    return paths
 
 
 async def _direct(toolbox: Toolbox, tool: str, args: dict) -> Any:
-    result = await toolbox.call("mcp-bench-direct", tool, args)
-    return checked(result)
+    return checked(await toolbox.call("mcp-bench-direct", tool, args))
 
 
-async def bench_dc(folder: Path, home: Path, runs: int) -> dict[str, float]:
+def dc_client(folder: Path) -> Client:
+    """desktop-commander with its config in a home of its own, telemetry and onboarding off."""
+    if not DC_SCRIPT.exists() or not shutil.which("node"):
+        sys.exit(f"desktop-commander not installed at {DC_SCRIPT} (see this script's docstring)")
     dc_home = folder / "dc-home"
     dc_home.mkdir()
     env = _env(HOME=str(dc_home), DESKTOP_COMMANDER_DISABLE_TELEMETRY="1")
     params = StdioServerParameters(command="node", args=[str(DC_SCRIPT), "--no-onboarding"], env=env)
-    async with Client(params, read_timeout_seconds=120) as client:
-        return await measure(dc_call(client, home), runs)
+    return Client(params, read_timeout_seconds=120)
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -157,13 +161,9 @@ async def main() -> None:
     try:
         home = folder / "home"
         make_files(home, opts.runs + WARMUP)
-        settings_file = folder / "settings.toml"
-        settings_file.write_text(f'[agent]\nhome = "{home}"\nsandbox = "{opts.sandbox}"\nmax_tool_calls = 100000\n')
-        rows = await bench_guilds(settings_file, folder / "data", home, opts.runs)
-        if not opts.no_dc:
-            if not DC_SCRIPT.exists() or not shutil.which("node"):
-                sys.exit(f"desktop-commander not installed at {DC_SCRIPT} (see this script's docstring)")
-            rows["desktop-commander"] = await bench_dc(folder, home, opts.runs)
+        async with AsyncExitStack() as stack:
+            paths = await open_paths(stack, folder, home, opts.sandbox, not opts.no_dc)
+            rows = await measure(paths, opts.runs)
         print(f"sandbox {opts.sandbox}, {opts.runs} calls each, median; load average "
               f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
         print(table(rows))

@@ -87,12 +87,14 @@ def test_start_returns_at_once_and_runs_detached(bg):
     assert bid == "b1" and log == str(bg.home / ".runs" / "run1" / "c1.log")
     fields = _stat(pid)
     assert int(fields[3]) == int(fields[2]) == pid  # session and group leader
-    time.sleep(0.3)
+    deadline = time.monotonic() + 5
+    while os.path.getsize(log) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
     env = status(bg, id="b1")
-    expected = f"b1 running [0-2]s echo hello; sleep 30\nlog: {re.escape(log)}\nlast 40 lines of the log:\nhello"
+    expected = f"b1 running [0-9]s echo hello; sleep 30\nlog: {re.escape(log)}\nlast 40 lines of the log:\nhello"
     assert re.fullmatch(expected, ok_text(env))
     assert env["meta"] == {"background_id": "b1", "state": "running", "log_path": log}
-    assert re.fullmatch("b1 running [0-2]s echo hello; sleep 30", ok_text(status(bg)))
+    assert re.fullmatch("b1 running [0-9]s echo hello; sleep 30", ok_text(status(bg)))
 
 
 def test_exited_with_code_and_last_40_lines(bg):
@@ -117,7 +119,7 @@ def test_no_output_and_empty_list(bg):
 def test_stop_a_running_command(bg):
     bid, pid, _ = start(bg, "sleep 30")
     env = status(bg, id=bid, stop=True)
-    assert re.fullmatch(f"stopped {bid}\n{bid} stopped [0-2]s sleep 30", ok_text(env))
+    assert re.fullmatch(f"stopped {bid}\n{bid} stopped [0-9]s sleep 30", ok_text(env))
     assert env["meta"]["state"] == "stopped" and "exit_code" not in env["meta"]
     assert _state(pid) in (None, "Z")
     assert ok_text(status(bg, id=bid, stop=True)) == f"{bid} is not running: stopped"
@@ -129,7 +131,7 @@ def test_stop_escalates_to_sigkill_without_blocking(bg):
     time.sleep(0.3)
     began = time.monotonic()
     env = status(bg, id=bid, stop=True)
-    assert time.monotonic() - began < 2
+    assert time.monotonic() - began < 3  # not the 5 s grace
     assert env["meta"]["state"] == "stopping"
     assert ok_text(env).startswith(f"sent SIGTERM to {bid}; SIGKILL follows 5s later")
     assert ok_text(status(bg)).startswith(f"{bid} stopping ")

@@ -72,7 +72,8 @@ def test_a_home_beside_the_data_folder_is_not_inside_it():
 
 
 def test_entering_runs_the_command_without_capabilities():
-    assert enter_argv(4242, "/srv/agents/a1", ["python3", "-I", "-S", "/usr/local/bin/guilds-code", "QQ=="]) == [
+    helper = ["python3", "-I", "-S", "/usr/local/bin/guilds-code", "QQ=="]
+    assert enter_argv(4242, "/srv/agents/a1", helper) == [
         "nsenter", "--target=4242", "--mount", "--uts", "--ipc", "--net", "--pid", "--root",
         "--wd=/srv/agents/a1", "--",
         "setpriv", "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--",

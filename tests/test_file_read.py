@@ -303,13 +303,13 @@ def test_a_300_mb_single_line_reads_in_bounded_memory(sandbox):
     row = ok_text(envelope).split("\n")[1]
     assert row == "1  start " + "x" * 394 + f"… [+{300 * 1024 * 1024 - 400} chars]"
     assert envelope["meta"]["lines"] == 1
-    assert rss < 60 * 1024, f"peak RSS {rss} KiB"
+    assert rss < 40 * 1024, f"peak RSS {rss} KiB"
 
 
 @pytest.mark.slow
 def test_a_large_sparse_file_hashes_whole_in_bounded_memory(sandbox):
     path = sandbox.home / "big.txt"
-    size = 2 * 1024 * 1024 * 1024
+    size = 1024 * 1024 * 1024
     with open(path, "wb") as fh:
         fh.write(numbered(300).encode() + b"x" * 8000 + b"\n")
         fh.truncate(size)
@@ -320,4 +320,4 @@ def test_a_large_sparse_file_hashes_whole_in_bounded_memory(sandbox):
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     assert envelope["meta"]["content_hash"] == digest.hexdigest()
-    assert rss < 60 * 1024, f"peak RSS {rss} KiB"
+    assert rss < 40 * 1024, f"peak RSS {rss} KiB"

@@ -346,7 +346,7 @@ def test_snapshot_counts_untracked_and_leaves_the_index_alone(tmp_path):
     stat = diffstat.diffstat(before, after, env)
     assert "a.txt" in stat.text and "new.txt" in stat.text and "build" not in stat.text
     assert (stat.files_changed, stat.insertions, stat.deletions) == (2, 2, 0)
-    status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True)
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True, check=True)
     assert status.stdout.splitlines() == ["AM a.txt", "?? .gitignore", "?? new.txt"]
 
 

@@ -5,17 +5,15 @@ really edit files in a git repository."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-
 from conftest import PYTHON, Sandbox, error_text, ok_text
+
 from guilds.helpers import build_helper
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -119,6 +117,10 @@ def test_a_harness_that_commits_still_shows_its_change(hb):
     meta = task(hb, "fake: append app.py x = 1\nfake: commit add x")["meta"]
     assert meta["status"] == "completed" and meta["files_changed"] == 1
     assert git(repo, "log", "--format=%s", "-1").strip() == "add x"
+
+
+def test_stdin_is_closed(hb):
+    assert task(hb, "fake: stdin")["meta"]["final_message"] == "stdin held 0 bytes"
 
 
 def test_notes_reach_the_harness_and_env_is_the_agents(hb):
@@ -258,6 +260,28 @@ def test_unexpected_arguments_to_the_harness(hb, fake_bin, tmp_path):
                              "stderr: error: unknown option '-p'")
 
 
+@pytest.mark.slow
+def test_a_harness_that_hangs_after_its_final_event_is_stopped(hb):
+    started = time.monotonic()
+    env = task(hb, "fake: write done.txt x\nfake: linger 600\nfake: say finished", "codex")
+    meta = env["meta"]
+    assert time.monotonic() - started < 30
+    assert meta["status"] == "completed" and meta["lingered"] is True and meta["timed_out"] is False
+    assert meta["final_message"] == "finished" and meta["files_changed"] == 1
+    assert "stopped: it did not exit after its final event" in env["text"].splitlines()[0]
+
+
+def test_a_repository_inside_a_larger_work_tree_is_diffed_alone(hb):
+    git(hb.home, "init", "-q")  # the home itself is a git repository
+    inner = hb.home / "plain"
+    inner.mkdir()
+    (inner / "old.txt").write_text("old\n")
+    env = hb.call("code_task", {"brief": "fake: write new.txt x"}, repos={"plain": str(inner)})
+    meta = env["meta"]
+    assert meta["status"] == "completed" and meta["files_changed"] == 1
+    assert meta["diffstat"].startswith(" new.txt | 1 +")  # not .runs/, not plain/old.txt
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -293,3 +317,74 @@ def test_timeout_stops_the_whole_group(hb, tmp_path):
     assert meta["session_id"] and meta["files_changed"] == 1
     assert 60 <= took < 60 + 30
     assert not _alive(int(pidfile.read_text()))
+
+
+# --- the real Claude Code, against a scripted Messages API on loopback ---------------
+def _bundled_claude():
+    """The claude binary the claude-agent-sdk wheel bundles (test extra), or None."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("claude_agent_sdk")  # found, not imported: it is heavy
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "_bundled" / "claude"
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+@pytest.fixture
+def real_claude(hb, tmp_path):
+    """hb with the real `claude` on PATH, talking to a scripted API on 127.0.0.1."""
+    binary = _bundled_claude()
+    if binary is None:
+        pytest.skip("claude-agent-sdk (with its bundled claude) is not installed")
+    from fixtures.scripted_anthropic import ScriptedAnthropic
+
+    repo = hb.home / "repos" / "web"
+    api = ScriptedAnthropic([
+        {"file_path": str(repo / "hello.txt"), "content": "hello from claude\n"},
+        {"file_path": str(repo / "second.txt"), "content": "and again\n"},
+    ])
+    bin_dir = tmp_path / "realbin"
+    bin_dir.mkdir()
+    (bin_dir / "claude").symlink_to(binary)
+    hb.env.update(
+        PATH=f"{bin_dir}:/usr/bin:/bin", ANTHROPIC_BASE_URL=api.url, ANTHROPIC_API_KEY="sk-ant-test-0123456789",
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1", DISABLE_TELEMETRY="1",
+        DISABLE_ERROR_REPORTING="1",
+    )
+    yield hb, api
+    api.close()
+
+
+def test_the_real_claude_code_edits_and_resumes(real_claude):
+    box, api = real_claude
+    repo = box.home / "repos" / "web"
+    first = box.call("code_task", {"brief": "Write hello.txt saying hello."}, harness="claude-code",
+                     repos={"web": str(repo)}, redact_env=["ANTHROPIC_API_KEY"], timeout=120)
+    meta = first["meta"]
+    assert meta["status"] == "completed", first
+    assert (repo / "hello.txt").read_text() == "hello from claude\n"
+    assert meta["final_message"] == "I wrote the file as asked."
+    assert "hello.txt" in meta["diffstat"] and meta["files_changed"] == 1
+    assert meta["num_turns"] >= 1 and meta["cost_usd"] >= 0
+    assert len(api.requests) >= 2
+    assert any(row.get("type") == "result" for row in log_rows(meta))
+
+    second = box.call("code_task", {"brief": "Now write second.txt.", "session_id": meta["session_id"]},
+                      harness="claude-code", repos={"web": str(repo)}, timeout=120)
+    again = second["meta"]
+    assert again["status"] == "completed", second
+    assert again["session_id"] == meta["session_id"]
+    assert (repo / "second.txt").read_text() == "and again\n"
+    assert again["files_changed"] == 1 and "second.txt" in again["diffstat"]
+    # The resumed conversation carried the first one's messages.
+    assert "Write hello.txt saying hello." in json.dumps(api.requests[-1]["messages"])
+
+
+def test_the_real_claude_code_does_not_know_a_session(real_claude):
+    box, _ = real_claude
+    sid = "123e4567-e89b-12d3-a456-426614174000"
+    meta = box.call("code_task", {"brief": "x", "session_id": sid}, harness="claude-code",
+                    repos={"web": str(box.home / "repos" / "web")}, timeout=120)["meta"]
+    assert meta["status"] == "unknown session" and meta["exit_code"] == 1
+    assert meta["error"] == f"claude-code has no session {sid}; start a new one without session_id"

@@ -54,29 +54,29 @@ async def test_tools_each_call_and_the_record(tmp_path):
     assert calls[0].row == "Run echo hi"
 
 
-async def test_one_session_is_one_run_and_cd_carries_over(tmp_path):
+async def test_a_session_is_one_run_with_progress_and_the_live_coding_flag(tmp_path):
     (tmp_path / "home" / "sub").mkdir(parents=True)
     async with stdio_client(tmp_path) as client:
         first = await client.call_tool("shell", {"command": "cd sub"})
         second = await client.call_tool("shell", {"command": "pwd"})
+        await check_progress(client)
+        write_settings(tmp_path, coding=False)
+        assert (await client.list_tools()).tools == []
+        refused = await client.call_tool("shell", {"command": "true"})
     assert text_of(second).startswith(str(tmp_path / "home" / "sub"))
     assert meta_of(first)["run"] == meta_of(second)["run"]
+    assert refused.is_error and "coding" in text_of(refused)
+
+
+async def test_a_2025_protocol_client_is_another_session(tmp_path):
+    """Clients of the handshake era (Claude Desktop, Cursor, ...) get the same tools; a new session, a new run."""
     async with stdio_client(tmp_path) as client:
-        other = await client.call_tool("shell", {"command": "pwd"})
-    assert meta_of(other)["run"] != meta_of(first)["run"]
-
-
-async def test_progress_on_a_long_command(tmp_path):
-    async with stdio_client(tmp_path) as client:
-        await check_progress(client)
-
-
-async def test_legacy_handshake_client(tmp_path):
-    """Clients of the 2025 protocol (Claude Desktop, Cursor, ...) get the same tools."""
+        first = await client.call_tool("shell", {"command": "true"})
     async with stdio_client(tmp_path, mode="legacy") as client:
         await check_tool_list(client)
         result = await client.call_tool("shell", {"command": "echo legacy"})
     assert text_of(result).startswith("legacy")
+    assert meta_of(result)["run"] != meta_of(first)["run"]
 
 
 @pytest.mark.parametrize("sandbox", [
@@ -110,7 +110,8 @@ async def test_a_client_gone_mid_call_leaves_nothing_running(tmp_path, leave):
         proc.send_signal(signal.SIGTERM)
     else:
         proc.stdin.close()
-    assert await asyncio.wait_for(proc.wait(), SETTLE_SECONDS) == 0
+    ended = -signal.SIGTERM if leave == "SIGTERM" else 0  # a SIGTERM, once the calls are stopped, ends it
+    assert await asyncio.wait_for(proc.wait(), SETTLE_SECONDS) == ended
     assert not processes("sleep", arg)
 
 

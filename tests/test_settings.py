@@ -99,6 +99,7 @@ def test_result_max_bytes_falls_back_to_the_environment(tmp_path):
         ('[agent]\nports = "1-70000"', {}, "agent.ports: must be a block within 1-65535"),
         ('[agent]\nid = "../x"', {}, "agent.id: must be letters, digits"),
         ("[agent]\nhome = 3", {}, "agent.home: must be a string"),
+        ('[agent]\nhome = ""', {}, "agent.home: must not be empty"),
         ("[agent]\nresult_max_bytes = 100", {}, "agent.result_max_bytes: must be from 1024 to 65536, got 100"),
         ("", {"CODE_RESULT_MAX_BYTES": "lots"}, "CODE_RESULT_MAX_BYTES: must be an integer"),
         ("", {"CODE_RESULT_MAX_BYTES": "999999"}, "CODE_RESULT_MAX_BYTES: must be from 1024 to 65536"),

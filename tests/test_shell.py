@@ -64,7 +64,7 @@ def test_output_and_meta(sandbox):
         ("nosuchcommand_zz", "bash: line 1: nosuchcommand_zz: command not found\nexit_code: 127", 127),
         ("echo a; kill -9 $$", "a\nexit_code: 137", 137),
         ("kill -TERM $$", "(no output)\nexit_code: 143", 143),
-        ("sleep 5 & kill -9 $!; wait $!", "bash: line 1: [0-9]+ Killed +sleep 5\nexit_code: 137", 137),
+        ("sleep 5 & kill -9 $!; wait $!", "bash: line 1: +[0-9]+ Killed +sleep 5\nexit_code: 137", 137),
         ("if", "bash: -c: line 2: syntax error: unexpected end of file\nexit_code: 2", 2),
     ],
 )
@@ -180,7 +180,7 @@ def test_timeout_kills_the_group_and_keeps_output(sandbox):
     text = ok_text(env)
     assert text == "before\n" + TIMED_OUT.format(1) + "\nexit_code: 124"
     assert env["meta"]["exit_code"] == 124 and env["meta"]["timed_out"] is True
-    assert 1 <= took < 3
+    assert 1 <= took < 4
     assert gone(int(kid.read_text()))
 
 
@@ -189,7 +189,7 @@ def test_timeout_sigkills_what_ignores_sigterm(sandbox):
     env = sh(sandbox, "trap '' TERM; echo stubborn; sleep 30", timeout_seconds=1)
     took = time.monotonic() - started
     assert ok_text(env).endswith("stubborn\n" + TIMED_OUT.format(1) + "\nexit_code: 124")
-    assert 3 <= took < 5
+    assert 3 <= took < 6.5
 
 
 @pytest.mark.parametrize(
@@ -201,7 +201,7 @@ def test_grandchild_holding_the_pipe_does_not_hang(sandbox, command):
     try:
         started = time.monotonic()
         env = sh(sandbox, command.format(p=pidfile) + "; echo done", timeout_seconds=20)
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 5  # far below the 30 s the grandchild lives
         assert ok_text(env) == "done" and env["meta"]["exit_code"] == 0
     finally:
         kill_pids(pidfile)
@@ -308,3 +308,25 @@ def test_command_longer_than_one_argv_string(sandbox):
     assert ok_text(env) == "150000 bash 0 2\nexit_code: 4"
     assert env["meta"]["cwd"] == "/tmp"
     assert os.listdir(run_dir(sandbox)) == ["cwd"]
+
+
+@pytest.mark.parametrize("command", ["sleep 30 & echo $! > {p}; wait", "trap '' TERM; sleep 30 & echo $! > {p}; wait"])
+def test_helper_told_to_stop_ends_the_commands_group(sandbox, command):
+    pidfile = sandbox.home / "pid"
+    arg = b64encode(json.dumps(sandbox.request("shell", {"command": command.format(p=pidfile)})).encode()).decode()
+    helper = subprocess.Popen([PYTHON, "-I", "-S", str(sandbox.helper), arg], env=sandbox.process_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        began = time.monotonic()
+        helper.send_signal(signal.SIGTERM)
+        out, _ = helper.communicate(timeout=10)
+        assert time.monotonic() - began < 2.5
+        assert decode_envelope(out)["ok"] is True
+        assert gone(int(pidfile.read_text()))
+    finally:
+        helper.kill()
+        kill_pids(pidfile)

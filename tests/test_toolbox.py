@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 
 import pytest
 
 from guilds.errors import BadInput, SandboxError
 from guilds.sandbox.base import ExecResult
-from guilds.store import Store
+from guilds.store import Store, metadata
 from guilds.toolbox import Toolbox
 from guilds.toolbox.toolbox import CODE_TASK_UNAVAILABLE
 from toolbox_kit import FakeSandbox, local_toolbox, make_settings, ok, refused
@@ -92,11 +93,12 @@ async def test_code_task_unknown_tools_and_bad_arguments_are_error_results(tmp_p
         task = await tb.call("r", "code_task", {"brief": "fix the build"})
         assert task.is_error and task.text.startswith(CODE_TASK_UNAVAILABLE)
         assert task.meta["row"] == "Code task · error"
-        unknown = await tb.call("r", "browse", {})
-        assert unknown.is_error and unknown.text.startswith("unknown tool 'browse' (known: code_task, shell,")
+        unknown = await tb.call("r", "browse" * 30, {})
+        assert unknown.is_error and unknown.text.startswith("unknown tool 'browsebrowse")
+        assert "(known: code_task, shell, shell_status, file_read, code_search)" in unknown.text
         bad = await tb.call("r", "shell", {"command": "ls", "timeout_seconds": 9999})
         assert bad.is_error and bad.text.startswith("timeout_seconds: must be from 1 to 600, got 9999")
-        assert [c.tool for c in await tb.store.calls("r")] == ["code_task", "browse", "shell"]
+        assert [c.tool for c in await tb.store.calls("r")] == ["code_task", "browse" * 30, "shell"]
 
 
 async def test_a_run_id_that_is_not_a_file_name_is_refused_before_anything(tmp_path):
@@ -116,6 +118,16 @@ async def test_tools_follow_the_live_coding_flag(tmp_path):
         flag["on"] = False
         assert tb.tools() == []
         assert Toolbox(make_settings(tmp_path, agent={"coding": False}), FakeSandbox(ok), store).tools() == []
+
+
+@pytest.mark.slow
+async def test_logs_are_kept_for_the_20_most_recent_runs_the_record_for_all(tmp_path):
+    async with local_toolbox(tmp_path) as tb:
+        for i in range(22):
+            await tb.call(f"run{i:02d}", "shell", {"command": "seq 3000"})  # elided: its log is kept
+        kept = sorted(p.name for p in (tmp_path / "home/.runs").iterdir())
+        assert kept == [f"run{i:02d}" for i in range(2, 22)]
+        assert len(await tb.store.list_runs()) == 22
 
 
 async def test_a_cancelled_call_is_recorded_as_cancelled(tmp_path):
@@ -204,10 +216,26 @@ async def test_an_unexpected_failure_is_recorded_then_raised(tmp_path, fake_stor
 
 
 # --- many agents, many calls ---------------------------------------------------
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+async def shared_store(request, tmp_path):
+    """One run record for every agent: SQLite, or PostgreSQL at $GUILDS_TEST_POSTGRES_URL."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/g.db"
+    elif os.environ.get("GUILDS_TEST_POSTGRES_URL"):
+        url = os.environ["GUILDS_TEST_POSTGRES_URL"]
+    else:
+        pytest.skip("GUILDS_TEST_POSTGRES_URL is not set")
+    store = Store(url)
+    async with store.engine.begin() as conn:
+        await conn.run_sync(metadata.drop_all)
+    async with store:
+        yield store
+
+
 @pytest.mark.slow
-async def test_eight_agents_with_25_concurrent_calls_each_stay_correct(tmp_path):
-    agents, per_agent = 8, 25
-    async with Store(f"sqlite:///{tmp_path}/g.db") as store, contextlib.AsyncExitStack() as stack:
+async def test_eight_agents_with_25_concurrent_calls_each_stay_correct(tmp_path, shared_store):
+    agents, per_agent, store = 8, 25, shared_store
+    async with contextlib.AsyncExitStack() as stack:
         boxes = []
         for i in range(agents):
             (tmp_path / f"agent{i}").mkdir()

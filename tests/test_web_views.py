@@ -3,22 +3,38 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
 from guilds.records import CallRecord
 from guilds.rows import row_text
 from guilds.web.events import sse_message
-from guilds.web.flow import (CodeTaskBlock, call_path, duration_text, flow_item, flow_page, redact_call,
-                             resume_after, runs_page)
+from guilds.web.flow import (
+    CodeTaskBlock,
+    call_path,
+    duration_text,
+    flow_item,
+    flow_page,
+    redact_call,
+    resume_after,
+    runs_page,
+)
 from guilds.web.logs import LogExcerpt
 from guilds.web.render import json_tree, parse_json, split_trailer
-from guilds.web.views import (Argument, MetaRow, arguments_view, call_page, lines_text, log_view, metadata_view,
-                              result_view)
+from guilds.web.views import (
+    Argument,
+    MetaRow,
+    arguments_view,
+    call_page,
+    lines_text,
+    log_view,
+    metadata_view,
+    result_view,
+)
 from guilds_code.redact import Redactor
 
-T0 = datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+T0 = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 def record(tool: str, args=None, meta=None, *, text: str = "ok\nremaining_tool_calls: 9", is_error=False,
@@ -70,6 +86,12 @@ def test_a_running_call_reads_its_arguments_row(tool, args, row):
 def test_the_stored_row_is_shown_as_stored():
     stored = replace(record("shell", {"command": "ls"}), row="Run ls · exit 1")
     assert flow_item(stored).text == "Run ls · exit 1"
+
+
+def test_a_cancelled_call_is_final():
+    call = replace(record("shell", {"command": "make"}, is_error=True), status="cancelled")
+    assert (flow_item(call).state, flow_item(call).text) == ("cancelled", "Run make · error")
+    assert resume_after([call], 4) == 5 and not result_view(call).running
 
 
 def test_a_failed_call_is_an_error_row():

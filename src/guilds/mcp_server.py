@@ -3,7 +3,7 @@
 A thin translation over ``Toolbox.call``; no tool logic lives here.
 
     build_server(toolbox, run_id=None) -> mcp.server.lowlevel.Server
-    run_stdio(settings, data_dir, *, settings_file=None)   `guilds mcp`
+    run_stdio(settings, data_dir, *, sandbox=None, coding=None, env=None)   `guilds mcp`
     http_endpoint(toolbox, ...) -> McpEndpoint                `/mcp` in `guilds serve`
     streamable_http_app(toolbox, ...) -> Starlette            the endpoint as an app of its own
 
@@ -38,6 +38,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import os
@@ -45,10 +46,10 @@ import signal
 import time
 import uuid
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 
 import anyio
 import mcp_types as types
@@ -59,6 +60,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from .errors import GuildsError
+from .settings import AgentSettings
 from .toolbox import CallResult, Toolbox
 from .toolbox.tools import ToolSpec
 
@@ -245,54 +247,70 @@ def streamable_http_app(toolbox: Toolbox, *, path: str = "/mcp", host: str = "12
 
 
 # --- stdio ---------------------------------------------------------------------
-def run_stdio(settings: Any, data_dir: str | os.PathLike, *, settings_file: str | os.PathLike | None = None) -> None:
+def run_stdio(settings: AgentSettings, data_dir: str | os.PathLike, *, sandbox: str | None = None,
+              coding: Callable[[], bool] | None = None, env: Mapping[str, str] | None = None) -> None:
     """`guilds mcp`: serve the agent's tools on stdin/stdout until the client closes stdin.
 
-    settings: the agent's AgentSettings; data_dir: the data folder (the run
-    record, the sandbox's files); settings_file: when given, the tools follow
-    that file's live ``agent.coding``. SIGTERM and SIGINT end the server the
-    way a closed stdin does: running calls are cancelled and recorded.
+    Like ``serve.serve``: ``sandbox`` overrides ``agent.sandbox``; ``coding`` is
+    the live coding flag (``settings.coding_flag(file)``); ``env`` (default
+    os.environ) is read for $GUILDS_DATABASE_URL. The data folder is made if
+    missing. SIGTERM and SIGINT end the server as a closed stdin does: running
+    calls are cancelled, their commands stopped and the calls recorded.
+    Nothing but MCP messages is written to stdout.
     """
-    anyio.run(serve_stdio, settings, Path(data_dir), settings_file)
+    anyio.run(functools.partial(serve_stdio, settings, Path(data_dir), sandbox=sandbox, coding=coding,
+                                env=os.environ if env is None else env))
 
 
-async def serve_stdio(settings: Any, data_dir: Path, settings_file: str | os.PathLike | None = None) -> None:
+async def serve_stdio(settings: AgentSettings, data_dir: Path, *, sandbox: str | None,
+                      coding: Callable[[], bool] | None, env: Mapping[str, str]) -> None:
     from .sandbox import get_sandbox
-    from .settings import coding_flag
     from .store import Store, database_url
 
-    coding = coding_flag(settings_file) if settings_file is not None else None
+    if sandbox is not None:
+        settings = replace(settings, sandbox=sandbox)
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    async with Store(database_url(data_dir, os.environ)) as store:
-        toolbox = Toolbox(settings, get_sandbox(settings, data_dir), store, coding=coding)
+    box = get_sandbox(settings, data_dir)
+    async with Store(database_url(data_dir, env)) as store:
+        toolbox = Toolbox(settings, box, store, coding=coding)
         await serve_streams(build_server(toolbox, run_id=new_run_id()))
 
 
 async def serve_streams(server: Server) -> None:
-    """Run server on this process's stdio until EOF, SIGTERM or SIGINT."""
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_cancel_on_signal, tg.cancel_scope)
-        async with stdio_server() as (read, write):
+    """Run server on this process's stdio until EOF, SIGTERM or SIGINT.
+
+    On a signal the server is cancelled (its running calls stop and are
+    recorded), then the process ends by that signal: the SDK's stdin reader
+    sits in a thread that only the client's EOF would release.
+    """
+    signals: list[int] = []
+    async with stdio_server() as (read, write):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_cancel_on_signal, tg.cancel_scope, signals)
             await server.run(read, write, server.create_initialization_options())
-        tg.cancel_scope.cancel()
+            tg.cancel_scope.cancel()
+        if signals:
+            signal.signal(signals[0], signal.SIG_DFL)
+            os.kill(os.getpid(), signals[0])
 
 
-async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
+async def _cancel_on_signal(scope: anyio.CancelScope, received: list[int]) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for _ in signals:
+        async for signum in signals:
+            received.append(signum)
             scope.cancel()
             return
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m guilds.mcp_server SETTINGS_FILE DATA_DIR``: `guilds mcp` without the CLI
-    (the tests and the benchmark launch it so)."""
+    """``python -m guilds.mcp_server SETTINGS_FILE DATA_DIR``: `guilds mcp --config FILE`
+    without the CLI (the tests and the benchmark launch it so)."""
     import sys
 
-    from .settings import load_settings
+    from .settings import coding_flag, load_settings
 
-    settings_file, data_dir = (sys.argv[1:] if argv is None else argv)
-    run_stdio(load_settings(settings_file), data_dir, settings_file=settings_file)
+    settings_file, data = sys.argv[1:] if argv is None else argv
+    run_stdio(load_settings(settings_file), data, coding=coding_flag(settings_file))
 
 
 if __name__ == "__main__":

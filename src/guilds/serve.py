@@ -16,9 +16,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import AsyncIterator, Callable, Mapping
 
 from starlette.applications import Starlette
 

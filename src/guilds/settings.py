@@ -146,10 +146,12 @@ def _result_max_bytes(table: dict, env: Mapping[str, str]) -> int:
 
 def _agent(table: dict, base: Path, env: Mapping[str, str]) -> dict:
     check.known(table, "agent", _AGENT_KEYS)
-    home = Path(check.string(table.get("home", DEFAULT_HOME), "agent.home")).expanduser()
+    home = check.string(table.get("home", DEFAULT_HOME), "agent.home")
+    if not home.strip():
+        raise ConfigError("agent.home: must not be empty")
     return {
         "id": check.name(table.get("id", DEFAULT_AGENT_ID), "agent.id"),
-        "home": (base / home).resolve(),
+        "home": (base / Path(home).expanduser()).resolve(),
         "sandbox": check.choice(table.get("sandbox", DEFAULT_SANDBOX), "agent.sandbox", SANDBOXES),
         "coding": check.boolean(table.get("coding", True), "agent.coding"),
         "max_tool_calls": check.integer(

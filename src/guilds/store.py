@@ -60,7 +60,7 @@ calls = sa.Table(
     sa.Column("run_id", sa.String(128), sa.ForeignKey("runs.id"), primary_key=True),
     sa.Column("seq", sa.Integer, primary_key=True),
     sa.Column("call_id", sa.String(128), nullable=False),
-    sa.Column("tool", sa.String(64), nullable=False),
+    sa.Column("tool", sa.Text, nullable=False),  # as the model named it: any length
     sa.Column("args", _JSON, nullable=False),
     sa.Column("text", sa.Text),
     sa.Column("is_error", sa.Boolean, nullable=False, default=False),

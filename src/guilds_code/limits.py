@@ -110,3 +110,8 @@ under STATE_FILE_MAX_BYTES; shell_status shows only the first line)."""
 COMMAND_ARGV_MAX = 100 * 1024
 """A shell command longer than this (UTF-8 bytes) is written to a file in the
 run folder and sourced: one argv string is capped at 128 KiB (MAX_ARG_STRLEN)."""
+CANCEL_KILL_GRACE_SECONDS = 1.0
+"""A helper told to stop (SIGTERM, SIGHUP, SIGINT) mid-command sends SIGTERM to
+the command's group and SIGKILL this much later: the command runs in its own
+session, so nothing else would end it, and the orchestrator's own SIGKILL of
+the helper follows 2 s after its SIGTERM."""

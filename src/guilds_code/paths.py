@@ -174,7 +174,10 @@ class _Walk:
         self.links += 1
         if self.links > limits.PATH_MAX_LINKS:
             raise fail(self.given, "has too many levels of symbolic links")
-        target = os.readlink("", dir_fd=fd)
+        try:
+            target = os.readlink("", dir_fd=fd)
+        except OSError as exc:
+            raise fail(self.given, f"cannot be opened: {exc.strerror}") from None
         if target.startswith("/"):
             rest = self.inside(target)
             self.reset()

@@ -6,9 +6,11 @@ temporary file, points ``GIT_INDEX_FILE`` at it, runs ``git add -A`` (so
 untracked files count, ignored ones do not) and ``git write-tree``. The only
 trace is unreferenced objects in the object store, which ``git gc`` prunes.
 
-``diffstat(repo, before, after, env)`` is ``git diff --stat`` between two such
+``diffstat(before, after, env)`` is ``git diff --stat`` between two such
 trees: what the harness changed against the state when the task began, also
-when it committed, staged, or left files untracked.
+when it committed, staged, or left files untracked. When the repository folder
+is inside a larger work tree (a home that is itself a git repository), only
+the folder is snapshotted and diffed, its paths shown relative to it.
 
 Errors are values: a folder that is not a git work tree, a git that fails or
 takes longer than limits.SNAPSHOT_TIMEOUT_SECONDS gives ``Unavailable(reason)``.
@@ -43,6 +45,8 @@ class Unavailable:
 class Snapshot:
     top: str
     tree: str
+    scope: str = "."
+    """The repository folder relative to the work tree's top: only it counts."""
 
 
 @dataclass
@@ -61,7 +65,7 @@ def _git(args: List[str], cwd: str, env: Dict[str, str], timeout: float) -> str:
     try:
         proc = subprocess.run(
             ["git", *_GIT_SAFE, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-            capture_output=True, timeout=max(timeout, 0.1),
+            capture_output=True, timeout=max(timeout, 0.1), check=False,
         )
     except subprocess.TimeoutExpired:
         raise _GitFailed(f"git {args[0]} took longer than {limits.SNAPSHOT_TIMEOUT_SECONDS}s") from None
@@ -87,13 +91,14 @@ def snapshot(repo: str, env: Dict[str, str]) -> Union[Snapshot, Unavailable]:
     tmp = tempfile.mkdtemp(prefix="guilds-harness-")
     try:
         top = _git(["rev-parse", "--show-toplevel"], repo, genv, budget.left()).strip()
+        scope = os.path.relpath(os.path.realpath(repo), os.path.realpath(top))
         index = _git(["rev-parse", "--git-path", "index"], top, genv, budget.left()).strip()
         temp_index = os.path.join(tmp, "index")
         _copy_index(os.path.join(top, index), temp_index)
         genv["GIT_INDEX_FILE"] = temp_index
-        _git(["add", "-A", "--", "."], top, genv, budget.left())
+        _git(["add", "-A", "--", scope], top, genv, budget.left())
         tree = _git(["write-tree"], top, genv, budget.left()).strip()
-        return Snapshot(top=top, tree=tree)
+        return Snapshot(top=top, tree=tree, scope=scope)
     except _GitFailed as exc:
         return Unavailable(str(exc))
     finally:
@@ -113,8 +118,10 @@ def diffstat(before: Snapshot, after: Snapshot, env: Dict[str, str]) -> Union[St
     args = [
         "diff", "--no-ext-diff", "--no-textconv",
         f"--stat={limits.DIFFSTAT_WIDTH}", f"--stat-count={limits.DIFFSTAT_FILES_MAX}",
-        before.tree, after.tree, "--",
     ]
+    if before.scope != ".":
+        args.append(f"--relative={before.scope}")
+    args += [before.tree, after.tree, "--"]
     try:
         text = _git(args, before.top, git_env(env), limits.SNAPSHOT_TIMEOUT_SECONDS)
     except _GitFailed as exc:

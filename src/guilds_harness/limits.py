@@ -12,6 +12,10 @@ TIMEOUT_MINUTES_MAX = 120
 KILL_GRACE_SECONDS = 5
 """At the timeout: SIGTERM to the harness's process group, SIGKILL this much
 later. A harness gets a moment to save its session, so it can be resumed."""
+FINAL_EXIT_GRACE_SECONDS = 5
+"""After its final event, how long a harness may take to exit before it is
+stopped (a headless CLI that hangs on a leftover child after answering must
+not hold the call until its timeout); its status is then its final event's."""
 DRAIN_SECONDS = 0.5
 """After the harness exits, how long to keep reading pipes that a leftover
 child still holds, before the group is stopped."""

@@ -1,6 +1,6 @@
 """The one path that runs a harness: spawn, stream, stop.
 
-``run_process(argv, cwd, env, timeout, on_stdout, on_stderr)``:
+``run_process(argv, cwd, env, timeout, on_stdout, on_stderr, finished)``:
 
 - starts argv in its own session (so its process group is its own), stdin
   closed, in cwd, with exactly env;
@@ -8,12 +8,14 @@
   hands each chunk to its callback (the callbacks frame lines and log them:
   nothing is held here);
 - past ``timeout`` seconds sends SIGTERM to the whole group, then SIGKILL
-  limits.KILL_GRACE_SECONDS later;
+  limits.KILL_GRACE_SECONDS later; once ``finished()`` is true (the harness
+  printed its final event), it has limits.FINAL_EXIT_GRACE_SECONDS to exit
+  before the same happens (``lingered``, not ``timed_out``);
 - after the harness exits, reads a leftover child's output for at most
   limits.DRAIN_SECONDS, then stops what is left (``stop_leftovers``);
-- returns ``Exit(exit_code, signal, timed_out)``: exit_code is the harness's
-  own, 128 + N when signal N ended it, or 124 when it timed out (as the shell
-  tool and timeout(1) report it). Never 0 for a kill.
+- returns ``Exit(exit_code, signal, timed_out, lingered)``: exit_code is the
+  harness's own, 128 + N when signal N ended it, or 124 when it was stopped
+  (as the shell tool and timeout(1) report it). Never 0 for a kill.
 
 Leftovers are the live processes of the harness's group and, where /proc
 exists, every live process below this helper: with ``become_subreaper()``
@@ -50,6 +52,7 @@ class Exit:
     exit_code: int
     signal: Optional[int] = None
     timed_out: bool = False
+    lingered: bool = False
 
 
 def become_subreaper() -> bool:
@@ -194,25 +197,30 @@ class _Pump:
         self._sel.close()
 
 
-def _exit(returncode: int, timed_out: bool) -> Exit:
-    if timed_out:
-        return Exit(TIMEOUT_EXIT_CODE, -returncode if returncode < 0 else None, True)
+def _exit(returncode: int, stopped: Optional[str]) -> Exit:
+    if stopped:
+        signo = -returncode if returncode < 0 else None
+        return Exit(TIMEOUT_EXIT_CODE, signo, stopped == "timeout", stopped == "linger")
     if returncode < 0:
         return Exit(128 - returncode, -returncode)
     return Exit(returncode)
 
 
 def run_process(
-    argv: List[str], cwd: str, env: Dict[str, str], timeout: float, on_stdout: Sink, on_stderr: Sink
+    argv: List[str], cwd: str, env: Dict[str, str], timeout: float,
+    on_stdout: Sink, on_stderr: Sink, finished: Callable[[], bool] = lambda: False,
 ) -> Exit:
     proc = spawn(argv, cwd, env)
     pump = _Pump(proc, on_stdout, on_stderr)
     deadline = time.monotonic() + timeout
-    timed_out = False
+    stopped, why = None, "timeout"
     try:
         while proc.poll() is None:
+            if why == "timeout" and finished():
+                why = "linger"
+                deadline = min(deadline, time.monotonic() + limits.FINAL_EXIT_GRACE_SECONDS)
             if time.monotonic() >= deadline:
-                timed_out = True
+                stopped = why
                 _terminate(proc, pump)
             else:
                 pump.pump(min(deadline, time.monotonic() + 0.25))
@@ -225,7 +233,7 @@ def run_process(
         proc.stdout.close()
         proc.stderr.close()
         proc.wait()
-    return _exit(proc.returncode, timed_out)
+    return _exit(proc.returncode, stopped)
 
 
 def _terminate(proc: subprocess.Popen, pump: _Pump) -> None:

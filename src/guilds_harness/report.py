@@ -14,15 +14,16 @@ Text, shaped to the request's max_bytes (the final message gives way first):
 
 Metadata (snake_case, absent where they do not apply): status, harness, repo,
 cwd, session_id, diffstat, files_changed, insertions, deletions,
-final_message, log_path, exit_code, timed_out, signal, error, cost_usd,
-num_turns, input_tokens, output_tokens.
+final_message, log_path, exit_code, timed_out, lingered (stopped for not
+exiting after its final event), signal, error, cost_usd, num_turns,
+input_tokens, output_tokens.
 """
 
 from __future__ import annotations
 
 import signal as signals
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, Optional, Union
 
 from guilds_code import shaping
 from guilds_code.protocol import Reply
@@ -58,8 +59,11 @@ def _status_line(report: Report) -> str:
         parts.append(f"{out.num_turns} turn" + ("" if out.num_turns == 1 else "s"))
     if out.cost_usd is not None:
         parts.append(f"${out.cost_usd:.4f}")
-    if report.exit and report.exit.exit_code and not report.exit.timed_out:
-        parts.append(f"exit {report.exit.exit_code}")
+    ex = report.exit
+    if ex and ex.lingered:
+        parts.append("stopped: it did not exit after its final event")
+    elif ex and ex.exit_code and not ex.timed_out:
+        parts.append(f"exit {ex.exit_code}")
     return " · ".join(parts)
 
 
@@ -133,6 +137,8 @@ def _meta(report: Report, stat_text: str, message: Optional[str], error: str) ->
         )
     if ex is not None:
         meta.update(exit_code=ex.exit_code, timed_out=ex.timed_out)
+        if ex.lingered:
+            meta["lingered"] = True
         if ex.signal:
             meta["signal"] = signal_name(ex.signal)
     return {k: v for k, v in meta.items() if v is not None}

@@ -143,7 +143,7 @@ def decode_request(argv: List[str]) -> HarnessRequest:
     return parse_request(protocol._parse_json(raw, "request"))
 
 
-def resolve_repo(request: HarnessRequest, cwd: str) -> "tuple[str, str]":
+def resolve_repo(request: HarnessRequest, cwd: str) -> tuple[str, str]:
     """(name, folder) of the repository the harness works in.
 
     The named repo; else the repository holding the run's working directory

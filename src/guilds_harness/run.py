@@ -3,6 +3,7 @@
 Statuses (``meta.status``, first word of the result):
 
     completed        the harness's final event reported success and it exited 0
+                     (or was stopped for not exiting after it: see process.py)
     failed           its final event reported an error (or it exited non-zero after it)
     timed out        timeout_minutes passed; its process group was stopped
     unknown session  session_id names a session the harness does not know
@@ -21,24 +22,14 @@ from __future__ import annotations
 import collections
 import os
 import shutil
-from typing import Deque, Dict, Optional
+from typing import Deque, Dict
 
 from guilds_code import protocol, runstate
-from guilds_code.redact import from_environment
+from guilds_code.ops.shell import command_env, redactor_for
 
 from . import adapters, diffstat, limits, process, report
 from .request import HarnessRequest, TaskArgs, resolve_repo
 from .stream import EventLog, LineFramer
-
-COMMAND_ENV = {
-    "NO_COLOR": "1",
-    "TERM": "dumb",
-    "PAGER": "cat",
-    "GIT_PAGER": "cat",
-    "GIT_TERMINAL_PROMPT": "0",
-    "DEBIAN_FRONTEND": "noninteractive",
-}
-"""What every command the agent runs gets (as shell does), the harness too."""
 
 
 def prompt(task: TaskArgs) -> str:
@@ -46,25 +37,6 @@ def prompt(task: TaskArgs) -> str:
     if task.notes and task.notes.strip():
         return f"{task.brief.rstrip()}\n\nNotes:\n{task.notes.strip()}"
     return task.brief
-
-
-def harness_env(request: HarnessRequest, repo: str, tokens: Dict[str, str], extra: Dict[str, str]) -> Dict[str, str]:
-    """The agent's environment (the helper's own), plus the command variables,
-    GH_TOKEN of the repository, and what the adapter asks for."""
-    env = dict(os.environ)
-    env.update(COMMAND_ENV, GUILD_RUN_ID=request.run_id, GUILD_AGENT_ID=request.agent_id)
-    token = _token_for(repo, tokens)
-    if token:
-        env["GH_TOKEN"] = token
-    else:
-        env.pop("GH_TOKEN", None)
-    env.update(extra)
-    return env
-
-
-def _token_for(folder: str, tokens: Dict[str, str]) -> Optional[str]:
-    holders = [f for f in tokens if folder == f or folder.startswith(f.rstrip("/") + os.sep)]
-    return tokens[max(holders, key=len)] if holders else None
 
 
 class _Streams:
@@ -109,7 +81,8 @@ def run(request: HarnessRequest) -> protocol.Reply:
         raise protocol.OpError(f"repo: the folder of {name}, {repo}, does not exist")
     adapter = adapters.get(request.harness)
     tokens = runstate.load_repo_tokens(request)
-    env = harness_env(request, repo, tokens, adapter.environ())
+    env = command_env(request, repo, tokens)  # what a shell command there would get
+    env.update(adapter.environ())
     log = EventLog(runstate.log_path(request))
     rep = report.Report(status="crashed", harness=adapter.name, repo=name, cwd=repo, log_path=log.path)
     try:
@@ -118,8 +91,7 @@ def run(request: HarnessRequest) -> protocol.Reply:
         log.record("end", status=rep.status, exit_code=rep.exit.exit_code if rep.exit else None,
                    session_id=rep.session_id, error=rep.error)
         log.close()
-    redactor = from_environment(request.redact_env, tokens.values())
-    return report.render(rep, request.max_bytes, redactor)
+    return report.render(rep, request.max_bytes, redactor_for(request, tokens))
 
 
 def _execute(rep: report.Report, adapter, task: TaskArgs, env: Dict[str, str], log: EventLog) -> None:
@@ -138,8 +110,10 @@ def _execute(rep: report.Report, adapter, task: TaskArgs, env: Dict[str, str], l
     before = diffstat.snapshot(rep.cwd, env)
     streams = _Streams(log, adapter.parser())
     try:
-        rep.exit = process.run_process([program] + argv[1:], rep.cwd, env,
-                                       task.timeout_minutes * 60, streams.on_stdout, streams.on_stderr)
+        rep.exit = process.run_process(
+            [program] + argv[1:], rep.cwd, env, task.timeout_minutes * 60,
+            streams.on_stdout, streams.on_stderr, lambda: streams.parser.outcome().finished,
+        )
     except OSError as exc:
         rep.status, rep.error = "not installed", f"cannot start {program}: {exc.strerror}"
         return
@@ -170,7 +144,7 @@ def _decide(rep: report.Report, task: TaskArgs, streams: _Streams) -> None:
         rep.error = f"stopped after {task.timeout_minutes} min (timeout_minutes)"
     elif out.unknown_session:
         _unknown_session(rep, task.session_id or "")
-    elif out.finished and out.ok and ex.exit_code == 0:
+    elif out.finished and out.ok and (ex.exit_code == 0 or ex.lingered):
         rep.status, rep.error = "completed", None
     elif out.finished:
         rep.status = "failed"

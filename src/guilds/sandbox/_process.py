@@ -9,8 +9,10 @@
   KILL_GRACE_SECONDS later, and ``timed_out`` is set;
 - once the process has exited, what is left in the pipes is read for at most
   DRAIN_SECONDS: a grandchild that keeps a pipe open cannot pin the call;
-- if the awaiting task is cancelled, the group gets SIGKILL before the
-  cancellation goes on;
+- if the awaiting task is cancelled, the group is stopped as on a timeout
+  (SIGTERM first, so a helper can end what it started in sessions of its own),
+  and the cancellation goes on once that is done; cancelled again meanwhile,
+  it goes on at once and the stop finishes in the background;
 - a process killed by signal N reports ``exit_code`` -N, never 0.
 
 ``spawn_detached`` starts a long-lived process (a sandbox's init) that outlives
@@ -37,6 +39,8 @@ STDERR_KEEP_BYTES = 64 * 1024
 """stderr kept (its end): enough for the tail quoted in 'code helper failed'."""
 KILL_GRACE_SECONDS = 2.0
 """SIGTERM to the group, then SIGKILL this much later."""
+GROUP_POLL_SECONDS = 0.02
+"""While stopping a group: how often to look whether it is empty."""
 DRAIN_SECONDS = 0.5
 """After the process exited, how long to keep reading pipes a grandchild holds."""
 _READ = 64 * 1024
@@ -83,12 +87,27 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 async def _stop_group(pgid: int, exited: asyncio.Future) -> None:
+    """SIGTERM to the group; SIGKILL to what is left once it is empty or
+    KILL_GRACE_SECONDS have passed. The group is waited for, not only its
+    leader: under bwrap the leader (nsenter) dies at the SIGTERM while the
+    helper it started is still stopping its command's group."""
     _signal_group(pgid, signal.SIGTERM)
-    if not await _settled(exited, KILL_GRACE_SECONDS):
-        _signal_group(pgid, signal.SIGKILL)
-        await _settled(exited, KILL_GRACE_SECONDS)
-    _signal_group(pgid, signal.SIGKILL)  # what the leader left in its group
+    deadline = time.monotonic() + KILL_GRACE_SECONDS
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        await asyncio.sleep(GROUP_POLL_SECONDS)
+    _signal_group(pgid, signal.SIGKILL)
+    await _settled(exited, KILL_GRACE_SECONDS)
 
 
 async def run_process(
@@ -115,13 +134,40 @@ async def run_process(
         if timed_out:
             await _stop_group(pgid, proto.exited)
         await _settled(proto.closed, DRAIN_SECONDS)
-        stderr = bytes(proto.stderr[-STDERR_KEEP_BYTES:])
-        return ExecResult(transport.get_returncode(), bytes(proto.stdout), stderr, timed_out)
-    except BaseException:
-        _signal_group(pgid, signal.SIGKILL)
+    except BaseException:  # cancelled: stop the group first, unless cancelled again
+        await _unless_cancelled(_in_background(_stop_and_close(transport, pgid, proto.exited)))
         raise
-    finally:
+    transport.close()
+    stderr = bytes(proto.stderr[-STDERR_KEEP_BYTES:])
+    return ExecResult(transport.get_returncode(), bytes(proto.stdout), stderr, timed_out)
+
+
+async def _stop_and_close(transport: asyncio.SubprocessTransport, pgid: int, exited: asyncio.Future) -> None:
+    try:
+        await _stop_group(pgid, exited)
+    finally:  # also when the loop shuts down meanwhile
+        if not exited.done():
+            _signal_group(pgid, signal.SIGKILL)
         transport.close()
+
+
+_BACKGROUND: set[asyncio.Task] = set()
+"""Tasks that finish a cancelled process: held here so they are not collected."""
+
+
+def _in_background(coro) -> asyncio.Task:
+    task = asyncio.ensure_future(coro)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+    return task
+
+
+async def _unless_cancelled(task: asyncio.Task) -> None:
+    """Wait for task; a cancellation meanwhile leaves it running in the background."""
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        pass
 
 
 def succeeds(argv: Sequence[str], *, timeout: float = 10) -> bool:

@@ -95,10 +95,18 @@ class BwrapSandbox:
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float
     ) -> ExecResult:
         pid = await asyncio.to_thread(self._ensure)
+        keep_alive = asyncio.create_task(self._keep_alive())
         try:
             return await run_process(enter_argv(pid, self.home, argv),
                                      env={**self._env, **(env or {})}, cwd="/", timeout=timeout)
         finally:
+            keep_alive.cancel()
+            self._touch()
+
+    async def _keep_alive(self) -> None:
+        """While a call runs, the idle clock stays at zero."""
+        while True:
+            await asyncio.sleep(min(self.idle_seconds / 4, 60))
             self._touch()
 
     async def write_file(self, path: str, data: bytes) -> None:
@@ -118,10 +126,9 @@ class BwrapSandbox:
         """The running sandbox's init pid: found again by agent id, else started."""
         with self._locked():
             record, fingerprint = self._read_record(), self._fingerprint()
-            if record and record["fingerprint"] == fingerprint:
-                if start_time(record["pid"]) == record["start"]:
-                    self._touch()
-                    return record["pid"]
+            if record and record["fingerprint"] == fingerprint and _alive(record):
+                self._touch()
+                return record["pid"]
             if record:
                 _end(record)
             return self._create(fingerprint)
@@ -212,6 +219,10 @@ class BwrapSandbox:
             return " ".join(Path(self._log).read_text(errors="replace").splitlines()[-3:])
         except OSError:
             return "(no log)"
+
+
+def _alive(record: dict) -> bool:
+    return start_time(record["pid"]) == record["start"]
 
 
 def _end(record: dict) -> None:

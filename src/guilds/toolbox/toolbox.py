@@ -150,6 +150,8 @@ class Toolbox:
         ``internal error: <type>`` and raised.
         """
         check_run_id(run_id)
+        if not isinstance(tool, str):
+            raise BadInput(f"tool: must be a string, got {tool!r}")
         started_at, t0 = datetime.now(timezone.utc), time.monotonic()
         call_id = new_call_id()
         budget = self.settings.max_tool_calls

@@ -16,8 +16,9 @@ the views build, the templates only lay out.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
@@ -84,7 +85,7 @@ class WebApp:
         return run
 
     async def _call(self, request: Request) -> CallRecord:
-        call = await self.store.call(request.path_params["run_id"], _int(request.path_params["seq"]))
+        call = await self.store.call(request.path_params["run_id"], request.path_params["seq"])
         if call is None:
             raise HTTPException(404, "no such call")
         return redact_call(call, self.redactor)
@@ -135,7 +136,7 @@ class WebApp:
     async def _stream(self, run_id: str, after: int) -> AsyncIterator[str]:
         yield f"retry: {RETRY_MS}\n\n"
         row = self.env.get_template("_item.html")
-        fetch = lambda seq: queries.flow_after(self.store, run_id, seq)  # noqa: E731
+        fetch = lambda seq: queries.flow_after(self.store, run_id, seq)
         async for call, point in call_updates(fetch, after, page=queries.FLOW_PAGE):
             item = flow_item(redact_call(call, self.redactor))
             yield sse_message("call", row.render(item=item).strip(), point)

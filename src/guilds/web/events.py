@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from ..records import CallRecord
+from .flow import running
 
 POLL_SECONDS = 0.5
 STREAM_MAX_SECONDS = 300.0
@@ -61,7 +62,7 @@ async def call_updates(fetch: Fetch, after: int, *, page: int, poll: float = POL
     while True:
         point, pinned = after, False
         for call in await _past(fetch, after, page):
-            pinned = pinned or call.status != "done"
+            pinned = pinned or running(call)
             point = point if pinned else call.seq
             if sent.get(call.seq) != _signature(call):
                 sent[call.seq] = _signature(call)

@@ -48,7 +48,8 @@ def redact_call(call: CallRecord, redactor: Redactor) -> CallRecord:
     """The record with every string the app could show redacted."""
     if not redactor:
         return call
-    return replace(call, args=redact_meta(redactor, call.args), meta=redact_meta(redactor, call.meta),
+    return replace(call, tool=redactor.redact(call.tool),
+                   args=redact_meta(redactor, call.args), meta=redact_meta(redactor, call.meta),
                    text=None if call.text is None else redactor.redact(call.text),
                    row=None if call.row is None else redactor.redact(call.row))
 
@@ -71,7 +72,7 @@ class FlowItem:
     text: str
     """The row; "Code task" for a code_task block."""
     state: str
-    """running, done or error."""
+    """running, done, error or cancelled."""
     duration: str
     href: str
     task: CodeTaskBlock | None = None
@@ -84,9 +85,15 @@ def row_of(call: CallRecord) -> str:
     return row_text(call.tool, call.args, {}, False)
 
 
+def running(call: CallRecord) -> bool:
+    """No result yet (a call finishes "done", or "cancelled" when stopped midway)."""
+    return call.status == "running"
+
+
 def state_of(call: CallRecord) -> str:
-    if call.status != "done":
-        return "running"
+    """running, done, error, or cancelled."""
+    if running(call) or call.status == "cancelled":
+        return call.status
     return "error" if call.is_error else "done"
 
 
@@ -116,7 +123,7 @@ def resume_after(calls: list[CallRecord], after: int) -> int:
     """The seq a live stream continues after, given the calls past ``after`` in seq order:
     the last one, or just before the first still running (it will change)."""
     for call in calls:
-        if call.status != "done":
+        if running(call):
             return call.seq - 1
         after = call.seq
     return after

@@ -32,8 +32,9 @@ import errno
 import os
 import posixpath
 import stat
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Protocol
+from typing import Protocol
 
 from guilds_code.limits import RUNS_KEPT
 from guilds_code.redact import MIN_SECRET_CHARS, Redactor

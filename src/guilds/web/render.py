@@ -44,7 +44,7 @@ class JsonNode:
     kind: str
     """object, array, string, number, boolean or null."""
     text: str
-    children: tuple["JsonNode", ...] = ()
+    children: tuple[JsonNode, ...] = ()
 
 
 def _kind(value: Any) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 from markupsafe import Markup
 
 from ..records import CallRecord
-from .flow import FlowItem, call_path, flow_item, log_url, text_of
+from .flow import FlowItem, call_path, flow_item, log_url, running, text_of
 from .logs import LOG_HEAD_BYTES, LOG_TAIL_BYTES, LogExcerpt
 from .render import JsonNode, json_tree, markdown_html, parse_json, split_trailer
 
@@ -82,7 +82,7 @@ def result_view(call: CallRecord, fmt: str | None = None) -> ResultView:
         Switch("Markdown" if value is None else "Tree", call_path(call.run_id, call.seq, "result"), shown != RAW),
         Switch("Raw", call_path(call.run_id, call.seq, "result", RAW), shown == RAW),
     )
-    view = ResultView(raw=raw, format=shown, formats=formats, trailer=trailer, running=call.status != "done")
+    view = ResultView(raw=raw, format=shown, formats=formats, trailer=trailer, running=running(call))
     if shown == "tree":
         return replace(view, tree=json_tree(value))
     if shown == "markdown":

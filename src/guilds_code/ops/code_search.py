@@ -53,32 +53,35 @@ from __future__ import annotations
 import heapq
 import os
 import re
-import selectors
-import shutil
-import subprocess
+import select
+import signal
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import limits, paths, protocol, runstate
-from ..shaping import utf8_len
+from ..shaping import clip_line, utf8_len
 from .file_read import LineHead, clip_counted, keep_bytes, make_redactor
 
 EXCLUDED = ("!.git", "!.runs")
 """Globs added after the model's: later globs win, so these always apply."""
 _HEADER = re.compile(rb"([0-9]+)([:-])")
+"""After a path's NUL: the line number and ':' (a match) or '-' (context)."""
 _NOTE = re.compile(rb": (WARNING: |binary file matches)")
 _STATS_MATCHES = re.compile(rb"^([0-9]+) matches$", re.M)
 _STATS_FILES = re.compile(rb"^([0-9]+) files contained matches$", re.M)
 _READ_SIZE = 256 * 1024
 _STATS_MAX = 4096
+_PATTERN_SHOWN_MAX = 200
 
 
 # --- running rg ---------------------------------------------------------------
 def rg_program() -> str:
-    program = shutil.which("rg")
-    if program is None:
-        raise protocol.OpError("code_search: rg (ripgrep) is not installed in the sandbox")
-    return program
+    """rg's absolute path, found on PATH (as shutil.which, without importing shutil)."""
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(folder or ".", "rg")
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return os.path.abspath(candidate)
+    raise protocol.OpError("code_search: rg (ripgrep) is not installed in the sandbox")
 
 
 def rg_argv(program: str, args: Dict[str, Any], root: str) -> List[str]:
@@ -100,37 +103,69 @@ def rg_argv(program: str, args: Dict[str, Any], root: str) -> List[str]:
     return argv + [f"--regexp={args['pattern']}", "--", root]
 
 
-def run_rg(argv: List[str], stdin: int, timeout: float, sink: Callable[[bytes], None]) -> Tuple[int, bytes, bool]:
-    """Run argv, feeding its stdout to sink as it comes; (exit code, stderr start, timed out).
+def _spawn(argv: List[str], stdin: Optional[int]) -> Tuple[int, int, int]:
+    """Start argv (absolute program path) with stdin, and pipes for stdout and stderr.
 
-    Runs in the helper's working directory. Past timeout seconds the process is
-    killed. At most limits.SEARCH_STDERR_MAX_BYTES of stderr are kept.
+    os.posix_spawn rather than subprocess: this runs once per search, and the
+    helper's start-up time counts against rg's. The child inherits only 0, 1
+    and 2 (Python's descriptors are close-on-exec), and the helper's working
+    directory. RIPGREP_CONFIG_PATH is removed from its environment.
     """
     env = {k: v for k, v in os.environ.items() if k != "RIPGREP_CONFIG_PATH"}
-    proc = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if stdin is None else None
+    actions = [
+        (os.POSIX_SPAWN_DUP2, stdin if null is None else null, 0),
+        (os.POSIX_SPAWN_DUP2, out_w, 1),
+        (os.POSIX_SPAWN_DUP2, err_w, 2),
+    ]
+    try:
+        pid = os.posix_spawn(argv[0], argv, env, file_actions=actions)
+    except OSError as exc:
+        os.close(out_r)
+        os.close(err_r)
+        raise protocol.OpError(f"code_search: cannot run {argv[0]}: {exc.strerror}") from None
+    finally:
+        for fd in (out_w, err_w) + ((null,) if null is not None else ()):
+            os.close(fd)
+    return pid, out_r, err_r
+
+
+def run_rg(argv: List[str], stdin: Optional[int], timeout: float, sink: Callable[[bytes], None]) -> Tuple[int, bytes, bool]:
+    """Run argv, feeding its stdout to sink as it comes; (exit code, stderr start, timed out).
+
+    stdin is a descriptor to read from, or None for /dev/null. Runs in the
+    helper's working directory. Past timeout seconds the process is killed
+    (exit code -9). At most limits.SEARCH_STDERR_MAX_BYTES of stderr are kept.
+    """
+    pid, out_r, err_r = _spawn(argv, stdin)
     err = bytearray()
     deadline = time.monotonic() + timeout
-    timed_out = False
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ, sink)
-        selector.register(proc.stderr, selectors.EVENT_READ, None)
-        while selector.get_map() and not timed_out:
+    poller = select.poll()
+    open_fds = {out_r, err_r}
+    for fd in open_fds:
+        poller.register(fd, select.POLLIN)
+    try:
+        while open_fds:
             left = deadline - time.monotonic()
-            timed_out = left <= 0
-            for key, _ in selector.select(max(left, 0)):
-                data = os.read(key.fd, _READ_SIZE)
+            if left <= 0:
+                os.kill(pid, signal.SIGKILL)
+                break
+            for fd, _ in poller.poll(left * 1000):
+                data = os.read(fd, _READ_SIZE)
                 if not data:
-                    selector.unregister(key.fileobj)
-                elif key.data is not None:
-                    key.data(data)
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                elif fd == out_r:
+                    sink(data)
                 else:
                     err += data[: limits.SEARCH_STDERR_MAX_BYTES - len(err)]
-    if timed_out:
-        proc.kill()
-    code = proc.wait()
-    proc.stdout.close()
-    proc.stderr.close()
-    return code, bytes(err), timed_out
+    finally:
+        os.close(out_r)
+        os.close(err_r)
+    status = os.waitpid(pid, 0)[1]
+    return os.waitstatus_to_exitcode(status), bytes(err), bool(open_fds)
 
 
 def rg_error(stderr: bytes) -> str:
@@ -174,10 +209,13 @@ class FileCounts:
 
 
 class Row:
-    """One line of content-mode output: kind ':' match, '-' context, '!' note, '--' group break."""
+    """One line of content-mode output: kind ':' match, '-' context, '!' note, '--' group break.
 
-    def __init__(self, kind: str, path: bytes = b"", number: int = 0):
-        self.kind, self.path, self.number = kind, path, number
+    While its text is read, `line` takes it (a LineHead); then text and chars hold it.
+    """
+
+    def __init__(self, kind: str, path: bytes = b"", number: int = 0, line: Optional[LineHead] = None):
+        self.kind, self.path, self.number, self.line = kind, path, number, line
         self.text, self.chars = "", 0
 
 
@@ -186,71 +224,96 @@ class RgOutput:
 
     A row is 'path NUL number (: or -) text LF', or a note 'path: WARNING: ...'
     about a binary file; '--' lines are skipped (the sink draws its own group
-    breaks); an empty line starts the --stats block, kept in `stats`. For each
-    row, ``sink.begin(row)`` returns a LineHead to take its text, or None to skip
-    it, and ``sink.end(row, line)`` follows; a row's text is never held whole.
+    breaks); an empty line starts the --stats block, kept in `stats`.
+
+    For each row, ``sink.begin(kind, path, number)`` returns a Row whose LineHead
+    takes the text, or None to skip it; ``sink.end(row)`` follows. Complete lines
+    of a chunk are handled in bulk; a row still open at the end of a chunk is
+    streamed into its LineHead, so no row's text is ever held whole.
     """
 
     def __init__(self, sink: Any):
         self.sink = sink
         self.stats = b""
         self._pending = b""
-        self._row: Optional[Row] = None
-        self._line: Optional[LineHead] = None
+        self._carry = b""
+        self._open: Any = False  # a Row or None while a row's text runs past a chunk
 
     def feed(self, data: bytes) -> None:
         data = self._pending + data
+        self._pending = b""
         pos = 0
-        while pos < len(data):
-            if self.stats:
-                self.stats = (self.stats + data[pos:])[:_STATS_MAX]
-                pos = len(data)
-            elif self._row is not None:
-                pos = self._text(data, pos)
-            else:
-                step = self._start(data, pos)
-                if step < 0:
-                    break
-                pos = step
-        self._pending = data[pos:]
-        if len(self._pending) > limits.SEARCH_PATH_MAX_BYTES:
-            self._pending = b""
+        if self._open is not False:
+            pos = self._continue(data)
+            if self._open is not False:
+                return
+        last = data.rfind(b"\n")
+        if last >= pos:
+            self._lines(data[pos:last].split(b"\n"))
+            pos = last + 1
+        if pos < len(data):
+            self._tail(data[pos:])
 
-    def _text(self, data: bytes, pos: int) -> int:
-        nl = data.find(b"\n", pos)
-        end = len(data) if nl < 0 else nl
-        if self._line is not None:
-            self._line.add(data[pos:end])
+    def _continue(self, data: bytes) -> int:
+        """Feed the open row's text up to its newline; the position after it."""
+        nl = data.find(b"\n")
+        if self._open is not None:
+            self._open.line.add(data if nl < 0 else data[:nl])
         if nl < 0:
-            return end
-        self.sink.end(self._row, self._line)
-        self._row = self._line = None
+            return len(data)
+        if self._open is not None:
+            self.sink.end(self._open)
+        self._open = False
         return nl + 1
 
-    def _start(self, data: bytes, pos: int) -> int:
-        """Parse the start of a row at pos; the position after it, or -1 to wait for more."""
-        if data.startswith(b"\n", pos):
-            self.stats = b"\n"
-            return pos + 1
-        if data.startswith(b"-", pos) and len(data) - pos < 3:
-            return -1
-        if data.startswith(b"--\n", pos):
-            return pos + 3
-        nl = data.find(b"\n", pos)
-        z = data.find(b"\0", pos)
-        note = _NOTE.search(data, pos, nl) if nl >= 0 and (z < 0 or nl < z) else None
-        if note is not None:
-            self._begin(Row("!", data[pos : note.start()]))
-            return note.start() + 2
-        header = _HEADER.match(data, z + 1) if z >= 0 else None
-        if header is None or header.end() == len(data):
-            return -1
-        self._begin(Row(header.group(2).decode(), data[pos:z], int(header.group(1))))
-        return header.end()
+    def _lines(self, lines: List[bytes]) -> None:
+        begin, end = self.sink.begin, self.sink.end
+        for line in lines:
+            if self.stats:
+                self.stats = (self.stats + line + b"\n")[:_STATS_MAX]
+                continue
+            if self._carry:
+                line, self._carry = self._carry + b"\n" + line, b""
+            elif not line:
+                self.stats = b"\n"
+                continue
+            z = line.find(b"\0")
+            header = _HEADER.match(line, z + 1) if z > 0 else None
+            if header is None:
+                self._other(line)
+                continue
+            number, kind = header.groups()
+            row = begin(kind, line[:z], int(number))
+            if row is not None:
+                row.line.add(line[header.end() :])
+                end(row)
 
-    def _begin(self, row: Row) -> None:
-        self._row = row
-        self._line = self.sink.begin(row)
+    def _other(self, line: bytes) -> None:
+        """A line that is not a row: a note, a '--', or the start of a path holding a newline."""
+        note = _NOTE.search(line)
+        if note is not None:
+            row = self.sink.begin(b"!", line[: note.start()], 0)
+            if row is not None:
+                row.line.add(line[note.start() + 2 :])
+                self.sink.end(row)
+        elif line != b"--" and len(line) < limits.SEARCH_PATH_MAX_BYTES:
+            self._carry = line
+
+    def _tail(self, tail: bytes) -> None:
+        """The last, unfinished line of a chunk: kept for the next, or opened as a row."""
+        if self.stats:
+            self.stats = (self.stats + tail)[:_STATS_MAX]
+            return
+        z = tail.find(b"\0")
+        header = _HEADER.match(tail, z + 1) if z > 0 else None
+        if header is None or header.end() == len(tail):
+            if len(tail) < limits.SEARCH_PATH_MAX_BYTES:
+                self._pending = tail
+            return
+        number, kind = header.groups()
+        self._open = self.sink.begin(kind, (self._carry + b"\n" if self._carry else b"") + tail[:z], int(number))
+        self._carry = b""
+        self._continue(tail[header.end() :])
 
 
 class ContentLines:
@@ -282,19 +345,21 @@ class ContentLines:
     def feed(self, data: bytes) -> None:
         self.output.feed(data)
 
-    def begin(self, row: Row) -> Optional[LineHead]:
+    def begin(self, kind: bytes, path: bytes, number: int) -> Optional[Row]:
         self.entries += 1
-        if row.path != self._path:
+        if path != self._path:
             self._close_group()
-            self._open_group(row.path)
-        if row.kind == ":":
-            self._count_match(row.path)
-        return LineHead(self._keep, self._redactor) if self._rows is not None else None
+            self._open_group(path)
+        if kind == b":":
+            self._count_match(path)
+        if self._rows is None:
+            return None
+        return Row(kind.decode(), path, number, LineHead(self._keep, self._redactor))
 
-    def end(self, row: Row, line: Optional[LineHead]) -> None:
-        if line is not None and self._rows is not None:
-            row.text, row.chars = line.text(strip_cr=True)
-            self._rows.append(row)
+    def end(self, row: Row) -> None:
+        row.text, row.chars = row.line.text(strip_cr=True)
+        row.line = None
+        self._rows.append(row)
 
     def _count_match(self, path: bytes) -> None:
         self.match_lines += 1
@@ -444,7 +509,7 @@ def _search(target: paths.Resolved, given: str, args: Dict[str, Any], sink: Any)
     timeout = limits.SEARCH_TIMEOUT_SECONDS
     if target.kind == "directory":
         os.fchdir(target.fd)
-        return run_rg(rg_argv(program, args, "."), subprocess.DEVNULL, timeout, sink.feed)
+        return run_rg(rg_argv(program, args, "."), None, timeout, sink.feed)
     fd = target.open_regular(given)
     try:
         return run_rg(rg_argv(program, args, "-"), fd, timeout, sink.feed)
@@ -452,13 +517,36 @@ def _search(target: paths.Resolved, given: str, args: Dict[str, Any], sink: Any)
         os.close(fd)
 
 
+def _totals(sink: Any, matches: int, files: int) -> str:
+    line = totals_line(matches, files)
+    if getattr(sink, "capped", False):
+        line += f" (counting at most {limits.SEARCH_MATCHES_PER_FILE} matching lines per file)"
+    return line
+
+
+def _text(args: Dict[str, Any], sink: Any, root: str, is_file: bool, tail: List[str], cap: int) -> str:
+    """The result text for what rg found under root (see the module docstring)."""
+    matches, files = sink.totals()
+    if not files:
+        pattern = clip_line(args["pattern"], _PATTERN_SHOWN_MAX)
+        return "\n".join([f"no matches for '{pattern}' in {root}"] + tail)
+    name = _namer(root, is_file)
+    if isinstance(sink, FileCounts):
+        body, hidden, more = _files_body(sink, _maximum(args), name)
+    else:
+        body, hidden, more = _content_body(sink, name)
+    return compose(body, hidden, more, [_totals(sink, matches, files)] + tail, cap)
+
+
 def run(request: protocol.Request) -> protocol.Reply:
     """Search args.pattern under args.path (see the module docstring)."""
     args = request.args
     given = args["path"] if args["path"] is not None else "."
     cwd = runstate.current_cwd(request)
-    files_mode = args["mode"] == "files"
-    sink: Any = FileCounts() if files_mode else ContentLines(_maximum(args), args["context"], make_redactor(request))
+    if args["mode"] == "files":
+        sink: Any = FileCounts()
+    else:
+        sink = ContentLines(_maximum(args), args["context"], make_redactor(request))
     with paths.resolve(request.home, cwd, given) as target:
         code, err, timed_out = _search(target, given, args, sink)
         is_file, path = target.kind != "directory", target.path
@@ -467,16 +555,5 @@ def run(request: protocol.Request) -> protocol.Reply:
         raise protocol.OpError(rg_error(err))
     root = paths.display(path, request.home, paths.physical_cwd(request.home, cwd))
     tail = [f"[timed out after {limits.SEARCH_TIMEOUT_SECONDS}s; the search was stopped]"] if timed_out else []
-    meta = {"matches": matches, "files": files}
-    if not files:
-        return protocol.Reply("\n".join([f"no matches for '{args['pattern']}' in {root}"] + tail), meta)
-    name = _namer(root, is_file)
-    if files_mode:
-        body, hidden, more = _files_body(sink, _maximum(args), name)
-        totals = totals_line(matches, files)
-    else:
-        body, hidden, more = _content_body(sink, name)
-        totals = totals_line(matches, files)
-        if sink.capped:
-            totals += f" (counting at most {limits.SEARCH_MATCHES_PER_FILE} matching lines per file)"
-    return protocol.Reply(compose(body, hidden, more, [totals] + tail, request.max_bytes), meta)
+    text = _text(args, sink, root, is_file, tail, request.max_bytes)
+    return protocol.Reply(text, {"matches": matches, "files": files})

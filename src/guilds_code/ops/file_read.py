@@ -42,11 +42,8 @@ shown), content_hash, lines (n); repeat_of on a pointer.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
-import queue
-import threading
 from typing import Any, Dict, List, Optional
 
 from .. import limits, paths, protocol, redact, runstate
@@ -190,9 +187,15 @@ class _Hasher:
     """
 
     def __init__(self, buffers: int = 3):
+        # Imported here: code_search imports this module for LineHead, and each
+        # module a search imports counts against rg's time.
+        import hashlib
+        import queue
+        import threading
+
         self._sha = hashlib.sha256()
-        self._free: "queue.Queue[bytearray]" = queue.Queue()
-        self._todo: "queue.Queue[Any]" = queue.Queue()
+        self._free: Any = queue.Queue()
+        self._todo: Any = queue.Queue()
         for _ in range(buffers):
             self._free.put(bytearray(limits.READ_FILE_CHUNK))
         self._thread = threading.Thread(target=self._work, daemon=True)

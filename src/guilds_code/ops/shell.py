@@ -15,6 +15,10 @@ Contract (code-tools.md "shell", contract.md):
   SHELL_DRAIN_SECONDS more, so a grandchild holding it cannot pin the call.
 - Every raw byte goes to <run dir>/<call id>.log as it arrives; memory holds a
   bounded picture (shaping.Capture). The log is kept only when output was elided.
+- A command longer than COMMAND_ARGV_MAX bytes is written to <call id>.sh in
+  the run folder and sourced (`. FILE`): one argv string holds 128 KiB at most.
+- A helper told to stop (SIGTERM, SIGHUP, SIGINT) mid-command ends the command's
+  group first: its own session would otherwise outlive the helper.
 """
 
 from __future__ import annotations
@@ -231,32 +235,53 @@ def execute(proc: subprocess.Popen, timeout: float, sink: Callable[[bytes], None
     """Pump proc's output into sink until it is done; enforce the timeout.
 
     Done: bash has exited and the pipe is at EOF or drained for
-    SHELL_DRAIN_SECONDS; after a timeout also the group is empty or killed.
+    SHELL_DRAIN_SECONDS; after a SIGTERM also the group is empty or killed.
+    A SIGTERM, SIGHUP or SIGINT to the helper meanwhile ends the command's
+    group (CANCEL_KILL_GRACE_SECONDS), which its own session would otherwise
+    keep alive.
     """
     loop = _Loop(proc, timeout, sink)
     try:
         loop.run()
     finally:
         loop.close()
-    if loop.term_at is not None:
+    if loop.timed_out:
         return Outcome(limits.TIMEOUT_EXIT_CODE, True)
     return Outcome(exit_status(proc.returncode), False)
 
 
+CANCEL_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
 class _Loop:
+    """One command's clocks: the timeout, the SIGKILL after SIGTERM, the drain."""
+
     def __init__(self, proc: subprocess.Popen, timeout: float, sink: Callable[[bytes], None]):
         self.proc = proc
         self.sink = sink
         self.deadline = time.monotonic() + timeout
-        self.term_at: Optional[float] = None
-        self.killed = False
+        self.timed_out = self.cancelled = self.killed = False
+        self.kill_at: Optional[float] = None
         self.exited_at: Optional[float] = None
-        self.out_fd: Optional[int] = proc.stdout.fileno()
         self.poller = select.poll()
-        self.poller.register(self.out_fd, select.POLLIN)
-        self.pidfd = _pidfd(proc.pid)
-        if self.pidfd is not None:
-            self.poller.register(self.pidfd, select.POLLIN)
+        self.out_fd: Optional[int] = self._watch(proc.stdout.fileno())
+        self.pidfd = self._watch(_pidfd(proc.pid))
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        self._watch(self.wake_r)
+        self.saved = {sig: signal.signal(sig, self._on_signal) for sig in CANCEL_SIGNALS}
+
+    def _watch(self, fd: Optional[int]) -> Optional[int]:
+        if fd is not None:
+            self.poller.register(fd, select.POLLIN)
+        return fd
+
+    def _on_signal(self, signum, frame) -> None:
+        self.cancelled = True
+        try:
+            os.write(self.wake_w, b"x")
+        except OSError:
+            pass
 
     def run(self) -> None:
         while True:
@@ -271,53 +296,66 @@ class _Loop:
     def _step_clock(self, now: float) -> None:
         if self.exited_at is None and self.proc.poll() is not None:
             self.exited_at = now
-        if self.term_at is None and self.exited_at is None and now >= self.deadline:
-            self.term_at = now
-            signal_group(self.proc.pid, signal.SIGTERM)
-        if self.term_at is not None and not self.killed and now >= self.term_at + limits.SHELL_KILL_GRACE_SECONDS:
+        if self.exited_at is None and not self.timed_out and now >= self.deadline:
+            self.timed_out = True
+            self._terminate(now, limits.SHELL_KILL_GRACE_SECONDS)
+        if self.exited_at is None and self.cancelled:
+            self._terminate(now, limits.CANCEL_KILL_GRACE_SECONDS)
+        if self.kill_at is not None and not self.killed and now >= self.kill_at:
             self.killed = True
             signal_group(self.proc.pid, signal.SIGKILL)
+
+    def _terminate(self, now: float, grace: float) -> None:
+        if self.kill_at is None:
+            signal_group(self.proc.pid, signal.SIGTERM)
+            self.kill_at = now + grace
+        self.kill_at = min(self.kill_at, now + grace)
 
     def _done(self, now: float) -> bool:
         if self.exited_at is None:
             return False
         drained = self.out_fd is None or now >= self.exited_at + limits.SHELL_DRAIN_SECONDS
-        if self.term_at is None or self.killed:
+        if self.kill_at is None or self.killed:
             return drained
         return drained and not group_alive(self.proc.pid)
 
     def _next_event(self, now: float) -> float:
         times = [now + 1.0]
         if self.exited_at is None:
-            if self.term_at is None:
+            if self.kill_at is None:
                 times.append(self.deadline)
             if self.pidfd is None:
                 times.append(now + _TICK)
         elif self.out_fd is not None:
             times.append(self.exited_at + limits.SHELL_DRAIN_SECONDS)
-        if self.term_at is not None and not self.killed:
-            times.append(self.term_at + limits.SHELL_KILL_GRACE_SECONDS)
+        if self.kill_at is not None and not self.killed:
+            times.append(self.kill_at)
             if self.exited_at is not None:
                 times.append(now + _TICK)
         return min(times)
 
     def _on_ready(self, fd: int) -> None:
-        if fd == self.pidfd:
+        if fd == self.wake_r:
+            os.read(fd, 64)
+        elif fd == self.pidfd:
             self.poller.unregister(fd)
             os.close(fd)
             self.pidfd = None
             self.proc.poll()
-            return
-        data = os.read(fd, limits.READ_CHUNK)
-        if data:
-            self.sink(data)
         else:
-            self.poller.unregister(fd)
-            self.out_fd = None
+            data = os.read(fd, limits.READ_CHUNK)
+            if data:
+                self.sink(data)
+            else:
+                self.poller.unregister(fd)
+                self.out_fd = None
 
     def close(self) -> None:
-        if self.pidfd is not None:
-            os.close(self.pidfd)
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+        for fd in (self.pidfd, self.wake_r, self.wake_w):
+            if fd is not None:
+                os.close(fd)
         self.proc.stdout.close()
         if self.proc.returncode is None:
             signal_group(self.proc.pid, signal.SIGKILL)

@@ -1,0 +1,160 @@
+"""What the container backends (docker, kubernetes) share, as pure functions.
+
+Inside every agent container:
+
+- the container's main process is INIT: it lives while a call is running or
+  the idle STAMP is younger than the idle time, then exits (the idle stop);
+  the container's init (docker's ``--init``, the pod's shared pid namespace)
+  reaps orphans meanwhile;
+- each call runs as ``exec_argv(argv, timeout, token)``: ``sh`` refreshes the
+  idle STAMP, then ``timeout`` runs argv in a process group of its own, sends
+  that group SIGTERM at ``timeout`` seconds and SIGKILL KILL_GRACE_SECONDS
+  later. The call's environment carries ``EXEC_ENV=token``, so
+  ``kill_argv(token)`` finds every process of the call, setsid escapees too;
+- files reach the container as a tar archive (``tar_bytes``): the helpers
+  (``helper_files``) and repos.json (``repos_json``) when it is created.
+
+The container SDKs block: ``blocking`` runs their calls in a thread of a pool
+of POOL_THREADS, so that many agents' calls proceed at once.
+
+``exec_status`` turns the exec's raw exit status into the Sandbox contract's:
+a process killed by signal N exits 128+N inside a container and is reported
+-N (so is a command that *exits* 129..192: the exec API cannot tell them apart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import io
+import json
+import posixpath
+import signal
+import tarfile
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
+
+from guilds_code import limits
+
+from ..helpers import HELPER_PACKAGES, build_bytes
+from ..settings import AgentSettings
+from ._process import KILL_GRACE_SECONDS
+
+STATE_INSIDE = limits.DEFAULT_STATE_DIR
+HELPER_DIR = "/usr/local/bin"
+STAMP = f"{STATE_INSIDE}/.active"
+"""Its mtime is the idle clock: refreshed by every call."""
+EXEC_ENV = "GUILDS_EXEC_ID"
+POOL_THREADS = 64
+"""Container calls in flight at once across all sandboxes of this process."""
+TIMEOUT_EXIT = 124
+"""coreutils ``timeout``'s status when it stopped the command with SIGTERM."""
+INIT = (
+    "import os,sys,time\n"
+    "stamp,idle=sys.argv[1],float(sys.argv[2])\n"
+    "def busy():\n"
+    " skip=(1,os.getpid())\n"
+    " for p in os.listdir('/proc'):\n"
+    "  if p.isdigit() and int(p) not in skip:\n"
+    "   try:\n"
+    "    with open('/proc/'+p+'/stat','rb') as f:\n"
+    "     if f.read().rsplit(b')',1)[1].split()[1]==b'0':return True\n"
+    "   except (OSError,IndexError):pass\n"
+    " return False\n"
+    "def age():\n"
+    " try:return time.time()-os.stat(stamp).st_mtime\n"
+    " except OSError:return 0\n"
+    "os.makedirs(os.path.dirname(stamp),0o700,exist_ok=True)\n"
+    "open(stamp,'a').close()\n"
+    "os.utime(stamp)\n"
+    "while busy() or age()<idle:\n"
+    " time.sleep(min(idle/4,30))\n"
+)
+"""The container's main process. A call is a process whose parent is outside
+the container (ppid 0: an exec), so a call longer than the idle time is never
+cut; orphans and background commands have a parent inside and do not count."""
+_KILL = (
+    'for d in /proc/[0-9]*; do '
+    'if grep -qxzF -- "$0" "$d/environ" 2>/dev/null; then '
+    'kill -KILL -- "-${d#/proc/}" "${d#/proc/}" 2>/dev/null; fi; done; true'
+)
+
+
+def seconds(value: float) -> str:
+    """A duration as coreutils reads it: plain decimal, at most millisecond precision."""
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
+def init_argv(python: str, idle_seconds: float) -> list[str]:
+    """The container's command: INIT with the stamp and the idle time."""
+    return [python, "-I", "-S", "-c", INIT, STAMP, seconds(idle_seconds)]
+
+
+def exec_argv(argv: Sequence[str], timeout: float) -> list[str]:
+    """argv wrapped for one call: refresh the idle stamp, then run under ``timeout``."""
+    script = (f'true 2>/dev/null >{STAMP}; '
+              f'exec timeout -k {seconds(KILL_GRACE_SECONDS)} {seconds(timeout)} "$@"')
+    return ["/bin/sh", "-c", script, "sh", *argv]
+
+
+def kill_argv(token: str) -> list[str]:
+    """SIGKILL every process (and its group) whose environment holds EXEC_ENV=token."""
+    return ["/bin/sh", "-c", _KILL, f"{EXEC_ENV}={token}"]
+
+
+def exec_status(raw: int | None, *, elapsed: float, timeout: float) -> tuple[int | None, bool]:
+    """(exit_code, timed_out) from the exec's raw status and how long it took."""
+    if raw is None:
+        return None, False
+    code = -(raw - 128) if 128 < raw <= 128 + 64 else raw
+    timed_out = elapsed >= timeout and code in (TIMEOUT_EXIT, -signal.SIGKILL)
+    return (-signal.SIGTERM if code == TIMEOUT_EXIT and timed_out else code), timed_out
+
+
+def tar_bytes(files: Sequence[tuple[str, bytes, int]], *, mtime: int) -> bytes:
+    """A tar of (name relative to /, data, mode) files, root-owned; no folder entries
+    (missing folders are made by the extracting side)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data, mode in files:
+            info = tarfile.TarInfo(name.lstrip("/"))
+            info.size, info.mode, info.mtime = len(data), mode, mtime
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def fingerprint(spec: Any) -> str:
+    """A short hash of a JSON-able spec: a running container is still right while it matches."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def repos_file(agent_id: str) -> str:
+    """repos.json as the sandbox sees it."""
+    return f"{STATE_INSIDE}/{agent_id}/repos.json"
+
+
+def repos_json(settings: AgentSettings, home: str) -> bytes:
+    """repos.json: each repository's folder inside -> its token (tokenless ones left out)."""
+    tokens = {posixpath.join(home, r.path): r.token for r in settings.repos if r.token}
+    return json.dumps(tokens, indent=1, sort_keys=True).encode()
+
+
+@functools.cache
+def helper_files() -> tuple[tuple[str, bytes], ...]:
+    """(name, zipapp bytes) of each helper, built once per process."""
+    return tuple((name, build_bytes(pkg)) for name, pkg in sorted(HELPER_PACKAGES.items()))
+
+
+def helpers_digest() -> str:
+    return hashlib.sha256(b"".join(n.encode() + d for n, d in helper_files())).hexdigest()[:16]
+
+
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="guilds-container")
+
+
+async def blocking(fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) in the container pool's thread; awaiting it can be cancelled (fn runs on)."""
+    return await asyncio.get_running_loop().run_in_executor(_pool(), fn, *args)

@@ -1,0 +1,303 @@
+"""The ``docker`` backend: one container per agent, through the Docker SDK for Python.
+
+What the container holds: ``docker_spec``. The engine is the one DOCKER_HOST
+names (read when the first call needs it), else the local socket.
+
+Lifecycle:
+
+- found again by name (``guilds-<agent id>``): a running container whose
+  fingerprint label matches the spec (and the helpers' build) is used as it is;
+  one with another fingerprint is replaced;
+- created on first use: ``containers.create`` + ``start``, then the helpers
+  (0755, /usr/local/bin) and repos.json (0600) go in with one ``put_archive``;
+- a container found ended by its idle stop is replaced silently; one found
+  killed (SIGKILL, out of memory, ``docker stop``) fails that call with
+  SandboxError saying so, and is removed: the next call starts a new one. The
+  home (a host folder) and the state volume survive, so nothing is lost and
+  background commands of the old container show ``ended``;
+- exec: ``exec_create`` with the agent's environment (never argv), ``exec_start``
+  as a raw socket read frame by frame (stdout head, stderr tail), then
+  ``exec_inspect`` for the exit code. The timeout is enforced inside the
+  container (``_container.exec_argv``); an exec cancelled, or silent past its
+  timeout plus DEADLINE_SLACK_SECONDS, has its processes killed by a second exec;
+- stop: the container is removed (its processes die), the volume is kept.
+
+The SDK blocks: each step runs in a thread (``_container.blocking``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import select
+import threading
+import time
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import docker
+import requests
+
+from ..errors import SandboxError
+from ..helpers import HELPER_PACKAGES
+from ..settings import AgentSettings
+from . import docker_spec as spec
+from ._agent import DEFAULT_PATH, agent_env, checked_id, locate
+from ._container import (
+    EXEC_ENV, HELPER_DIR, POOL_THREADS, STATE_INSIDE, blocking, exec_status, fingerprint, helper_files,
+    helpers_digest, kill_argv, repos_file, repos_json, tar_bytes,
+)
+from ._process import DRAIN_SECONDS, KILL_GRACE_SECONDS, STDERR_KEEP_BYTES, STDOUT_MAX_BYTES
+from .base import ExecResult
+
+DEADLINE_SLACK_SECONDS = 5.0
+"""How long past timeout + grace an exec may stay silent before it is killed from outside."""
+CLIENT_TIMEOUT_SECONDS = 60
+_READ = 64 * 1024
+
+
+class DockerSandbox:
+    name = "docker"
+    state_dir = STATE_INSIDE
+    python = spec.PYTHON
+
+    def __init__(self, settings: AgentSettings, *, idle_seconds: float | None = None,
+                 base_url: str | None = None):
+        """idle_seconds: the idle stop (default docker.idle_minutes); base_url: the engine
+        (default: DOCKER_HOST, else the local socket)."""
+        self.settings, self.config = settings, settings.docker
+        self.home = str(settings.home)
+        self.agent_id = checked_id(settings)
+        self.container = spec.container_name(self.agent_id)
+        self.idle_seconds = idle_seconds or self.config.idle_minutes * 60
+        self._env = agent_env(settings, home=self.home, state_dir=STATE_INSIDE, path=DEFAULT_PATH)
+        self._base_url = base_url
+        self._client: docker.DockerClient | None = None
+        self._cid: str | None = None
+        self._lock = threading.Lock()
+
+    def helper_path(self, name: str) -> str:
+        if name not in HELPER_PACKAGES:
+            raise SandboxError(f"no helper named {name}")
+        return f"{HELPER_DIR}/{name}"
+
+    async def start(self) -> None:
+        await blocking(self._start)
+
+    async def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                   timeout: float) -> ExecResult:
+        token = secrets.token_hex(8)
+        full_env = {**self._env, **(env or {}), EXEC_ENV: token}
+        try:
+            return await blocking(self._exec, list(argv), full_env, timeout, token)
+        except asyncio.CancelledError:
+            await asyncio.shield(blocking(self._kill, token))
+            raise
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        root, rel = locate(path, {STATE_INSIDE: STATE_INSIDE, self.home: self.home})
+        await blocking(self._put, [(f"{root}/{rel}", data, 0o600)], f"write_file {path}")
+
+    async def stop(self) -> None:
+        await blocking(self._stop)
+
+    # --- blocking steps (run in the pool) -------------------------------------
+    def _start(self) -> None:
+        if not self._ensure_created():
+            self._put([(repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600)],
+                      "write repos.json")
+
+    def _exec(self, argv: list[str], env: dict[str, str], timeout: float, token: str) -> ExecResult:
+        exec_id = self._exec_create(argv, env, timeout)
+        began = time.monotonic()
+        with self._engine("exec"):
+            sock = self.client.api.exec_start(exec_id, socket=True)
+        try:
+            out, err, complete = _read_frames(
+                sock, began + timeout + KILL_GRACE_SECONDS + DEADLINE_SLACK_SECONDS,
+                lambda: not self._inspect_exec(exec_id).get("Running"))
+        finally:
+            _close(sock)
+        raw = self._exit_code(exec_id) if complete else None
+        code, timed_out = exec_status(raw, elapsed=time.monotonic() - began, timeout=timeout)
+        if not complete or timed_out:
+            self._kill(token)  # what escaped the process group (setsid) goes too
+        if raw is None and complete or (code is not None and code < 0 and not timed_out):
+            self._check_running()
+        return ExecResult(code, out, err, timed_out or not complete)
+
+    def _exec_create(self, argv: list[str], env: dict[str, str], timeout: float) -> str:
+        """Create the exec in the agent's container; once more after finding it ended."""
+        for attempt in (1, 2):
+            cid = self._ensure()
+            kwargs = spec.exec_spec(cid, argv, env=env, home=self.home, timeout=timeout)
+            try:
+                return self.client.api.exec_create(**kwargs)["Id"]
+            except docker.errors.APIError as exc:
+                if attempt == 2 or exc.status_code not in (404, 409):
+                    raise SandboxError(spec.api_error_text("exec", exc.status_code,
+                                                           str(exc.explanation))) from exc
+                self._cid = None  # gone or not running: _ensure finds out which
+        raise AssertionError("unreachable")
+
+    def _exit_code(self, exec_id: str) -> int | None:
+        for _ in range(50):  # the stream can end a moment before the exit is recorded
+            info = self._inspect_exec(exec_id)
+            if not info.get("Running"):
+                return info.get("ExitCode")
+            time.sleep(0.01)
+        return None
+
+    def _inspect_exec(self, exec_id: str) -> dict[str, Any]:
+        with self._engine("exec"):
+            return self.client.api.exec_inspect(exec_id)
+
+    def _check_running(self) -> None:
+        """After a call that ended by a signal: was it the whole container?"""
+        with self._engine("inspect"):
+            state = self.client.api.inspect_container(self.container)["State"]
+        if not state.get("Running"):
+            self._cid = None
+            raise SandboxError(spec.ended_text(self.container, state, self.config))
+
+    def _kill(self, token: str) -> None:
+        with contextlib.suppress(SandboxError, docker.errors.APIError):
+            cid = self._cid or self.container
+            exec_id = self.client.api.exec_create(cid, kill_argv(token))["Id"]
+            self.client.api.exec_start(exec_id)
+
+    def _put(self, files: list[tuple[str, bytes, int]], what: str) -> None:
+        archive = tar_bytes(files, mtime=int(time.time()))
+        with self._engine(what):
+            if not self.client.api.put_archive(self._ensure(), "/", archive):
+                raise SandboxError(f"docker: {what}: the engine refused the archive")
+
+    def _stop(self) -> None:
+        with self._lock, self._engine("stop"):
+            self._cid = None
+            with contextlib.suppress(docker.errors.NotFound):
+                self.client.api.remove_container(self.container, force=True)
+            self._client, client = None, self._client
+            client.close()  # its pooled connections; a later call connects again
+
+    # --- finding and creating the container -----------------------------------
+    def _ensure(self) -> str:
+        if self._cid is None:
+            self._ensure_created()
+        assert self._cid is not None
+        return self._cid
+
+    def _ensure_created(self) -> bool:
+        """Find the running container or make it; True when it was made now."""
+        with self._lock:
+            kwargs = self._spec()
+            found = self._find()
+            if found and found["State"].get("Running") and _labels(found) == kwargs["labels"]:
+                self._cid = found["Id"]
+                return False
+            if found:
+                with self._engine("remove"):
+                    self.client.api.remove_container(found["Id"], force=True)
+                if not found["State"].get("Running") and not spec.idle_stopped(found["State"]):
+                    raise SandboxError(spec.ended_text(self.container, found["State"], self.config))
+            self._cid = self._create(kwargs)
+            return True
+
+    def _spec(self) -> dict[str, Any]:
+        base_env = {k: v for k, v in self._env.items() if k not in self.settings.secrets}
+        kwargs = spec.container_spec(self.config, agent_id=self.agent_id, home=self.home,
+                                     network=self.settings.network,
+                                     idle_seconds=self.idle_seconds, base_env=base_env)
+        stamp = fingerprint([kwargs, helpers_digest()])
+        kwargs["labels"][spec.LABEL_FINGERPRINT] = stamp
+        return kwargs
+
+    def _find(self) -> dict[str, Any] | None:
+        with self._engine("inspect"):
+            try:
+                return self.client.api.inspect_container(self.container)
+            except docker.errors.NotFound:
+                return None
+
+    def _create(self, kwargs: dict[str, Any]) -> str:
+        os.makedirs(self.home, exist_ok=True)
+        with self._engine("create the container"):
+            try:
+                container = self.client.containers.create(**kwargs)
+            except docker.errors.ImageNotFound:
+                raise SandboxError(
+                    f"docker: image {self.config.image!r} not found: build it with "
+                    "`guilds sandbox image` (or pull it), or set docker.image") from None
+            container.start()
+            files = [(f"{HELPER_DIR}/{n}", data, 0o755) for n, data in helper_files()]
+            files.append((repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600))
+            self.client.api.put_archive(container.id, "/", tar_bytes(files, mtime=int(time.time())))
+        return container.id
+
+    # --- the engine -------------------------------------------------------------
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            with self._engine("connect"):
+                kw = {"timeout": CLIENT_TIMEOUT_SECONDS, "max_pool_size": POOL_THREADS}
+                self._client = (docker.DockerClient(base_url=self._base_url, **kw)
+                                if self._base_url else docker.from_env(**kw))
+        return self._client
+
+    @contextlib.contextmanager
+    def _engine(self, what: str) -> Iterator[None]:
+        """Map the SDK's errors to SandboxError, in this one place."""
+        try:
+            yield
+        except docker.errors.APIError as exc:
+            raise SandboxError(spec.api_error_text(what, exc.status_code,
+                                                   str(exc.explanation or exc))) from exc
+        except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
+            where = self._base_url or os.environ.get("DOCKER_HOST") or "the local socket"
+            raise SandboxError(f"docker: {what}: the engine is not reachable at {where} "
+                               f"({exc}); start it or set DOCKER_HOST") from exc
+
+
+def _close(sock: Any) -> None:
+    """Close the exec's socket and the connection under it (SocketIO leaves that open)."""
+    sock.close()
+    inner = getattr(sock, "_sock", None)
+    if inner is not None:
+        inner.close()
+
+
+def _labels(inspected: Mapping[str, Any]) -> dict[str, str]:
+    labels = (inspected.get("Config") or {}).get("Labels") or {}
+    return {k: v for k, v in labels.items() if k in (spec.LABEL_AGENT, spec.LABEL_FINGERPRINT)}
+
+
+def _read_frames(sock: Any, deadline: float, exited: Callable[[], bool]
+                 ) -> tuple[bytes, bytes, bool]:
+    """Read the exec's stream until EOF or the deadline: (stdout head, stderr tail, complete).
+
+    After each second without output, ``exited()`` is asked: once the process
+    has exited, what is left is read for DRAIN_SECONDS, so a process it left
+    behind holding the stream cannot pin the call.
+    """
+    raw = getattr(sock, "_sock", sock)
+    buf, out, err = b"", bytearray(), bytearray()
+    while (left := deadline - time.monotonic()) > 0:
+        pending = getattr(raw, "pending", lambda: 0)()
+        if not pending and not select.select([raw], [], [], min(left, 1.0))[0]:
+            if exited():
+                deadline = min(deadline, time.monotonic() + DRAIN_SECONDS)
+            continue
+        chunk = docker.utils.socket.read(sock, _READ)
+        if not chunk:
+            break
+        frames, buf = spec.split_frames(buf + chunk)
+        for stream, payload in frames:
+            if stream == spec.STDOUT:
+                out += payload[: STDOUT_MAX_BYTES - len(out)]
+            else:
+                err += payload
+                del err[:-STDERR_KEEP_BYTES]
+    else:
+        return bytes(out), bytes(err), exited()
+    return bytes(out), bytes(err), True

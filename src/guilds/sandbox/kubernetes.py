@@ -1,0 +1,297 @@
+"""The ``kubernetes`` backend: one pod per agent, through the official Kubernetes client.
+
+What the cluster holds per agent: ``kube_spec``. The cluster is the one the
+kubeconfig names (KUBECONFIG, else ~/.kube/config), else the one this process
+runs in (its service account), read when the first call needs it.
+
+Lifecycle:
+
+- found again by name: a running pod whose fingerprint annotation matches is
+  used as it is; one with another fingerprint is deleted and made anew;
+- created on first use: the network policy (once per namespace), the claim
+  (if missing), the Secret (always replaced: the secrets may have changed),
+  then the pod; once it runs, the helpers and repos.json go in as a tar over exec;
+- a pod found ended by its idle stop is replaced silently; one found killed,
+  out of memory or evicted fails that call with SandboxError saying so and is
+  deleted, the next call makes a new one. The claim keeps the home and the
+  state root, so background commands of the old pod show ``ended``;
+- exec: pods/exec over its websocket, the call wrapped as in docker
+  (``_container.exec_argv``: timeout inside, processes found again by token);
+- stop: the pod is deleted; the claim and the Secret are kept.
+
+For fleets of agents see docs/sandboxes.md (kubernetes-sigs/agent-sandbox).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import threading
+import time
+from typing import Any, Iterator, Mapping, Sequence
+
+from ..errors import SandboxError
+from ..helpers import HELPER_PACKAGES
+from ..settings import AgentSettings
+from . import kube_spec as spec
+from ._agent import DEFAULT_PATH, agent_env, checked_id, locate
+from ._container import (
+    EXEC_ENV, HELPER_DIR, STATE_INSIDE, blocking, exec_argv, exec_status, fingerprint, helper_files,
+    helpers_digest, kill_argv, repos_file, repos_json, tar_bytes,
+)
+from ._process import KILL_GRACE_SECONDS, STDERR_KEEP_BYTES, STDOUT_MAX_BYTES
+from .base import ExecResult
+
+START_SECONDS = 180
+"""How long a new pod may take to run (scheduling, pulling the image, the claim)."""
+DEADLINE_SLACK_SECONDS = 10.0
+WRITE_SECONDS = 60
+
+
+class KubernetesSandbox:
+    name = "kubernetes"
+    state_dir = STATE_INSIDE
+    python = spec.PYTHON
+
+    def __init__(self, settings: AgentSettings, *, idle_seconds: float | None = None,
+                 api_client: Any = None):
+        """api_client: a ``kubernetes.client.ApiClient`` (default: from the kubeconfig)."""
+        self.settings, self.config = settings, settings.kubernetes
+        self.home = str(settings.home)
+        self.agent_id = checked_id(settings)
+        self.pod = spec.object_name(self.agent_id)
+        self.idle_seconds = idle_seconds or self.config.idle_minutes * 60
+        env = agent_env(settings, home=self.home, state_dir=STATE_INSIDE, path=DEFAULT_PATH)
+        self._base_env = {k: v for k, v in env.items() if k not in settings.secrets}
+        self._api_client = api_client
+        self._core: Any = None
+        self._ready = False
+        self._lock = threading.Lock()
+
+    def helper_path(self, name: str) -> str:
+        if name not in HELPER_PACKAGES:
+            raise SandboxError(f"no helper named {name}")
+        return f"{HELPER_DIR}/{name}"
+
+    async def start(self) -> None:
+        await blocking(self._start)
+
+    async def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                   timeout: float) -> ExecResult:
+        extra = dict(env or {})
+        if set(extra.values()) & set(self.settings.secret_values()):
+            raise SandboxError("kubernetes: a secret cannot travel as a per-call variable")
+        token = secrets.token_hex(8)
+        command = exec_argv(spec.with_env(argv, {**extra, EXEC_ENV: token}), timeout)
+        try:
+            return await blocking(self._exec, command, timeout, token)
+        except asyncio.CancelledError:
+            await asyncio.shield(blocking(self._kill, token))
+            raise
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        root, rel = locate(path, {STATE_INSIDE: STATE_INSIDE, self.home: self.home})
+        await blocking(self._put, [(f"{root}/{rel}", data, 0o600)])
+
+    async def stop(self) -> None:
+        await blocking(self._stop)
+
+    # --- blocking steps ---------------------------------------------------------
+    def _start(self) -> None:
+        if not self._ensure():
+            self._put([(repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600)])
+
+    def _exec(self, command: list[str], timeout: float, token: str) -> ExecResult:
+        self._ensure()
+        began = time.monotonic()
+        try:
+            out, err, status, complete = self._stream(
+                command, b"", began + timeout + KILL_GRACE_SECONDS + DEADLINE_SLACK_SECONDS)
+        except SandboxError:
+            self._ready = False  # the pod may be gone: look again before the next call
+            raise
+        if not complete:
+            self._kill(token)
+            return ExecResult(None, out, err, True)
+        raw, problem = spec.exit_status(status)
+        if raw is None:
+            self._ready = False  # look at the pod again before the next call
+            raise SandboxError(f"kubernetes: exec in {self.pod}: {problem}")
+        code, timed_out = exec_status(raw, elapsed=time.monotonic() - began, timeout=timeout)
+        return ExecResult(code, out, err, timed_out)
+
+    def _put(self, files: list[tuple[str, bytes, int]]) -> None:
+        """Write files with one tar over exec: each under a temporary name, then renamed."""
+        tag = secrets.token_hex(4)
+        staged = [(f"{name}.{tag}.tmp", data, mode) for name, data, mode in files]
+        archive = tar_bytes(staged, mtime=int(time.time()))
+        moves = [(tmp, name) for (tmp, _, _), (name, _, _) in zip(staged, files)]
+        _, err, status, complete = self._stream(spec.untar_argv(len(archive), moves), archive,
+                                                time.monotonic() + WRITE_SECONDS)
+        code, problem = spec.exit_status(status) if complete else (None, "no answer")
+        if code != 0:
+            detail = problem or err.decode("utf-8", "replace").strip()[-300:]
+            raise SandboxError(f"kubernetes: writing {files[0][0]} failed: {detail}")
+
+    def _kill(self, token: str) -> None:
+        with contextlib.suppress(SandboxError):
+            self._stream(kill_argv(token), b"", time.monotonic() + WRITE_SECONDS)
+
+    def _stream(self, command: list[str], stdin: bytes, deadline: float
+                ) -> tuple[bytes, bytes, bytes, bool]:
+        """Run command over pods/exec: (stdout head, stderr tail, status, complete)."""
+        from kubernetes.stream import stream
+
+        with self._api(f"exec in {self.pod}"):
+            ws = stream(self.core.connect_get_namespaced_pod_exec, self.pod, self.config.namespace,
+                        container=spec.CONTAINER, command=command, stdin=bool(stdin), stdout=True,
+                        stderr=True, tty=False, _preload_content=False, binary=True)
+        out, err = bytearray(), bytearray()
+        try:
+            if stdin:
+                ws.write_stdin(stdin)
+            while ws.is_open() and (left := deadline - time.monotonic()) > 0:
+                ws.update(timeout=min(left, 1.0))
+                out += ws.read_channel(1)[: STDOUT_MAX_BYTES - len(out)]
+                err += ws.read_channel(2)
+                del err[:-STDERR_KEEP_BYTES]
+            return bytes(out), bytes(err), ws.read_channel(3), not ws.is_open()
+        finally:
+            ws.close()
+
+    def _stop(self) -> None:
+        with self._lock:
+            self._ready = False
+            self._delete_pod()
+
+    # --- finding and creating the pod -------------------------------------------
+    def _ensure(self) -> bool:
+        """Find the running pod or make it; True when it was made now."""
+        if self._ready:
+            return False
+        with self._lock:
+            manifest = self._manifest()
+            pod = self._read_pod()
+            if pod is not None:
+                phase, detail = spec.pod_phase(pod)
+                same = (pod["metadata"].get("annotations") or {}).get(spec.ANNOTATION_FINGERPRINT) \
+                    == manifest["metadata"]["annotations"][spec.ANNOTATION_FINGERPRINT]
+                if same and phase in ("running", "pending"):
+                    self._wait_running()
+                    self._ready = True
+                    return False
+                self._delete_pod()
+                if phase == "ended":
+                    raise SandboxError(f"the sandbox pod {self.pod} ended ({detail}); its running "
+                                       "commands ended. Nothing in the home was lost; the next "
+                                       "call starts a new pod")
+            self._create(manifest)
+            self._ready = True
+            return True
+
+    def _manifest(self) -> dict[str, Any]:
+        cfg, name = self.config, self.pod
+        secret = spec.secret_manifest(cfg, name, self.settings.secrets)
+        stamp = fingerprint([spec.pod_manifest(cfg, agent_id=self.agent_id, home=self.home,
+                                               network=self.settings.network,
+                                               idle_seconds=self.idle_seconds,
+                                               base_env=self._base_env, fingerprint=""),
+                             secret["stringData"], helpers_digest()])
+        return spec.pod_manifest(cfg, agent_id=self.agent_id, home=self.home,
+                                 network=self.settings.network, idle_seconds=self.idle_seconds,
+                                 base_env=self._base_env, fingerprint=stamp)
+
+    def _create(self, manifest: dict[str, Any]) -> None:
+        cfg, ns, core = self.config, self.config.namespace, self.core
+        from kubernetes import client
+
+        self._create_once("network policy", lambda: client.NetworkingV1Api(core.api_client)
+                          .create_namespaced_network_policy(ns, spec.network_policy_manifest(ns)))
+        self._create_once("volume claim", lambda: core.create_namespaced_persistent_volume_claim(
+            ns, spec.claim_manifest(cfg, self.pod)))
+        secret = spec.secret_manifest(cfg, self.pod, self.settings.secrets)
+        with self._api("write the secret"):
+            try:
+                core.create_namespaced_secret(ns, secret)
+            except client.ApiException as exc:
+                if exc.status != 409:
+                    raise
+                core.replace_namespaced_secret(secret["metadata"]["name"], ns, secret)
+        with self._api("create the pod"):
+            core.create_namespaced_pod(ns, manifest)
+        self._wait_running()
+        files = [(f"{HELPER_DIR}/{n}", data, 0o755) for n, data in helper_files()]
+        files.append((repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600))
+        self._put(files)
+
+    def _create_once(self, what: str, create: Any) -> None:
+        with self._api(f"create the {what}"), _ignoring(409):
+            create()
+
+    def _wait_running(self) -> None:
+        deadline = time.monotonic() + START_SECONDS
+        while time.monotonic() < deadline:
+            pod = self._read_pod()
+            phase, detail = spec.pod_phase(pod or {})
+            if phase == "running":
+                return
+            if phase in ("image", "ended"):
+                raise SandboxError(f"kubernetes: pod {self.pod} cannot run: {detail} "
+                                   f"(image {self.config.image!r})")
+            time.sleep(1)
+        raise SandboxError(f"kubernetes: pod {self.pod} not running after {START_SECONDS} s")
+
+    def _read_pod(self) -> dict[str, Any] | None:
+        with self._api("read the pod"), _ignoring(404):
+            pod = self.core.read_namespaced_pod(self.pod, self.config.namespace)
+            return self.core.api_client.sanitize_for_serialization(pod)
+        return None
+
+    def _delete_pod(self) -> None:
+        with self._api("delete the pod"), _ignoring(404):
+            self.core.delete_namespaced_pod(self.pod, self.config.namespace, grace_period_seconds=0)
+
+    # --- the cluster --------------------------------------------------------------
+    @property
+    def core(self) -> Any:
+        if self._core is None:
+            from kubernetes import client, config
+
+            with self._api("load the kubeconfig"):
+                if self._api_client is None:
+                    try:
+                        self._api_client = config.new_client_from_config()
+                    except config.ConfigException:
+                        config.load_incluster_config()
+                        self._api_client = client.ApiClient()
+                self._core = client.CoreV1Api(self._api_client)
+        return self._core
+
+    @contextlib.contextmanager
+    def _api(self, what: str) -> Iterator[None]:
+        """Map the client's errors to SandboxError, in this one place."""
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.config import ConfigException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            yield
+        except ApiException as exc:
+            raise SandboxError(spec.api_error_text(what, exc.status or 0, exc.reason or "",
+                                                   exc.body, self.config.namespace)) from exc
+        except (HTTPError, OSError, ConfigException) as exc:
+            raise SandboxError(spec.api_error_text(what, 0, str(exc), None,
+                                                   self.config.namespace)) from exc
+
+
+@contextlib.contextmanager
+def _ignoring(status: int) -> Iterator[None]:
+    """Let an ApiException of this one status pass silently (404 on delete, 409 on create)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        yield
+    except ApiException as exc:
+        if exc.status != status:
+            raise

@@ -1,0 +1,304 @@
+"""The docker backend: its pure builders by equality, and its failure modes against a real engine.
+
+The engine is the one DOCKER_HOST names (scripts/docker-test-env.sh starts one
+and builds the image); without one answering, the engine tests are skipped and
+say why. The tools themselves run against docker in the conformance suite
+(tests/test_sandbox.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import secrets
+import signal
+import subprocess
+import tarfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from guilds.errors import ConfigError, SandboxError
+from guilds.sandbox import _container as box_lib
+from guilds.sandbox import docker_spec as spec
+from guilds.settings import AgentSettings, DockerSettings, Repo, parse_settings
+from guilds.toolbox.transport import call_helper
+
+IMAGE = os.environ.get("GUILDS_SANDBOX_IMAGE", "guilds-sandbox:latest")
+TOKEN = "ghp_token-4c8a9b0e"
+
+
+def _engine() -> tuple[object | None, str]:
+    """(client, "") when DOCKER_HOST's engine answers and has the image, else (None, why)."""
+    if not os.environ.get("DOCKER_HOST"):
+        return None, "DOCKER_HOST is not set (eval \"$(bash scripts/docker-test-env.sh)\")"
+    import docker
+
+    try:
+        client = docker.from_env(timeout=10)
+        client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        return None, f"image {IMAGE} missing (bash scripts/docker-test-env.sh builds it)"
+    except docker.errors.DockerException as exc:
+        return None, f"no engine at {os.environ['DOCKER_HOST']}: {exc}"
+    return client, ""
+
+
+CLIENT, WHY = _engine()
+needs_engine = pytest.mark.skipif(CLIENT is None, reason=f"docker: {WHY}")
+
+
+# --- pure builders ----------------------------------------------------------
+def test_container_spec():
+    cfg = DockerSettings(image="img:1", memory="1g", pids_limit=64, network="host")
+    kwargs = dict(agent_id="a1", home="/h/a1", idle_seconds=90, base_env={"HOME": "/h/a1"})
+    got = spec.container_spec(cfg, network=False, **kwargs)
+    assert got == {
+        "image": "img:1",
+        "command": ["python3", "-I", "-S", "-c", box_lib.INIT, "/run/guilds/.active", "90"],
+        "name": "guilds-a1",
+        "labels": {"guilds.agent": "a1"},
+        "environment": {"HOME": "/h/a1"},
+        "working_dir": "/h/a1",
+        "volumes": {"/h/a1": {"bind": "/h/a1", "mode": "rw"},
+                    "guilds-a1-state": {"bind": "/run/guilds", "mode": "rw"}},
+        "init": True,
+        "mem_limit": "1g",
+        "memswap_limit": "1g",
+        "pids_limit": 64,
+        "network_mode": "none",
+        "security_opt": ["no-new-privileges"],
+    }
+    assert spec.container_spec(cfg, network=True, **kwargs)["network_mode"] == "host"
+
+
+def test_exec_spec_wraps_the_call():
+    got = spec.exec_spec("cid", ["python3", "-c", "x"], env={"A": "1"}, home="/h", timeout=150)
+    assert got == {
+        "container": "cid",
+        "cmd": ["/bin/sh", "-c", 'true 2>/dev/null >/run/guilds/.active; exec timeout -k 2 150 "$@"',
+                "sh", "python3", "-c", "x"],
+        "environment": {"A": "1"}, "workdir": "/h", "stdin": False, "stdout": True,
+        "stderr": True, "tty": False,
+    }
+
+
+def test_split_frames():
+    frame = lambda stream, data: bytes([stream, 0, 0, 0]) + len(data).to_bytes(4, "big") + data  # noqa: E731
+    buf = frame(1, b"out") + frame(2, b"err") + frame(1, b"") + frame(1, b"partial")[:10]
+    assert spec.split_frames(buf) == ([(1, b"out"), (2, b"err"), (1, b"")], frame(1, b"partial")[:10])
+    assert spec.split_frames(b"\x01\x00") == ([], b"\x01\x00")
+
+
+@pytest.mark.parametrize("raw, elapsed, expected", [
+    (0, 0.1, (0, False)),
+    (3, 0.1, (3, False)),
+    (124, 0.5, (124, False)),            # the command's own 124, before its timeout
+    (124, 1.2, (-signal.SIGTERM, True)),  # timeout stopped it with SIGTERM
+    (137, 3.1, (-signal.SIGKILL, True)),  # ... and had to SIGKILL it
+    (137, 0.1, (-signal.SIGKILL, False)),
+    (255, 0.1, (255, False)),
+    (None, 0.1, (None, False)),
+])
+def test_exec_status(raw, elapsed, expected):
+    assert box_lib.exec_status(raw, elapsed=elapsed, timeout=1) == expected
+
+
+def test_tar_bytes_and_seconds():
+    data = box_lib.tar_bytes([("/run/guilds/a/x.json", b"{}", 0o600)], mtime=7)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        [info] = tar.getmembers()
+        assert (info.name, info.mode, info.mtime, info.uid, tar.extractfile(info).read()) == \
+            ("run/guilds/a/x.json", 0o600, 7, 0, b"{}")
+    assert [box_lib.seconds(x) for x in (1, 2.5, 1e6, 0.0004)] == ["1", "2.5", "1000000", "0"]
+
+
+def test_kill_argv_finds_the_call_by_its_token():
+    argv = box_lib.kill_argv("abc")
+    assert argv[:2] == ["/bin/sh", "-c"] and argv[3] == "GUILDS_EXEC_ID=abc"
+
+
+def test_ended_and_error_texts():
+    cfg = DockerSettings(memory="1g")
+    assert spec.idle_stopped({"ExitCode": 0, "OOMKilled": False})
+    assert not spec.idle_stopped({"ExitCode": 137, "OOMKilled": False})
+    assert not spec.idle_stopped({"ExitCode": 0, "OOMKilled": True})
+    assert spec.ended_text("guilds-a", {"ExitCode": 137}, cfg).startswith(
+        "the sandbox container guilds-a was killed (SIGKILL); its running commands ended.")
+    assert "out of memory (docker.memory = '1g')" in spec.ended_text("c", {"OOMKilled": True}, cfg)
+    assert "stopped with status 143" in spec.ended_text("c", {"ExitCode": 143}, cfg)
+    assert spec.api_error_text("write_file /x", 500, "write /x: no space left on device") == \
+        "docker: write_file /x: the sandbox's disk is full (write /x: no space left on device)"
+    assert spec.api_error_text("exec", 409, "is paused") == "docker: exec: is paused (HTTP 409)"
+
+
+def test_docker_and_kubernetes_settings(tmp_path):
+    got = parse_settings({"agent": {"sandbox": "docker"},
+                          "docker": {"image": "x:1", "pids_limit": 100, "idle_minutes": 5},
+                          "kubernetes": {"runtime_class": "gvisor"}}, tmp_path, env={})
+    assert got.docker == DockerSettings(image="x:1", pids_limit=100, idle_minutes=5)
+    assert got.kubernetes.runtime_class == "gvisor" and got.kubernetes.namespace == "guilds"
+    for doc, error in [({"docker": {"imag": "x"}}, "docker.imag: unknown key"),
+                       ({"docker": {"pids_limit": 3}}, "docker.pids_limit"),
+                       ({"kubernetes": {"idle_minutes": 0}}, "kubernetes.idle_minutes"),
+                       ({"kubernetes": {"cpu": 1}}, "kubernetes.cpu")]:
+        with pytest.raises(ConfigError, match=error):
+            parse_settings(doc, tmp_path, env={})
+
+
+# --- the engine's failure modes ----------------------------------------------
+async def test_engine_not_reachable(tmp_path):
+    from guilds.sandbox.docker import DockerSandbox
+
+    box = DockerSandbox(AgentSettings(id="a1", home=tmp_path / "home", sandbox="docker"),
+                        base_url=f"unix://{tmp_path}/no.sock")
+    with pytest.raises(SandboxError, match="the engine is not reachable at unix://.*no.sock"):
+        await box.start()
+
+
+@pytest.fixture
+async def make(tmp_path):
+    """make(**docker settings) -> a started docker sandbox of a fresh agent; removed at the end."""
+    from guilds.sandbox.docker import DockerSandbox
+
+    made = []
+
+    async def _make(idle_seconds=None, agent=None, **docker):
+        agent = agent or f"t{secrets.token_hex(4)}"
+        settings = AgentSettings(id=agent, home=tmp_path / agent, sandbox="docker",
+                                 repos=(Repo("web", "repos/web", TOKEN),),
+                                 docker=replace(DockerSettings(image=IMAGE), **docker))
+        box = DockerSandbox(settings, idle_seconds=idle_seconds)
+        made.append(box)
+        await box.start()
+        return box
+
+    yield _make
+    for box in made:
+        await box.stop()
+        for name in {spec.state_volume(box.agent_id)}:
+            try:
+                CLIENT.volumes.get(name).remove(force=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+
+async def sh(box, script: str, timeout: float = 20):
+    return await box.exec(["bash", "-c", script], timeout=timeout)
+
+
+def shell(box, command: str, call: str, **args) -> dict:
+    return {"op": "shell", "args": {"command": command, **args}, "run_id": "r1",
+            "agent_id": box.agent_id, "call_id": call, "home": box.home, "cwd": box.home}
+
+
+@needs_engine
+async def test_image_missing(tmp_path, make):
+    with pytest.raises(SandboxError, match="image 'guilds-none:0' not found: build it with `guilds sandbox image`"):
+        await make(image="guilds-none:0")
+
+
+@needs_engine
+async def test_container_killed_between_calls(make):
+    box = await make()
+    started = await call_helper(box, shell(box, "sleep 300", "c1", background=True), wait=30)
+    assert started["ok"], started
+    CLIENT.containers.get(box.container).kill()
+    with pytest.raises(SandboxError, match=f"{box.container} was killed .SIGKILL.; its running commands ended"):
+        await sh(box, "true")
+    status = await call_helper(box, {**shell(box, "", "c2"), "op": "shell_status", "args": {}}, wait=30)
+    assert status["ok"] and " ended " in status["text"] + " ", status
+    assert (await sh(box, "cat $GUILDS_STATE_DIR/*/repos.json")).stdout.strip().startswith(b"{")
+
+
+@needs_engine
+async def test_found_again_by_a_second_orchestrator_and_stop(make, tmp_path):
+    first = await make()
+    await sh(first, "setsid sleep 95.5 >/dev/null 2>&1 < /dev/null &")
+    from guilds.sandbox.docker import DockerSandbox
+
+    second = DockerSandbox(first.settings)
+    await second.start()
+    assert b"sleep 95.5" in (await sh(second, "ps -eo args")).stdout
+    await second.stop()
+    assert b"sleep 95.5" not in (await sh(first, "ps -eo args")).stdout  # a new container
+
+
+@needs_engine
+async def test_isolation_pid_namespace_no_network_limits(make):
+    box = await make(pids_limit=64)
+    out = (await sh(box, "tr '\\0' ' ' </proc/1/cmdline; echo; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; "
+                         "cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max")).stdout
+    init, network, pids = out.decode().splitlines()
+    assert init.startswith("/sbin/docker-init -- python3 -I -S -c")
+    assert (network, pids) == ("lo", "64")
+
+
+@needs_engine
+async def test_a_changed_spec_replaces_the_container(make):
+    box = await make()
+    before = CLIENT.containers.get(box.container).id
+    from guilds.sandbox.docker import DockerSandbox
+
+    changed = DockerSandbox(replace(box.settings, docker=replace(box.config, pids_limit=99)))
+    await changed.start()
+    assert CLIENT.containers.get(box.container).id != before
+
+
+@needs_engine
+async def test_timeout_reaches_what_escaped_the_group(make):
+    box = await make()
+    began = time.monotonic()
+    result = await box.exec(["bash", "-c", "setsid sleep 99.5 & sleep 100"], timeout=1)
+    assert result.timed_out and result.exit_code == -signal.SIGTERM
+    assert time.monotonic() - began < 5
+    assert b"sleep 99.5" not in (await sh(box, "ps -eo args")).stdout
+
+
+@needs_engine
+async def test_idle_stop_and_silent_restart(make):
+    box = await make(idle_seconds=1)
+    first = CLIENT.containers.get(box.container).id
+    for _ in range(60):
+        await asyncio.sleep(0.2)
+        if CLIENT.containers.get(first).status == "exited":
+            break
+    assert CLIENT.containers.get(first).attrs["State"]["ExitCode"] == 0
+    assert (await sh(box, "echo back")).stdout == b"back\n"
+    assert CLIENT.containers.get(box.container).id != first
+
+
+@needs_engine
+async def test_a_full_disk_is_said_and_loses_nothing(make, tmp_path):
+    agent = f"t{secrets.token_hex(4)}"
+    home = tmp_path / agent
+    home.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(home)], check=True)
+    try:
+        box = await make(agent=agent)
+        (home / "kept.txt").write_text("kept")
+        result = await sh(box, "head -c 2M /dev/zero > fill")
+        assert result.exit_code == 1 and b"No space left on device" in result.stderr
+        with pytest.raises(SandboxError, match="disk is full|no space left"):
+            await box.write_file(f"{box.home}/more.json", b"x" * 300_000)
+        envelope = await call_helper(box, shell(box, "echo hi", "c1"), wait=30)
+        assert envelope["ok"] or "space" in envelope["error"].lower(), envelope
+        assert (home / "kept.txt").read_text() == "kept"
+        await sh(box, "rm fill")
+        assert (await call_helper(box, shell(box, "echo hi", "c2"), wait=30))["text"] == "hi"
+    finally:
+        await asyncio.sleep(0)
+        subprocess.run(["umount", "-l", str(home)], check=False)
+
+
+@needs_engine
+async def test_many_calls_at_once_in_one_container(make):
+    box = await make()
+    results = await asyncio.gather(*(sh(box, f"echo {i}") for i in range(12)))
+    assert [r.stdout for r in results] == [f"{i}\n".encode() for i in range(12)]
+    assert json.loads((await sh(box, f"cat {box_lib.repos_file(box.agent_id)}")).stdout) == {
+        f"{box.home}/repos/web": TOKEN}

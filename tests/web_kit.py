@@ -1,0 +1,94 @@
+"""What the app tests share: a run record filled through the real toolbox (local sandbox,
+the built helper, real bash, SQLite), the app over it, and a fast filler for big runs."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import sqlalchemy as sa
+from toolbox_kit import local_toolbox
+
+from guilds.rows import row_text
+from guilds.serve import build_app
+from guilds.store import Store, calls, runs
+from guilds.toolbox import Toolbox
+
+SECRET = "sk-live-0123456789abcdef"
+NOTES = "# Notes\n\n- first\n- <script>alert(1)</script>\n"
+# (tool, args): the flow the app tests look at, seq by seq from 1.
+FLOW = [
+    ("shell", {"command": "for i in $(seq 1 3000); do echo line $i $API_KEY; done"}),
+    ("file_read", {"path": "notes.md"}),
+    ("file_read", {"path": "notes.md"}),
+    ("shell", {"command": "echo '{\"ok\": true, \"items\": [1, 2]}'"}),
+    ("shell", {"command": f"echo {SECRET}; exit 3"}),
+    ("shell", {"command": "sleep 0.2", "background": True}),
+    ("shell_status", {}),
+    ("shell_status", {"id": "b1"}),
+    ("code_search", {"pattern": "first", "path": "notes.md"}),
+    ("code_task", {"brief": "add a test"}),
+    ("shell", {"command": "sleep 5", "timeout_seconds": 1}),
+]
+
+
+@dataclass
+class Served:
+    toolbox: Toolbox
+    store: Store
+    app: object
+
+
+@contextlib.asynccontextmanager
+async def served(tmp_path: Path, run_id: str = "run1") -> AsyncIterator[Served]:
+    """A toolbox whose agent has SECRET, FLOW made in run_id, and the whole app (its lifespan,
+    the MCP session manager, is left to a server that runs it)."""
+    async with local_toolbox(tmp_path, secrets={"API_KEY": SECRET}) as toolbox:
+        home = Path(toolbox.sandbox.home)
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "notes.md").write_text(NOTES)
+        for tool, args in FLOW:
+            await toolbox.call(run_id, tool, args)
+        yield Served(toolbox, toolbox.store, build_app(toolbox.settings, toolbox.store, toolbox))
+
+
+TASK_META = {  # a finished code_task's metadata, as guilds_harness.report makes it
+    "status": "completed", "harness": "claude-code", "repo": "web", "session_id": "5f1c2b",
+    "diffstat": " src/app.py       | 4 +++-\n tests/test_app.py | 9 +++++++++\n 2 files changed, 12 insertions(+), 1 deletion(-)",
+    "final_message": "Added a test for the empty cart and fixed the total.", "exit_code": 0, "num_turns": 3,
+}
+
+
+async def record_code_task(store: Store, run_id: str, agent_id: str = "agent1") -> int:
+    """A finished code_task recorded through the store's API (this build's toolbox refuses code_task)."""
+    now = datetime.now(UTC)
+    args = {"brief": "Add a test for the empty cart, then fix what it finds.", "repo": "web"}
+    slot = await store.begin_call(run_id=run_id, agent_id=agent_id, tool="code_task", args=args, call_id="ctask1",
+                                  started_at=now, budget=None)
+    text = f"status: completed · claude-code · 3 turns\ndiffstat:\n{TASK_META['diffstat']}\n" \
+           f"final message:\n{TASK_META['final_message']}\nremaining_tool_calls: 180"
+    meta = {**TASK_META, "call": "ctask1", "tool": "code_task", "seq": slot.seq}
+    await store.finish_call(run_id=run_id, seq=slot.seq, text=text, is_error=False, meta=meta, cut=False,
+                            finished_at=now, duration_ms=48_000, row=row_text("code_task", args, meta, False))
+    return slot.seq
+
+
+async def fill(store: Store, run_id: str, n: int, *, agent_id: str = "agent1") -> None:
+    """A run of n finished shell calls, written straight into the tables (a test needs them fast)."""
+    t0 = datetime(2025, 1, 1, tzinfo=UTC)
+    rows = []
+    for seq in range(1, n + 1):
+        args = {"command": f"echo step {seq}"}
+        meta = {"exit_code": 0, "cwd": "/home/a", "timed_out": False, "call": f"c{seq}", "tool": "shell"}
+        rows.append({"run_id": run_id, "seq": seq, "call_id": f"c{seq}", "tool": "shell", "args": args,
+                     "text": f"step {seq}\n" * 40 + "remaining_tool_calls: 1", "is_error": False, "meta": meta,
+                     "cut": False, "counted": True, "status": "done", "started_at": t0 + timedelta(seconds=seq),
+                     "finished_at": t0 + timedelta(seconds=seq), "duration_ms": 5,
+                     "row": row_text("shell", args, meta, False)})
+    async with store.engine.begin() as conn:
+        await conn.execute(sa.insert(runs).values(id=run_id, agent_id=agent_id, created_at=t0, updated_at=t0,
+                                                  next_seq=n, used_calls=n, admitted_seq=n))
+        await conn.execute(sa.insert(calls), rows)
