@@ -60,6 +60,16 @@ async def wait_for(predicate: Any, timeout: float) -> bool:
     return False
 
 
+async def settled_calls(store: Any, run_id: str, timeout: float = SETTLE_SECONDS) -> list:
+    """The run's calls, once none is still running (a cancelled call records itself as it stops)."""
+    calls = await store.calls(run_id)
+    with anyio.move_on_after(timeout):
+        while not calls or any(c.status == "running" for c in calls):
+            await asyncio.sleep(0.05)
+            calls = await store.calls(run_id)
+    return calls
+
+
 def meta_of(result: Any) -> dict:
     return (result.meta or {})[META_KEY]
 
@@ -140,9 +150,9 @@ async def check_progress(client: Client, **call: Any) -> None:
 
 
 async def cancel_sleep(client: Client, **call: Any) -> str:
-    """Start a long sleep, cancel the call after a second; return the sleep's argument."""
+    """Start a long sleep that ignores SIGTERM, cancel the call after 1.5 s; return the sleep's argument."""
     command, arg = sleep_command()
     with anyio.move_on_after(1.5):
-        await client.call_tool("shell", {"command": command}, **call)
+        await client.call_tool("shell", {"command": f"trap '' TERM; {command}"}, **call)
         raise AssertionError("the call was not cancelled")
     return arg

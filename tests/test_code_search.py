@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 
 import pytest
-
 from conftest import error_text, ok_text
+
 from guilds_code.ops import code_search
 
 
@@ -289,3 +288,27 @@ def test_content_keeps_the_smallest_paths_whatever_the_order_rg_prints():
         lines.feed(b"./" + name + b"\x001:x\n./" + name + b"\x002:y\n")
     assert [(row.path, row.number) for row in lines.rows()] == [(b"./a", 1), (b"./a", 2), (b"./b", 1)]
     assert lines.entries == 10
+
+
+def test_a_path_holding_a_newline_is_one_path():
+    lines = code_search.ContentLines(40, 0, None)
+    lines.feed(b"./odd\nname.py\x003:hit\n")
+    assert [(row.path, row.number, row.text) for row in lines.rows()] == [(b"./odd\nname.py", 3, "hit")]
+
+
+def test_a_timed_out_search_shows_what_it_found_then_says_so():
+    counts = code_search.FileCounts()
+    counts.feed(b"./a.py\x002\n./b.py\x001\n./c.p")
+    args = {"pattern": "x", "mode": "files", "limit": None}
+    tail = ["[timed out after 60s; the search was stopped]"]
+    text = code_search._text(args, counts, ".", False, tail, 8192)
+    assert text == "a.py: 2 matches\nb.py: 1 match\n3 matches in 2 files\n[timed out after 60s; the search was stopped]"
+    assert code_search._text(args, code_search.FileCounts(), "src", False, tail, 8192) == (
+        "no matches for 'x' in src\n[timed out after 60s; the search was stopped]"
+    )
+
+
+def test_a_link_to_a_folder_inside_the_home_is_searched_under_its_own_path(sandbox):
+    write(sandbox, "real/a.txt", "hit\n")
+    os.symlink("real", sandbox.home / "alias")
+    assert ok_text(search(sandbox, "hit", path="alias")) == "real/a.txt: 1 match\n1 match in 1 file"

@@ -6,12 +6,9 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 
 import pytest
-
 from conftest import PYTHON, error_text, ok_text
-from guilds_code import limits
 
 DASH = "\u2013"
 

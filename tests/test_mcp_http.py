@@ -14,7 +14,7 @@ from guilds.mcp_server import RUN_KEY, http_endpoint, streamable_http_app
 from guilds.toolbox import Toolbox
 from mcp_kit import (
     SETTLE_SECONDS, cancel_sleep, check_bad_calls, check_each_tool, check_progress, check_tool_list,
-    meta_of, processes, text_of, wait_for,
+    meta_of, processes, settled_calls, text_of, wait_for,
 )
 from toolbox_kit import local_toolbox
 
@@ -97,7 +97,7 @@ async def test_cancel_kills_the_command_and_is_recorded(url, toolbox, mode):
     async with client(url, mode) as c:
         arg = await cancel_sleep(c, meta=run)
         assert await wait_for(lambda: not processes("sleep", arg), SETTLE_SECONDS), processes("sleep", arg)
-    (call,) = await toolbox.store.calls(run[RUN_KEY])
+    (call,) = await settled_calls(toolbox.store, run[RUN_KEY])
     assert call.status == "cancelled" and call.is_error
 
 

@@ -19,7 +19,7 @@ from guilds.sandbox.bwrap_argv import unavailable
 from guilds.store import Store
 from mcp_kit import (
     SETTLE_SECONDS, cancel_sleep, check_bad_calls, check_each_tool, check_progress, check_tool_list,
-    meta_of, processes, sleep_command, text_of, wait_for, write_settings,
+    meta_of, processes, settled_calls, sleep_command, text_of, wait_for, write_settings,
 )
 
 
@@ -39,7 +39,7 @@ async def stdio_client(tmp_path: Path, sandbox: str = "local", **kw) -> AsyncIte
 
 async def recorded_calls(tmp_path: Path, run_id: str) -> list:
     async with Store(f"sqlite:///{tmp_path / 'data' / 'guilds.db'}") as store:
-        return await store.calls(run_id)
+        return await settled_calls(store, run_id)
 
 
 async def test_tools_each_call_and_the_record(tmp_path):

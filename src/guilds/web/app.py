@@ -32,13 +32,13 @@ from starlette.staticfiles import StaticFiles
 
 from guilds_code.redact import Redactor
 
-from ..records import CallRecord
+from ..records import CallRecord, RunRecord
 from ..store import Store
 from . import queries
 from .events import RETRY_MS, call_updates, sse_message
-from .flow import flow_item, flow_page, redact_call, runs_page
+from .flow import FlowPage, flow_item, flow_page, redact_call, runs_page
 from .logs import LogReader, LogUnavailable
-from .views import call_page, log_view
+from .views import CallPage, call_page, log_view
 
 HERE = Path(__file__).parent
 RUNS_PAGE = 50
@@ -78,7 +78,7 @@ class WebApp:
     def page(self, name: str, status: int = 200, **context: Any) -> HTMLResponse:
         return HTMLResponse(self.env.get_template(name).render(**context), status, headers={"vary": "HX-Request"})
 
-    async def _run(self, request: Request):
+    async def _run(self, request: Request) -> RunRecord:
         run = await queries.get_run(self.store, request.path_params["run_id"])
         if run is None:
             raise HTTPException(404, "no such run")
@@ -90,7 +90,7 @@ class WebApp:
             raise HTTPException(404, "no such call")
         return redact_call(call, self.redactor)
 
-    async def _flow(self, run_id: str, before: int | None):
+    async def _flow(self, run_id: str, before: int | None) -> FlowPage:
         calls = await queries.flow_before(self.store, run_id, before)
         return flow_page(run_id, [redact_call(c, self.redactor) for c in calls])
 
@@ -99,7 +99,7 @@ class WebApp:
         runs = await self.store.list_runs(limit=RUNS_PAGE + 1, offset=offset)
         return self.page("runs.html", runs=runs_page(runs, offset, RUNS_PAGE))
 
-    async def run(self, request: Request, opened: Any = None) -> Response:
+    async def run(self, request: Request, opened: CallPage | None = None) -> Response:
         run = await self._run(request)
         return self.page("run.html", run=run, flow=await self._flow(run.id, None), opened=opened)
 

@@ -7,10 +7,14 @@ Result text (exact). files mode (default), highest count first, ties in path ord
     … K more files                   when more than the maximum matched
     M matches in F files             the totals ("1 match in 1 file")
 
-content mode, rg's own groups (``--`` between groups when context > 0)::
+content mode, files in path order (the same lines every time, whatever order
+rg's threads finish in), ``--`` between groups when context > 0 (between files
+and where line numbers jump, as rg draws them)::
 
     <path>:<line>: <text>            a matching line
     <path>-<line>- <text>            a context line (context 0 to 5)
+    <path>: WARNING: stopped searching binary file after match (...)
+                                     rg's note on a file it found binary midway
     … K more lines                   when more than the maximum were found
     M matches in F files             the totals; with " (counting at most 10
                                      matching lines per file)" when a file had 10
@@ -67,8 +71,8 @@ EXCLUDED = ("!.git", "!.runs")
 _HEADER = re.compile(rb"([0-9]+)([:-])")
 """After a path's NUL: the line number and ':' (a match) or '-' (context)."""
 _NOTE = re.compile(rb": (WARNING: |binary file matches)")
-_STATS_MATCHES = re.compile(rb"^([0-9]+) matches$", re.M)
-_STATS_FILES = re.compile(rb"^([0-9]+) files contained matches$", re.M)
+_STATS_MATCHES = re.compile(rb"^([0-9]+) matches$", re.MULTILINE)
+_STATS_FILES = re.compile(rb"^([0-9]+) files contained matches$", re.MULTILINE)
 _READ_SIZE = 256 * 1024
 _STATS_MAX = 4096
 _PATTERN_SHOWN_MAX = 200
@@ -173,7 +177,7 @@ def rg_error(stderr: bytes) -> str:
     lines = [line.strip() for line in stderr.decode("utf-8", "replace").splitlines() if line.strip()]
     if not lines:
         return "code_search: rg failed"
-    first = lines[0][4:] if lines[0].startswith("rg: ") else lines[0]
+    first = lines[0].removeprefix("rg: ")
     detail = [line for line in lines[1:] if line.startswith("error: ")]
     if first.endswith(":") and detail:
         first = f"{first} {detail[-1][len('error: '):]}"
@@ -331,9 +335,9 @@ class ContentLines:
         self.context = context
         self.entries = 0
         self.match_lines = 0
-        self.paths: set = set()
+        self.files_seen = 0
         self.capped = False
-        self._redactor = redactor if redactor else None
+        self._redactor = redactor or None
         self._keep = keep_bytes(limits.SEARCH_LINE_MAX_CHARS)
         self._groups: Dict[bytes, List[Row]] = {}
         self._kept = 0
@@ -351,7 +355,12 @@ class ContentLines:
             self._close_group()
             self._open_group(path)
         if kind == b":":
-            self._count_match(path)
+            self.match_lines += 1
+            self._file_matches += 1
+            if self._file_matches == 1:
+                self.files_seen += 1
+            elif self._file_matches == limits.SEARCH_MATCHES_PER_FILE:
+                self.capped = True
         if self._rows is None:
             return None
         return Row(kind.decode(), path, number, LineHead(self._keep, self._redactor))
@@ -360,13 +369,6 @@ class ContentLines:
         row.text, row.chars = row.line.text(strip_cr=True)
         row.line = None
         self._rows.append(row)
-
-    def _count_match(self, path: bytes) -> None:
-        self.match_lines += 1
-        self.paths.add(path)
-        self._file_matches += 1
-        if self._file_matches >= limits.SEARCH_MATCHES_PER_FILE:
-            self.capped = True
 
     def _open_group(self, path: bytes) -> None:
         self._path, self._file_matches = path, 0
@@ -413,7 +415,7 @@ class ContentLines:
         files = _STATS_FILES.search(self.output.stats)
         if matches and files:
             return int(matches.group(1)), int(files.group(1))
-        return self.match_lines, len(self.paths)
+        return self.match_lines, self.files_seen
 
 
 # --- the result text ------------------------------------------------------------
@@ -467,7 +469,7 @@ def _namer(root: str, is_file: bool) -> Callable[[bytes], str]:
         if is_file:
             return root
         rel = raw.decode("utf-8", "replace")
-        rel = rel[2:] if rel.startswith("./") else rel
+        rel = rel.removeprefix("./")
         return rel if root == "." else f"{root}/{rel}"
 
     return name

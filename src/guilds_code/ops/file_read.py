@@ -145,7 +145,7 @@ class _Collector:
         self.first, self.last = first, last
         self.lineno = 1
         self.rows: List[tuple] = []
-        self._redactor = redactor if redactor else None
+        self._redactor = redactor or None
         self._keep = keep_bytes(limits.READ_LINE_MAX_CHARS)
         self._line: Optional[LineHead] = None
 
