@@ -358,11 +358,11 @@ def test_snapshot_of_a_plain_folder_is_unavailable(tmp_path):
 
 # --- the report ------------------------------------------------------------------
 def make_report(**extra):
-    fields = dict(status="completed", harness="claude-code", repo="web", cwd="/h/web",
-                  log_path="/h/.runs/r1/c1.log", session_id=SESSION,
-                  outcome=Outcome(session_id=SESSION, finished=True, ok=True, final_message="Done.",
+    fields = {"status": "completed", "harness": "claude-code", "repo": "web", "cwd": "/h/web",
+                  "log_path": "/h/.runs/r1/c1.log", "session_id": SESSION,
+                  "outcome": Outcome(session_id=SESSION, finished=True, ok=True, final_message="Done.",
                                   cost_usd=0.5, num_turns=3),
-                  exit=Exit(0), stat=diffstat.parse_stat(" a | 1 +\n 1 file changed, 1 insertion(+)"))
+                  "exit": Exit(0), "stat": diffstat.parse_stat(" a | 1 +\n 1 file changed, 1 insertion(+)")}
     fields.update(extra)
     return report.Report(**fields)
 

@@ -291,9 +291,11 @@ def _alive(pid: int) -> bool:
         return fh.read().split(") ")[1][0] != "Z"
 
 
-def test_nothing_is_left_running(hb, tmp_path):
+@pytest.mark.parametrize("verb", ["child", "daemon"])
+def test_nothing_is_left_running(hb, tmp_path, verb):
+    """Also a child that left the group with setsid: the helper is its subreaper."""
     pidfile = tmp_path / "child.pid"
-    meta = task(hb, f"fake: child {pidfile}\nfake: say bye")["meta"]
+    meta = task(hb, f"fake: {verb} {pidfile}\nfake: say bye")["meta"]
     assert meta["status"] == "completed"
     pid = int(pidfile.read_text())
     deadline = time.monotonic() + 5

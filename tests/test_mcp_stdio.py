@@ -23,12 +23,12 @@ from mcp_kit import (
 )
 
 
-
 def server_params(tmp_path: Path, sandbox: str = "local") -> StdioServerParameters:
+    """`python -m guilds.mcp_server SETTINGS DATA`: what `guilds mcp` runs, without the CLI's wiring."""
     settings = write_settings(tmp_path, sandbox=sandbox)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GUILDS_")}
-    return StdioServerParameters(command=sys.executable, args=["-m", "guilds.mcp_server", str(settings), str(tmp_path / "data")],
-                                 env=env)
+    args = ["-m", "guilds.mcp_server", str(settings), str(tmp_path / "data")]
+    return StdioServerParameters(command=sys.executable, args=args, env=env)
 
 
 @contextlib.asynccontextmanager
@@ -68,6 +68,7 @@ async def test_a_session_is_one_run_with_progress_and_the_live_coding_flag(tmp_p
     assert refused.is_error and "coding" in text_of(refused)
 
 
+@pytest.mark.slow
 async def test_a_2025_protocol_client_is_another_session(tmp_path):
     """Clients of the handshake era (Claude Desktop, Cursor, ...) get the same tools; a new session, a new run."""
     async with stdio_client(tmp_path) as client:
@@ -81,8 +82,8 @@ async def test_a_2025_protocol_client_is_another_session(tmp_path):
 
 @pytest.mark.parametrize("sandbox", [
     "local",
-    pytest.param("bwrap", marks=[pytest.mark.bwrap, pytest.mark.skipif(unavailable() is not None,
-                                                                       reason=f"bwrap: {unavailable()}")]),
+    pytest.param("bwrap", marks=[pytest.mark.bwrap, pytest.mark.slow,
+                                 pytest.mark.skipif(unavailable() is not None, reason=f"bwrap: {unavailable()}")]),
 ])
 async def test_cancel_kills_the_command_and_is_recorded(tmp_path, sandbox):
     async with stdio_client(tmp_path, sandbox) as client:
@@ -95,24 +96,32 @@ async def test_cancel_kills_the_command_and_is_recorded(tmp_path, sandbox):
     assert calls[1].status == "done"
 
 
-@pytest.mark.parametrize("leave", ["close stdin", "SIGTERM"])
+@pytest.mark.parametrize("leave", ["close stdin", pytest.param("SIGTERM", marks=pytest.mark.slow)])
 async def test_a_client_gone_mid_call_leaves_nothing_running(tmp_path, leave):
-    """A raw client (no courtesy cancel) starts a long command, then goes away."""
+    """A raw 2025-protocol client (no courtesy cancel) starts a long command, then goes away."""
     command, arg = sleep_command()
     params = server_params(tmp_path)
     proc = await asyncio.create_subprocess_exec(params.command, *params.args, env=params.env,
                                                 stdin=PIPE, stdout=PIPE, stderr=DEVNULL)
-    for message in handshake_and_call(command):
-        proc.stdin.write(json.dumps(message).encode() + b"\n")
-    await proc.stdin.drain()
-    assert await wait_for(lambda: processes("sleep", arg), 20)
-    if leave == "SIGTERM":
-        proc.send_signal(signal.SIGTERM)
-    else:
-        proc.stdin.close()
-    ended = -signal.SIGTERM if leave == "SIGTERM" else 0  # a SIGTERM, once the calls are stopped, ends it
-    assert await asyncio.wait_for(proc.wait(), SETTLE_SECONDS) == ended
+    try:
+        for message in handshake_and_call(f"trap '' TERM; {command}"):
+            proc.stdin.write(json.dumps(message).encode() + b"\n")
+        await proc.stdin.drain()
+        assert await wait_for(lambda: processes("sleep", arg), 20)
+        if leave == "SIGTERM":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            proc.stdin.close()
+        ended = -signal.SIGTERM if leave == "SIGTERM" else 0  # the calls stopped, a SIGTERM ends it
+        assert await asyncio.wait_for(proc.wait(), SETTLE_SECONDS) == ended
+    finally:
+        if proc.returncode is None:
+            proc.kill()
     assert not processes("sleep", arg)
+    async with Store(f"sqlite:///{tmp_path / 'data' / 'guilds.db'}") as store:
+        (run,) = await store.list_runs()
+        (call,) = await store.calls(run.id)
+    assert call.status == "cancelled" and run.id.startswith("mcp-")
 
 
 def handshake_and_call(command: str) -> list[dict]:

@@ -32,6 +32,7 @@ import contextlib
 import os
 import secrets
 import select
+import socket
 import threading
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -54,6 +55,7 @@ from .base import ExecResult
 DEADLINE_SLACK_SECONDS = 5.0
 """How long past timeout + grace an exec may stay silent before it is killed from outside."""
 CLIENT_TIMEOUT_SECONDS = 60
+DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 _READ = 64 * 1024
 
 
@@ -240,10 +242,14 @@ class DockerSandbox:
     def client(self) -> docker.DockerClient:
         if self._client is None:
             with self._engine("connect"):
+                _probe(self._where())
                 kw = {"timeout": CLIENT_TIMEOUT_SECONDS, "max_pool_size": POOL_THREADS}
                 self._client = (docker.DockerClient(base_url=self._base_url, **kw)
                                 if self._base_url else docker.from_env(**kw))
         return self._client
+
+    def _where(self) -> str:
+        return self._base_url or os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
 
     @contextlib.contextmanager
     def _engine(self, what: str) -> Iterator[None]:
@@ -254,9 +260,17 @@ class DockerSandbox:
             raise SandboxError(spec.api_error_text(what, exc.status_code,
                                                    str(exc.explanation or exc))) from exc
         except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
-            where = self._base_url or os.environ.get("DOCKER_HOST") or "the local socket"
-            raise SandboxError(f"docker: {what}: the engine is not reachable at {where} "
+            raise SandboxError(f"docker: {what}: the engine is not reachable at {self._where()} "
                                f"({exc}); start it or set DOCKER_HOST") from exc
+
+
+def _probe(url: str) -> None:
+    """Connect to a unix:// engine once, closing the socket whatever happens (the SDK's
+    own failed connect leaves its socket to the garbage collector)."""
+    if url.startswith("unix://"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(CLIENT_TIMEOUT_SECONDS)
+            sock.connect(url[len("unix://"):])
 
 
 def _close(sock: Any) -> None:
