@@ -15,6 +15,10 @@ Paths:
     front        the official SDK client against build_server() in memory (no transport)
     guilds mcp   the SDK client over stdio against `python -m guilds.mcp_server`
     dc           the SDK client over stdio against desktop-commander (node), telemetry off
+and the MCP layer alone, over a stub toolbox that answers at once (so the
+helper's and the machine's noise drop out): in memory, and over stdio
+(`python bench/mcp_bench.py --stub-server`). The paths take turns call by
+call, in a rotating order, so a change in the machine's load falls on all alike.
 Prints a Markdown table (pasted into docs/benchmarks.md under "MCP").
 """
 
@@ -37,11 +41,11 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from mcp import Client, StdioServerParameters  # noqa: E402
 
-from guilds.mcp_server import build_server  # noqa: E402
+from guilds.mcp_server import build_server, serve_streams  # noqa: E402
 from guilds.sandbox import get_sandbox  # noqa: E402
 from guilds.settings import load_settings  # noqa: E402
 from guilds.store import Store  # noqa: E402
-from guilds.toolbox import Toolbox  # noqa: E402
+from guilds.toolbox import CallResult, Toolbox, tool_specs  # noqa: E402
 
 DC_SCRIPT = ROOT / "bench/.out/node_modules/@wonderwhy-er/desktop-commander/dist/index.js"
 WARMUP = 3
@@ -61,9 +65,12 @@ async def measure(paths: dict[str, Call], runs: int) -> dict[str, dict[str, floa
     """Median ms per call of each path and operation, the paths taking turns call by call
     (so a change in the machine's load falls on all of them alike)."""
     samples: dict[str, dict[str, list[float]]] = {name: {"echo": [], "read": []} for name in paths}
+    names = list(paths)
     for i in range(WARMUP + runs):
+        order = names[i % len(names):] + names[:i % len(names)]
         for op in ("echo", "read"):
-            for name, call in paths.items():
+            for name in order:
+                call = paths[name]
                 start = time.perf_counter()
                 await call(op, i)
                 if i >= WARMUP:
@@ -113,6 +120,29 @@ async def open_paths(stack: AsyncExitStack, folder: Path, home: Path, sandbox: s
     return paths
 
 
+class StubToolbox:
+    """Answers every call at once with a result shaped like a real one: the MCP layer alone."""
+
+    TEXT = "hi\nremaining_tool_calls: 199"
+    META = {"exit_code": 0, "cwd": "/home/agent", "timed_out": False, "call": "c0123456789ab", "tool": "shell",
+            "run": "mcp-stub", "seq": 1, "started_at": "2026-01-01T00:00:00.000+00:00", "duration_ms": 0,
+            "row": "Run echo hi"}
+
+    def tools(self) -> list:
+        return tool_specs()
+
+    async def call(self, run_id: str, tool: str, args: Any) -> CallResult:
+        return CallResult(self.TEXT, False, self.META)
+
+
+async def open_stub_paths(stack: AsyncExitStack, home: Path) -> dict[str, Call]:
+    memory = await stack.enter_async_context(Client(build_server(StubToolbox(), run_id="mcp-stub")))
+    params = StdioServerParameters(command=sys.executable, args=[__file__, "--stub-server"], env=_env())
+    stdio = await stack.enter_async_context(Client(params, read_timeout_seconds=120))
+    return {"layer in memory": guilds_call(memory.call_tool, home),
+            "layer over stdio": guilds_call(stdio.call_tool, home)}
+
+
 async def _direct(toolbox: Toolbox, tool: str, args: dict) -> Any:
     return checked(await toolbox.call("mcp-bench-direct", tool, args))
 
@@ -133,21 +163,20 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def table(rows: dict[str, dict[str, float]]) -> str:
+def table(rows: dict[str, dict[str, float]], layer: dict[str, dict[str, float]]) -> str:
     base = rows["toolbox"]
     lines = ["| path | echo (ms) | read (ms) | echo vs toolbox | read vs toolbox |",
              "| --- | ---: | ---: | ---: | ---: |"]
     for name, ms in rows.items():
         lines.append(f"| {name} | {ms['echo']:.1f} | {ms['read']:.1f} | "
                      f"{ms['echo'] / base['echo']:.2f}x | {ms['read'] / base['read']:.2f}x |")
+    for name, ms in layer.items():
+        lines.append(f"| {name} (stub toolbox) | {ms['echo']:.2f} | {ms['read']:.2f} | | |")
     if "desktop-commander" in rows:
         ours, theirs = rows["guilds mcp"], rows["desktop-commander"]
         lines.append("")
         lines.append(f"guilds mcp / desktop-commander: echo {ours['echo'] / theirs['echo']:.2f}x, "
                      f"read {ours['read'] / theirs['read']:.2f}x")
-    for op in ("echo", "read"):
-        lines.append(f"front's added cost, {op}: in process {rows['front'][op] - base[op]:+.1f} ms, "
-                     f"over stdio {rows['guilds mcp'][op] - base[op]:+.1f} ms")
     return "\n".join(lines)
 
 
@@ -156,7 +185,11 @@ async def main() -> None:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--sandbox", default="local", choices=("local", "bwrap"))
     parser.add_argument("--no-dc", action="store_true", help="skip desktop-commander")
+    parser.add_argument("--stub-server", action="store_true", help="serve the stub toolbox on stdio (internal)")
     opts = parser.parse_args()
+    if opts.stub_server:
+        await serve_streams(build_server(StubToolbox(), run_id="mcp-stub"))
+        return
     folder = Path(tempfile.mkdtemp(prefix="mcp-bench-"))
     try:
         home = folder / "home"
@@ -164,9 +197,11 @@ async def main() -> None:
         async with AsyncExitStack() as stack:
             paths = await open_paths(stack, folder, home, opts.sandbox, not opts.no_dc)
             rows = await measure(paths, opts.runs)
-        print(f"sandbox {opts.sandbox}, {opts.runs} calls each, median; load average "
-              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
-        print(table(rows))
+        async with AsyncExitStack() as stack:
+            layer = await measure(await open_stub_paths(stack, home), opts.runs * 10)
+        print(f"sandbox {opts.sandbox}, {opts.runs} calls each ({opts.runs * 10} for the stub), median; "
+              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
+        print(table(rows, layer))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -61,6 +61,9 @@ BINARY_SNIFF_BYTES = 8000
 READ_FILE_CHUNK = 1024 * 1024
 """file_read reads (and hashes) the file in chunks of this size: large enough
 that hashing and newline counting run at memory speed, small enough to bound memory."""
+READ_COUNT_CHILD_MIN_BYTES = 16 * 1024 * 1024
+"""From this size on, file_read has `wc -l` count the lines beside its hashing
+pass (Python's own count costs as much as the hash); below it, spawning costs more."""
 
 # --- code_search ----------------------------------------------------------
 SEARCH_FILES_MAX = 30

@@ -20,10 +20,13 @@ from ..settings import AgentSettings
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """PATH of the agent's commands when the orchestrator has none."""
 LANG = "C.UTF-8"
-REAL_PYTHON = os.path.realpath(sys.executable)
-"""The interpreter that runs the helper: the real binary, not a pyenv shim."""
 _DIR_MODE = 0o700
 _FILE_MODE = 0o600
+
+
+def real_python() -> str:
+    """The interpreter that runs the helpers: this one's real binary, not a pyenv shim."""
+    return os.path.realpath(sys.executable)
 
 
 def checked_id(settings: AgentSettings) -> str:

@@ -46,7 +46,7 @@ from typing import Iterator, Mapping, Sequence
 from ..errors import SandboxError
 from ..helpers import HELPER_PACKAGES, cached_helper
 from ..settings import AgentSettings
-from ._agent import REAL_PYTHON, agent_env, checked_id, locate, write_beneath, write_repos
+from ._agent import agent_env, checked_id, locate, real_python, write_beneath, write_repos
 from ._process import kill_and_wait, parent_pid, read_until, run_process, spawn_detached, start_time
 from .base import ExecResult
 from .bwrap_argv import (
@@ -69,7 +69,7 @@ class BwrapSandbox:
         """idle_seconds: the idle stop; path: the agent's PATH (default: this process's)."""
         self.settings = settings
         self.home = str(settings.home)
-        self.python = REAL_PYTHON
+        self.python = real_python()
         self.idle_seconds = idle_seconds
         self._data = os.path.realpath(data_dir)
         base = os.path.join(self._data, "sandboxes", checked_id(settings))

@@ -21,7 +21,6 @@ import shutil
 from dataclasses import dataclass
 from typing import Sequence
 
-from ._agent import REAL_PYTHON
 from ._process import succeeds
 
 STATE_INSIDE = "/run/guilds"
@@ -63,6 +62,8 @@ class BwrapConfig:
     """Host folder of the state root, bound at /run/guilds."""
     helpers: tuple[tuple[str, str], ...]
     """(name, host file) bound read-only at /usr/local/bin/<name>."""
+    python: str
+    """The python3 that runs INIT (and the helpers) inside."""
     local_bin: tuple[tuple[str, str | None], ...] = ()
     """The host's /usr/local/bin entries: (name, link target, or None for a file)."""
     hidden: tuple[str, ...] = ()
@@ -70,7 +71,6 @@ class BwrapConfig:
     keep_run: tuple[str, ...] = ()
     """Host paths under /run bound back read-only (resolv.conf's target)."""
     network: bool = False
-    python: str = REAL_PYTHON
     idle_seconds: float = DEFAULT_IDLE_SECONDS
     info_fd: int = 3
     """The fd bwrap reports its child's pid on (--info-fd)."""

@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 from ..errors import SandboxError
 from ..helpers import HELPER_PACKAGES, cached_helper
 from ..settings import AgentSettings
-from ._agent import REAL_PYTHON, agent_env, checked_id, locate, write_beneath, write_repos
+from ._agent import agent_env, checked_id, locate, real_python, write_beneath, write_repos
 from ._process import run_process
 from .base import ExecResult
 
@@ -37,7 +37,7 @@ class LocalSandbox:
         self.home = str(settings.home)
         data = os.path.realpath(data_dir)
         self.state_dir = os.path.join(data, "state")
-        self.python = REAL_PYTHON
+        self.python = real_python()
         self._helper_dir = os.path.join(data, "helpers")
         self._helpers: dict[str, str] = {}
         self._env = agent_env(settings, home=self.home, state_dir=self.state_dir,

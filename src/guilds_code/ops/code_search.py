@@ -64,7 +64,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import limits, paths, protocol, runstate
 from ..shaping import clip_line, utf8_len
-from .file_read import LineHead, clip_counted, keep_bytes, make_redactor
+from .file_read import LineHead, clip_counted, keep_bytes, make_redactor, spawn
 
 EXCLUDED = ("!.git", "!.runs")
 """Globs added after the model's: later globs win, so these always apply."""
@@ -107,43 +107,19 @@ def rg_argv(program: str, args: Dict[str, Any], root: str) -> List[str]:
     return argv + [f"--regexp={args['pattern']}", "--", root]
 
 
-def _spawn(argv: List[str], stdin: Optional[int]) -> Tuple[int, int, int]:
-    """Start argv (absolute program path) with stdin, and pipes for stdout and stderr.
-
-    os.posix_spawn rather than subprocess: this runs once per search, and the
-    helper's start-up time counts against rg's. The child inherits only 0, 1
-    and 2 (Python's descriptors are close-on-exec), and the helper's working
-    directory. RIPGREP_CONFIG_PATH is removed from its environment.
-    """
-    env = {k: v for k, v in os.environ.items() if k != "RIPGREP_CONFIG_PATH"}
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if stdin is None else None
-    actions = [
-        (os.POSIX_SPAWN_DUP2, stdin if null is None else null, 0),
-        (os.POSIX_SPAWN_DUP2, out_w, 1),
-        (os.POSIX_SPAWN_DUP2, err_w, 2),
-    ]
-    try:
-        pid = os.posix_spawn(argv[0], argv, env, file_actions=actions)
-    except OSError as exc:
-        os.close(out_r)
-        os.close(err_r)
-        raise protocol.OpError(f"code_search: cannot run {argv[0]}: {exc.strerror}") from None
-    finally:
-        for fd in (out_w, err_w) + ((null,) if null is not None else ()):
-            os.close(fd)
-    return pid, out_r, err_r
-
-
 def run_rg(argv: List[str], stdin: Optional[int], timeout: float, sink: Callable[[bytes], None]) -> Tuple[int, bytes, bool]:
     """Run argv, feeding its stdout to sink as it comes; (exit code, stderr start, timed out).
 
     stdin is a descriptor to read from, or None for /dev/null. Runs in the
-    helper's working directory. Past timeout seconds the process is killed
-    (exit code -9). At most limits.SEARCH_STDERR_MAX_BYTES of stderr are kept.
+    helper's working directory, without RIPGREP_CONFIG_PATH in its environment.
+    Past timeout seconds the process is killed (exit code -9). At most
+    limits.SEARCH_STDERR_MAX_BYTES of stderr are kept.
     """
-    pid, out_r, err_r = _spawn(argv, stdin)
+    env = {k: v for k, v in os.environ.items() if k != "RIPGREP_CONFIG_PATH"}
+    try:
+        pid, out_r, err_r = spawn(argv, stdin, env)
+    except OSError as exc:
+        raise protocol.OpError(f"code_search: cannot run {argv[0]}: {exc.strerror}") from None
     err = bytearray()
     deadline = time.monotonic() + timeout
     poller = select.poll()

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .. import limits, paths, protocol, redact, runstate
 from ..shaping import clip_line, utf8_len
@@ -179,84 +179,150 @@ class _Collector:
             self._line = None
 
 
-class _Hasher:
-    """SHA-256 in a worker thread (hashlib drops the GIL), beside reading and counting.
+# --- child processes (code_search runs rg through spawn too) --------------------
+def spawn(argv: List[str], stdin: Optional[int], env: Dict[str, str], stderr: bool = True) -> Tuple[int, int, Optional[int]]:
+    """Start argv (argv[0] an absolute path); (pid, stdout pipe, stderr pipe or None).
 
-    Buffers go round: ``buffer()`` hands out a free one, ``submit`` queues it for
-    hashing, after which it is free again.
+    stdin is a descriptor, or None for /dev/null; without `stderr` the child's
+    stderr is /dev/null. os.posix_spawn rather than subprocess, whose import
+    alone costs a fast search a good part of its time. The child gets only 0, 1
+    and 2 (Python's descriptors are close-on-exec) and the helper's working
+    directory. Raises OSError when argv[0] cannot be run.
+    """
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe() if stderr else (None, None)
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    actions = [
+        (os.POSIX_SPAWN_DUP2, null if stdin is None else stdin, 0),
+        (os.POSIX_SPAWN_DUP2, out_w, 1),
+        (os.POSIX_SPAWN_DUP2, null if err_w is None else err_w, 2),
+    ]
+    try:
+        pid = os.posix_spawn(argv[0], argv, env, file_actions=actions)
+    except OSError:
+        for fd in (out_r, err_r):
+            if fd is not None:
+                os.close(fd)
+        raise
+    finally:
+        for fd in (out_w, err_w, null):
+            if fd is not None:
+                os.close(fd)
+    return pid, out_r, err_r
+
+
+def _wc_program() -> Optional[str]:
+    """GNU wc at a fixed place, or None (busybox's is slower than counting here)."""
+    for folder in ("/usr/bin", "/bin"):
+        path = os.path.join(folder, "wc")
+        if os.access(path, os.X_OK) and os.path.basename(os.path.realpath(path)) == "wc":
+            return path
+    return None
+
+
+class _LineCounter:
+    """``wc -l`` over a second descriptor of the file, in a child, beside the hashing pass.
+
+    Counting newlines in Python costs as much CPU as SHA-256 itself; wc counts
+    a GiB in a tenth of that. Only for large files (limits.READ_COUNT_CHILD_MIN_BYTES).
     """
 
-    def __init__(self, buffers: int = 3):
-        # Imported here: code_search imports this module for LineHead, and each
-        # module a search imports counts against rg's time.
-        import hashlib
-        import queue
-        import threading
+    def __init__(self, program: str, fd: int):
+        self._pid, self._out, _ = spawn([program, "-l"], fd, {"LC_ALL": "C"}, stderr=False)
 
-        self._sha = hashlib.sha256()
-        self._free: Any = queue.Queue()
-        self._todo: Any = queue.Queue()
-        for _ in range(buffers):
-            self._free.put(bytearray(limits.READ_FILE_CHUNK))
-        self._thread = threading.Thread(target=self._work, daemon=True)
-        self._thread.start()
+    @staticmethod
+    def start(fd: Optional[int]) -> Optional["_LineCounter"]:
+        """A counter over fd, or None (no fd, no GNU wc, or it cannot run)."""
+        program = _wc_program() if fd is not None else None
+        if program is None:
+            return None
+        try:
+            return _LineCounter(program, fd)
+        except OSError:
+            return None
 
-    def _work(self) -> None:
+    def newlines(self) -> Optional[int]:
+        """wc's count, or None when it failed."""
+        chunks = []
         while True:
-            item = self._todo.get()
-            if item is None:
-                return
-            buf, size = item
-            with memoryview(buf) as view:
-                self._sha.update(view[:size])
-            self._free.put(buf)
+            chunk = os.read(self._out, 4096)
+            if not chunk or sum(map(len, chunks)) > 4096:
+                break
+            chunks.append(chunk)
+        os.close(self._out)
+        status = os.waitpid(self._pid, 0)[1]
+        text = b"".join(chunks).strip()
+        return int(text) if status == 0 and text.isdigit() else None
 
-    def buffer(self) -> bytearray:
-        return self._free.get()
 
-    def submit(self, buf: bytearray, size: int) -> None:
-        self._todo.put((buf, size))
 
-    def hexdigest(self) -> str:
-        self._todo.put(None)
-        self._thread.join()
-        return self._sha.hexdigest()
+def _count_newlines(fd: int) -> int:
+    """Newlines of the whole file, read again with pread (when wc failed)."""
+    buf, total, offset = bytearray(limits.READ_FILE_CHUNK), 0, 0
+    while True:
+        size = os.preadv(fd, [buf], offset)
+        if not size:
+            return total
+        total += buf.count(b"\n", 0, size)
+        offset += size
 
 
 class Scan:
-    """One pass over a file: its hash, size, line count, binary or not, wanted lines."""
+    """One pass over a file: its hash, size, binary or not, newlines, the wanted lines."""
 
     def __init__(self) -> None:
         self.digest = ""
         self.size = 0
-        self.lines = 0
         self.binary = False
+        self.newlines = 0
+        self.last_byte = 0x0A
         self.rows: List[tuple] = []
 
+    @property
+    def lines(self) -> int:
+        """Lines as rg counts them: newlines, plus a last line without one."""
+        return self.newlines + (1 if self.last_byte != 0x0A else 0)
 
-def scan(fd: int, first: int, last: int, redactor: redact.Redactor) -> Scan:
-    """Read fd to its end once: hash, sniff, count lines, collect lines first..last."""
-    result, hasher = Scan(), _Hasher()
+    def sniff(self, buf: bytearray, size: int) -> None:
+        if self.size < limits.BINARY_SNIFF_BYTES and not self.binary:
+            end = min(size, limits.BINARY_SNIFF_BYTES - self.size)
+            self.binary = buf.find(b"\0", 0, end) >= 0
+
+
+def scan(fd: int, first: int, last: int, redactor: redact.Redactor, count_fd: Optional[int] = None) -> Scan:
+    """Read fd to its end once: hash, sniff, collect lines first..last, count lines.
+
+    count_fd, a second descriptor of the same file (a large one), lets a wc
+    child count its newlines beside this pass, which then counts only as far
+    as the range needs.
+    """
+    import hashlib  # here, not at the top: code_search imports this module
+
+    result, sha = Scan(), hashlib.sha256()
     collector = _Collector(first, last, redactor)
-    last_byte = 0x0A
-    with io.FileIO(fd, closefd=False) as reader:
+    counter: Optional[_LineCounter] = None
+    buf = bytearray(limits.READ_FILE_CHUNK)
+    with memoryview(buf) as view, io.FileIO(fd, closefd=False) as reader:
         while True:
-            buf = hasher.buffer()
             size = reader.readinto(buf) or 0
             if not size:
                 break
-            if result.size < limits.BINARY_SNIFF_BYTES and not result.binary:
-                sniff = min(size, limits.BINARY_SNIFF_BYTES - result.size)
-                result.binary = buf.find(b"\0", 0, sniff) >= 0
+            result.sniff(buf, size)
             if not result.binary:
-                collector.feed(buf, size, buf.count(b"\n", 0, size))
+                if result.size == 0:
+                    counter = _LineCounter.start(count_fd)
+                if counter is None or collector.lineno <= last:
+                    newlines = buf.count(b"\n", 0, size)
+                    collector.feed(buf, size, newlines)
+                    result.newlines += newlines
+            sha.update(view[:size])
             result.size += size
-            last_byte = buf[size - 1]
-            hasher.submit(buf, size)
+            result.last_byte = buf[size - 1]
     collector.finish()
-    result.digest = hasher.hexdigest()
-    result.lines = collector.lineno - (1 if last_byte == 0x0A else 0)
-    result.rows = collector.rows
+    if counter is not None:
+        counted = counter.newlines()
+        result.newlines = counted if counted is not None else _count_newlines(fd)
+    result.digest, result.rows = sha.hexdigest(), collector.rows
     return result
 
 
@@ -357,12 +423,16 @@ def run(request: protocol.Request) -> protocol.Reply:
     cwd = runstate.current_cwd(request)
     with paths.resolve(request.home, cwd, given) as target:
         fd = target.open_regular(given)
+        big = target.st.st_size >= limits.READ_COUNT_CHILD_MIN_BYTES
+        count_fd = target.open_regular(given) if big else None
         path = target.path
     try:
-        result = scan(fd, first, last, make_redactor(request))
+        result = scan(fd, first, last, make_redactor(request), count_fd)
     except OSError as exc:
         raise paths.fail(given, f"cannot be read: {exc.strerror}") from None
     finally:
-        os.close(fd)
+        for opened in (fd, count_fd):
+            if opened is not None:
+                os.close(opened)
     shown = paths.display(path, request.home, paths.physical_cwd(request.home, cwd))
     return _reply(shown, path, result, request)
