@@ -114,7 +114,7 @@ async def check_each_tool(client: Client, home: Path, **call: Any) -> str:
     status = await client.call_tool("shell_status", {}, **call)
     assert not status.is_error
     task = await client.call_tool("code_task", {"brief": "add a test"}, **call)
-    assert task.is_error and "code_task" in text_of(task)
+    assert meta_of(task)["tool"] == "code_task"  # an error here: the agent has no repository
     runs = {meta_of(r)["run"] for r in (shell, read, search, status, task)}
     assert len(runs) == 1
     seqs = [meta_of(r)["seq"] for r in (shell, read, search, status, task)]

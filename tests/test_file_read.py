@@ -318,3 +318,26 @@ def test_a_large_sparse_file_hashes_whole_in_bounded_memory(sandbox):
             digest.update(chunk)
     assert envelope["meta"]["content_hash"] == digest.hexdigest()
     assert rss < 40 * 1024, f"peak RSS {rss} KiB"
+
+
+# --- counting lines beside the hash ------------------------------------------------------------
+@pytest.mark.parametrize("count_mode", ["none", "wc", "wc-fails"])
+def test_line_count_is_the_same_however_it_is_counted(tmp_path, count_mode):
+    from guilds_code import redact
+    from guilds_code.ops import file_read
+
+    lines = 1_100_000
+    path = tmp_path / "big.txt"
+    path.write_bytes(b"0123456789abcdef\n" * lines + b"tail")
+    assert path.stat().st_size >= file_read.limits.READ_COUNT_CHILD_MIN_BYTES
+    fd = os.open(path, os.O_RDONLY)
+    count_fd = {"none": None, "wc": os.open(path, os.O_RDONLY), "wc-fails": os.open(path, os.O_WRONLY)}[count_mode]
+    try:
+        result = file_read.scan(fd, 3, 4, redact.Redactor([]), count_fd)
+    finally:
+        for opened in (fd, count_fd):
+            if opened is not None:
+                os.close(opened)
+    assert result.lines == lines + 1
+    assert [text for text, _ in result.rows] == ["0123456789abcdef"] * 2
+    assert result.digest == hashlib.sha256(path.read_bytes()).hexdigest()

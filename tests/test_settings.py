@@ -88,6 +88,7 @@ def test_result_max_bytes_falls_back_to_the_environment(tmp_path):
         ('[agnt]\nid = "a"', {}, "agnt: unknown key"),
         ('[repos.web]\ntokn = "abcdef"', {}, "repos.web.tokn: unknown key"),
         ('[agent]\nsandbox = "vm"', {}, "agent.sandbox: must be one of auto, local, bwrap, docker, kubernetes"),
+        ('[agent]\nharness = "aider"', {}, "agent.harness: must be one of claude-code, codex"),
         ('[agent]\nmax_tool_calls = "200"', {}, "agent.max_tool_calls: must be an integer"),
         ("[agent]\nmax_tool_calls = 0", {}, "agent.max_tool_calls: must be at least 1, got 0"),
         ("[agent]\nmax_tool_calls = true", {}, "agent.max_tool_calls: must be an integer"),

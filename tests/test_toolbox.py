@@ -17,7 +17,6 @@ from guilds.errors import BadInput, SandboxError
 from guilds.sandbox.base import ExecResult
 from guilds.store import Store, metadata
 from guilds.toolbox import Toolbox
-from guilds.toolbox.toolbox import CODE_TASK_UNAVAILABLE
 from toolbox_kit import FakeSandbox, local_toolbox, make_settings, ok, refused
 
 TRAILER = re.compile(r"\nremaining_tool_calls: (\d+)$")
@@ -91,14 +90,16 @@ async def test_a_repeated_read_points_to_the_earlier_result(tmp_path):
 async def test_code_task_unknown_tools_and_bad_arguments_are_error_results(tmp_path):
     async with local_toolbox(tmp_path) as tb:
         task = await tb.call("r", "code_task", {"brief": "fix the build"})
-        assert task.is_error and task.text.startswith(CODE_TASK_UNAVAILABLE)
+        assert task.is_error and task.text.startswith("repo: the agent has no repository to work in")
         assert task.meta["row"] == "Code task · error"
+        no_brief = await tb.call("r", "code_task", {"repo": "web"})
+        assert no_brief.is_error and no_brief.text.startswith("brief: required by code_task")
         unknown = await tb.call("r", "browse" * 30, {})
         assert unknown.is_error and unknown.text.startswith("unknown tool 'browsebrowse")
         assert "(known: code_task, shell, shell_status, file_read, code_search)" in unknown.text
         bad = await tb.call("r", "shell", {"command": "ls", "timeout_seconds": 9999})
         assert bad.is_error and bad.text.startswith("timeout_seconds: must be from 1 to 600, got 9999")
-        assert [c.tool for c in await tb.store.calls("r")] == ["code_task", "browse" * 30, "shell"]
+        assert [c.tool for c in await tb.store.calls("r")] == ["code_task", "code_task", "browse" * 30, "shell"]
 
 
 async def test_a_run_id_that_is_not_a_file_name_is_refused_before_anything(tmp_path):

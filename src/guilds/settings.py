@@ -10,6 +10,7 @@ max_tool_calls = 200          # per run; remaining_tool_calls counts down from i
 ports = "20000-20099"         # the port block; PORT is its first port
 network = false               # bwrap: may commands reach the network
 result_max_bytes = 8192       # the helper's cap (else $CODE_RESULT_MAX_BYTES, else 8192)
+harness = "claude-code"       # code_task's harness: claude-code | codex
 
 [secrets]                     # put into every command's environment; redacted from every result
 OPENAI_API_KEY = "..."
@@ -51,6 +52,7 @@ from typing import Any, Callable, Mapping
 
 from guilds_code import limits
 from guilds_code.redact import MIN_SECRET_CHARS
+from guilds_harness.adapters import HARNESSES
 
 from . import _checks as check
 from .errors import ConfigError
@@ -60,6 +62,7 @@ DEFAULT_SANDBOX = "auto"
 DEFAULT_MAX_TOOL_CALLS = 200
 DEFAULT_PORTS = (20000, 20099)
 DEFAULT_HOME = "home"
+DEFAULT_HARNESS = "claude-code"
 """The home when the file names none: a folder beside the settings file."""
 SANDBOXES = ("auto", "local", "bwrap", "docker", "kubernetes")
 SETTINGS_FILE = "settings.toml"
@@ -120,6 +123,8 @@ class AgentSettings:
     secrets: Mapping[str, str] = field(default_factory=dict)
     repos: tuple[Repo, ...] = ()
     result_max_bytes: int = limits.DEFAULT_MAX_BYTES
+    harness: str = DEFAULT_HARNESS
+    """The coding harness code_task drives: claude-code or codex."""
     docker: DockerSettings = field(default_factory=DockerSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
 
@@ -129,7 +134,7 @@ class AgentSettings:
 
 
 _AGENT_KEYS = ("id", "home", "sandbox", "coding", "max_tool_calls", "ports", "network",
-               "result_max_bytes")
+               "result_max_bytes", "harness")
 
 
 def _result_max_bytes(table: dict, env: Mapping[str, str]) -> int:
@@ -160,6 +165,7 @@ def _agent(table: dict, base: Path, env: Mapping[str, str]) -> dict:
         "ports": check.ports(table.get("ports", "%d-%d" % DEFAULT_PORTS), "agent.ports"),
         "network": check.boolean(table.get("network", False), "agent.network"),
         "result_max_bytes": _result_max_bytes(table, env),
+        "harness": check.choice(table.get("harness", DEFAULT_HARNESS), "agent.harness", tuple(HARNESSES)),
     }
 
 

@@ -33,6 +33,7 @@ import os
 import secrets
 import select
 import socket
+import ssl
 import threading
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -113,14 +114,8 @@ class DockerSandbox:
     def _exec(self, argv: list[str], env: dict[str, str], timeout: float, token: str) -> ExecResult:
         exec_id = self._exec_create(argv, env, timeout)
         began = time.monotonic()
-        with self._engine("exec"):
-            sock = self.client.api.exec_start(exec_id, socket=True)
-        try:
-            out, err, complete = _read_frames(
-                sock, began + timeout + KILL_GRACE_SECONDS + DEADLINE_SLACK_SECONDS,
-                lambda: not self._inspect_exec(exec_id).get("Running"))
-        finally:
-            _close(sock)
+        out, err, complete = self._stream(
+            exec_id, began + timeout + KILL_GRACE_SECONDS + DEADLINE_SLACK_SECONDS)
         raw = self._exit_code(exec_id) if complete else None
         code, timed_out = exec_status(raw, elapsed=time.monotonic() - began, timeout=timeout)
         if not complete or timed_out:
@@ -142,6 +137,27 @@ class DockerSandbox:
                                                            str(exc.explanation))) from exc
                 self._cid = None  # gone or not running: _ensure finds out which
         raise AssertionError("unreachable")
+
+    def _stream(self, exec_id: str, deadline: float) -> tuple[bytes, bytes, bool]:
+        """Start the exec and read its output (see ``_read_frames``).
+
+        The SDK's ``exec_start(socket=True)`` hands over the socket without the
+        response: bytes already buffered by the HTTP reader would be lost and
+        the connection could not be closed. So the request is made here (the
+        SDK's own ``_post_json``) and the response's buffered reader is read.
+        """
+        api = self.client.api
+        with self._engine("exec"):
+            response = api._post_json(api._url("/exec/{0}/start", exec_id),
+                                      data={"Tty": False, "Detach": False}, stream=True,
+                                      headers={"Connection": "Upgrade", "Upgrade": "tcp"})
+            api._raise_for_status(response)
+        try:
+            reader = response.raw._fp.fp
+            return _read_frames(reader, deadline,
+                                lambda: not self._inspect_exec(exec_id).get("Running"))
+        finally:
+            response.close()
 
     def _exit_code(self, exec_id: str) -> int | None:
         for _ in range(50):  # the stream can end a moment before the exit is recorded
@@ -165,9 +181,8 @@ class DockerSandbox:
 
     def _kill(self, token: str) -> None:
         with contextlib.suppress(SandboxError, docker.errors.APIError):
-            cid = self._cid or self.container
-            exec_id = self.client.api.exec_create(cid, kill_argv(token))["Id"]
-            self.client.api.exec_start(exec_id)
+            exec_id = self.client.api.exec_create(self._cid or self.container, kill_argv(token))["Id"]
+            self._stream(exec_id, time.monotonic() + CLIENT_TIMEOUT_SECONDS)
 
     def _put(self, files: list[tuple[str, bytes, int]], what: str) -> None:
         archive = tar_bytes(files, mtime=int(time.time()))
@@ -262,6 +277,59 @@ class DockerSandbox:
         except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
             raise SandboxError(f"docker: {what}: the engine is not reachable at {self._where()} "
                                f"({exc}); start it or set DOCKER_HOST") from exc
+
+
+def _probe(url: str) -> None:
+    """Connect to a unix:// engine once, closing the socket whatever happens (the SDK's
+    own failed connect leaves its socket to the garbage collector)."""
+    if url.startswith("unix://"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(CLIENT_TIMEOUT_SECONDS)
+            sock.connect(url[len("unix://"):])
+
+
+def _labels(inspected: Mapping[str, Any]) -> dict[str, str]:
+    labels = (inspected.get("Config") or {}).get("Labels") or {}
+    return {k: v for k, v in labels.items() if k in (spec.LABEL_AGENT, spec.LABEL_FINGERPRINT)}
+
+
+def _read_frames(reader: Any, deadline: float, exited: Callable[[], bool]
+                 ) -> tuple[bytes, bytes, bool]:
+    """Read the exec's stream until EOF or the deadline: (stdout head, stderr tail, complete).
+
+    reader is the response's buffered reader; its socket is made non-blocking
+    and waited on with select. After each second without output ``exited()`` is
+    asked: once the process has exited, what is left is read for DRAIN_SECONDS,
+    so a process it left behind holding the stream cannot pin the call.
+    """
+    sock = reader.raw._sock
+    sock.setblocking(False)
+    buf, out, err = b"", bytearray(), bytearray()
+    while (left := deadline - time.monotonic()) > 0:
+        chunk = _available(reader)
+        if chunk == b"":
+            if not select.select([sock], [], [], min(left, 1.0))[0]:
+                if exited():
+                    deadline = min(deadline, time.monotonic() + DRAIN_SECONDS)
+                continue
+            if not (chunk := _available(reader)):
+                return bytes(out), bytes(err), True  # readable and empty: the end
+        frames, buf = spec.split_frames(buf + chunk)
+        for stream, payload in frames:
+            if stream == spec.STDOUT:
+                out += payload[: STDOUT_MAX_BYTES - len(out)]
+            else:
+                err += payload
+                del err[:-STDERR_KEEP_BYTES]
+    return bytes(out), bytes(err), exited()
+
+
+def _available(reader: Any) -> bytes:
+    """What the reader has now, buffered or on the socket; b"" when nothing (or the end)."""
+    try:
+        return reader.read1(_READ) or b""
+    except (BlockingIOError, ssl.SSLWantReadError):
+        return b""
 
 
 def _probe(url: str) -> None:

@@ -6,9 +6,10 @@ One call, in order:
 2. the run record gives the call its seq and a slot in the run's budget
    (``max_tool_calls``), atomically; a call past the budget is recorded, runs
    nothing, is not counted, and gets an error result;
-3. the call runs: code_task answers that it is not available in this build;
-   an unknown tool or bad arguments get the helper's own error without a
-   process; otherwise the request goes to guilds-code in the sandbox (a
+3. the call runs: an unknown tool or bad arguments get the helper's own
+   error without a process; code_task goes to guilds-harness (with the
+   agent's harness and repositories), a status other than ``completed``
+   being an error; the other tools go to guilds-code in the sandbox (a
    file_read carries the read ledger). HelperFailed and SandboxError become
    error results here, and only here;
 4. the pipeline: redaction, the 64 KiB cap, the ``remaining_tool_calls`` trailer;
@@ -30,6 +31,7 @@ from typing import Any, Callable
 
 from guilds_code.protocol import RequestError, validate_args
 from guilds_code.redact import Redactor
+from guilds_harness.request import validate_task
 
 from .._checks import is_safe_name
 from ..errors import BadInput, HelperFailed, SandboxError
@@ -42,10 +44,6 @@ from .ledger import earlier_reads
 from .pipeline import redact_meta, run_pipeline
 from .tools import TOOL_NAMES, ToolSpec, tool_specs
 
-CODE_TASK_UNAVAILABLE = (
-    "code_task is not available in this build; make the change with shell "
-    "(and check it with file_read and code_search)"
-)
 BUDGET_REFUSED = (
     "tool call budget exhausted: this run has made all {n} of its tool calls "
     "(max_tool_calls = {n}); nothing was run"
@@ -90,6 +88,14 @@ def _error(text: str) -> _Outcome:
     return _Outcome(text, True)
 
 
+def _validated(tool: str, args: Any) -> Any:
+    """The tool's arguments checked as its helper will check them (RequestError if bad)."""
+    if tool == "code_task":
+        validate_task(args)
+        return args
+    return validate_args(tool, args)
+
+
 def new_call_id() -> str:
     """Unique per call, safe as a file name (the log is <call id>.log)."""
     return "c" + secrets.token_hex(6)
@@ -129,10 +135,8 @@ class Toolbox:
 
     def default_cwd(self) -> str:
         """repos/<name> when the agent has exactly one repository, else the home (as the sandbox sees it)."""
-        home = self.sandbox.home
-        if len(self.settings.repos) == 1:
-            return posixpath.normpath(posixpath.join(home, self.settings.repos[0].path))
-        return home
+        folders = self._repo_folders()
+        return next(iter(folders.values())) if len(folders) == 1 else self.sandbox.home
 
     async def _ensure_started(self) -> None:
         if self._started:
@@ -173,27 +177,37 @@ class Toolbox:
 
     async def _run(self, call: _Call) -> _Outcome:
         tool, args = call.tool, call.args
-        if tool == "code_task":
-            return _error(CODE_TASK_UNAVAILABLE)
         if tool not in TOOL_NAMES:
             return _error(f"unknown tool {tool!r} (known: {', '.join(TOOL_NAMES)})")
         try:
-            valid = validate_args(tool, args)
+            valid = _validated(tool, args)
         except RequestError as exc:
             return _error(str(exc))
         request = self._request(call)
+        helper = transport.HELPER
         if tool == "file_read":
             request["reads"] = await earlier_reads(self.store, call.run_id, call.seq)
+        elif tool == "code_task":
+            request.update(harness=self.settings.harness, repos=self._repo_folders())
+            helper = "guilds-harness"
         try:
             await self._ensure_started()
-            envelope = await transport.call_helper(self.sandbox, request, wait=transport.wait_for(tool, valid))
+            envelope = await transport.call_helper(
+                self.sandbox, request, wait=transport.wait_for(tool, valid), helper=helper
+            )
         except HelperFailed as exc:
             return _error(exc.message)
         except SandboxError as exc:
             return _error(f"sandbox error: {exc}")
         if not envelope["ok"]:
             return _error(envelope["error"])
-        return _Outcome(envelope["text"], False, envelope["meta"])
+        failed = tool == "code_task" and envelope["meta"].get("status") != "completed"
+        return _Outcome(envelope["text"], failed, envelope["meta"])
+
+    def _repo_folders(self) -> dict[str, str]:
+        """Each repository's absolute folder as the sandbox sees it."""
+        home = self.sandbox.home
+        return {r.name: posixpath.normpath(posixpath.join(home, r.path)) for r in self.settings.repos}
 
     def _request(self, call: _Call) -> dict[str, Any]:
         return {

@@ -18,9 +18,7 @@ from typing import Any, Callable
 from guilds_code import limits
 from guilds_code.protocol import ARG_SPECS, REQUIRED
 
-CODE_TASK_TIMEOUT_DEFAULT = 30
-CODE_TASK_TIMEOUT_MAX = 240
-"""code_task's timeout_minutes: the Code tasks page owns these; placeholders until it lands."""
+from guilds_harness import limits as task_limits
 
 
 @dataclass(frozen=True)
@@ -137,8 +135,9 @@ def code_task_schema() -> dict[str, Any]:
             "session_id": {**string, "description": "Resume this harness session instead of starting one."},
             "notes": {**string, "description": "Extra context for the harness: findings, constraints."},
             "timeout_minutes": {
-                "type": "integer", "minimum": 1, "maximum": CODE_TASK_TIMEOUT_MAX,
-                "default": CODE_TASK_TIMEOUT_DEFAULT, "description": "Stop the harness after this long.",
+                "type": "integer", "minimum": task_limits.TIMEOUT_MINUTES_MIN,
+                "maximum": task_limits.TIMEOUT_MINUTES_MAX,
+                "default": task_limits.TIMEOUT_MINUTES_DEFAULT, "description": "Stop the harness after this long.",
             },
         },
         "required": ["brief"],

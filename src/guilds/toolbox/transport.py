@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from guilds_code import limits
 from guilds_code.protocol import decode_envelope, encode_request
+from guilds_harness import limits as task_limits
 
 from .._checks import is_safe_name
 from ..errors import BadInput, HelperFailed
@@ -28,28 +29,38 @@ HELPER = "guilds-code"
 FAILED = "code helper failed"
 
 
+def _valid_int(value: Any, lo: int, hi: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+
+
 def wait_for(op: str, args: Mapping[str, Any]) -> float:
-    """How long to wait for the helper: shell its own timeout plus 30 s, any other op 120 s.
+    """How long to wait for the helper: shell its own timeout plus 30 s; code_task
+    its timeout_minutes plus WAIT_EXTRA_SECONDS; any other op 120 s.
 
     A timeout the helper will refuse counts as the default: the refusal comes at once.
     """
+    if op == "code_task":
+        minutes = args.get("timeout_minutes") if isinstance(args, Mapping) else None
+        if not _valid_int(minutes, task_limits.TIMEOUT_MINUTES_MIN, task_limits.TIMEOUT_MINUTES_MAX):
+            minutes = task_limits.TIMEOUT_MINUTES_DEFAULT
+        return float(minutes * 60 + task_limits.WAIT_EXTRA_SECONDS)
     if op != "shell":
         return float(limits.OP_WAIT_SECONDS)
     timeout = args.get("timeout_seconds") if isinstance(args, Mapping) else None
-    valid = (isinstance(timeout, int) and not isinstance(timeout, bool)
-             and limits.SHELL_TIMEOUT_MIN <= timeout <= limits.SHELL_TIMEOUT_MAX)
+    valid = _valid_int(timeout, limits.SHELL_TIMEOUT_MIN, limits.SHELL_TIMEOUT_MAX)
     seconds = timeout if valid else limits.SHELL_TIMEOUT_DEFAULT
     return float(seconds + limits.SHELL_WAIT_EXTRA_SECONDS)
 
 
-async def call_helper(sandbox: Sandbox, request: dict[str, Any], *, wait: float) -> dict[str, Any]:
-    """Run one request through the helper; return its decoded envelope.
+async def call_helper(sandbox: Sandbox, request: dict[str, Any], *, wait: float,
+                      helper: str = HELPER) -> dict[str, Any]:
+    """Run one request through a helper (guilds-code or guilds-harness); return its decoded envelope.
 
     Raises HelperFailed when no envelope comes back, BadInput when the request's
     run_id or call_id cannot name its request file, SandboxError from the sandbox.
     """
     arg = await _argument(sandbox, request)
-    argv = [sandbox.python, "-I", "-S", sandbox.helper_path(HELPER), arg]
+    argv = [sandbox.python, "-I", "-S", sandbox.helper_path(helper), arg]
     result = await sandbox.exec(argv, timeout=wait)
     if result.timed_out:
         raise HelperFailed(_failure(f"{FAILED}: no answer within {wait:g} s", result))
