@@ -80,8 +80,8 @@ def test_the_embedded_default_writes_its_settings_on_first_run(capsys, tmp_path)
         (["call", "shell", "[1]"], "arguments: must be a JSON object"),
         (["call", "shell", '{"x": NaN}'], "arguments: not valid JSON"),
         (["call", "shell", "{}", "--run", "../up"], "run id: must be letters"),
-        (["serve"], "guilds serve: not available yet"),
-        (["mcp", "--home", "x"], "guilds mcp: not available yet"),
+        (["serve", "--sandbox", "vm"], "agent.sandbox"),
+        (["mcp", "--sandbox", "vm"], "agent.sandbox"),
     ],
 )
 def test_bad_input_exits_2_with_a_clear_message(capsys, tmp_path, argv, message):

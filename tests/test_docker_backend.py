@@ -231,7 +231,7 @@ async def test_found_again_by_a_second_orchestrator_and_stop(make, tmp_path):
 @needs_engine
 async def test_isolation_pid_namespace_no_network_limits(make):
     box = await make(pids_limit=64)
-    out = (await sh(box, "tr '\\0' ' ' </proc/1/cmdline; echo; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; "
+    out = (await sh(box, "tr '\\0\\n' '  ' </proc/1/cmdline; echo; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; "
                          "cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max")).stdout
     init, network, pids = out.decode().splitlines()
     assert init.startswith("/sbin/docker-init -- python3 -I -S -c")

@@ -2,7 +2,9 @@
 
     guilds call TOOL 'JSON ARGS' [--home DIR] [--run ID] [--config FILE] [--json]
     guilds tools [--format anthropic|openai|mcp]
-    guilds serve ... / guilds mcp ...   (not available yet)
+    guilds serve [--home DIR] [--port N] [--sandbox NAME] [--config FILE]
+    guilds mcp [--home DIR] [--sandbox NAME] [--config FILE]
+    guilds sandbox image [--tag T] [--base B] [--rootfs TAR] [--no-install]
 
 Exit codes: 0 when the call was made (its result printed, also an error
 result: a failed command, a missing file, an exhausted budget); 2 for bad
@@ -24,10 +26,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .errors import BadInput, ConfigError, GuildsError
-from .settings import AgentSettings, data_dir, default_settings_file, load_settings
+from .settings import AgentSettings, coding_flag, data_dir, default_settings_file, load_settings
 from .toolbox.tools import FORMATS, TOOL_NAMES, export, tool_specs
 
-LATER = ("serve", "mcp")
+SERVERS = ("serve", "mcp")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -43,12 +45,19 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("--json", action="store_true", help='print {"text", "is_error", "meta"}')
     tools = sub.add_parser("tools", help="print the tool definitions as JSON")
     tools.add_argument("--format", choices=sorted(FORMATS), default="anthropic")
-    for name in LATER:  # the contract's options, so that they parse; the lead fills these in
-        later = sub.add_parser(name, help="not available yet")
-        later.add_argument("--home")
-        later.add_argument("--sandbox")
+    helps = {"serve": "the app at http://127.0.0.1:PORT/ and the MCP endpoint at /mcp",
+             "mcp": "the tools as an MCP server on stdio"}
+    for name in SERVERS:
+        server = sub.add_parser(name, help=helps[name])
+        server.add_argument("--home", help="the agent's home (overrides agent.home)")
+        server.add_argument("--sandbox", help="local | bwrap | docker | kubernetes | auto (overrides agent.sandbox)")
+        server.add_argument("--config", help="the settings file (default: <data folder>/settings.toml)")
         if name == "serve":
-            later.add_argument("--port", type=int)
+            server.add_argument("--port", type=int, default=8765, help="default 8765")
+            server.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1")
+    box = sub.add_parser("sandbox", help="sandbox images")
+    box.add_argument("action", choices=["image"], help="image: build the docker sandbox image")
+    box.add_argument("rest", nargs=argparse.REMAINDER, help="the image builder's options (--help)")
     return parser
 
 
@@ -72,9 +81,12 @@ def new_run_id() -> str:
     return f"cli-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(3)}"
 
 
+def _settings_path(opts: argparse.Namespace, data: Path) -> Path:
+    return Path(opts.config) if opts.config else default_settings_file(data)
+
+
 def _settings(opts: argparse.Namespace, data: Path, env: Mapping[str, str]) -> AgentSettings:
-    path = Path(opts.config) if opts.config else default_settings_file(data)
-    settings = load_settings(path, env)
+    settings = load_settings(_settings_path(opts, data), env)
     if opts.home:
         settings = dataclasses.replace(settings, home=Path(opts.home).expanduser().resolve())
     return settings
@@ -104,6 +116,25 @@ def _run_call(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
     return EXIT_OK
 
 
+def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
+    data = data_dir(env)
+    data.mkdir(parents=True, exist_ok=True)
+    settings = _settings(opts, data, env)
+    coding = coding_flag(_settings_path(opts, data))
+    if opts.command == "mcp":
+        from .mcp_server import run_stdio
+
+        run_stdio(settings, data, sandbox=opts.sandbox, coding=coding, env=env)
+        return EXIT_OK
+    from .serve import serve
+
+    try:
+        asyncio.run(serve(settings, data, opts.host, opts.port, opts.sandbox, coding=coding, env=env))
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     opts = _parser().parse_args(argv)
     env = os.environ if env is None else env
@@ -111,9 +142,12 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         if opts.command == "tools":
             print(json.dumps(export(tool_specs(), opts.format), ensure_ascii=False, indent=2))
             return EXIT_OK
-        if opts.command in LATER:
-            print(f"guilds {opts.command}: not available yet in this build", file=sys.stderr)
-            return EXIT_USAGE
+        if opts.command in SERVERS:
+            return _run_server(opts, env)
+        if opts.command == "sandbox":
+            from .sandbox.image import main as image_main
+
+            return image_main(opts.rest)
         return _run_call(opts, env)
     except (ConfigError, BadInput) as exc:
         print(f"guilds: {exc}", file=sys.stderr)

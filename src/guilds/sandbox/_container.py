@@ -77,7 +77,8 @@ cut; orphans and background commands have a parent inside and do not count."""
 _KILL = (
     'for d in /proc/[0-9]*; do '
     'if grep -qxzF -- "$0" "$d/environ" 2>/dev/null; then '
-    'kill -KILL -- "-${d#/proc/}" "${d#/proc/}" 2>/dev/null; fi; done; true'
+    'kill -s KILL -- "-${d#/proc/}" 2>/dev/null; kill -s KILL "${d#/proc/}" 2>/dev/null; '
+    'fi; done; true'
 )
 
 

@@ -33,8 +33,10 @@ path with the same content_hash whose range covers the lines this read shows,
 the result is the pointer line, naming the latest such read's seq.
 
 The whole file is hashed (SHA-256, meta content_hash) in one streaming pass that
-also counts lines; memory stays bounded whatever the file (a long line is kept
-only up to what its clip shows, and counted past that).
+also counts lines (from limits.READ_COUNT_CHILD_MIN_BYTES on, GNU ``wc -l``
+counts them in a child beside the pass, at a tenth of Python's cost; without
+it, Python counts). Memory stays bounded whatever the file: one 1 MiB buffer,
+and a long line is kept only up to what its clip shows, and counted past that.
 
 meta: path (resolved, absolute), range [a, b] (1-based, inclusive, the lines
 shown), content_hash, lines (n); repeat_of on a pointer.
