@@ -32,20 +32,21 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from mcp import Client, StdioServerParameters  # noqa: E402
+from mcp import Client, StdioServerParameters
 
-from guilds.mcp_server import build_server, serve_streams  # noqa: E402
-from guilds.sandbox import get_sandbox  # noqa: E402
-from guilds.settings import load_settings  # noqa: E402
-from guilds.store import Store  # noqa: E402
-from guilds.toolbox import CallResult, Toolbox, tool_specs  # noqa: E402
+from guilds.mcp_server import build_server, serve_streams
+from guilds.sandbox import get_sandbox
+from guilds.settings import load_settings
+from guilds.store import Store
+from guilds.toolbox import CallResult, Toolbox, tool_specs
 
 DC_SCRIPT = ROOT / "bench/.out/node_modules/@wonderwhy-er/desktop-commander/dist/index.js"
 WARMUP = 3
@@ -120,19 +121,20 @@ async def open_paths(stack: AsyncExitStack, folder: Path, home: Path, sandbox: s
     return paths
 
 
+STUB_TEXT = "hi\nremaining_tool_calls: 199"
+STUB_META = {"exit_code": 0, "cwd": "/home/agent", "timed_out": False, "call": "c0123456789ab", "tool": "shell",
+             "run": "mcp-stub", "seq": 1, "started_at": "2026-01-01T00:00:00.000+00:00", "duration_ms": 0,
+             "row": "Run echo hi"}
+
+
 class StubToolbox:
     """Answers every call at once with a result shaped like a real one: the MCP layer alone."""
-
-    TEXT = "hi\nremaining_tool_calls: 199"
-    META = {"exit_code": 0, "cwd": "/home/agent", "timed_out": False, "call": "c0123456789ab", "tool": "shell",
-            "run": "mcp-stub", "seq": 1, "started_at": "2026-01-01T00:00:00.000+00:00", "duration_ms": 0,
-            "row": "Run echo hi"}
 
     def tools(self) -> list:
         return tool_specs()
 
     async def call(self, run_id: str, tool: str, args: Any) -> CallResult:
-        return CallResult(self.TEXT, False, self.META)
+        return CallResult(STUB_TEXT, False, STUB_META)
 
 
 async def open_stub_paths(stack: AsyncExitStack, home: Path) -> dict[str, Call]:

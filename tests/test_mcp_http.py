@@ -4,19 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import pytest
 import uvicorn
 from mcp import Client
+from mcp_kit import (
+    SETTLE_SECONDS,
+    cancel_sleep,
+    check_bad_calls,
+    check_each_tool,
+    check_progress,
+    check_tool_list,
+    meta_of,
+    processes,
+    settled_calls,
+    text_of,
+    wait_for,
+)
+from toolbox_kit import local_toolbox
 
 from guilds.mcp_server import RUN_KEY, http_endpoint, streamable_http_app
 from guilds.toolbox import Toolbox
-from mcp_kit import (
-    SETTLE_SECONDS, cancel_sleep, check_bad_calls, check_each_tool, check_progress, check_tool_list,
-    meta_of, processes, settled_calls, text_of, wait_for,
-)
-from toolbox_kit import local_toolbox
 
 
 @contextlib.asynccontextmanager

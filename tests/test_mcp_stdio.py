@@ -9,18 +9,29 @@ import os
 import signal
 import sys
 from asyncio.subprocess import DEVNULL, PIPE
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 import pytest
 from mcp import Client, StdioServerParameters
+from mcp_kit import (
+    SETTLE_SECONDS,
+    cancel_sleep,
+    check_bad_calls,
+    check_each_tool,
+    check_progress,
+    check_tool_list,
+    meta_of,
+    processes,
+    settled_calls,
+    sleep_command,
+    text_of,
+    wait_for,
+    write_settings,
+)
 
 from guilds.sandbox.bwrap_argv import unavailable
 from guilds.store import Store
-from mcp_kit import (
-    SETTLE_SECONDS, cancel_sleep, check_bad_calls, check_each_tool, check_progress, check_tool_list,
-    meta_of, processes, settled_calls, sleep_command, text_of, wait_for, write_settings,
-)
 
 
 def server_params(tmp_path: Path, sandbox: str = "local") -> StdioServerParameters:

@@ -75,10 +75,12 @@ INIT = (
 the container (ppid 0: an exec), so a call longer than the idle time is never
 cut; orphans and background commands have a parent inside and do not count."""
 _KILL = (
-    'for d in /proc/[0-9]*; do '
-    'if grep -qxzF -- "$0" "$d/environ" 2>/dev/null; then '
-    'kill -s KILL -- "-${d#/proc/}" 2>/dev/null; kill -s KILL "${d#/proc/}" 2>/dev/null; '
-    'fi; done; true'
+    'pids() { for d in /proc/[0-9]*; do grep -qxzF -- "$0" "$d/environ" 2>/dev/null '
+    '&& echo "${d#/proc/}"; done; }; '
+    'sig() { for p in $(pids); do kill -s "$1" -- "-$p" 2>/dev/null; kill -s "$1" "$p" 2>/dev/null; '
+    'done; }; '
+    'sig TERM; n=0; while [ -n "$(pids)" ] && [ "$n" -lt "$1" ]; do sleep 0.1; n=$((n+1)); done; '
+    'sig KILL; true'
 )
 
 
@@ -100,8 +102,9 @@ def exec_argv(argv: Sequence[str], timeout: float) -> list[str]:
 
 
 def kill_argv(token: str) -> list[str]:
-    """SIGKILL every process (and its group) whose environment holds EXEC_ENV=token."""
-    return ["/bin/sh", "-c", _KILL, f"{EXEC_ENV}={token}"]
+    """Stop every process (and its group) whose environment holds EXEC_ENV=token:
+    SIGTERM, then SIGKILL to what is left KILL_GRACE_SECONDS later."""
+    return ["/bin/sh", "-c", _KILL, f"{EXEC_ENV}={token}", str(round(KILL_GRACE_SECONDS * 10))]
 
 
 def exec_status(raw: int | None, *, elapsed: float, timeout: float) -> tuple[int | None, bool]:

@@ -20,7 +20,8 @@ Lifecycle:
   ``exec_inspect`` for the exit code. The timeout is enforced inside the
   container (``_container.exec_argv``); an exec cancelled, or silent past its
   timeout plus DEADLINE_SLACK_SECONDS, has its processes killed by a second exec;
-- stop: the container is removed (its processes die), the volume is kept.
+- stop: the container and the state volume are removed (its processes die,
+  background ids begin again at b1); the home stays.
 
 The SDK blocks: each step runs in a thread (``_container.blocking``).
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import secrets
 import select
@@ -43,7 +45,7 @@ import requests
 
 from ..errors import SandboxError
 from ..helpers import HELPER_PACKAGES
-from ..settings import AgentSettings
+from ..settings import DEFAULT_SANDBOX_IMAGE, AgentSettings
 from . import docker_spec as spec
 from ._agent import DEFAULT_PATH, agent_env, checked_id, locate
 from ._container import (
@@ -55,6 +57,8 @@ from .base import ExecResult
 
 DEADLINE_SLACK_SECONDS = 5.0
 """How long past timeout + grace an exec may stay silent before it is killed from outside."""
+EXITED_POLL_SECONDS = 0.5
+"""After this long without output, ask the engine whether the exec has exited."""
 CLIENT_TIMEOUT_SECONDS = 60
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 _READ = 64 * 1024
@@ -195,6 +199,8 @@ class DockerSandbox:
             self._cid = None
             with contextlib.suppress(docker.errors.NotFound):
                 self.client.api.remove_container(self.container, force=True)
+            with contextlib.suppress(docker.errors.NotFound):
+                self.client.api.remove_volume(spec.state_volume(self.agent_id), force=True)
             self._client, client = None, self._client
             client.close()  # its pooled connections; a later call connects again
 
@@ -279,6 +285,26 @@ class DockerSandbox:
                                f"({exc}); start it or set DOCKER_HOST") from exc
 
 
+@functools.cache
+def unavailable(image: str = DEFAULT_SANDBOX_IMAGE) -> str | None:
+    """Why this backend cannot run here (no engine at DOCKER_HOST, no image), or None."""
+    url = os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
+    try:
+        _probe(url)
+        client = docker.from_env(timeout=10)
+    except (OSError, docker.errors.DockerException) as exc:
+        return f"no engine answers at {url} ({exc})"
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        return f"image {image} missing (build it with `guilds sandbox image`)"
+    except docker.errors.DockerException as exc:
+        return f"the engine at {url} fails: {exc}"
+    finally:
+        client.close()
+    return None
+
+
 def _probe(url: str) -> None:
     """Connect to a unix:// engine once, closing the socket whatever happens (the SDK's
     own failed connect leaves its socket to the garbage collector)."""
@@ -298,8 +324,8 @@ def _read_frames(reader: Any, deadline: float, exited: Callable[[], bool]
     """Read the exec's stream until EOF or the deadline: (stdout head, stderr tail, complete).
 
     reader is the response's buffered reader; its socket is made non-blocking
-    and waited on with select. After each second without output ``exited()`` is
-    asked: once the process has exited, what is left is read for DRAIN_SECONDS,
+    and waited on with select. After EXITED_POLL_SECONDS without output ``exited()``
+    is asked: once the process has exited, what is left is read for DRAIN_SECONDS,
     so a process it left behind holding the stream cannot pin the call.
     """
     sock = reader.raw._sock
@@ -308,7 +334,7 @@ def _read_frames(reader: Any, deadline: float, exited: Callable[[], bool]
     while (left := deadline - time.monotonic()) > 0:
         chunk = _available(reader)
         if chunk == b"":
-            if not select.select([sock], [], [], min(left, 1.0))[0]:
+            if not select.select([sock], [], [], min(left, EXITED_POLL_SECONDS))[0]:
                 if exited():
                     deadline = min(deadline, time.monotonic() + DRAIN_SECONDS)
                 continue
@@ -330,6 +356,26 @@ def _available(reader: Any) -> bytes:
         return reader.read1(_READ) or b""
     except (BlockingIOError, ssl.SSLWantReadError):
         return b""
+
+
+@functools.cache
+def unavailable(image: str = DEFAULT_SANDBOX_IMAGE) -> str | None:
+    """Why this backend cannot run here (no engine at DOCKER_HOST, no image), or None."""
+    url = os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
+    try:
+        _probe(url)
+        client = docker.from_env(timeout=10)
+    except (OSError, docker.errors.DockerException) as exc:
+        return f"no engine answers at {url} ({exc})"
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        return f"image {image} missing (build it with `guilds sandbox image`)"
+    except docker.errors.DockerException as exc:
+        return f"the engine at {url} fails: {exc}"
+    finally:
+        client.close()
+    return None
 
 
 def _probe(url: str) -> None:
