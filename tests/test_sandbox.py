@@ -21,18 +21,22 @@ from guilds.errors import ConfigError, SandboxError
 from guilds.sandbox import get_sandbox
 from guilds.sandbox.bubblewrap import BwrapSandbox
 from guilds.sandbox.bwrap_argv import unavailable
+from guilds.sandbox.docker import unavailable as docker_unavailable
 from guilds.settings import AgentSettings, Repo
 from guilds.toolbox.transport import call_helper
 
 SECRET = "s3cret-value-7d1f2e"
 TOKEN = "ghp_token-4c8a9b0e"
 NO_BWRAP = unavailable()
+NO_DOCKER = docker_unavailable()
 BACKENDS = [
     pytest.param("local", id="local"),
     pytest.param("bwrap", id="bwrap", marks=[
         pytest.mark.bwrap, pytest.mark.skipif(NO_BWRAP is not None, reason=f"bwrap: {NO_BWRAP}")]),
+    pytest.param("docker", id="docker", marks=[
+        pytest.mark.docker, pytest.mark.skipif(NO_DOCKER is not None, reason=f"docker: {NO_DOCKER}")]),
 ]
-ISOLATED = [p for p in BACKENDS if p.values[0] != "local"]
+ISOLATED = [p for p in BACKENDS if p.values[0] == "bwrap"]  # docker's: tests/test_docker_backend.py
 
 
 def settings_for(tmp_path: Path, backend: str, **kw) -> AgentSettings:
@@ -185,8 +189,6 @@ async def test_cancelling_an_exec_stops_its_process_group(box, tmp_path):
 
 # --- choosing a backend ---------------------------------------------------
 @pytest.mark.parametrize("name, error", [
-    ("docker", "agent.sandbox: 'docker' is not available yet"),
-    ("kubernetes", "agent.sandbox: 'kubernetes' is not available yet"),
     ("bwrapp", "agent.sandbox: unknown sandbox 'bwrapp'"),
 ])
 def test_get_sandbox_refuses_names_it_cannot_offer(tmp_path, name, error):

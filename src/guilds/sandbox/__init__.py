@@ -3,7 +3,8 @@
     local       a folder on this machine; no isolation          (local.py)
     bwrap       one long-lived bubblewrap sandbox per agent      (bubblewrap.py)
     auto        bwrap where it works here, else local with a one-line warning
-    docker, kubernetes   not available yet
+    docker      one container per agent, Docker SDK              (docker.py)
+    kubernetes  one pod per agent, the Kubernetes client         (kubernetes.py)
 
 Backends are imported only when chosen. The seam they implement: ``base.Sandbox``.
 """
@@ -19,8 +20,7 @@ from .base import ExecResult, Sandbox
 
 __all__ = ["ExecResult", "Sandbox", "get_sandbox"]
 
-NAMES = ("auto", "local", "bwrap")
-LATER = ("docker", "kubernetes")
+NAMES = ("auto", "local", "bwrap", "docker", "kubernetes")
 log = logging.getLogger(__name__)
 
 
@@ -29,15 +29,22 @@ def get_sandbox(
 ) -> Sandbox:
     """The sandbox named by settings.sandbox, for that agent, keeping its files under data_dir.
 
-    idle_seconds: bwrap's idle stop (default bubblewrap.DEFAULT_IDLE_SECONDS).
-    Raises ConfigError for a name it does not know or cannot offer yet, and
+    idle_seconds: the idle stop (default: bwrap's DEFAULT_IDLE_SECONDS, the
+    settings' ``idle_minutes`` for docker and kubernetes; these keep no files
+    under data_dir). Raises ConfigError for a name it does not know, and
     SandboxError when ``bwrap`` is asked for where it does not work.
     """
     name = settings.sandbox
-    if name in LATER:
-        raise ConfigError(f"agent.sandbox: {name!r} is not available yet (use auto, local or bwrap)")
     if name not in NAMES:
-        raise ConfigError(f"agent.sandbox: unknown sandbox {name!r} (known: {', '.join(NAMES + LATER)})")
+        raise ConfigError(f"agent.sandbox: unknown sandbox {name!r} (known: {', '.join(NAMES)})")
+    if name == "docker":
+        from .docker import DockerSandbox
+
+        return DockerSandbox(settings, idle_seconds=idle_seconds)
+    if name == "kubernetes":
+        from .kubernetes import KubernetesSandbox
+
+        return KubernetesSandbox(settings, idle_seconds=idle_seconds)
     if name != "local":
         from .bwrap_argv import unavailable
 
