@@ -15,8 +15,9 @@ from mcp import Client
 from guilds.mcp_server import ANNOTATIONS, META_KEY
 from guilds.toolbox import export, tool_specs
 
-SETTLE_SECONDS = 6.0
-"""How long a cancelled command may take to be gone (the helper's 2 s grace, with room)."""
+SETTLE_SECONDS = 10.0
+"""How long a cancelled command may take to be gone: the helper's 1 s grace, the
+spawn path's 2 s, with room for a machine under load (a passing test waits less)."""
 
 
 def write_settings(folder: Path, *, sandbox: str = "local", coding: bool = True) -> Path:
@@ -58,6 +59,12 @@ async def wait_for(predicate: Any, timeout: float) -> bool:
             await asyncio.sleep(0.05)
         return True
     return False
+
+
+async def left_running(arg: str) -> list[int]:
+    """Wait up to SETTLE_SECONDS for the sleep with this argument to end; the pids still running."""
+    await wait_for(lambda: not processes("sleep", arg), SETTLE_SECONDS)
+    return processes("sleep", arg)
 
 
 async def settled_calls(store: Any, run_id: str, timeout: float = SETTLE_SECONDS) -> list:

@@ -18,7 +18,6 @@ import subprocess
 import tarfile
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -26,7 +25,8 @@ import docker
 from guilds.errors import ConfigError, SandboxError
 from guilds.sandbox import _container as box_lib
 from guilds.sandbox import docker_spec as spec
-from guilds.sandbox.docker import DockerSandbox, unavailable
+from guilds.sandbox.docker import DockerSandbox
+from guilds.sandbox.docker_engine import unavailable
 from guilds.settings import AgentSettings, DockerSettings, Repo, parse_settings
 from guilds.toolbox.transport import call_helper
 
@@ -176,7 +176,8 @@ def shell(box, command: str, call: str, **args) -> dict:
 
 @needs_engine
 async def test_image_missing(tmp_path, make):
-    with pytest.raises(SandboxError, match="image 'guilds-none:0' not found: build it with `guilds sandbox image`"):
+    with pytest.raises(SandboxError,
+                       match="image 'guilds-none:0' not found: build it with `guilds sandbox image`"):
         await make(image="guilds-none:0")
 
 
@@ -186,7 +187,8 @@ async def test_container_killed_between_calls(make):
     started = await call_helper(box, shell(box, "sleep 300", "c1", background=True), wait=30)
     assert started["ok"], started
     CLIENT.containers.get(box.container).kill()
-    with pytest.raises(SandboxError, match=f"{box.container} was killed .SIGKILL.; its running commands ended"):
+    with pytest.raises(SandboxError,
+                       match=f"{box.container} was killed .SIGKILL.; its running commands ended"):
         await sh(box, "true")
     status = await call_helper(box, {**shell(box, "", "c2"), "op": "shell_status", "args": {}}, wait=30)
     assert status["ok"] and " ended " in status["text"] + " ", status
@@ -207,8 +209,10 @@ async def test_found_again_by_a_second_orchestrator_and_stop(make, tmp_path):
 @needs_engine
 async def test_isolation_pid_namespace_no_network_limits(make):
     box = await make(pids_limit=64)
-    out = (await sh(box, "tr '\\0\\n' '  ' </proc/1/cmdline; echo; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; "
-                         "cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max")).stdout
+    out = (await sh(box, "tr '\\0\\n' '  ' </proc/1/cmdline; echo; "
+                         "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; "
+                         "cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || "
+                         "cat /sys/fs/cgroup/pids.max")).stdout
     init, network, pids = out.decode().splitlines()
     assert init.startswith("/sbin/docker-init -- python3 -I -S -c")
     assert (network, pids) == ("lo", "64")

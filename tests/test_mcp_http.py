@@ -6,22 +6,10 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+import mcp_kit as kit
 import pytest
 import uvicorn
 from mcp import Client
-from mcp_kit import (
-    SETTLE_SECONDS,
-    cancel_sleep,
-    check_bad_calls,
-    check_each_tool,
-    check_progress,
-    check_tool_list,
-    meta_of,
-    processes,
-    settled_calls,
-    text_of,
-    wait_for,
-)
 from toolbox_kit import local_toolbox
 
 from guilds.mcp_server import RUN_KEY, http_endpoint, streamable_http_app
@@ -34,7 +22,7 @@ async def serving(app) -> AsyncIterator[str]:
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
-    assert await wait_for(lambda: server.started or task.done(), 20) and server.started
+    assert await kit.wait_for(lambda: server.started or task.done(), 20) and server.started
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
         yield f"http://127.0.0.1:{port}/mcp"
@@ -62,9 +50,9 @@ def client(url: str, mode: str = "auto") -> Client:
 async def test_tools_each_call_and_bad_calls(url, tmp_path, toolbox):
     run = {RUN_KEY: "mcp-http-each"}
     async with client(url) as c:
-        await check_tool_list(c)
-        assert await check_each_tool(c, tmp_path / "home", meta=run) == "mcp-http-each"
-        await check_bad_calls(c, meta=run)
+        await kit.check_tool_list(c)
+        assert await kit.check_each_tool(c, tmp_path / "home", meta=run) == "mcp-http-each"
+        await kit.check_bad_calls(c, meta=run)
     calls = await toolbox.store.calls("mcp-http-each")
     assert [c.tool for c in calls[:2]] == ["shell", "file_read"] and calls[0].status == "done"
 
@@ -77,10 +65,10 @@ async def test_a_session_is_one_run(url, tmp_path, toolbox):
         second = await c.call_tool("shell", {"command": "pwd"})
     async with client(url, "legacy") as c:
         other = await c.call_tool("shell", {"command": "pwd"})
-    assert text_of(second).startswith(str(tmp_path / "home" / "sub"))
-    run_id = meta_of(first)["run"]
-    assert meta_of(second)["run"] == run_id and run_id.startswith("mcp-")
-    assert meta_of(other)["run"] not in (run_id, None)
+    assert kit.text_of(second).startswith(str(tmp_path / "home" / "sub"))
+    run_id = kit.meta_of(first)["run"]
+    assert kit.meta_of(second)["run"] == run_id and run_id.startswith("mcp-")
+    assert kit.meta_of(other)["run"] not in (run_id, None)
     runs = [r.id for r in await toolbox.store.list_runs("agent1")]
     assert run_id in runs
 
@@ -90,13 +78,13 @@ async def test_without_a_session_each_call_is_a_run_unless_named(url):
         a = await c.call_tool("shell", {"command": "true"})
         b = await c.call_tool("shell", {"command": "true"})
         bad = await c.call_tool("shell", {"command": "true"}, meta={RUN_KEY: "../x"})
-    assert meta_of(a)["run"] != meta_of(b)["run"]
-    assert bad.is_error and "run id" in text_of(bad)
+    assert kit.meta_of(a)["run"] != kit.meta_of(b)["run"]
+    assert bad.is_error and "run id" in kit.text_of(bad)
 
 
 async def test_progress_on_a_long_command(url):
     async with client(url) as c:
-        await check_progress(c)
+        await kit.check_progress(c)
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
@@ -104,9 +92,9 @@ async def test_cancel_kills_the_command_and_is_recorded(url, toolbox, mode):
     """auto: the 2026 era cancels by closing the response stream; legacy: notifications/cancelled."""
     run = {RUN_KEY: f"mcp-cancel-{mode}"}
     async with client(url, mode) as c:
-        arg = await cancel_sleep(c, meta=run)
-        assert await wait_for(lambda: not processes("sleep", arg), SETTLE_SECONDS), processes("sleep", arg)
-    (call,) = await settled_calls(toolbox.store, run[RUN_KEY])
+        arg = await kit.cancel_sleep(c, meta=run)
+        assert not await kit.left_running(arg)
+    (call,) = await kit.settled_calls(toolbox.store, run[RUN_KEY])
     assert call.status == "cancelled" and call.is_error
 
 
@@ -123,4 +111,4 @@ async def test_the_endpoint_mounts_in_another_app(toolbox):
 
     async with serving(Starlette(routes=[endpoint.route], lifespan=lifespan)) as url, client(url) as c:
         result = await c.call_tool("shell", {"command": "echo mounted"})
-    assert text_of(result).startswith("mounted")
+    assert kit.text_of(result).startswith("mounted")

@@ -12,23 +12,9 @@ from asyncio.subprocess import DEVNULL, PIPE
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import mcp_kit as kit
 import pytest
 from mcp import Client, StdioServerParameters
-from mcp_kit import (
-    SETTLE_SECONDS,
-    cancel_sleep,
-    check_bad_calls,
-    check_each_tool,
-    check_progress,
-    check_tool_list,
-    meta_of,
-    processes,
-    settled_calls,
-    sleep_command,
-    text_of,
-    wait_for,
-    write_settings,
-)
 
 from guilds.sandbox.bwrap_argv import unavailable
 from guilds.store import Store
@@ -36,7 +22,7 @@ from guilds.store import Store
 
 def server_params(tmp_path: Path, sandbox: str = "local") -> StdioServerParameters:
     """`python -m guilds.mcp_server SETTINGS DATA`: what `guilds mcp` runs, without the CLI's wiring."""
-    settings = write_settings(tmp_path, sandbox=sandbox)
+    settings = kit.write_settings(tmp_path, sandbox=sandbox)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GUILDS_")}
     args = ["-m", "guilds.mcp_server", str(settings), str(tmp_path / "data")]
     return StdioServerParameters(command=sys.executable, args=args, env=env)
@@ -50,14 +36,14 @@ async def stdio_client(tmp_path: Path, sandbox: str = "local", **kw) -> AsyncIte
 
 async def recorded_calls(tmp_path: Path, run_id: str) -> list:
     async with Store(f"sqlite:///{tmp_path / 'data' / 'guilds.db'}") as store:
-        return await settled_calls(store, run_id)
+        return await kit.settled_calls(store, run_id)
 
 
 async def test_tools_each_call_and_the_record(tmp_path):
     async with stdio_client(tmp_path) as client:
-        await check_tool_list(client)
-        run_id = await check_each_tool(client, tmp_path / "home")
-        await check_bad_calls(client)
+        await kit.check_tool_list(client)
+        run_id = await kit.check_each_tool(client, tmp_path / "home")
+        await kit.check_bad_calls(client)
     assert run_id.startswith("mcp-")
     calls = await recorded_calls(tmp_path, run_id)
     assert [c.tool for c in calls[:5]] == ["shell", "file_read", "code_search", "shell_status", "code_task"]
@@ -70,13 +56,13 @@ async def test_a_session_is_one_run_with_progress_and_the_live_coding_flag(tmp_p
     async with stdio_client(tmp_path) as client:
         first = await client.call_tool("shell", {"command": "cd sub"})
         second = await client.call_tool("shell", {"command": "pwd"})
-        await check_progress(client)
-        write_settings(tmp_path, coding=False)
+        await kit.check_progress(client)
+        kit.write_settings(tmp_path, coding=False)
         assert (await client.list_tools()).tools == []
         refused = await client.call_tool("shell", {"command": "true"})
-    assert text_of(second).startswith(str(tmp_path / "home" / "sub"))
-    assert meta_of(first)["run"] == meta_of(second)["run"]
-    assert refused.is_error and "coding" in text_of(refused)
+    assert kit.text_of(second).startswith(str(tmp_path / "home" / "sub"))
+    assert kit.meta_of(first)["run"] == kit.meta_of(second)["run"]
+    assert refused.is_error and "coding" in kit.text_of(refused)
 
 
 @pytest.mark.slow
@@ -85,10 +71,10 @@ async def test_a_2025_protocol_client_is_another_session(tmp_path):
     async with stdio_client(tmp_path) as client:
         first = await client.call_tool("shell", {"command": "true"})
     async with stdio_client(tmp_path, mode="legacy") as client:
-        await check_tool_list(client)
+        await kit.check_tool_list(client)
         result = await client.call_tool("shell", {"command": "echo legacy"})
-    assert text_of(result).startswith("legacy")
-    assert meta_of(result)["run"] != meta_of(first)["run"]
+    assert kit.text_of(result).startswith("legacy")
+    assert kit.meta_of(result)["run"] != kit.meta_of(first)["run"]
 
 
 @pytest.mark.parametrize("sandbox", [
@@ -98,11 +84,11 @@ async def test_a_2025_protocol_client_is_another_session(tmp_path):
 ])
 async def test_cancel_kills_the_command_and_is_recorded(tmp_path, sandbox):
     async with stdio_client(tmp_path, sandbox) as client:
-        arg = await cancel_sleep(client)
-        assert await wait_for(lambda: not processes("sleep", arg), SETTLE_SECONDS), processes("sleep", arg)
+        arg = await kit.cancel_sleep(client)
+        assert not await kit.left_running(arg)
         after = await client.call_tool("shell", {"command": "echo still serving"})
-    assert text_of(after).startswith("still serving")
-    calls = await recorded_calls(tmp_path, meta_of(after)["run"])
+    assert kit.text_of(after).startswith("still serving")
+    calls = await recorded_calls(tmp_path, kit.meta_of(after)["run"])
     assert calls[0].status == "cancelled" and calls[0].is_error
     assert calls[1].status == "done"
 
@@ -110,7 +96,7 @@ async def test_cancel_kills_the_command_and_is_recorded(tmp_path, sandbox):
 @pytest.mark.parametrize("leave", ["close stdin", pytest.param("SIGTERM", marks=pytest.mark.slow)])
 async def test_a_client_gone_mid_call_leaves_nothing_running(tmp_path, leave):
     """A raw 2025-protocol client (no courtesy cancel) starts a long command, then goes away."""
-    command, arg = sleep_command()
+    command, arg = kit.sleep_command()
     params = server_params(tmp_path)
     proc = await asyncio.create_subprocess_exec(params.command, *params.args, env=params.env,
                                                 stdin=PIPE, stdout=PIPE, stderr=DEVNULL)
@@ -118,17 +104,17 @@ async def test_a_client_gone_mid_call_leaves_nothing_running(tmp_path, leave):
         for message in handshake_and_call(f"trap '' TERM; {command}"):
             proc.stdin.write(json.dumps(message).encode() + b"\n")
         await proc.stdin.drain()
-        assert await wait_for(lambda: processes("sleep", arg), 20)
+        assert await kit.wait_for(lambda: kit.processes("sleep", arg), 20)
         if leave == "SIGTERM":
             proc.send_signal(signal.SIGTERM)
         else:
             proc.stdin.close()
         ended = -signal.SIGTERM if leave == "SIGTERM" else 0  # the calls stopped, a SIGTERM ends it
-        assert await asyncio.wait_for(proc.wait(), SETTLE_SECONDS) == ended
+        assert await asyncio.wait_for(proc.wait(), 2 * kit.SETTLE_SECONDS) == ended
     finally:
         if proc.returncode is None:
             proc.kill()
-    assert not processes("sleep", arg)
+    assert not kit.processes("sleep", arg)
     async with Store(f"sqlite:///{tmp_path / 'data' / 'guilds.db'}") as store:
         (run,) = await store.list_runs()
         (call,) = await store.calls(run.id)

@@ -21,7 +21,7 @@ from guilds.errors import ConfigError, SandboxError
 from guilds.sandbox import get_sandbox
 from guilds.sandbox.bubblewrap import BwrapSandbox
 from guilds.sandbox.bwrap_argv import unavailable
-from guilds.sandbox.docker import unavailable as docker_unavailable
+from guilds.sandbox.docker_engine import unavailable as docker_unavailable
 from guilds.settings import AgentSettings, Repo
 from guilds.toolbox.transport import call_helper
 

@@ -1,7 +1,8 @@
 """The ``docker`` backend: one container per agent, through the Docker SDK for Python.
 
-What the container holds: ``docker_spec``. The engine is the one DOCKER_HOST
-names (read when the first call needs it), else the local socket.
+What the container holds: ``docker_spec``; the edge with the engine:
+``docker_engine``. The engine is the one DOCKER_HOST names (read when the
+first call needs it), else the local socket.
 
 Lifecycle:
 
@@ -15,9 +16,9 @@ Lifecycle:
   SandboxError saying so, and is removed: the next call starts a new one. The
   home (a host folder) and the state volume survive, so nothing is lost and
   background commands of the old container show ``ended``;
-- exec: ``exec_create`` with the agent's environment (never argv), ``exec_start``
-  as a raw socket read frame by frame (stdout head, stderr tail), then
-  ``exec_inspect`` for the exit code. The timeout is enforced inside the
+- exec: ``exec_create`` with the agent's environment (never argv), its stream
+  read frame by frame (stdout head, stderr tail), then ``exec_inspect`` for
+  the exit code. The timeout is enforced inside the
   container (``_container.exec_argv``); an exec cancelled, or silent past its
   timeout plus DEADLINE_SLACK_SECONDS, has its processes killed by a second exec;
 - stop: the container and the state volume are removed (its processes die,
@@ -30,38 +31,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import secrets
-import select
-import socket
-import ssl
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import docker
-import requests
 
 from ..errors import SandboxError
 from ..helpers import HELPER_PACKAGES
-from ..settings import DEFAULT_SANDBOX_IMAGE, AgentSettings
+from ..settings import AgentSettings
+from . import docker_engine as engine
 from . import docker_spec as spec
 from ._agent import DEFAULT_PATH, agent_env, checked_id, locate
 from ._container import (
-    EXEC_ENV, HELPER_DIR, POOL_THREADS, STATE_INSIDE, blocking, exec_status, fingerprint, helper_files,
+    EXEC_ENV, HELPER_DIR, STATE_INSIDE, blocking, exec_status, fingerprint, helper_files,
     helpers_digest, kill_argv, repos_file, repos_json, tar_bytes,
 )
-from ._process import DRAIN_SECONDS, KILL_GRACE_SECONDS, STDERR_KEEP_BYTES, STDOUT_MAX_BYTES
+from ._process import KILL_GRACE_SECONDS
 from .base import ExecResult
 
 DEADLINE_SLACK_SECONDS = 5.0
 """How long past timeout + grace an exec may stay silent before it is killed from outside."""
-EXITED_POLL_SECONDS = 0.5
-"""After this long without output, ask the engine whether the exec has exited."""
-CLIENT_TIMEOUT_SECONDS = 60
-DEFAULT_SOCKET = "unix:///var/run/docker.sock"
-_READ = 64 * 1024
+KILL_WAIT_SECONDS = 30
 
 
 class DockerSandbox:
@@ -143,25 +136,9 @@ class DockerSandbox:
         raise AssertionError("unreachable")
 
     def _stream(self, exec_id: str, deadline: float) -> tuple[bytes, bytes, bool]:
-        """Start the exec and read its output (see ``_read_frames``).
-
-        The SDK's ``exec_start(socket=True)`` hands over the socket without the
-        response: bytes already buffered by the HTTP reader would be lost and
-        the connection could not be closed. So the request is made here (the
-        SDK's own ``_post_json``) and the response's buffered reader is read.
-        """
-        api = self.client.api
         with self._engine("exec"):
-            response = api._post_json(api._url("/exec/{0}/start", exec_id),
-                                      data={"Tty": False, "Detach": False}, stream=True,
-                                      headers={"Connection": "Upgrade", "Upgrade": "tcp"})
-            api._raise_for_status(response)
-        try:
-            reader = response.raw._fp.fp
-            return _read_frames(reader, deadline,
-                                lambda: not self._inspect_exec(exec_id).get("Running"))
-        finally:
-            response.close()
+            return engine.exec_stream(self.client.api, exec_id, deadline,
+                                      lambda: self._exited(exec_id))
 
     def _exit_code(self, exec_id: str) -> int | None:
         for _ in range(50):  # the stream can end a moment before the exit is recorded
@@ -170,6 +147,11 @@ class DockerSandbox:
                 return info.get("ExitCode")
             time.sleep(0.01)
         return None
+
+    def _exited(self, exec_id: str) -> bool:
+        """Ended with a status (not merely not started yet: that has no status either)."""
+        info = self._inspect_exec(exec_id)
+        return not info.get("Running") and info.get("ExitCode") is not None
 
     def _inspect_exec(self, exec_id: str) -> dict[str, Any]:
         with self._engine("exec"):
@@ -186,7 +168,7 @@ class DockerSandbox:
     def _kill(self, token: str) -> None:
         with contextlib.suppress(SandboxError, docker.errors.APIError):
             exec_id = self.client.api.exec_create(self._cid or self.container, kill_argv(token))["Id"]
-            self._stream(exec_id, time.monotonic() + CLIENT_TIMEOUT_SECONDS)
+            self._stream(exec_id, time.monotonic() + KILL_WAIT_SECONDS)
 
     def _put(self, files: list[tuple[str, bytes, int]], what: str) -> None:
         archive = tar_bytes(files, mtime=int(time.time()))
@@ -263,169 +245,13 @@ class DockerSandbox:
     def client(self) -> docker.DockerClient:
         if self._client is None:
             with self._engine("connect"):
-                _probe(self._where())
-                kw = {"timeout": CLIENT_TIMEOUT_SECONDS, "max_pool_size": POOL_THREADS}
-                self._client = (docker.DockerClient(base_url=self._base_url, **kw)
-                                if self._base_url else docker.from_env(**kw))
+                self._client = engine.connect(self._base_url)
         return self._client
 
-    def _where(self) -> str:
-        return self._base_url or os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
-
-    @contextlib.contextmanager
-    def _engine(self, what: str) -> Iterator[None]:
-        """Map the SDK's errors to SandboxError, in this one place."""
-        try:
-            yield
-        except docker.errors.APIError as exc:
-            raise SandboxError(spec.api_error_text(what, exc.status_code,
-                                                   str(exc.explanation or exc))) from exc
-        except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
-            raise SandboxError(f"docker: {what}: the engine is not reachable at {self._where()} "
-                               f"({exc}); start it or set DOCKER_HOST") from exc
-
-
-@functools.cache
-def unavailable(image: str = DEFAULT_SANDBOX_IMAGE) -> str | None:
-    """Why this backend cannot run here (no engine at DOCKER_HOST, no image), or None."""
-    url = os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
-    try:
-        _probe(url)
-        client = docker.from_env(timeout=10)
-    except (OSError, docker.errors.DockerException) as exc:
-        return f"no engine answers at {url} ({exc})"
-    try:
-        client.images.get(image)
-    except docker.errors.ImageNotFound:
-        return f"image {image} missing (build it with `guilds sandbox image`)"
-    except docker.errors.DockerException as exc:
-        return f"the engine at {url} fails: {exc}"
-    finally:
-        client.close()
-    return None
-
-
-def _probe(url: str) -> None:
-    """Connect to a unix:// engine once, closing the socket whatever happens (the SDK's
-    own failed connect leaves its socket to the garbage collector)."""
-    if url.startswith("unix://"):
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(CLIENT_TIMEOUT_SECONDS)
-            sock.connect(url[len("unix://"):])
+    def _engine(self, what: str) -> contextlib.AbstractContextManager[None]:
+        return engine.engine_errors(what, self._base_url)
 
 
 def _labels(inspected: Mapping[str, Any]) -> dict[str, str]:
     labels = (inspected.get("Config") or {}).get("Labels") or {}
     return {k: v for k, v in labels.items() if k in (spec.LABEL_AGENT, spec.LABEL_FINGERPRINT)}
-
-
-def _read_frames(reader: Any, deadline: float, exited: Callable[[], bool]
-                 ) -> tuple[bytes, bytes, bool]:
-    """Read the exec's stream until EOF or the deadline: (stdout head, stderr tail, complete).
-
-    reader is the response's buffered reader; its socket is made non-blocking
-    and waited on with select. After EXITED_POLL_SECONDS without output ``exited()``
-    is asked: once the process has exited, what is left is read for DRAIN_SECONDS,
-    so a process it left behind holding the stream cannot pin the call.
-    """
-    sock = reader.raw._sock
-    sock.setblocking(False)
-    buf, out, err = b"", bytearray(), bytearray()
-    while (left := deadline - time.monotonic()) > 0:
-        chunk = _available(reader)
-        if chunk == b"":
-            if not select.select([sock], [], [], min(left, EXITED_POLL_SECONDS))[0]:
-                if exited():
-                    deadline = min(deadline, time.monotonic() + DRAIN_SECONDS)
-                continue
-            if not (chunk := _available(reader)):
-                return bytes(out), bytes(err), True  # readable and empty: the end
-        frames, buf = spec.split_frames(buf + chunk)
-        for stream, payload in frames:
-            if stream == spec.STDOUT:
-                out += payload[: STDOUT_MAX_BYTES - len(out)]
-            else:
-                err += payload
-                del err[:-STDERR_KEEP_BYTES]
-    return bytes(out), bytes(err), exited()
-
-
-def _available(reader: Any) -> bytes:
-    """What the reader has now, buffered or on the socket; b"" when nothing (or the end)."""
-    try:
-        return reader.read1(_READ) or b""
-    except (BlockingIOError, ssl.SSLWantReadError):
-        return b""
-
-
-@functools.cache
-def unavailable(image: str = DEFAULT_SANDBOX_IMAGE) -> str | None:
-    """Why this backend cannot run here (no engine at DOCKER_HOST, no image), or None."""
-    url = os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
-    try:
-        _probe(url)
-        client = docker.from_env(timeout=10)
-    except (OSError, docker.errors.DockerException) as exc:
-        return f"no engine answers at {url} ({exc})"
-    try:
-        client.images.get(image)
-    except docker.errors.ImageNotFound:
-        return f"image {image} missing (build it with `guilds sandbox image`)"
-    except docker.errors.DockerException as exc:
-        return f"the engine at {url} fails: {exc}"
-    finally:
-        client.close()
-    return None
-
-
-def _probe(url: str) -> None:
-    """Connect to a unix:// engine once, closing the socket whatever happens (the SDK's
-    own failed connect leaves its socket to the garbage collector)."""
-    if url.startswith("unix://"):
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(CLIENT_TIMEOUT_SECONDS)
-            sock.connect(url[len("unix://"):])
-
-
-def _close(sock: Any) -> None:
-    """Close the exec's socket and the connection under it (SocketIO leaves that open)."""
-    sock.close()
-    inner = getattr(sock, "_sock", None)
-    if inner is not None:
-        inner.close()
-
-
-def _labels(inspected: Mapping[str, Any]) -> dict[str, str]:
-    labels = (inspected.get("Config") or {}).get("Labels") or {}
-    return {k: v for k, v in labels.items() if k in (spec.LABEL_AGENT, spec.LABEL_FINGERPRINT)}
-
-
-def _read_frames(sock: Any, deadline: float, exited: Callable[[], bool]
-                 ) -> tuple[bytes, bytes, bool]:
-    """Read the exec's stream until EOF or the deadline: (stdout head, stderr tail, complete).
-
-    After each second without output, ``exited()`` is asked: once the process
-    has exited, what is left is read for DRAIN_SECONDS, so a process it left
-    behind holding the stream cannot pin the call.
-    """
-    raw = getattr(sock, "_sock", sock)
-    buf, out, err = b"", bytearray(), bytearray()
-    while (left := deadline - time.monotonic()) > 0:
-        pending = getattr(raw, "pending", lambda: 0)()
-        if not pending and not select.select([raw], [], [], min(left, 1.0))[0]:
-            if exited():
-                deadline = min(deadline, time.monotonic() + DRAIN_SECONDS)
-            continue
-        chunk = docker.utils.socket.read(sock, _READ)
-        if not chunk:
-            break
-        frames, buf = spec.split_frames(buf + chunk)
-        for stream, payload in frames:
-            if stream == spec.STDOUT:
-                out += payload[: STDOUT_MAX_BYTES - len(out)]
-            else:
-                err += payload
-                del err[:-STDERR_KEEP_BYTES]
-    else:
-        return bytes(out), bytes(err), exited()
-    return bytes(out), bytes(err), True

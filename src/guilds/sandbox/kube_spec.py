@@ -38,7 +38,7 @@ NETWORK_POLICY = "guilds-network-off"
 CONTAINER = "sandbox"
 PYTHON = "python3"
 _NAME_MAX = 63 - len("-home")
-_UNTAR = ('head -c "$0" | tar -xof - -C / || exit 1; '
+_UNTAR = ('head -c "$0" | tar -xof - -C "$1" || exit 1; shift; '
           'while [ $# -gt 0 ]; do mv -f -- "$1" "$2" || exit 1; shift 2; done')
 
 
@@ -117,9 +117,9 @@ def with_env(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
     return ["env", *(f"{k}={v}" for k, v in env.items()), *argv] if env else list(argv)
 
 
-def untar_argv(size: int, moves: Sequence[tuple[str, str]]) -> list[str]:
-    """Extract a tar of ``size`` bytes from stdin at /, then rename each (temp, final)."""
-    return ["/bin/sh", "-c", _UNTAR, str(size), *(p for move in moves for p in move)]
+def untar_argv(size: int, moves: Sequence[tuple[str, str]], root: str = "/") -> list[str]:
+    """Extract a tar of ``size`` bytes from stdin at root, then rename each (temp, final)."""
+    return ["/bin/sh", "-c", _UNTAR, str(size), root, *(p for move in moves for p in move)]
 
 
 def exit_status(status: str | bytes) -> tuple[int | None, str]:
@@ -149,14 +149,14 @@ def pod_phase(pod: Mapping[str, Any]) -> tuple[str, str]:
     status = pod.get("status") or {}
     phase = status.get("phase")
     states = [c.get("state") or {} for c in status.get("containerStatuses") or []]
-    waiting = [s["waiting"] for s in states if s.get("waiting")]
+    waiting = [s["waiting"] for s in states if s.get("waiting") is not None]
     if any(w.get("reason") in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName") for w in waiting):
         return "image", waiting[0].get("message") or waiting[0]["reason"]
-    if phase == "Running" and states and all(s.get("running") for s in states):
+    if phase == "Running" and states and all(s.get("running") is not None for s in states):
         return "running", ""
     if phase in ("Pending", "Running", None):
         return "pending", (waiting[0].get("reason", "") if waiting else "")
-    done = [s["terminated"] for s in states if s.get("terminated")]
+    done = [s["terminated"] for s in states if s.get("terminated") is not None]
     if phase == "Succeeded" and all(t.get("exitCode") == 0 for t in done):
         return "idle", ""
     if done:

@@ -1,0 +1,259 @@
+"""The kubernetes backend without a cluster: its objects by equality, the file framing run
+for real, exit statuses, pod phases, and error mapping against a local HTTP server.
+
+Tests marked ``kubernetes`` need a cluster: they run where KUBECONFIG points at
+one that can pull (or has) the sandbox image, and are skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from guilds.errors import SandboxError
+from guilds.sandbox import _container as box_lib
+from guilds.sandbox import kube_spec as spec
+from guilds.sandbox.kubernetes import KubernetesSandbox
+from guilds.settings import AgentSettings, KubernetesSettings, Repo
+from guilds.toolbox.transport import call_helper
+
+CFG = KubernetesSettings(namespace="agents", image="reg/guilds:1", runtime_class="gvisor",
+                         cpu="500m", memory="1Gi", service_account="guilds-none", home_size="5Gi")
+
+
+def test_object_names_are_dns_labels_and_distinct():
+    assert spec.object_name("agent1") == "guilds-agent1-" + spec.hashlib.sha256(b"agent1").hexdigest()[:8]
+    names = {spec.object_name(a) for a in ("Web_1", "web-1", "web.1", "x" * 128)}
+    assert len(names) == 4
+    for name in names:
+        assert len(name + "-home") <= 63 and spec.re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", name)
+
+
+def test_pod_manifest():
+    got = spec.pod_manifest(CFG, agent_id="Web_1", home="/home/agent", network=False, idle_seconds=600,
+                            base_env={"HOME": "/home/agent", "PORT": "20000"}, fingerprint="f00")
+    name = spec.object_name("Web_1")
+    resources = {"cpu": "500m", "memory": "1Gi"}
+    assert got == {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "agents",
+                     "labels": {"guilds.agent": name, "guilds.network": "off"},
+                     "annotations": {"guilds/agent-id": "Web_1", "guilds/fingerprint": "f00"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "shareProcessNamespace": True,
+            "enableServiceLinks": False,
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 5,
+            "runtimeClassName": "gvisor",
+            "serviceAccountName": "guilds-none",
+            "containers": [{
+                "name": "sandbox",
+                "image": "reg/guilds:1",
+                "command": ["python3", "-I", "-S", "-c", box_lib.INIT, "/run/guilds/.active", "600"],
+                "workingDir": "/home/agent",
+                "env": [{"name": "HOME", "value": "/home/agent"}, {"name": "PORT", "value": "20000"}],
+                "envFrom": [{"secretRef": {"name": f"{name}-env"}}],
+                "resources": {"requests": resources, "limits": resources},
+                "securityContext": {"allowPrivilegeEscalation": False, "runAsUser": 0},
+                "volumeMounts": [
+                    {"name": "home", "mountPath": "/home/agent", "subPath": "home"},
+                    {"name": "home", "mountPath": "/run/guilds", "subPath": "state"},
+                ],
+            }],
+            "volumes": [{"name": "home", "persistentVolumeClaim": {"claimName": f"{name}-home"}}],
+        },
+    }
+    plain = spec.pod_manifest(KubernetesSettings(), agent_id="a", home="/h", network=True,
+                              idle_seconds=60, base_env={}, fingerprint="")
+    assert "runtimeClassName" not in plain["spec"] and "serviceAccountName" not in plain["spec"]
+    assert plain["metadata"]["labels"]["guilds.network"] == "on"
+
+
+def test_secret_claim_and_network_policy():
+    name = spec.object_name("a")
+    assert spec.secret_manifest(CFG, name, {"API_KEY": "v" * 12}) == {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": f"{name}-env", "namespace": "agents", "labels": {"guilds.agent": name}},
+        "stringData": {"API_KEY": "v" * 12}}
+    assert spec.claim_manifest(CFG, name)["spec"] == {
+        "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "5Gi"}}}
+    assert spec.network_policy_manifest("agents") == {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "guilds-network-off", "namespace": "agents"},
+        "spec": {"podSelector": {"matchLabels": {"guilds.network": "off"}},
+                 "policyTypes": ["Ingress", "Egress"]}}
+
+
+def test_per_call_variables_go_through_env():
+    assert spec.with_env(["python3", "x"], {}) == ["python3", "x"]
+    assert spec.with_env(["python3", "x"], {"A": "1"}) == ["env", "A=1", "python3", "x"]
+
+
+def test_files_go_in_as_a_tar_on_stdin_then_renamed(tmp_path):
+    files = [("state/a/repos.json", b'{"x": 1}', 0o600), ("bin/guilds-code", b"#!zip", 0o755)]
+    staged = [(f"{n}.t1.tmp", d, m) for n, d, m in files]
+    archive = box_lib.tar_bytes(staged, mtime=0)
+    moves = [(str(tmp_path / s[0]), str(tmp_path / f[0])) for s, f in zip(staged, files)]
+    argv = spec.untar_argv(len(archive), moves, root=str(tmp_path))
+    assert argv[:2] == ["/bin/sh", "-c"] and argv[3:5] == [str(len(archive)), str(tmp_path)]
+    # More bytes than the archive on stdin: `head -c` stops at its end, stdin is never closed early.
+    done = subprocess.run(argv, input=archive + b"x" * 5000, capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    found = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert found == ["bin/guilds-code", "state/a/repos.json"]
+    assert (tmp_path / "state/a/repos.json").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "bin/guilds-code").stat().st_mode & 0o777 == 0o755
+    assert subprocess.run(spec.untar_argv(10, [], root=str(tmp_path)), input=b"not a tar",
+                          capture_output=True, timeout=30).returncode != 0
+
+
+@pytest.mark.parametrize("status, expected", [
+    ('{"metadata":{},"status":"Success"}', (0, "")),
+    (b'{"status":"Failure","reason":"NonZeroExitCode","details":{"causes":'
+     b'[{"reason":"ExitCode","message":"137"}]},"message":"command terminated with non-zero exit code"}',
+     (137, "")),
+    ('{"status":"Failure","message":"container not found (\\"sandbox\\")"}',
+     (None, 'container not found ("sandbox")')),
+    ("", (None, "no exit status from the exec")),
+])
+def test_exit_status(status, expected):
+    assert spec.exit_status(status) == expected
+
+
+def _pod(phase, *states):
+    return {"status": {"phase": phase, "containerStatuses": [{"state": s} for s in states]}}
+
+
+@pytest.mark.parametrize("pod, expected", [
+    (_pod("Running", {"running": {}}), ("running", "")),
+    (_pod("Pending", {"waiting": {"reason": "ContainerCreating"}}), ("pending", "ContainerCreating")),
+    (_pod("Pending"), ("pending", "")),
+    (_pod("Pending", {"waiting": {"reason": "ImagePullBackOff", "message": "pull x: not found"}}),
+     ("image", "pull x: not found")),
+    (_pod("Succeeded", {"terminated": {"exitCode": 0, "reason": "Completed"}}), ("idle", "")),
+    (_pod("Failed", {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}),
+     ("ended", "OOMKilled, exit code 137")),
+    ({"status": {"phase": "Failed", "reason": "Evicted"}}, ("ended", "Evicted")),
+])
+def test_pod_phase(pod, expected):
+    assert spec.pod_phase(pod) == expected
+
+
+@pytest.mark.parametrize("status, body, expected", [
+    (0, None, "kubernetes: read the pod: the cluster is not reachable (refused); check KUBECONFIG"),
+    (403, '{"message":"pods is forbidden"}', "kubernetes: read the pod: forbidden in namespace 'ns' "
+     "(pods is forbidden); the orchestrator needs rights on pods, pods/exec, secrets and "
+     "persistentvolumeclaims there"),
+    (404, '{"message":"namespaces \\"ns\\" not found"}',
+     'kubernetes: read the pod: not found (namespaces "ns" not found)'),
+    (422, '{"message":"bad quantity"}',
+     "kubernetes: read the pod: the cluster refused the spec (bad quantity)"),
+    (500, "not json", "kubernetes: read the pod: refused (HTTP 500)"),
+])
+def test_api_error_text(status, body, expected):
+    assert spec.api_error_text("read the pod", status, "refused", body, "ns") == expected
+
+
+# --- error mapping through the real client, against a local API server ----------
+class _Forbidding(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - the stdlib's name
+        body = json.dumps({"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403,
+                           "message": "pods \"x\" is forbidden: no rights"}).encode()
+        self.send_response(403)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def _client(host: str):
+    from kubernetes import client
+
+    config = client.Configuration()
+    config.host = host
+    config.retries = 0
+    return client.ApiClient(config)
+
+
+def _settings(tmp_path, **kw) -> AgentSettings:
+    return AgentSettings(id="agent1", home=tmp_path / "home", sandbox="kubernetes",
+                         kubernetes=KubernetesSettings(namespace="ns"), **kw)
+
+
+async def test_forbidden_is_said_with_the_namespace(tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Forbidding)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    api = _client(f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        box = KubernetesSandbox(_settings(tmp_path), api_client=api)
+        with pytest.raises(SandboxError, match="kubernetes: read the pod: forbidden in namespace 'ns' "
+                                               r'\(pods "x" is forbidden: no rights\)'):
+            await box.start()
+    finally:
+        api.close()
+        server.shutdown()
+        server.server_close()
+
+
+async def test_cluster_not_reachable(tmp_path):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed once the with ends: nothing listens there
+    api = _client(f"http://127.0.0.1:{port}")
+    try:
+        box = KubernetesSandbox(_settings(tmp_path), api_client=api)
+        with pytest.raises(SandboxError, match="kubernetes: read the pod: the cluster is not reachable"):
+            await box.start()
+    finally:
+        api.close()
+
+
+async def test_a_secret_never_rides_the_command_line(tmp_path):
+    box = KubernetesSandbox(_settings(tmp_path, secrets={"API_KEY": "k" * 16}), api_client=object())
+    with pytest.raises(SandboxError, match="a secret cannot travel as a per-call variable"):
+        await box.exec(["true"], env={"X": "k" * 16}, timeout=5)
+
+
+# --- with a cluster ----------------------------------------------------------------
+
+
+@pytest.fixture
+async def pod(tmp_path):
+    namespace = os.environ.get("GUILDS_TEST_NAMESPACE", "default")
+    image = os.environ.get("GUILDS_SANDBOX_IMAGE", "guilds-sandbox:latest")
+    settings = AgentSettings(id=f"t{secrets.token_hex(4)}", home=Path("/home/agent"), sandbox="kubernetes",
+                             repos=(Repo("web", "repos/web", "ghp_token-4c8a9b0e"),),
+                             kubernetes=KubernetesSettings(namespace=namespace, image=image, home_size="1Gi"))
+    box = KubernetesSandbox(settings)
+    await box.start()
+    yield box
+    await box.stop()
+
+
+@pytest.mark.kubernetes
+@pytest.mark.skipif(not os.environ.get("KUBECONFIG"), reason="kubernetes: KUBECONFIG is not set")
+async def test_cluster_exec_files_and_the_helper(pod):
+    result = await pod.exec(["bash", "-c", "echo $HOME; echo err >&2; exit 3"], timeout=30)
+    assert (result.exit_code, result.stdout, result.stderr) == (3, b"/home/agent\n", b"err\n")
+    timed = await pod.exec(["bash", "-c", "sleep 60"], timeout=1)
+    assert timed.timed_out and timed.exit_code == -15
+    await pod.write_file(f"{pod.state_dir}/requests/r1-c1.json", b"{}")
+    listing = await pod.exec(["bash", "-c", "stat -c %a /run/guilds/requests/r1-c1.json"], timeout=30)
+    assert listing.stdout == b"600\n"
+    request = {"op": "shell", "args": {"command": "echo hi"}, "run_id": "r1", "agent_id": pod.agent_id,
+               "call_id": "c1", "home": pod.home, "cwd": pod.home}
+    assert (await call_helper(pod, request, wait=60))["text"] == "hi"
