@@ -62,7 +62,7 @@ async def test_the_runs_newest_first(app, client):
 async def test_a_runs_flow_reads_as_the_page_says(client):
     html = await get(client, "/runs/run1")
     assert texts(html, "text") == ROWS[:9] + ROWS[10:]
-    assert '<li id="call-10" class="item task error"' in html and "code_task is not available" in html
+    assert '<li id="call-10" class="item task error"' in html and "the agent has no repository" in html
     assert 'class="item row error"' not in html.split('id="call-5"')[1].split("</li>")[0]
     assert 'data-events="/runs/run1/events?after=11"' in html
     assert "Load earlier" not in html

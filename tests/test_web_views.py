@@ -101,10 +101,14 @@ def test_a_failed_call_is_an_error_row():
 
 CODE_TASKS = [
     # meta, text, is_error, block
-    ({"status": "completed", "diffstat": " app.py | 3 ++-\n 1 file changed", "final_message": "Fixed the bug."},
-     "done", False, CodeTaskBlock("completed", " app.py | 3 ++-\n 1 file changed", "Fixed the bug.")),
-    ({}, "code_task is not available in this build\nremaining_tool_calls: 3", True,
-     CodeTaskBlock("error", "", "code_task is not available in this build")),
+    ({"status": "completed", "diffstat": " app.py | 3 ++-\n 1 file changed", "final_message": "Fixed the bug.",
+      "log_path": "/home/agent/.runs/r/c1.log"},
+     "done", False, CodeTaskBlock("completed", " app.py | 3 ++-\n 1 file changed", "Fixed the bug.",
+                                  "/runs/r1/calls/5/log")),
+    ({"status": "timed out", "diffstat": "", "final_message": ""}, "timed out\nremaining_tool_calls: 3", True,
+     CodeTaskBlock("timed out", "", "timed out")),
+    ({}, "brief: required by code_task\nremaining_tool_calls: 3", True,
+     CodeTaskBlock("error", "", "brief: required by code_task")),
 ]
 
 

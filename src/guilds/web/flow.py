@@ -64,6 +64,8 @@ class CodeTaskBlock:
     status: str
     diffstat: str
     message: str
+    log_href: str = ""
+    """The harness's event log, opened through the app's redacted log view; "" when none."""
 
 
 @dataclass(frozen=True)
@@ -109,8 +111,9 @@ def duration_text(ms: int | None) -> str:
 def code_task_block(call: CallRecord) -> CodeTaskBlock:
     meta = call.meta or {}
     message = text_of(meta.get("final_message")) or split_trailer(call.text or "")[0]
+    log_href = f"{call_path(call.run_id, call.seq)}/log" if meta.get("log_path") else ""
     return CodeTaskBlock(status=text_of(meta.get("status")) or state_of(call),
-                         diffstat=text_of(meta.get("diffstat")), message=message)
+                         diffstat=text_of(meta.get("diffstat")), message=message, log_href=log_href)
 
 
 def flow_item(call: CallRecord) -> FlowItem:
