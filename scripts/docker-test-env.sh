@@ -12,9 +12,10 @@
 #
 # No registry is reachable here, so the base image is a root filesystem made
 # from this machine's own Debian packages (python3, bash, git, ripgrep,
-# coreutils, tar, procps and what they depend on), `docker import`ed; then
-# `python -m guilds.sandbox.image --no-install` adds the helpers (the same code
-# as `guilds sandbox image`). Progress goes to stderr; stdout is only the
+# coreutils, tar, procps and what they depend on), `docker import`ed; then the
+# helpers go on top with `docker build`, from the Dockerfile and context that
+# `guilds sandbox image --no-install` uses (made with the standard library
+# only: no virtualenv needed). Progress goes to stderr; stdout is only the
 # export line.
 set -euo pipefail
 
@@ -24,7 +25,6 @@ export DOCKER_HOST="unix://$SOCK"
 BASE=${GUILDS_BASE_IMAGE:-guilds-base:local}
 IMAGE=${GUILDS_SANDBOX_IMAGE:-guilds-sandbox:latest}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 PACKAGES=(python3-minimal libpython3.11-stdlib bash dash coreutils git ripgrep grep sed
           findutils tar procps util-linux gzip base-files base-passwd)
 
@@ -91,6 +91,15 @@ for line in sys.stdin:
 print("\n".join(sorted(seen)))
 '
 
+# The build context of `guilds sandbox image --no-install` on BASE, as a tar on stdout.
+CONTEXT='
+import sys
+from guilds.sandbox._container import helper_files
+from guilds.sandbox.image import build_context, dockerfile
+files = helper_files()
+sys.stdout.buffer.write(build_context(dockerfile(sys.argv[1], [n for n, _ in files], install=False), files))
+'
+
 build_base() {
   docker image inspect "$BASE" >/dev/null 2>&1 && return 0
   log "making the base image $BASE from this machine's packages"
@@ -116,6 +125,6 @@ install_packages
 start_engine
 build_base
 log "building $IMAGE"
-"$PYTHON" -m guilds.sandbox.image --base "$BASE" --tag "$IMAGE" --no-install >&2
+PYTHONPATH="$ROOT/src" python3 -c "$CONTEXT" "$BASE" | DOCKER_BUILDKIT=0 docker build -q -t "$IMAGE" - >&2
 log "ready in $((SECONDS - began)) s"
 echo "export DOCKER_HOST=$DOCKER_HOST"

@@ -25,6 +25,7 @@ import docker
 from guilds.errors import ConfigError, SandboxError
 from guilds.sandbox import _container as box_lib
 from guilds.sandbox import docker_spec as spec
+from guilds.sandbox import image
 from guilds.sandbox.docker import DockerSandbox
 from guilds.sandbox.docker_engine import unavailable
 from guilds.settings import AgentSettings, DockerSettings, Repo, parse_settings
@@ -251,6 +252,7 @@ async def test_idle_stop_and_silent_restart(make):
 
 
 @needs_engine
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs as the home needs root")
 async def test_a_full_disk_is_said_and_loses_nothing(make, tmp_path):
     agent = f"t{secrets.token_hex(4)}"
     home = tmp_path / agent
@@ -280,3 +282,39 @@ async def test_many_calls_at_once_in_one_container(make):
     assert [r.stdout for r in results] == [f"{i}\n".encode() for i in range(12)]
     assert json.loads((await sh(box, f"cat {box_lib.repos_file(box.agent_id)}")).stdout) == {
         f"{box.home}/repos/web": TOKEN}
+
+
+# --- the image ----------------------------------------------------------------
+def test_dockerfile():
+    assert image.dockerfile("debian:bookworm-slim", ["guilds-code", "guilds-harness"]) == (
+        "FROM debian:bookworm-slim\n"
+        "RUN apt-get update && apt-get install -y --no-install-recommends python3 bash git ripgrep "
+        "procps ca-certificates && rm -rf /var/lib/apt/lists/*\n"
+        "COPY guilds-code guilds-harness /usr/local/bin/\n"
+        'CMD ["sleep", "infinity"]\n')
+    assert "RUN" not in image.dockerfile("base:1", ["guilds-code"], install=False)
+
+
+@needs_engine
+def test_build_sandbox_image_on_a_local_base():
+    base = os.environ.get("GUILDS_BASE_IMAGE", "guilds-base:local")
+    if not CLIENT.images.list(name=base):
+        pytest.skip(f"no base image {base} (scripts/docker-test-env.sh makes it)")
+    tag = f"guilds-sandbox:test-{secrets.token_hex(3)}"
+    try:
+        image_id = image.build_sandbox_image(tag=tag, base=base, install=False)
+        helpers = CLIENT.containers.run(image_id, ["ls", "-l", "/usr/local/bin"], network_mode="none",
+                                        remove=True).decode()
+        assert "-rwxr-xr-x" in helpers and "guilds-code" in helpers
+        with pytest.raises(SandboxError, match="building guilds-sandbox:none failed|no such image"):
+            image.build_sandbox_image(tag="guilds-sandbox:none", base="guilds-none:0", install=False)
+    finally:
+        CLIENT.images.remove(tag, force=True)
+
+
+@needs_engine
+async def test_a_container_removed_behind_our_back_is_made_again(make):
+    box = await make()
+    CLIENT.containers.get(box.container).remove(force=True)
+    await box.write_file(f"{box.state_dir}/requests/r1-c1.json", b"{}")
+    assert (await sh(box, "ls $GUILDS_STATE_DIR/requests")).stdout == b"r1-c1.json\n"

@@ -10,9 +10,10 @@ import mcp_kit as kit
 import pytest
 import uvicorn
 from mcp import Client
+from mcp.server.mcpserver import MCPServer
 from toolbox_kit import local_toolbox
 
-from guilds.mcp_server import RUN_KEY, http_endpoint, streamable_http_app
+from guilds.mcp_server import RUN_KEY, build_server, http_endpoint, streamable_http_app
 from guilds.toolbox import Toolbox
 
 
@@ -55,6 +56,21 @@ async def test_tools_each_call_and_bad_calls(url, tmp_path, toolbox):
         await kit.check_bad_calls(c, meta=run)
     calls = await toolbox.store.calls("mcp-http-each")
     assert [c.tool for c in calls[:2]] == ["shell", "file_read"] and calls[0].status == "done"
+
+
+async def test_the_toolbox_gets_the_arguments_as_sent(url, toolbox):
+    """No coercion on the way ("5" stays a string), and an unknown tool is a call of the run too."""
+    run = {RUN_KEY: "mcp-http-raw"}
+    async with client(url) as c:
+        five = await c.call_tool("shell", {"command": "true", "timeout_seconds": "5"}, meta=run)
+        unknown = await c.call_tool("rm_rf", {}, meta=run)
+    assert five.is_error and kit.text_of(five).startswith('timeout_seconds: must be an integer, got "5"\n')
+    assert unknown.is_error and kit.text_of(unknown).startswith("unknown tool 'rm_rf' (known: code_task, shell")
+    assert [c.tool for c in await toolbox.store.calls("mcp-http-raw")] == ["shell", "rm_rf"]
+
+
+def test_the_server_is_the_sdks_mcpserver(toolbox):
+    assert isinstance(build_server(toolbox), MCPServer)
 
 
 async def test_a_session_is_one_run(url, tmp_path, toolbox):

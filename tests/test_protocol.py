@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
+import subprocess
+import zipfile
 
 import pytest
 
-from conftest import error_text
-from guilds_code import limits
+from conftest import PYTHON, error_text, ok_text
+from guilds.helpers import build_bytes
+from guilds_code import codec, limits, protocol
+from guilds_code.protocol import decode_envelope
 
 
 def _b64(raw: str) -> str:
@@ -87,11 +92,13 @@ def test_bad_arguments_name_the_field(sandbox, op, args, needle):
         ("run_id", "a/b", "run_id: must be letters"),
         ("call_id", "", "call_id: required"),
         ("agent_id", "a\nb", "agent_id: must be letters"),
+        ("agent_id", "ab\n", "agent_id: must be letters"),  # a regex's $ let this one pass
         ("home", "relative", "home: must be an absolute path"),
         ("max_bytes", limits.MIN_MAX_BYTES - 1, "max_bytes: must be from 1024"),
         ("max_bytes", True, "max_bytes: must be an integer"),
         ("args", [], "args: must be an object"),
         ("redact_env", ["A B"], "redact_env: must be a list"),
+        ("redact_env", ["A\n"], "redact_env: must be a list"),
     ],
 )
 def test_bad_request_fields_name_the_field(sandbox, field, value, needle):
@@ -146,3 +153,91 @@ def test_missing_request_file(sandbox):
     (sandbox.state / "requests").mkdir()
     text = error_text(_envelope_of(sandbox, str(sandbox.state / "requests" / "nope.json")))
     assert text.startswith("request: cannot open")
+
+
+# --- the wire's JSON and base64 without the json module --------------------------
+_DOCUMENTS = [
+    '{"a": 1, "b": [1.5, -2e10, true, false, null, "x\\u00e9\\ud800"]}', " \n[1]\t", '"s"', "-0",
+    "[] x", "", "\ufeff{}", '{"a": NaN}', '{"a":1,}', "1e999", '"\\ud83d\\ude00"', '{"k": "\x01"}',
+]
+_VALUES = [
+    {"ok": True, "text": "h\u00e9\x00\ud800\n\"", "meta": {"a": [1, 2.5, None, float("inf")], "b": {}}},
+    {1: 2, None: 3, True: 4}, {(1,): 2}, {"x": object()}, [10**30], "text",
+]
+
+
+def _outcome(call):
+    try:
+        return "ok", call()
+    except Exception as exc:  # the error itself is what is compared
+        return type(exc).__name__, str(exc)
+
+
+@pytest.mark.parametrize("doc", _DOCUMENTS)
+def test_codec_loads_is_json_loads(doc):
+    def reject(name):
+        raise ValueError(name)
+
+    assert repr(_outcome(lambda: codec.loads(doc, reject))) == repr(
+        _outcome(lambda: json.loads(doc, parse_constant=reject))
+    )
+
+
+@pytest.mark.parametrize("value", _VALUES)
+@pytest.mark.parametrize("separators", [(",", ":"), (", ", ": ")])
+def test_codec_dumps_is_json_dumps(value, separators):
+    assert _outcome(lambda: codec.dumps(value, separators)) == _outcome(
+        lambda: json.dumps(value, ensure_ascii=False, separators=separators)
+    )
+
+
+@pytest.mark.parametrize("data", [b"", b"QQ==", b"QQ", b"QQ=", b"Q===", b"=QQ=", b"QU JD", b"QUJD\n", b"QQ==QQ=="])
+def test_codec_b64decode_is_validating_b64decode(data):
+    def outcome(call):
+        try:
+            return call()
+        except ValueError as exc:
+            return type(exc)
+
+    assert outcome(lambda: codec.b64decode(data)) == outcome(lambda: base64.b64decode(data, validate=True))
+
+
+def test_names_are_checked_without_regex_quirks():
+    assert protocol.is_safe_name("run-1.a_b") and not protocol.is_safe_name("run1\n")
+    assert not protocol.is_safe_name("a..b") and not protocol.is_safe_name("x" * (limits.NAME_MAX_CHARS + 1))
+    assert protocol.is_env_name("_A1") and not protocol.is_env_name("1A") and not protocol.is_env_name("A\n")
+    assert protocol.is_background_id("b12") and not protocol.is_background_id("b01")
+    assert not protocol.is_background_id("b\u0661")  # an Arabic-Indic digit is no digit here
+
+
+# --- start-up --------------------------------------------------------------------
+def test_the_helper_runs_from_its_pyc(sandbox, tmp_path):
+    """Same interpreter: every module, __main__ too, comes from its .pyc; no source is read."""
+    built = zipfile.ZipFile(io.BytesIO(build_bytes("guilds_code")[len(b"#!/usr/bin/env python3\n"):]))
+    stubbed = io.BytesIO()
+    with zipfile.ZipFile(stubbed, "w") as out:
+        for info in built.infolist():
+            data = built.read(info)
+            out.writestr(info, b"raise SystemExit('source read')\n" if info.filename.endswith(".py") else data)
+    sandbox.helper = tmp_path / "stubbed.pyz"
+    sandbox.helper.write_bytes(stubbed.getvalue())
+    assert ok_text(sandbox.call("shell", {"command": "echo hi"})) == "hi"
+
+
+HEAVY_MODULES = {
+    "dataclasses", "typing", "inspect", "subprocess", "selectors", "threading", "shutil", "tempfile",
+    "random", "urllib.parse", "ipaddress", "json", "re", "enum", "base64", "shlex", "signal", "locale",
+}
+"""What a plain shell call must not import: together they cost several times the call's own work."""
+
+
+def test_a_plain_shell_call_imports_nothing_heavy(sandbox):
+    req = sandbox.request("shell", {"command": "echo hi"})
+    arg = base64.b64encode(json.dumps(req).encode()).decode()
+    proc = subprocess.run(
+        [PYTHON, "-X", "importtime", "-I", "-S", str(sandbox.helper), arg],
+        env=sandbox.process_env(), stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+    )
+    assert ok_text(decode_envelope(proc.stdout.strip())) == "hi"
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.decode().splitlines() if "|" in line}
+    assert imported & HEAVY_MODULES == set()

@@ -88,6 +88,27 @@ def test_own_session_and_group(sandbox):
     assert pid == pgrp == sid
 
 
+def test_no_other_descriptor_reaches_the_command(sandbox):
+    """Only 0, 1 and 2, also when the helper itself inherited more."""
+    read, write = os.pipe()
+    req = sandbox.request("shell", {"command": "ls /proc/$$/fd"})
+    try:
+        proc = subprocess.run(
+            [PYTHON, "-I", "-S", str(sandbox.helper), b64encode(json.dumps(req).encode()).decode()],
+            env=sandbox.process_env(), stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+            pass_fds=(write,),
+        )
+    finally:
+        os.close(read)
+        os.close(write)
+    assert ok_text(decode_envelope(proc.stdout.strip())).split() == ["0", "1", "2"]
+
+
+def test_sigpipe_is_the_default_in_the_command(sandbox):
+    """Python ignores SIGPIPE; the command must not inherit that (`yes | head` ends quietly)."""
+    assert ok_text(sh(sandbox, "yes | head -1; echo ${PIPESTATUS[0]}")) == "y\n141"
+
+
 # --- working directory --------------------------------------------------------
 def test_cd_carries_over_env_does_not(sandbox):
     (sandbox.home / "sub").mkdir()

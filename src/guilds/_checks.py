@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import math
 import posixpath
-import re
 from typing import Any, Iterable, Mapping
 
-from guilds_code import limits
+from guilds_code import limits, protocol
 
 from .errors import ConfigError
-
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _show(value: Any) -> str:
@@ -89,15 +85,11 @@ def name(value: Any, key: str) -> str:
 
 def is_safe_name(value: str) -> bool:
     """True when value can name a file: the protocol's rule for run, agent and call ids."""
-    return (
-        0 < len(value) <= limits.NAME_MAX_CHARS
-        and bool(NAME_RE.match(value))
-        and ".." not in value
-    )
+    return protocol.is_safe_name(value)
 
 
 def env_name(value: str, key: str) -> str:
-    if not ENV_NAME_RE.match(value):
+    if not protocol.is_env_name(value):
         raise ConfigError(f"{key}: not an environment variable name")
     return value
 

@@ -1,16 +1,17 @@
 """Build the in-sandbox helpers into one file each (a zipapp).
 
 The zipapp holds each module's source and an unchecked-hash .pyc compiled by
-this interpreter: a sandbox python of the same version imports the .pyc with no
-compile step; any other version falls back to the source.
+this interpreter (its own __main__ too): a sandbox python of the same version
+imports the .pyc with no compile step and without reading the source; any other
+version falls back to the source.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import importlib.util
+import io
 import marshal
 import os
 import stat
@@ -25,7 +26,16 @@ HELPER_PACKAGES = {
 }
 """Each helper's packages: the first holds its __main__; the rest are bundled
 beside it because it imports them."""
-_MAIN = "# -*- coding: utf-8 -*-\nimport sys\nfrom {pkg}.__main__ import main\nsys.exit(main())\n"
+_MAIN = """\
+# -*- coding: utf-8 -*-
+import gc
+import sys
+
+gc.freeze()  # what python loaded to start lives as long as this one call: collections skip it
+from {pkg}.__main__ import main
+
+sys.exit(main())
+"""
 _SHEBANG = b"#!/usr/bin/env python3\n"
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
@@ -37,11 +47,16 @@ def _package_dir(package: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+_UNCHECKED_HASH_PYC = 0b01
+"""PEP 552 flags: bit 0 hash-based, bit 1 check_source (off: the source beside
+it in the zip is never read, let alone hashed, on import)."""
+
+
 def _pyc(source: bytes, name: str) -> bytes:
     code = compile(source, name, "exec", dont_inherit=True, optimize=0)
-    flags = 0b11  # hash-based, check_source off
     digest = importlib.util.source_hash(source)
-    return importlib.util.MAGIC_NUMBER + flags.to_bytes(4, "little") + digest + marshal.dumps(code)
+    flags = _UNCHECKED_HASH_PYC.to_bytes(4, "little")
+    return importlib.util.MAGIC_NUMBER + flags + digest + marshal.dumps(code)
 
 
 def _sources(package: str):
@@ -68,7 +83,9 @@ def build_bytes(packages: str | tuple[str, ...]) -> bytes:
         packages = (packages,)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
-        _add(zf, "__main__.py", _MAIN.format(pkg=packages[0]).encode())
+        main = _MAIN.format(pkg=packages[0]).encode()
+        _add(zf, "__main__.py", main)
+        _add(zf, "__main__.pyc", _pyc(main, "__main__.py"))
         for package in packages:
             for rel, source in _sources(package):
                 _add(zf, rel, source)

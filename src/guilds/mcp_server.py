@@ -2,14 +2,31 @@
 
 A thin translation over ``Toolbox.call``; no tool logic lives here.
 
-    build_server(toolbox, run_id=None) -> mcp.server.lowlevel.Server
+    build_server(toolbox, run_id=None) -> GuildsServer, an MCPServer
     run_stdio(settings, data_dir, *, sandbox=None, coding=None, env=None)   `guilds mcp`
     http_endpoint(toolbox, ...) -> McpEndpoint                `/mcp` in `guilds serve`
     streamable_http_app(toolbox, ...) -> Starlette            the endpoint as an app of its own
 
-The SDK's low-level ``Server`` is used, not ``MCPServer``: ``MCPServer`` derives
-a tool's input schema from a Python signature, and these tools must offer the
-toolbox's JSON Schemas exactly.
+Built on the SDK's high-level ``MCPServer`` (``mcp>=2.3,<3``), through its
+public surface only:
+
+- its tool registry (``MCPServer(tools=...)``) holds one ``ToolboxTool`` per
+  ToolSpec: a ``Tool`` whose ``parameters`` are the ToolSpec's JSON Schema and
+  whose ``run`` hands the client's arguments, untouched, to the toolbox. Not
+  ``add_tool``/``@tool``: those derive the schema from a Python signature, and
+  ``Tool.run`` validates through it (a pydantic model that turns "5" into 5);
+  the toolbox checks the arguments itself and names a bad field;
+- ``GuildsServer`` overrides the two public methods MCPServer's ``tools/list``
+  and ``tools/call`` handlers call: ``list_tools`` (the registered tools that
+  ``toolbox.tools()`` offers now) and ``call_tool`` (a name not registered
+  goes to the toolbox as well, which records it and names the known tools);
+- ``subscriptions=False`` (SDK 2.3): no ``subscriptions/listen``, as before;
+- the transports are MCPServer's (``run_stdio_async``, ``streamable_http_app``,
+  ``session_manager``); its ``lifespan`` tells the stdio runner's signal
+  handling when the calls have stopped.
+
+MCPServer adds what it always serves: empty ``prompts/list`` and
+``resources/list`` (and their capabilities).
 
 Contract:
 
@@ -20,7 +37,7 @@ Contract:
   block, ``isError`` as the toolbox says, its metadata under
   ``_meta["guilds/meta"]`` (``run``, ``seq``, ``call``, ``row``, ...). Bad
   arguments, an unknown tool, a call while coding is off, any GuildsError:
-  an ``isError`` result naming what was wrong, made in ``_call_tool`` only.
+  an ``isError`` result naming what was wrong, made in ``_Front.call`` only.
 - Runs: one MCP session is one run, ``mcp-<32 hex>``. stdio: the process's
   connection (``run_id``). HTTP with a session (``Mcp-Session-Id``, the
   handshake era): derived from that id. A client may name the run itself
@@ -38,6 +55,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import logging
@@ -45,7 +63,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
@@ -55,15 +73,16 @@ from typing import Any
 import anyio
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
-from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.tools import Tool
+from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
 from starlette.applications import Starlette
 from starlette.routing import Route
 
 from .errors import GuildsError
 from .settings import AgentSettings
 from .toolbox import CallResult, Toolbox
-from .toolbox.tools import ToolSpec
+from .toolbox.tools import TOOL_NAMES, ToolSpec, tool_specs
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +98,9 @@ PROGRESS_SECONDS = 1.0
 CANCEL_WAIT_SECONDS = 15.0
 """How long a cancelled call may take to stop its helper and record itself
 (the helper's own SIGTERM-then-SIGKILL grace, the spawn path's, the write)."""
+STOP_WAIT_SECONDS = CANCEL_WAIT_SECONDS + 5.0
+"""How long a signalled stdio server waits for its connection to end (each
+running call has CANCEL_WAIT_SECONDS of it) before the process ends anyway."""
 CODING_OFF = "tool {name!r} is not offered: the agent's coding capability is off (agent.coding)"
 INSTRUCTIONS = (
     "Code tools running inside an agent's sandbox: shell (tests, builds, git), shell_status "
@@ -115,11 +137,28 @@ ANNOTATIONS = {
 lists and checks read-only, but its ``stop`` ends a process (annotations are
 per tool, so it is not read-only); file_read and code_search only read."""
 
+ToolCall = Callable[[Context | None, str, dict[str, Any]], Awaitable[types.CallToolResult]]
+"""(context, tool name, the client's arguments) -> the result: ``_Front.call``."""
 
-def mcp_tool(spec: ToolSpec) -> types.Tool:
-    hints = ANNOTATIONS[spec.name]
-    return types.Tool(name=spec.name, title=hints.title, description=spec.description,
-                      input_schema=spec.input_schema, annotations=hints.annotations())
+
+class ToolboxTool(Tool):
+    """One toolbox tool in MCPServer's registry.
+
+    ``parameters`` is the ToolSpec's input schema as it is; ``run`` gives ``fn``
+    the arguments exactly as the client sent them. ``fn_metadata`` is an empty
+    model, never used: ``Tool.run`` would validate through it.
+    """
+
+    @classmethod
+    def of(cls, spec: ToolSpec, call: ToolCall) -> ToolboxTool:
+        hints = ANNOTATIONS[spec.name]
+        return cls(fn=call, name=spec.name, title=hints.title, description=spec.description,
+                   parameters=spec.input_schema, annotations=hints.annotations(),
+                   fn_metadata=FuncMetadata(arg_model=ArgModelBase), is_async=True)
+
+    async def run(self, arguments: dict[str, Any], context: Context,
+                  convert_result: bool = False) -> types.CallToolResult:
+        return await self.fn(context, self.name, arguments)
 
 
 def new_run_id() -> str:
@@ -160,58 +199,97 @@ async def run_call(call: Awaitable[CallResult], report: Callable[[float], Awaita
 
 
 class _Front:
-    """The two handlers, over one toolbox; ``run_id`` fixed for a stdio connection."""
+    """A server's calls, over one toolbox; ``run_id`` fixed for a stdio connection."""
 
     def __init__(self, toolbox: Toolbox, run_id: str | None):
         self.toolbox = toolbox
         self.run_id = run_id
+        self.ended = asyncio.Event()
+        """Set as the server's lifespan ends (``_lifespan``): every call has stopped."""
 
-    async def list_tools(self, ctx: ServerRequestContext, params: Any) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[mcp_tool(spec) for spec in self.toolbox.tools()])
-
-    def input_schema(self, name: str) -> dict[str, Any] | None:
-        specs = {spec.name: spec for spec in self.toolbox.tools()}
-        return specs[name].input_schema if name in specs else None
-
-    def run_for(self, ctx: ServerRequestContext) -> str:
-        named = (ctx.meta or {}).get(RUN_KEY)
+    def run_for(self, request: ServerRequestContext | None) -> str:
+        named = (request.meta or {}).get(RUN_KEY) if request is not None else None
         if named is not None:
             return named  # the toolbox checks it is a safe name
         if self.run_id is not None:
             return self.run_id
-        session = ctx.request.headers.get(SESSION_HEADER) if ctx.request is not None else None
+        http = request.request if request is not None else None
+        session = http.headers.get(SESSION_HEADER) if http is not None else None
         return session_run_id(session) if session else new_run_id()
 
-    async def call_tool(self, ctx: ServerRequestContext, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call(self, context: Context | None, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         """The one place a failed call becomes an isError result."""
+        request = _request_of(context)
         try:
             if not self.toolbox.tools():
-                return error_result(CODING_OFF.format(name=params.name))
-            result = await run_call(self.toolbox.call(self.run_for(ctx), params.name, params.arguments or {}),
-                                    lambda elapsed: _progress(ctx, params.name, elapsed))
+                return error_result(CODING_OFF.format(name=name))
+            result = await run_call(self.toolbox.call(self.run_for(request), name, arguments),
+                                    functools.partial(_progress, request, name))
         except GuildsError as exc:
             return error_result(str(exc))
         except Exception as exc:
-            log.exception("tool %s failed", params.name)
+            log.exception("tool %s failed", name)
             return error_result(f"internal error: {type(exc).__name__}")
         return to_result(result)
 
 
-async def _progress(ctx: ServerRequestContext, tool: str, elapsed: float) -> None:
+def _request_of(context: Context | None) -> ServerRequestContext | None:
+    """The request a call came in; None for a direct ``call_tool`` (its Context has none and raises)."""
+    try:
+        return context.request_context if context is not None else None
+    except ValueError:
+        return None
+
+
+async def _progress(request: ServerRequestContext | None, tool: str, elapsed: float) -> None:
     """Best effort: a client gone away is noticed by the transport, not here."""
+    if request is None:
+        return
     seconds = round(elapsed)
     try:
-        await ctx.session.report_progress(seconds, None, f"{tool}: running for {seconds} s")
+        await request.session.report_progress(seconds, None, f"{tool}: running for {seconds} s")
     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
         pass
 
 
-def build_server(toolbox: Toolbox, *, run_id: str | None = None) -> Server:
+class GuildsServer(MCPServer):
+    """An MCPServer offering one toolbox's tools; see the module docstring for what it overrides.
+
+    ``log_level="WARNING"``: MCPServer configures the root logger when it has no
+    handler; at WARNING that prints what Python's last-resort handler would.
+    """
+
+    def __init__(self, toolbox: Toolbox, *, run_id: str | None = None):
+        self.front = _Front(toolbox, run_id)
+        super().__init__(SERVER_NAME, version=_version(), instructions=INSTRUCTIONS, log_level="WARNING",
+                         subscriptions=False, lifespan=_lifespan,
+                         tools=[ToolboxTool.of(spec, self.front.call) for spec in tool_specs()])
+
+    async def list_tools(self) -> list[types.Tool]:
+        """The registered tools the toolbox offers now (the live coding flag)."""
+        offered = {spec.name for spec in self.front.toolbox.tools()}
+        return [tool for tool in await super().list_tools() if tool.name in offered]
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None) -> Any:
+        """A registered tool through the registry; any other name to the toolbox, which records the call."""
+        if name in TOOL_NAMES:
+            return await super().call_tool(name, arguments, context)
+        return await self.front.call(context, name, arguments)
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(server: GuildsServer) -> AsyncIterator[dict[str, Any]]:
+    """MCPServer's lifespan, around its serving (stdio: the connection; HTTP: the session
+    manager's run): it ends once every call has stopped, and says so in ``front.ended``."""
+    try:
+        yield {}
+    finally:
+        server.front.ended.set()
+
+
+def build_server(toolbox: Toolbox, *, run_id: str | None = None) -> GuildsServer:
     """An MCP server offering toolbox's tools; every call goes to ``run_id`` when given."""
-    front = _Front(toolbox, run_id)
-    return Server(SERVER_NAME, version=_version(), instructions=INSTRUCTIONS,
-                  get_tool_input_schema=front.input_schema,
-                  on_list_tools=front.list_tools, on_call_tool=front.call_tool)
+    return GuildsServer(toolbox, run_id=run_id)
 
 
 def _version() -> str:
@@ -235,7 +313,7 @@ def http_endpoint(toolbox: Toolbox, *, path: str = "/mcp", host: str = "127.0.0.
     """The streamable HTTP endpoint at path. host: the address served; for 127.0.0.1,
     localhost or ::1 the SDK's DNS-rebinding protection admits only local Host headers."""
     app = streamable_http_app(toolbox, path=path, host=host)
-    server: Server = app.state.mcp_server
+    server: GuildsServer = app.state.mcp_server
     return McpEndpoint(route=app.routes[0], lifespan=server.session_manager.run)
 
 
@@ -277,30 +355,28 @@ async def serve_stdio(settings: AgentSettings, data_dir: Path, *, sandbox: str |
         await serve_streams(build_server(toolbox, run_id=new_run_id()))
 
 
-async def serve_streams(server: Server) -> None:
-    """Run server on this process's stdio until EOF, SIGTERM or SIGINT.
+async def serve_streams(server: GuildsServer) -> None:
+    """Run server on this process's stdio (MCPServer's runner) until EOF, SIGTERM or SIGINT.
 
-    On a signal the server is cancelled (its running calls stop and are
-    recorded), then the process ends by that signal: the SDK's stdin reader
-    sits in a thread that only the client's EOF would release.
+    On a signal the server is cancelled; once its lifespan has ended (its
+    running calls stopped and recorded) the process ends by that signal: the
+    runner cannot return before the client's EOF, as the SDK's stdin reader
+    sits in a thread that only EOF releases.
     """
-    signals: list[int] = []
-    async with stdio_server() as (read, write):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_cancel_on_signal, tg.cancel_scope, signals)
-            await server.run(read, write, server.create_initialization_options())
-            tg.cancel_scope.cancel()
-        if signals:
-            signal.signal(signals[0], signal.SIG_DFL)
-            os.kill(os.getpid(), signals[0])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_end_on_signal, tg.cancel_scope, server.front.ended)
+        await server.run_stdio_async()
+        tg.cancel_scope.cancel()
 
 
-async def _cancel_on_signal(scope: anyio.CancelScope, received: list[int]) -> None:
+async def _end_on_signal(scope: anyio.CancelScope, ended: asyncio.Event) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            received.append(signum)
-            scope.cancel()
-            return
+        signum = await anext(signals)
+    scope.cancel()
+    with anyio.move_on_after(STOP_WAIT_SECONDS, shield=True):
+        await ended.wait()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def main(argv: list[str] | None = None) -> None:

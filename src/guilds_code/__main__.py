@@ -1,7 +1,9 @@
 """argv -> request -> op -> exactly one envelope line on stdout; exit 0.
 
-This is the helper's only catch-all: whatever goes wrong becomes
-``{"ok": false, "error": one line}``, never a traceback on stdout.
+``serve`` is the helper's only catch-all (guilds-harness runs its own op
+through it too): whatever goes wrong becomes ``{"ok": false, "error": one
+line}``, never a traceback on stdout. Each op's module is imported only when
+asked for, so a call loads just what its op needs.
 """
 
 import importlib
@@ -18,29 +20,32 @@ OP_MODULES = {
 }
 
 
-def _write_all(data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(1, view)
-        view = view[written:]
+def dispatch(argv) -> protocol.Reply:
+    """Decode the request and run its op."""
+    request = protocol.decode_request(argv)
+    return importlib.import_module(OP_MODULES[request.op]).run(request)
 
 
-def run(argv):
-    """Decode, dispatch, and return the envelope bytes."""
+def envelope(argv, handle) -> bytes:
+    """handle(argv) -> Reply, as the envelope bytes; every error becomes an error envelope."""
     try:
-        request = protocol.decode_request(argv)
-        module = importlib.import_module(OP_MODULES[request.op])
-        return protocol.ok_envelope(module.run(request))
+        return protocol.ok_envelope(handle(argv))
     except (protocol.RequestError, protocol.OpError) as exc:
         return protocol.error_envelope(str(exc))
     except Exception as exc:  # the one place a surprise becomes a result
         return protocol.error_envelope(f"internal error: {type(exc).__name__}: {exc}")
 
 
-def main(argv=None) -> int:
-    envelope = run(sys.argv[1:] if argv is None else argv)
-    _write_all(envelope)
+def serve(argv, handle) -> int:
+    """Write envelope(argv, handle) to stdout, all of it; the exit status (0)."""
+    view = memoryview(envelope(argv, handle))
+    while view:
+        view = view[os.write(1, view) :]
     return 0
+
+
+def main(argv=None) -> int:
+    return serve(sys.argv[1:] if argv is None else argv, dispatch)
 
 
 if __name__ == "__main__":

@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import os
 import stat
-from contextlib import contextmanager
-from typing import Iterator, List, Optional
 
 from . import limits, protocol, shaping
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Optional
 
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -77,7 +79,8 @@ def fail(given: str, what: str) -> protocol.OpError:
 
 
 class Resolved:
-    """An object inside the home, held open by O_PATH descriptors until close().
+    """An object inside the home, held open by O_PATH descriptors until close()
+    (or the end of a ``with`` block).
 
     path    absolute, as walked (see the module docstring)
     fd      an O_PATH descriptor of the object (usable with fchdir for a folder)
@@ -122,6 +125,12 @@ class Resolved:
         for fd in self._fds:
             os.close(fd)
         self._fds = []
+
+    def __enter__(self) -> Resolved:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
 
 class _Walk:
@@ -243,19 +252,15 @@ def absolute(home: str, cwd: str, given: str) -> str:
     return f"{cwd}/{given}"
 
 
-@contextmanager
-def resolve(home: str, cwd: str, given: str) -> Iterator[Resolved]:
-    """Resolve given (see the module docstring); the descriptors close on exit."""
+def resolve(home: str, cwd: str, given: str) -> Resolved:
+    """Resolve given (see the module docstring); use it in a ``with`` block, at
+    whose end its descriptors close."""
     walk = _Walk(home, given)
     try:
-        resolved = walk.walk(walk.inside(absolute(home, cwd, given)))
+        return walk.walk(walk.inside(absolute(home, cwd, given)))
     except BaseException:
         walk.close()
         raise
-    try:
-        yield resolved
-    finally:
-        resolved.close()
 
 
 def physical_cwd(home: str, cwd: str) -> Optional[str]:

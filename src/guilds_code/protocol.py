@@ -27,22 +27,21 @@ JSON, ``{"ok": true, "text": str, "meta": {...}}`` or
 
 from __future__ import annotations
 
-import base64
 import binascii
-import json
-import math
 import os
-import re
 import stat
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
 
-from . import limits
+from . import codec, limits
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 
 OPS = ("shell", "shell_status", "file_read", "code_search")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_BACKGROUND_ID_RE = re.compile(r"^b[1-9][0-9]{0,8}$")
+_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_NAME_CHARS = _ALNUM | frozenset("._-")
+_ENV_NAME_CHARS = _ALNUM | frozenset("_")
+_DIGITS = frozenset("0123456789")
 
 
 class RequestError(Exception):
@@ -56,27 +55,68 @@ class OpError(Exception):
     """
 
 
-@dataclass
 class Reply:
     """What an op returns: the shaped text and the call's metadata."""
 
-    text: str
-    meta: Dict[str, Any] = field(default_factory=dict)
+    __slots__ = ("text", "meta")
+
+    def __init__(self, text: str, meta: Optional[Dict[str, Any]] = None):
+        self.text = text
+        self.meta = {} if meta is None else meta
+
+    def __repr__(self) -> str:
+        return f"Reply(text={self.text!r}, meta={self.meta!r})"
 
 
-@dataclass
 class Request:
-    op: str
-    args: Dict[str, Any]
-    run_id: str
-    agent_id: str
-    call_id: str
-    home: str
-    cwd: str
-    max_bytes: int = limits.DEFAULT_MAX_BYTES
-    seq: int = 0
-    reads: List[Dict[str, Any]] = field(default_factory=list)
-    redact_env: List[str] = field(default_factory=list)
+    """One validated request (see the module docstring for the fields)."""
+
+    __slots__ = ("op", "args", "run_id", "agent_id", "call_id", "home", "cwd",
+                 "max_bytes", "seq", "reads", "redact_env")
+
+    def __init__(
+        self, op: str, args: Dict[str, Any], run_id: str, agent_id: str, call_id: str,
+        home: str, cwd: str, max_bytes: int = limits.DEFAULT_MAX_BYTES, seq: int = 0,
+        reads: Optional[List[Dict[str, Any]]] = None, redact_env: Optional[List[str]] = None,
+    ):
+        self.op = op
+        self.args = args
+        self.run_id = run_id
+        self.agent_id = agent_id
+        self.call_id = call_id
+        self.home = home
+        self.cwd = cwd
+        self.max_bytes = max_bytes
+        self.seq = seq
+        self.reads = [] if reads is None else reads
+        self.redact_env = [] if redact_env is None else redact_env
+
+
+def is_safe_name(value: Any) -> bool:
+    """True when value can name a file: [A-Za-z0-9][A-Za-z0-9._-]*, at most
+    limits.NAME_MAX_CHARS, no '..'. The rule for run, agent and call ids."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= limits.NAME_MAX_CHARS
+        and value[0] in _ALNUM
+        and _NAME_CHARS.issuperset(value)
+        and ".." not in value
+    )
+
+
+def is_env_name(value: Any) -> bool:
+    """True for an environment variable name: [A-Za-z_][A-Za-z0-9_]*."""
+    return (
+        isinstance(value, str)
+        and value != ""
+        and value[0] not in _DIGITS
+        and _ENV_NAME_CHARS.issuperset(value)
+    )
+
+
+def is_background_id(value: str) -> bool:
+    """True for b1 ... b999999999."""
+    return 2 <= len(value) <= 10 and value[0] == "b" and value[1] != "0" and _DIGITS.issuperset(value[1:])
 
 
 # --- argument specs: (type, default, (min, max) or choices) -----------------
@@ -119,17 +159,23 @@ ARG_SPECS: Dict[str, Dict[str, Tuple[str, Any, Any]]] = {
 }
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
+    """value as JSON for an error message, at most 40 characters."""
+    import json  # only on the way to an error
+
     text = json.dumps(value, ensure_ascii=True)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _check_int(name: str, value: Any, bounds: Any) -> int:
+def check_int(name: str, value: Any, bounds: Tuple[int, int]) -> int:
+    """An integer (or a float with an integer value) within bounds, inclusive."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RequestError(f"{name}: must be an integer, got {_show(value)}")
+        raise RequestError(f"{name}: must be an integer, got {show(value)}")
     if isinstance(value, float):
+        import math  # only for a float
+
         if not math.isfinite(value) or value != int(value):
-            raise RequestError(f"{name}: must be an integer, got {_show(value)}")
+            raise RequestError(f"{name}: must be an integer, got {show(value)}")
         value = int(value)
     lo, hi = bounds
     if not lo <= value <= hi:
@@ -138,20 +184,21 @@ def _check_int(name: str, value: Any, bounds: Any) -> int:
     return value
 
 
-def _check_str(name: str, value: Any, choices: Any) -> str:
+def check_str(name: str, value: Any, choices: Any) -> str:
+    """A string without NUL, one of choices when they are given."""
     if not isinstance(value, str):
-        raise RequestError(f"{name}: must be a string, got {_show(value)}")
+        raise RequestError(f"{name}: must be a string, got {show(value)}")
     if "\x00" in value:
         raise RequestError(f"{name}: must not contain a NUL character")
     if choices and value not in choices:
         allowed = " or ".join(repr(c) for c in choices)
-        raise RequestError(f"{name}: must be {allowed}, got {_show(value)}")
+        raise RequestError(f"{name}: must be {allowed}, got {show(value)}")
     return value
 
 
-def _check_bool(name: str, value: Any) -> bool:
+def check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise RequestError(f"{name}: must be true or false, got {_show(value)}")
+        raise RequestError(f"{name}: must be true or false, got {show(value)}")
     return value
 
 
@@ -161,7 +208,7 @@ def validate_args(op: str, args: Any) -> Dict[str, Any]:
     A null value counts as absent. Unknown arguments are refused by name.
     """
     if not isinstance(args, dict):
-        raise RequestError(f"args: must be an object, got {_show(args)}")
+        raise RequestError(f"args: must be an object, got {show(args)}")
     specs = ARG_SPECS[op]
     for key in args:
         if key not in specs:
@@ -176,11 +223,11 @@ def validate_args(op: str, args: Any) -> Dict[str, Any]:
             out[name] = default
             continue
         if kind == "int":
-            out[name] = _check_int(name, value, extra)
+            out[name] = check_int(name, value, extra)
         elif kind == "bool":
-            out[name] = _check_bool(name, value)
+            out[name] = check_bool(name, value)
         else:
-            out[name] = _check_str(name, value, extra)
+            out[name] = check_str(name, value, extra)
     _check_op_rules(op, out)
     return out
 
@@ -194,8 +241,8 @@ def _check_op_rules(op: str, args: Dict[str, Any]) -> None:
                 f"command: longer than {limits.COMMAND_MAX_CHARS} characters"
             )
     elif op == "shell_status":
-        if args["id"] is not None and not _BACKGROUND_ID_RE.match(args["id"]):
-            raise RequestError(f"id: must look like b1, got {_show(args['id'])}")
+        if args["id"] is not None and not is_background_id(args["id"]):
+            raise RequestError(f"id: must look like b1, got {show(args['id'])}")
         if args["stop"] and args["id"] is None:
             raise RequestError("stop: needs an id")
     elif op == "file_read":
@@ -210,9 +257,10 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _parse_json(raw: bytes, where: str) -> Any:
+def parse_json(raw: bytes, where: str) -> Any:
+    """UTF-8 JSON (NaN and Infinity refused) -> the value; RequestError naming where."""
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        return codec.loads(raw.decode("utf-8"), _reject_constant)
     except UnicodeDecodeError:
         raise RequestError(f"{where}: not UTF-8") from None
     except ValueError as exc:
@@ -257,29 +305,32 @@ def _read_request_file(path: str) -> bytes:
             pass
 
 
-def _decode_arg(arg: str) -> bytes:
+def decode_arg(arg: str) -> bytes:
+    """The request's bytes from the one argument: base64, or a request file (read, deleted)."""
     # "." is not in the base64 alphabet, so a path ending in .json is never base64.
     if arg.startswith("/") and arg.endswith(".json"):
         return _read_request_file(arg)
     try:
-        return base64.b64decode(arg.encode("ascii"), validate=True)
+        return codec.b64decode(arg.encode("ascii"))
     except (binascii.Error, UnicodeEncodeError, ValueError):
         raise RequestError("request: not valid base64") from None
 
 
-def _name(data: Dict[str, Any], key: str) -> str:
+def name_field(data: Dict[str, Any], key: str) -> str:
+    """data[key], a name that can become a file name (is_safe_name)."""
     value = data.get(key)
     if not isinstance(value, str) or not value:
         raise RequestError(f"{key}: required, a non-empty string")
-    if len(value) > limits.NAME_MAX_CHARS or not _NAME_RE.match(value) or ".." in value:
-        raise RequestError(f"{key}: must be letters, digits, '.', '_' or '-', got {_show(value)}")
+    if not is_safe_name(value):
+        raise RequestError(f"{key}: must be letters, digits, '.', '_' or '-', got {show(value)}")
     return value
 
 
-def _abs_path(data: Dict[str, Any], key: str, default: Optional[str] = None) -> str:
+def abs_path_field(data: Dict[str, Any], key: str, default: Optional[str] = None) -> str:
+    """data[key] (or default), an absolute path, normalized."""
     value = data.get(key, default)
     if not isinstance(value, str) or not value.startswith("/") or "\x00" in value:
-        raise RequestError(f"{key}: must be an absolute path, got {_show(value)}")
+        raise RequestError(f"{key}: must be an absolute path, got {show(value)}")
     return os.path.normpath(value)
 
 
@@ -306,12 +357,11 @@ def _reads(value: Any) -> List[Dict[str, Any]]:
     return out
 
 
-def _redact_env(value: Any) -> List[str]:
+def env_names(value: Any) -> List[str]:
+    """redact_env: a list of environment variable names ([] when absent)."""
     if value is None:
         return []
-    if not isinstance(value, list) or not all(
-        isinstance(v, str) and _ENV_NAME_RE.match(v) for v in value
-    ):
+    if not isinstance(value, list) or not all(is_env_name(v) for v in value):
         raise RequestError("redact_env: must be a list of environment variable names")
     return value
 
@@ -322,21 +372,21 @@ def parse_request(data: Any) -> Request:
         raise RequestError("request: must be a JSON object")
     op = data.get("op")
     if op not in OPS:
-        raise RequestError(f"op: unknown op {_show(op)} (known: {', '.join(OPS)})")
-    home = _abs_path(data, "home")
+        raise RequestError(f"op: unknown op {show(op)} (known: {', '.join(OPS)})")
+    home = abs_path_field(data, "home")
     max_bytes = data.get("max_bytes", limits.DEFAULT_MAX_BYTES)
     return Request(
         op=op,
         args=validate_args(op, data.get("args", {})),
-        run_id=_name(data, "run_id"),
-        agent_id=_name(data, "agent_id"),
-        call_id=_name(data, "call_id"),
+        run_id=name_field(data, "run_id"),
+        agent_id=name_field(data, "agent_id"),
+        call_id=name_field(data, "call_id"),
         home=home,
-        cwd=_abs_path(data, "cwd", home),
-        max_bytes=_check_int("max_bytes", max_bytes, (limits.MIN_MAX_BYTES, limits.PLATFORM_CAP_BYTES)),
-        seq=_check_int("seq", data.get("seq", 0), (0, 2**63 - 1)),
+        cwd=abs_path_field(data, "cwd", home),
+        max_bytes=check_int("max_bytes", max_bytes, (limits.MIN_MAX_BYTES, limits.PLATFORM_CAP_BYTES)),
+        seq=check_int("seq", data.get("seq", 0), (0, 2**63 - 1)),
         reads=_reads(data.get("reads")),
-        redact_env=_redact_env(data.get("redact_env")),
+        redact_env=env_names(data.get("redact_env")),
     )
 
 
@@ -344,19 +394,17 @@ def decode_request(argv: List[str]) -> Request:
     """argv (without the program name) -> Request, or RequestError."""
     if len(argv) != 1:
         raise RequestError(f"request: expected one argument, got {len(argv)}")
-    return parse_request(_parse_json(_decode_arg(argv[0]), "request"))
+    return parse_request(parse_json(decode_arg(argv[0]), "request"))
 
 
 def encode_request(request: Dict[str, Any]) -> str:
     """The orchestrator's side: a request object -> the base64 argv string."""
-    raw = json.dumps(request, ensure_ascii=False, separators=(",", ":"))
-    return base64.b64encode(raw.encode("utf-8")).decode("ascii")
+    return codec.b64encode(codec.dumps(request).encode("utf-8")).decode("ascii")
 
 
 # --- envelopes -----------------------------------------------------------
 def _encode(obj: Dict[str, Any]) -> bytes:
-    raw = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-    return base64.b64encode(raw.encode("utf-8", "surrogateescape")) + b"\n"
+    return codec.b64encode(codec.dumps(obj).encode("utf-8", "surrogateescape")) + b"\n"
 
 
 def ok_envelope(reply: Reply) -> bytes:
@@ -373,8 +421,8 @@ def decode_envelope(line: bytes) -> Dict[str, Any]:
 
     Raises ValueError when the line is not a well-formed envelope.
     """
-    raw = base64.b64decode(line.strip(), validate=True)
-    obj = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    raw = codec.b64decode(line.strip())
+    obj = codec.loads(raw.decode("utf-8"), _reject_constant)
     if not isinstance(obj, dict) or not isinstance(obj.get("ok"), bool):
         raise ValueError("envelope has no boolean 'ok'")
     if obj["ok"] and not (isinstance(obj.get("text"), str) and isinstance(obj.get("meta"), dict)):

@@ -12,18 +12,24 @@ back the few bytes that could be the start of a secret split across reads.
 
 from __future__ import annotations
 
-import base64
-import json
 import os
-import re
-from typing import Iterable, List, Optional
-from urllib.parse import quote
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import re
+    from typing import Iterable, List, Optional
 
 MARK = "[REDACTED]"
 MIN_SECRET_CHARS = 4
 
 
 def _variants(value: str) -> List[bytes]:
+    # Imported here: a call without secrets never needs them (urllib.parse alone
+    # pulls in ipaddress).
+    import base64
+    import json
+    from urllib.parse import quote
+
     raw = value.encode("utf-8", "surrogateescape")
     forms = {
         raw,
@@ -46,9 +52,7 @@ class Redactor:
                 forms.update(_variants(value))
         ordered = sorted(forms, key=len, reverse=True)
         self.longest = len(ordered[0]) if ordered else 0
-        self._bytes_re: Optional[re.Pattern] = (
-            re.compile(b"|".join(re.escape(f) for f in ordered)) if ordered else None
-        )
+        self._bytes_re: Optional[re.Pattern] = _alternation(ordered) if ordered else None
 
     def __bool__(self) -> bool:
         return self._bytes_re is not None
@@ -66,6 +70,12 @@ class Redactor:
 
     def stream(self) -> "StreamRedactor":
         return StreamRedactor(self)
+
+
+def _alternation(forms: List[bytes]) -> re.Pattern:
+    import re  # only when there are secrets
+
+    return re.compile(b"|".join(re.escape(f) for f in forms))
 
 
 class StreamRedactor:

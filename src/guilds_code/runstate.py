@@ -15,20 +15,21 @@ absent; a bad state folder is an OpError naming it.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import stat
-import tempfile
-from typing import Dict, List, Optional
 
-from . import limits, protocol
+from . import codec, limits, protocol, redact
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional
 
 RUNS_DIR = ".runs"
 CWD_FILE = "cwd"
 REPOS_FILE = "repos.json"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
@@ -38,11 +39,16 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
     replaced, not followed. Raises OSError.
     """
     folder, name = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+    tmp = os.path.join(folder, f".{name}.{os.urandom(6).hex()}.tmp")
+    fd = os.open(tmp, _NEW_FILE_FLAGS, 0o600)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         unlink_quietly(tmp)
@@ -99,8 +105,11 @@ def prune_runs(runs: str, keep: int) -> None:
             if stat.S_ISDIR(st.st_mode):
                 entries.append((st.st_mtime, entry.path))
     entries.sort(reverse=True)
-    for _, path in entries[keep:]:
-        shutil.rmtree(path, ignore_errors=True)
+    if len(entries) > keep:
+        import shutil  # only when there is something to prune
+
+        for _, path in entries[keep:]:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def current_cwd(request: protocol.Request) -> str:
@@ -148,7 +157,7 @@ def load_repo_tokens(request: protocol.Request) -> Dict[str, str]:
     if raw is None:
         return {}
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = codec.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         return {}
     if not isinstance(data, dict):
@@ -158,6 +167,14 @@ def load_repo_tokens(request: protocol.Request) -> Dict[str, str]:
         for folder, token in data.items()
         if folder.startswith("/") and isinstance(token, str) and token
     }
+
+
+def redactor_for(request: protocol.Request, tokens: Optional[Dict[str, str]] = None) -> redact.Redactor:
+    """The run's secrets: the values of request.redact_env and every repository
+    token (tokens: load_repo_tokens(request), loaded here when not given)."""
+    if tokens is None:
+        tokens = load_repo_tokens(request)
+    return redact.from_environment(request.redact_env, extra=tokens.values())
 
 
 def read_small(base: str, names: List[str]) -> Optional[bytes]:

@@ -12,17 +12,21 @@ Redaction runs before any cut, so no cut can leave a fragment of a secret.
 from __future__ import annotations
 
 import codecs
-import re
-from typing import List, Optional, Tuple
 
 from . import limits
-from .redact import Redactor
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import re
+    from typing import List, Optional, Tuple
+
+    from .redact import Redactor
 
 NO_OUTPUT = "(no output)"
 
 # Complete escape sequences: CSI (7- and 8-bit), OSC, DCS/SOS/PM/APC strings,
 # nF (intermediates then a final), and the two-character Fp/Fe/Fs forms.
-_ANSI_RE = re.compile(
+_ANSI = (
     r"\x1b\[[0-?]*[ -/]*[@-~]"
     r"|\x9b[0-?]*[ -/]*[@-~]"
     r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"
@@ -31,9 +35,18 @@ _ANSI_RE = re.compile(
     r"|\x1b[0-OQ-WYZ\\`-~]"
 )
 # A sequence begun but not finished when the text ends: held back for more.
-_OPEN_ANSI_RE = re.compile(
-    r"(?:\x1b(?:\[[0-?]*[ -/]*|[\]PX^_][^\x07\x1b]*\x1b?|[ -/]*)|\x9b[0-?]*[ -/]*)\Z"
-)
+_OPEN_ANSI = r"(?:\x1b(?:\[[0-?]*[ -/]*|[\]PX^_][^\x07\x1b]*\x1b?|[ -/]*)|\x9b[0-?]*[ -/]*)\Z"
+_patterns: List[re.Pattern] = []
+
+
+def _ansi_patterns() -> List[re.Pattern]:
+    """[complete sequence, open sequence at the end], compiled at the first ESC:
+    output without one never imports re."""
+    if not _patterns:
+        import re
+
+        _patterns.extend([re.compile(_ANSI), re.compile(_OPEN_ANSI)])
+    return _patterns
 
 
 def clip_line(line: str, max_chars: int) -> str:
@@ -53,7 +66,7 @@ def strip_ansi(text: str) -> str:
     """Remove complete escape sequences, then any stray ESC / CSI character."""
     if "\x1b" not in text and "\x9b" not in text:
         return text
-    return _ANSI_RE.sub("", text).replace("\x1b", "").replace("\x9b", "")
+    return _ansi_patterns()[0].sub("", text).replace("\x1b", "").replace("\x9b", "")
 
 
 def redraw(text: str) -> str:
@@ -102,7 +115,7 @@ class AnsiStripper:
         cut = len(buf)
         window = max(0, cut - limits.ANSI_SEQUENCE_MAX)
         if "\x1b" in buf[window:] or "\x9b" in buf[window:]:
-            match = _OPEN_ANSI_RE.search(buf, window)
+            match = _ansi_patterns()[1].search(buf, window)
             if match:
                 cut = match.start()
         self._carry = buf[cut:]

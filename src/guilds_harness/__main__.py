@@ -1,6 +1,6 @@
 """argv -> code_task request -> run -> exactly one envelope line on stdout; exit 0.
 
-The helper's only catch-all: whatever goes wrong becomes
+guilds_code's ``serve`` is the catch-all: whatever goes wrong becomes
 ``{"ok": false, "error": one line}``, never a traceback on stdout.
 """
 
@@ -8,29 +8,22 @@ from __future__ import annotations
 
 import sys
 
-from guilds_code import protocol
-from guilds_code.__main__ import _write_all
+from guilds_code.__main__ import serve
+from guilds_code.protocol import Reply
 
 from . import process
 from . import request as request_mod
 from . import run as run_mod
 
 
-def run(argv) -> bytes:
-    """Decode, run, and return the envelope bytes."""
-    try:
-        req = request_mod.decode_request(argv)
-        return protocol.ok_envelope(run_mod.run(req))
-    except (protocol.RequestError, protocol.OpError) as exc:
-        return protocol.error_envelope(str(exc))
-    except Exception as exc:  # the one place a surprise becomes a result
-        return protocol.error_envelope(f"internal error: {type(exc).__name__}: {exc}")
+def dispatch(argv) -> Reply:
+    """Decode the code_task request and run it; the Reply."""
+    return run_mod.run(request_mod.decode_request(argv))
 
 
 def main(argv=None) -> int:
     process.become_subreaper()
-    _write_all(run(sys.argv[1:] if argv is None else argv))
-    return 0
+    return serve(sys.argv[1:] if argv is None else argv, dispatch)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from guilds_code import limits as code_limits
@@ -36,13 +36,23 @@ class TaskArgs:
     timeout_minutes: int = limits.TIMEOUT_MINUTES_DEFAULT
 
 
-@dataclass
 class HarnessRequest(protocol.Request):
     """A guilds_code Request (so guilds_code.runstate takes it) plus code_task's fields."""
 
-    task: Optional[TaskArgs] = None
-    harness: str = DEFAULT_HARNESS
-    repos: Dict[str, str] = field(default_factory=dict)
+    __slots__ = ("task", "harness", "repos")
+
+    def __init__(
+        self,
+        *,
+        task: Optional[TaskArgs] = None,
+        harness: str = DEFAULT_HARNESS,
+        repos: Optional[Dict[str, str]] = None,
+        **common: Any,
+    ):
+        super().__init__(**common)
+        self.task = task
+        self.harness = harness
+        self.repos = {} if repos is None else repos
 
 
 _ARGS = ("brief", "repo", "session_id", "notes", "timeout_minutes")
@@ -50,13 +60,13 @@ _ARGS = ("brief", "repo", "session_id", "notes", "timeout_minutes")
 
 def _optional_str(args: Dict[str, Any], name: str) -> Optional[str]:
     value = args.get(name)
-    return None if value is None else protocol._check_str(name, value, None)
+    return None if value is None else protocol.check_str(name, value, None)
 
 
 def validate_task(args: Any) -> TaskArgs:
     """Check code_task's arguments. A null value counts as absent."""
     if not isinstance(args, dict):
-        raise RequestError(f"args: must be an object, got {protocol._show(args)}")
+        raise RequestError(f"args: must be an object, got {protocol.show(args)}")
     for key in args:
         if key not in _ARGS:
             raise RequestError(f"{key}: unknown argument for {OP} (known: {', '.join(_ARGS)})")
@@ -71,7 +81,7 @@ def validate_task(args: Any) -> TaskArgs:
     task.session_id = _session_id(_optional_str(args, "session_id"))
     if args.get("timeout_minutes") is not None:
         bounds = (limits.TIMEOUT_MINUTES_MIN, limits.TIMEOUT_MINUTES_MAX)
-        task.timeout_minutes = protocol._check_int("timeout_minutes", args["timeout_minutes"], bounds)
+        task.timeout_minutes = protocol.check_int("timeout_minutes", args["timeout_minutes"], bounds)
     return task
 
 
@@ -80,7 +90,7 @@ def _session_id(value: Optional[str]) -> Optional[str]:
         return None
     if len(value) > limits.SESSION_ID_MAX_CHARS or not _SESSION_RE.match(value):
         raise RequestError(
-            f"session_id: must be a session id the harness printed, got {protocol._show(value)}"
+            f"session_id: must be a session id the harness printed, got {protocol.show(value)}"
         )
     return value
 
@@ -93,9 +103,9 @@ def _repos(value: Any) -> Dict[str, str]:
     out = {}
     for name, folder in value.items():
         if not _REPO_NAME_RE.match(name) or len(name) > code_limits.NAME_MAX_CHARS:
-            raise RequestError(f"repos: bad repository name {protocol._show(name)}")
+            raise RequestError(f"repos: bad repository name {protocol.show(name)}")
         if not isinstance(folder, str) or not folder.startswith("/") or "\x00" in folder:
-            raise RequestError(f"repos.{name}: must be an absolute path, got {protocol._show(folder)}")
+            raise RequestError(f"repos.{name}: must be an absolute path, got {protocol.show(folder)}")
         out[name] = os.path.normpath(folder)
     return out
 
@@ -105,7 +115,7 @@ def _harness(value: Any) -> str:
         return DEFAULT_HARNESS
     if value not in HARNESSES:
         known = ", ".join(sorted(HARNESSES))
-        raise RequestError(f"harness: unknown harness {protocol._show(value)} (known: {known})")
+        raise RequestError(f"harness: unknown harness {protocol.show(value)} (known: {known})")
     return value
 
 
@@ -114,22 +124,22 @@ def parse_request(data: Any) -> HarnessRequest:
     if not isinstance(data, dict):
         raise RequestError("request: must be a JSON object")
     if data.get("op") != OP:
-        raise RequestError(f"op: must be {OP!r}, got {protocol._show(data.get('op'))}")
-    home = protocol._abs_path(data, "home")
+        raise RequestError(f"op: must be {OP!r}, got {protocol.show(data.get('op'))}")
+    home = protocol.abs_path_field(data, "home")
     max_bytes = data.get("max_bytes", code_limits.DEFAULT_MAX_BYTES)
     cap = (code_limits.MIN_MAX_BYTES, code_limits.PLATFORM_CAP_BYTES)
     return HarnessRequest(
         op=OP,
         args=data.get("args") if isinstance(data.get("args"), dict) else {},
         task=validate_task(data.get("args", {})),
-        run_id=protocol._name(data, "run_id"),
-        agent_id=protocol._name(data, "agent_id"),
-        call_id=protocol._name(data, "call_id"),
+        run_id=protocol.name_field(data, "run_id"),
+        agent_id=protocol.name_field(data, "agent_id"),
+        call_id=protocol.name_field(data, "call_id"),
         home=home,
-        cwd=protocol._abs_path(data, "cwd", home),
-        max_bytes=protocol._check_int("max_bytes", max_bytes, cap),
-        seq=protocol._check_int("seq", data.get("seq", 0), (0, 2**63 - 1)),
-        redact_env=protocol._redact_env(data.get("redact_env")),
+        cwd=protocol.abs_path_field(data, "cwd", home),
+        max_bytes=protocol.check_int("max_bytes", max_bytes, cap),
+        seq=protocol.check_int("seq", data.get("seq", 0), (0, 2**63 - 1)),
+        redact_env=protocol.env_names(data.get("redact_env")),
         harness=_harness(data.get("harness")),
         repos=_repos(data.get("repos")),
     )
@@ -139,8 +149,8 @@ def decode_request(argv: List[str]) -> HarnessRequest:
     """argv (without the program name) -> HarnessRequest, or RequestError."""
     if len(argv) != 1:
         raise RequestError(f"request: expected one argument, got {len(argv)}")
-    raw = protocol._decode_arg(argv[0])
-    return parse_request(protocol._parse_json(raw, "request"))
+    raw = protocol.decode_arg(argv[0])
+    return parse_request(protocol.parse_json(raw, "request"))
 
 
 def resolve_repo(request: HarnessRequest, cwd: str) -> tuple[str, str]:
@@ -153,7 +163,7 @@ def resolve_repo(request: HarnessRequest, cwd: str) -> tuple[str, str]:
     if name is not None:
         if name not in repos:
             known = ", ".join(sorted(repos)) or "none"
-            raise RequestError(f"repo: unknown repository {protocol._show(name)} (known: {known})")
+            raise RequestError(f"repo: unknown repository {protocol.show(name)} (known: {known})")
         return name, repos[name]
     for candidate, folder in sorted(repos.items()):
         if cwd == folder or cwd.startswith(folder.rstrip("/") + os.sep):

@@ -25,7 +25,7 @@ import shutil
 from typing import Deque, Dict
 
 from guilds_code import protocol, runstate
-from guilds_code.ops.shell import command_env, redactor_for
+from guilds_code.ops.shell import command_env
 
 from . import adapters, diffstat, limits, process, report
 from .request import HarnessRequest, TaskArgs, resolve_repo
@@ -91,7 +91,7 @@ def run(request: HarnessRequest) -> protocol.Reply:
         log.record("end", status=rep.status, exit_code=rep.exit.exit_code if rep.exit else None,
                    session_id=rep.session_id, error=rep.error)
         log.close()
-    return report.render(rep, request.max_bytes, redactor_for(request, tokens))
+    return report.render(rep, request.max_bytes, runstate.redactor_for(request, tokens))
 
 
 def _execute(rep: report.Report, adapter, task: TaskArgs, env: Dict[str, str], log: EventLog) -> None:

@@ -78,7 +78,7 @@ class LineFramer:
 def decode_event(data: bytes) -> Optional[Dict[str, Any]]:
     """A JSON object with a string "type", or None (garbage, NaN, nesting bombs)."""
     try:
-        obj = protocol._parse_json(data, "event")
+        obj = protocol.parse_json(data, "event")
     except protocol.RequestError:
         return None
     if isinstance(obj, dict) and isinstance(obj.get("type"), str):

@@ -35,7 +35,7 @@ import os
 import secrets
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import docker
 
@@ -55,6 +55,7 @@ from .base import ExecResult
 DEADLINE_SLACK_SECONDS = 5.0
 """How long past timeout + grace an exec may stay silent before it is killed from outside."""
 KILL_WAIT_SECONDS = 30
+T = TypeVar("T")
 
 
 class DockerSandbox:
@@ -104,9 +105,13 @@ class DockerSandbox:
 
     # --- blocking steps (run in the pool) -------------------------------------
     def _start(self) -> None:
-        if not self._ensure_created():
-            self._put([(repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600)],
-                      "write repos.json")
+        if not self._ensure_created():  # a new container got them when it was made
+            self._put(self._setup_files(helpers=False), "write repos.json")
+
+    def _setup_files(self, *, helpers: bool) -> list[tuple[str, bytes, int]]:
+        """The helpers (0755) and repos.json (0600), as ``tar_bytes`` takes them."""
+        files = [(f"{HELPER_DIR}/{n}", data, 0o755) for n, data in helper_files()] if helpers else []
+        return files + [(repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600)]
 
     def _exec(self, argv: list[str], env: dict[str, str], timeout: float, token: str) -> ExecResult:
         exec_id = self._exec_create(argv, env, timeout)
@@ -122,40 +127,33 @@ class DockerSandbox:
         return ExecResult(code, out, err, timed_out or not complete)
 
     def _exec_create(self, argv: list[str], env: dict[str, str], timeout: float) -> str:
-        """Create the exec in the agent's container; once more after finding it ended."""
-        for attempt in (1, 2):
-            cid = self._ensure()
+        def create(cid: str) -> str:
             kwargs = spec.exec_spec(cid, argv, env=env, home=self.home, timeout=timeout)
-            try:
-                return self.client.api.exec_create(**kwargs)["Id"]
-            except docker.errors.APIError as exc:
-                if attempt == 2 or exc.status_code not in (404, 409):
-                    raise SandboxError(spec.api_error_text("exec", exc.status_code,
-                                                           str(exc.explanation))) from exc
-                self._cid = None  # gone or not running: _ensure finds out which
+            return self.client.api.exec_create(**kwargs)["Id"]
+
+        return self._in_container("exec", create)
+
+    def _in_container(self, what: str, step: Callable[[str], T]) -> T:
+        """step(container id); once more after finding the container gone or not
+        running (``_ensure`` then says why, or makes a new one after an idle stop)."""
+        for retry in (False, True):
+            with self._engine(what):
+                try:
+                    return step(self._ensure())
+                except docker.errors.APIError as exc:
+                    if retry or exc.status_code not in (404, 409):
+                        raise
+            self._cid = None
         raise AssertionError("unreachable")
 
     def _stream(self, exec_id: str, deadline: float) -> tuple[bytes, bytes, bool]:
+        api = self.client.api
         with self._engine("exec"):
-            return engine.exec_stream(self.client.api, exec_id, deadline,
-                                      lambda: self._exited(exec_id))
+            return engine.exec_stream(api, exec_id, deadline, lambda: engine.exited(api, exec_id))
 
     def _exit_code(self, exec_id: str) -> int | None:
-        for _ in range(50):  # the stream can end a moment before the exit is recorded
-            info = self._inspect_exec(exec_id)
-            if not info.get("Running"):
-                return info.get("ExitCode")
-            time.sleep(0.01)
-        return None
-
-    def _exited(self, exec_id: str) -> bool:
-        """Ended with a status (not merely not started yet: that has no status either)."""
-        info = self._inspect_exec(exec_id)
-        return not info.get("Running") and info.get("ExitCode") is not None
-
-    def _inspect_exec(self, exec_id: str) -> dict[str, Any]:
         with self._engine("exec"):
-            return self.client.api.exec_inspect(exec_id)
+            return engine.exit_code(self.client.api, exec_id)
 
     def _check_running(self) -> None:
         """After a call that ended by a signal: was it the whole container?"""
@@ -172,9 +170,8 @@ class DockerSandbox:
 
     def _put(self, files: list[tuple[str, bytes, int]], what: str) -> None:
         archive = tar_bytes(files, mtime=int(time.time()))
-        with self._engine(what):
-            if not self.client.api.put_archive(self._ensure(), "/", archive):
-                raise SandboxError(f"docker: {what}: the engine refused the archive")
+        if not self._in_container(what, lambda cid: self.client.api.put_archive(cid, "/", archive)):
+            raise SandboxError(f"docker: {what}: the engine refused the archive")
 
     def _stop(self) -> None:
         with self._lock, self._engine("stop"):
@@ -198,7 +195,7 @@ class DockerSandbox:
         with self._lock:
             kwargs = self._spec()
             found = self._find()
-            if found and found["State"].get("Running") and _labels(found) == kwargs["labels"]:
+            if found and found["State"].get("Running") and spec.our_labels(found) == kwargs["labels"]:
                 self._cid = found["Id"]
                 return False
             if found:
@@ -235,9 +232,8 @@ class DockerSandbox:
                     f"docker: image {self.config.image!r} not found: build it with "
                     "`guilds sandbox image` (or pull it), or set docker.image") from None
             container.start()
-            files = [(f"{HELPER_DIR}/{n}", data, 0o755) for n, data in helper_files()]
-            files.append((repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600))
-            self.client.api.put_archive(container.id, "/", tar_bytes(files, mtime=int(time.time())))
+            archive = tar_bytes(self._setup_files(helpers=True), mtime=int(time.time()))
+            self.client.api.put_archive(container.id, "/", archive)
         return container.id
 
     # --- the engine -------------------------------------------------------------
@@ -250,8 +246,3 @@ class DockerSandbox:
 
     def _engine(self, what: str) -> contextlib.AbstractContextManager[None]:
         return engine.engine_errors(what, self._base_url)
-
-
-def _labels(inspected: Mapping[str, Any]) -> dict[str, str]:
-    labels = (inspected.get("Config") or {}).get("Labels") or {}
-    return {k: v for k, v in labels.items() if k in (spec.LABEL_AGENT, spec.LABEL_FINGERPRINT)}

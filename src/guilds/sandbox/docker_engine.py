@@ -7,6 +7,7 @@
   its multiplexed stream from the HTTP response's buffered reader (the SDK's
   ``exec_start(socket=True)`` hands over the bare socket: bytes the reader had
   already buffered would be lost, and the connection could not be closed);
+- ``exited`` and ``exit_code``: the exec as ``exec_inspect`` sees it;
 - ``engine_errors(what, where)``: the SDK's errors as SandboxError, in this one place;
 - ``unavailable()``: why the backend cannot run here, for tests and ``auto``.
 """
@@ -77,6 +78,22 @@ def unavailable(image: str = DEFAULT_SANDBOX_IMAGE) -> str | None:
         return f"the engine at {where(None)} fails: {exc}"
     finally:
         client.close()
+    return None
+
+
+def exited(api: Any, exec_id: str) -> bool:
+    """The exec ended with a status (one not started yet has no status either)."""
+    info = api.exec_inspect(exec_id)
+    return not info.get("Running") and info.get("ExitCode") is not None
+
+
+def exit_code(api: Any, exec_id: str) -> int | None:
+    """The exec's exit status, once recorded (the stream can end a moment before)."""
+    for _ in range(50):
+        info = api.exec_inspect(exec_id)
+        if not info.get("Running"):
+            return info.get("ExitCode")
+        time.sleep(0.01)
     return None
 
 

@@ -74,6 +74,12 @@ def exec_spec(container: str, argv: Sequence[str], *, env: Mapping[str, str], ho
             "workdir": home, "stdin": False, "stdout": True, "stderr": True, "tty": False}
 
 
+def our_labels(inspected: Mapping[str, Any]) -> dict[str, str]:
+    """The guilds labels of an inspected container (to compare with a spec's)."""
+    labels = (inspected.get("Config") or {}).get("Labels") or {}
+    return {k: v for k, v in labels.items() if k in (LABEL_AGENT, LABEL_FINGERPRINT)}
+
+
 def split_frames(buf: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
     """Complete (stream, payload) frames at the start of buf, and the bytes left over."""
     frames, at = [], 0

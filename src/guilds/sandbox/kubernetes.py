@@ -1,8 +1,9 @@
 """The ``kubernetes`` backend: one pod per agent, through the official Kubernetes client.
 
-What the cluster holds per agent: ``kube_spec``. The cluster is the one the
-kubeconfig names (KUBECONFIG, else ~/.kube/config), else the one this process
-runs in (its service account), read when the first call needs it.
+What the cluster holds per agent: ``kube_spec``; the edge with the cluster:
+``kube_cluster``. The cluster is the one the kubeconfig names (KUBECONFIG,
+else ~/.kube/config), else the one this process runs in, read when the first
+call needs it.
 
 Lifecycle:
 
@@ -29,18 +30,19 @@ import contextlib
 import secrets
 import threading
 import time
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..errors import SandboxError
 from ..helpers import HELPER_PACKAGES
 from ..settings import AgentSettings
+from . import kube_cluster as cluster
 from . import kube_spec as spec
 from ._agent import DEFAULT_PATH, agent_env, checked_id, locate
 from ._container import (
     EXEC_ENV, HELPER_DIR, STATE_INSIDE, blocking, exec_argv, exec_status, fingerprint, helper_files,
     helpers_digest, kill_argv, repos_file, repos_json, tar_bytes,
 )
-from ._process import KILL_GRACE_SECONDS, STDERR_KEEP_BYTES, STDOUT_MAX_BYTES
+from ._process import KILL_GRACE_SECONDS
 from .base import ExecResult
 
 START_SECONDS = 180
@@ -140,25 +142,9 @@ class KubernetesSandbox:
 
     def _stream(self, command: list[str], stdin: bytes, deadline: float
                 ) -> tuple[bytes, bytes, bytes, bool]:
-        """Run command over pods/exec: (stdout head, stderr tail, status, complete)."""
-        from kubernetes.stream import stream
-
         with self._api(f"exec in {self.pod}"):
-            ws = stream(self.core.connect_get_namespaced_pod_exec, self.pod, self.config.namespace,
-                        container=spec.CONTAINER, command=command, stdin=bool(stdin), stdout=True,
-                        stderr=True, tty=False, _preload_content=False, binary=True)
-        out, err = bytearray(), bytearray()
-        try:
-            if stdin:
-                ws.write_stdin(stdin)
-            while ws.is_open() and (left := deadline - time.monotonic()) > 0:
-                ws.update(timeout=min(left, 1.0))
-                out += ws.read_channel(1)[: STDOUT_MAX_BYTES - len(out)]
-                err += ws.read_channel(2)
-                del err[:-STDERR_KEEP_BYTES]
-            return bytes(out), bytes(err), ws.read_channel(3), not ws.is_open()
-        finally:
-            ws.close()
+            return cluster.exec_stream(self.core, self.pod, self.config.namespace, command, stdin,
+                                       deadline)
 
     def _stop(self) -> None:
         with self._lock:
@@ -191,16 +177,13 @@ class KubernetesSandbox:
             return True
 
     def _manifest(self) -> dict[str, Any]:
-        cfg, name = self.config, self.pod
-        secret = spec.secret_manifest(cfg, name, self.settings.secrets)
-        stamp = fingerprint([spec.pod_manifest(cfg, agent_id=self.agent_id, home=self.home,
-                                               network=self.settings.network,
-                                               idle_seconds=self.idle_seconds,
-                                               base_env=self._base_env, fingerprint=""),
-                             secret["stringData"], helpers_digest()])
-        return spec.pod_manifest(cfg, agent_id=self.agent_id, home=self.home,
-                                 network=self.settings.network, idle_seconds=self.idle_seconds,
-                                 base_env=self._base_env, fingerprint=stamp)
+        """The pod, its fingerprint covering the pod, the secrets and the helpers' build."""
+        pod = spec.pod_manifest(self.config, agent_id=self.agent_id, home=self.home,
+                                network=self.settings.network, idle_seconds=self.idle_seconds,
+                                base_env=self._base_env, fingerprint="")
+        stamp = fingerprint([pod, dict(self.settings.secrets), helpers_digest()])
+        pod["metadata"]["annotations"][spec.ANNOTATION_FINGERPRINT] = stamp
+        return pod
 
     def _create(self, manifest: dict[str, Any]) -> None:
         cfg, ns, core = self.config, self.config.namespace, self.core
@@ -226,7 +209,7 @@ class KubernetesSandbox:
         self._put(files)
 
     def _create_once(self, what: str, create: Any) -> None:
-        with self._api(f"create the {what}"), _ignoring(409):
+        with self._api(f"create the {what}"), cluster.ignoring(409):
             create()
 
     def _wait_running(self) -> None:
@@ -243,55 +226,22 @@ class KubernetesSandbox:
         raise SandboxError(f"kubernetes: pod {self.pod} not running after {START_SECONDS} s")
 
     def _read_pod(self) -> dict[str, Any] | None:
-        with self._api("read the pod"), _ignoring(404):
+        with self._api("read the pod"), cluster.ignoring(404):
             pod = self.core.read_namespaced_pod(self.pod, self.config.namespace)
             return self.core.api_client.sanitize_for_serialization(pod)
         return None
 
     def _delete_pod(self) -> None:
-        with self._api("delete the pod"), _ignoring(404):
+        with self._api("delete the pod"), cluster.ignoring(404):
             self.core.delete_namespaced_pod(self.pod, self.config.namespace, grace_period_seconds=0)
 
     # --- the cluster --------------------------------------------------------------
     @property
     def core(self) -> Any:
         if self._core is None:
-            from kubernetes import client, config
-
             with self._api("load the kubeconfig"):
-                if self._api_client is None:
-                    try:
-                        self._api_client = config.new_client_from_config()
-                    except config.ConfigException:
-                        config.load_incluster_config()
-                        self._api_client = client.ApiClient()
-                self._core = client.CoreV1Api(self._api_client)
+                self._core = cluster.connect(self._api_client)
         return self._core
 
-    @contextlib.contextmanager
-    def _api(self, what: str) -> Iterator[None]:
-        """Map the client's errors to SandboxError, in this one place."""
-        from kubernetes.client.exceptions import ApiException
-        from kubernetes.config import ConfigException
-        from urllib3.exceptions import HTTPError
-
-        try:
-            yield
-        except ApiException as exc:
-            raise SandboxError(spec.api_error_text(what, exc.status or 0, exc.reason or "",
-                                                   exc.body, self.config.namespace)) from exc
-        except (HTTPError, OSError, ConfigException) as exc:
-            raise SandboxError(spec.api_error_text(what, 0, str(exc), None,
-                                                   self.config.namespace)) from exc
-
-
-@contextlib.contextmanager
-def _ignoring(status: int) -> Iterator[None]:
-    """Let an ApiException of this one status pass silently (404 on delete, 409 on create)."""
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        yield
-    except ApiException as exc:
-        if exc.status != status:
-            raise
+    def _api(self, what: str) -> contextlib.AbstractContextManager[None]:
+        return cluster.api_errors(what, self.config.namespace)

@@ -22,23 +22,23 @@ only with the same start time (/proc/<pid>/stat field 22): a reused pid is gone.
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import signal
 import stat
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Set
 
-from .. import limits, protocol, redact, runstate, shaping
+from .. import codec, limits, proc, protocol, runstate, shaping
 from . import shell
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Set
+
+    from ..redact import Redactor
 
 BACKGROUND_DIR = "background"
 WRAPPER = 'bash -c "$2"; s=$?; printf "%s\\n" "$s" >| "$1.tmp" && mv -f -- "$1.tmp" "$1"'
-_RECORD_RE = re.compile(r"^b([1-9][0-9]{0,8})\.json$")
+_RECORD_SUFFIX = ".json"
 _KILLER = (
     "import os,signal,sys,time\n"
     "g=int(sys.argv[1]);end=time.monotonic()+float(sys.argv[2])\n"
@@ -89,13 +89,12 @@ def _launch(request: protocol.Request, folder: str, log: str) -> Dict[str, Any]:
     started_at = time.time()
     log_fd = shell.open_log(log)
     try:
-        proc = shell.spawn(["bash", "-c", WRAPPER, "guilds-bg", exit_file, script], cwd, env, log_fd)
+        child = shell.start_bash(["bash", "-c", WRAPPER, "guilds-bg", exit_file, script], cwd, env, log_fd)
     finally:
         os.close(log_fd)
-    proc.returncode = 0  # not ours to wait for: it outlives this helper
-    info = shell.proc_stat(proc.pid)
+    info = proc.proc_stat(child.pid)  # not waited for: it outlives this helper
     return {
-        "pid": proc.pid, "start_time": info.start_time if info else None,
+        "pid": child.pid, "start_time": info.start_time if info else None,
         "command": command[: limits.RECORD_COMMAND_MAX_CHARS], "cwd": cwd,
         "started_at": started_at, "log_path": log, "exit_file": exit_file,
     }
@@ -106,7 +105,7 @@ def _allocate(folder: str, record: Dict[str, Any]) -> str:
     n = max(list_ids(folder), default=0) + 1
     while True:
         bid = f"{limits.BACKGROUND_ID_PREFIX}{n}"
-        data = json.dumps(dict(record, id=bid), ensure_ascii=False).encode("utf-8", "surrogateescape")
+        data = codec.dumps(dict(record, id=bid), separators=(", ", ": ")).encode("utf-8", "surrogateescape")
         tmp = os.path.join(folder, f".new-{os.urandom(8).hex()}")
         runstate.atomic_write(tmp, data)
         try:
@@ -124,23 +123,29 @@ def list_ids(folder: str) -> List[int]:
         names = os.listdir(folder)
     except OSError:
         return []
-    return sorted(int(m.group(1)) for m in map(_RECORD_RE.match, names) if m)
+    return sorted(int(name[1:-5]) for name in names if _is_record_name(name))
+
+
+def _is_record_name(name: str) -> bool:
+    """bN.json, N from 1 to 999999999."""
+    return name.endswith(_RECORD_SUFFIX) and protocol.is_background_id(name[: -len(_RECORD_SUFFIX)])
 
 
 # --- state -----------------------------------------------------------------
-@dataclass
 class Status:
-    bid: str
-    record: Dict[str, Any]
-    state: str
-    exit_code: Optional[int]
-    elapsed: float
+    """A background command's state now (see the module docstring)."""
+
+    __slots__ = ("bid", "record", "state", "exit_code", "elapsed")
+
+    def __init__(self, bid: str, record: Dict[str, Any], state: str, exit_code: Optional[int], elapsed: float):
+        self.bid, self.record, self.state = bid, record, state
+        self.exit_code, self.elapsed = exit_code, elapsed
 
 
 def load_record(folder: str, bid: str) -> Optional[Dict[str, Any]]:
     raw = runstate.read_small(folder, [f"{bid}.json"])
     try:
-        record = json.loads(raw.decode("utf-8", "surrogateescape")) if raw else None
+        record = codec.loads(raw.decode("utf-8", "surrogateescape")) if raw else None
     except ValueError:
         return None
     ok = isinstance(record, dict) and isinstance(record.get("pid"), int) and isinstance(record.get("started_at"), (int, float))
@@ -148,7 +153,7 @@ def load_record(folder: str, bid: str) -> Optional[Dict[str, Any]]:
 
 
 def status(folder: str, bid: str, record: Dict[str, Any], live: Set[int]) -> Status:
-    """The command's state now; live is shell.live_groups()."""
+    """The command's state now; live is proc.live_groups()."""
     exit_code, exit_time = _exit_code(folder, record)
     stop_time = _mtime(os.path.join(folder, f"{bid}.stop"))
     if exit_code is not None:
@@ -162,7 +167,7 @@ def status(folder: str, bid: str, record: Dict[str, Any], live: Set[int]) -> Sta
 
 def _alive(record: Dict[str, Any], live: Set[int]) -> bool:
     pid = record["pid"]
-    info = shell.proc_stat(pid)
+    info = proc.proc_stat(pid)
     if info is not None and info.start_time != record.get("start_time"):
         return False  # the pid is reused: its number is no longer our group's
     return pid in live
@@ -202,10 +207,10 @@ def run(request: protocol.Request) -> protocol.Reply:
         raise protocol.OpError(f"id: no background command {bid}")
     if request.args["stop"]:
         return _stop(request, folder, bid, record)
-    return _check(request, folder, status(folder, bid, record, shell.live_groups()))
+    return _check(request, folder, status(folder, bid, record, proc.live_groups()))
 
 
-def _summary(st: Status, redactor: redact.Redactor) -> str:
+def _summary(st: Status, redactor: Redactor) -> str:
     command = str(st.record.get("command", ""))
     first = command.split("\n", 1)[0] + (" …" if "\n" in command.strip("\n") else "")
     first = shaping.clip_line(redactor.redact(first), limits.STATUS_COMMAND_MAX_CHARS)
@@ -213,8 +218,8 @@ def _summary(st: Status, redactor: redact.Redactor) -> str:
 
 
 def _list(request: protocol.Request, folder: str) -> protocol.Reply:
-    redactor = shell.redactor_for(request, runstate.load_repo_tokens(request))
-    live = shell.live_groups()
+    redactor = runstate.redactor_for(request)
+    live = proc.live_groups()
     lines = []
     for n in list_ids(folder):
         bid = f"{limits.BACKGROUND_ID_PREFIX}{n}"
@@ -241,8 +246,7 @@ def _fit_newest(lines: List[str], max_bytes: int) -> str:
 
 
 def _check(request: protocol.Request, folder: str, st: Status) -> protocol.Reply:
-    tokens = runstate.load_repo_tokens(request)
-    redactor = shell.redactor_for(request, tokens)
+    redactor = runstate.redactor_for(request)
     log = str(st.record.get("log_path", ""))
     header = f"{_summary(st, redactor)}\nlog: {log}"
     tail = _log_tail(log, redactor)
@@ -266,7 +270,7 @@ def _meta(st: Status) -> Dict[str, Any]:
     return meta
 
 
-def _log_tail(path: str, redactor: redact.Redactor) -> Optional[shaping.Capture]:
+def _log_tail(path: str, redactor: Redactor) -> Optional[shaping.Capture]:
     """The last STATUS_TAIL_LINES lines of the log, shaped, in a Capture."""
     raw = read_tail(path, limits.STATUS_TAIL_LINES, limits.STATUS_TAIL_MAX_BYTES)
     if raw is None:
@@ -302,25 +306,25 @@ def read_tail(path: str, lines: int, cap: int) -> Optional[bytes]:
 def _stop(request: protocol.Request, folder: str, bid: str, record: Dict[str, Any]) -> protocol.Reply:
     """SIGTERM to the group; SIGKILL STOP_KILL_GRACE_SECONDS later by a detached
     killer unless it is gone within STOP_WAIT_SECONDS."""
-    before = status(folder, bid, record, shell.live_groups())
+    before = status(folder, bid, record, proc.live_groups())
     if before.state not in ("running", "stopping"):
         return protocol.Reply(text=f"{bid} is not running: {before.state}", meta=_meta(before))
     pgid = record["pid"]
     if before.state == "running":
         _touch_new(os.path.join(folder, f"{bid}.stop"))
-        shell.signal_group(pgid, signal.SIGTERM)
+        proc.signal_group(pgid, proc.signals.SIGTERM)
     deadline = time.monotonic() + limits.STOP_WAIT_SECONDS
-    while time.monotonic() < deadline and shell.group_alive(pgid):
+    while time.monotonic() < deadline and proc.group_alive(pgid):
         time.sleep(0.05)
-    if shell.group_alive(pgid):
+    if proc.group_alive(pgid):
         stop_time = _mtime(os.path.join(folder, f"{bid}.stop")) or time.time()
         _spawn_killer(pgid, stop_time + limits.STOP_KILL_GRACE_SECONDS - time.time())
-    after = status(folder, bid, record, shell.live_groups())
+    after = status(folder, bid, record, proc.live_groups())
     if after.state == "stopping":
         head = f"sent SIGTERM to {bid}; SIGKILL follows {limits.STOP_KILL_GRACE_SECONDS}s later if it is still running"
     else:
         head = f"stopped {bid}"
-    redactor = shell.redactor_for(request, runstate.load_repo_tokens(request))
+    redactor = runstate.redactor_for(request)
     text = f"{head}\n{_summary(after, redactor)}"
     return protocol.Reply(text=shaping.cap_text(text, request.max_bytes), meta=_meta(after))
 
@@ -333,8 +337,6 @@ def _touch_new(path: str) -> None:
 
 
 def _spawn_killer(pgid: int, delay: float) -> None:
-    subprocess.Popen(
-        [sys.executable, "-I", "-S", "-c", _KILLER, str(pgid), str(max(0.0, delay))],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True, close_fds=True,
-    ).returncode = 0
+    """A detached python that SIGKILLs the group after delay seconds unless it is gone."""
+    argv = [sys.executable, "-I", "-S", "-c", _KILLER, str(pgid), str(max(0.0, delay))]
+    proc.spawn(argv, os.environ, stdout=None, session=True)

@@ -44,106 +44,26 @@ shown), content_hash, lines (n); repeat_of on a pointer.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
-from typing import Any, Dict, List, Optional, Tuple
 
-from .. import limits, paths, protocol, redact, runstate
-from ..shaping import clip_line, utf8_len
+from .. import limits, paths, proc, protocol, runstate
+from ..lines import LineHead, clip_counted, keep_bytes
+from ..shaping import utf8_len
 
-_CONTINUATION = bytes(range(0x80, 0xC0))
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional
 
+    from ..redact import Redactor
 
-def make_redactor(request: protocol.Request) -> redact.Redactor:
-    """The run's secrets: the redact_env values and the repository tokens."""
-    tokens = runstate.load_repo_tokens(request).values()
-    return redact.from_environment(request.redact_env, extra=tokens)
-
-
-def char_count(data: bytes) -> int:
-    """Characters of UTF-8 bytes (every byte that does not continue a character)."""
-    return len(data.translate(None, _CONTINUATION))
-
-
-def _complete_end(data: bytes) -> int:
-    """Where a UTF-8 sequence cut off at the end of data starts (len(data) if none)."""
-    for back in range(1, min(4, len(data)) + 1):
-        byte = data[-back]
-        if byte & 0xC0 != 0x80:
-            need = 2 if byte >= 0xC0 else 1
-            need += (byte >= 0xE0) + (byte >= 0xF0)
-            return len(data) - back if need > back else len(data)
-    return len(data)
-
-
-class LineHead:
-    """One line fed in pieces: redacted as a stream, its start kept, the rest counted.
-
-    Keeps the first `keep` bytes of the redacted line and counts the characters
-    past them, so a line of any length costs `keep` bytes. ``text()`` gives the
-    kept start (cut at a character boundary) and the line's total characters.
-    """
-
-    def __init__(self, keep: int, redactor: Optional[redact.Redactor]):
-        self._keep = keep
-        self._stream = redactor.stream() if redactor else None
-        self._head = bytearray()
-        self._extra = 0
-        self.last_byte = -1
-
-    def add(self, piece: bytes) -> None:
-        if self._stream is not None:
-            piece = self._stream.feed(bytes(piece))
-        self._take(piece)
-
-    def _take(self, piece: bytes) -> None:
-        if not piece:
-            return
-        self.last_byte = piece[-1]
-        room = self._keep - len(self._head)
-        if room > 0:
-            self._head += piece[:room]
-            piece = piece[room:]
-        if piece:
-            self._extra += char_count(piece)
-
-    def text(self, strip_cr: bool = False):
-        """(start of the line as text, total characters of the line)."""
-        if self._stream is not None:
-            self._take(self._stream.flush())
-            self._stream = None
-        head = bytes(self._head)
-        extra = self._extra
-        if extra:
-            cut = _complete_end(head)
-            extra += 1 if cut < len(head) else 0
-            head = head[:cut]
-        text = head.decode("utf-8", "replace")
-        if strip_cr and self.last_byte == 0x0D:
-            if extra:
-                extra -= 1
-            else:
-                text = text[:-1]
-        return text, len(text) + extra
-
-
-def clip_counted(text: str, total: int, max_chars: int) -> str:
-    """text (the start of a line of `total` characters) clipped like shaping.clip_line."""
-    if total == len(text):
-        return clip_line(text, max_chars)
-    shown = text[:max_chars]
-    return f"{shown}… [+{total - len(shown)} chars]"
-
-
-def keep_bytes(max_chars: int) -> int:
-    """Bytes of a line to keep: enough for max_chars + 1 characters of any width."""
-    return 4 * (max_chars + 1)
 
 
 class _Collector:
     """Gathers the lines first..last of a byte stream fed in chunks."""
 
-    def __init__(self, first: int, last: int, redactor: redact.Redactor):
+    def __init__(self, first: int, last: int, redactor: Redactor):
         self.first, self.last = first, last
         self.lineno = 1
         self.rows: List[tuple] = []
@@ -181,38 +101,7 @@ class _Collector:
             self._line = None
 
 
-# --- child processes (code_search runs rg through spawn too) --------------------
-def spawn(argv: List[str], stdin: Optional[int], env: Dict[str, str], stderr: bool = True) -> Tuple[int, int, Optional[int]]:
-    """Start argv (argv[0] an absolute path); (pid, stdout pipe, stderr pipe or None).
-
-    stdin is a descriptor, or None for /dev/null; without `stderr` the child's
-    stderr is /dev/null. os.posix_spawn rather than subprocess, whose import
-    alone costs a fast search a good part of its time. The child gets only 0, 1
-    and 2 (Python's descriptors are close-on-exec) and the helper's working
-    directory. Raises OSError when argv[0] cannot be run.
-    """
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe() if stderr else (None, None)
-    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    actions = [
-        (os.POSIX_SPAWN_DUP2, null if stdin is None else stdin, 0),
-        (os.POSIX_SPAWN_DUP2, out_w, 1),
-        (os.POSIX_SPAWN_DUP2, null if err_w is None else err_w, 2),
-    ]
-    try:
-        pid = os.posix_spawn(argv[0], argv, env, file_actions=actions)
-    except OSError:
-        for fd in (out_r, err_r):
-            if fd is not None:
-                os.close(fd)
-        raise
-    finally:
-        for fd in (out_w, err_w, null):
-            if fd is not None:
-                os.close(fd)
-    return pid, out_r, err_r
-
-
+# --- counting lines in a child ---------------------------------------------------
 def _wc_program() -> Optional[str]:
     """GNU wc at a fixed place, or None (busybox's is slower than counting here)."""
     for folder in ("/usr/bin", "/bin"):
@@ -230,7 +119,7 @@ class _LineCounter:
     """
 
     def __init__(self, program: str, fd: int):
-        self._pid, self._out, _ = spawn([program, "-l"], fd, {"LC_ALL": "C"}, stderr=False)
+        self._child = proc.spawn([program, "-l"], {"LC_ALL": "C"}, stdin=fd)
 
     @staticmethod
     def start(fd: Optional[int]) -> Optional["_LineCounter"]:
@@ -247,15 +136,13 @@ class _LineCounter:
         """wc's count, or None when it failed."""
         chunks = []
         while True:
-            chunk = os.read(self._out, 4096)
+            chunk = os.read(self._child.stdout, 4096)
             if not chunk or sum(map(len, chunks)) > 4096:
                 break
             chunks.append(chunk)
-        os.close(self._out)
-        status = os.waitpid(self._pid, 0)[1]
+        os.close(self._child.stdout)
         text = b"".join(chunks).strip()
-        return int(text) if status == 0 and text.isdigit() else None
-
+        return int(text) if self._child.wait() == 0 and text.isdigit() else None
 
 
 def _count_newlines(fd: int) -> int:
@@ -291,15 +178,13 @@ class Scan:
             self.binary = buf.find(b"\0", 0, end) >= 0
 
 
-def scan(fd: int, first: int, last: int, redactor: redact.Redactor, count_fd: Optional[int] = None) -> Scan:
+def scan(fd: int, first: int, last: int, redactor: Redactor, count_fd: Optional[int] = None) -> Scan:
     """Read fd to its end once: hash, sniff, collect lines first..last, count lines.
 
     count_fd, a second descriptor of the same file (a large one), lets a wc
     child count its newlines beside this pass, which then counts only as far
     as the range needs.
     """
-    import hashlib  # here, not at the top: code_search imports this module
-
     result, sha = Scan(), hashlib.sha256()
     collector = _Collector(first, last, redactor)
     counter: Optional[_LineCounter] = None
@@ -429,7 +314,7 @@ def run(request: protocol.Request) -> protocol.Reply:
         count_fd = target.open_regular(given) if big else None
         path = target.path
     try:
-        result = scan(fd, first, last, make_redactor(request), count_fd)
+        result = scan(fd, first, last, runstate.redactor_for(request), count_fd)
     except OSError as exc:
         raise paths.fail(given, f"cannot be read: {exc.strerror}") from None
     finally:

@@ -24,15 +24,15 @@ Contract (code-tools.md "shell", contract.md):
 from __future__ import annotations
 
 import os
-import select
-import shlex
-import signal
-import subprocess
-import time
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Set
 
-from .. import limits, protocol, redact, runstate, shaping
+from .. import limits, proc, protocol, runstate, shaping
+from .supervise import execute
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional
+
+    from .supervise import Outcome
 
 COMMAND_ENV = {
     "PAGER": "cat",
@@ -43,8 +43,7 @@ COMMAND_ENV = {
     "DEBIAN_FRONTEND": "noninteractive",
 }
 _LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-_TICK = 0.05
-"""Without a pidfd, how often the loop looks whether bash has exited."""
+_SHELL_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-")
 
 
 def run(request: protocol.Request) -> protocol.Reply:
@@ -89,18 +88,10 @@ def command_env(request: protocol.Request, cwd: str, tokens: Dict[str, str]) -> 
     return env
 
 
-def redactor_for(request: protocol.Request, tokens: Dict[str, str]) -> redact.Redactor:
-    """Secrets of request.redact_env plus every repository token."""
-    return redact.from_environment(request.redact_env, extra=tokens.values())
-
-
-def spawn(argv: List[str], cwd: str, env: Dict[str, str], stdout) -> subprocess.Popen:
-    """Start argv in its own session, stdin /dev/null, stderr with stdout."""
+def start_bash(argv: List[str], cwd: str, env: Dict[str, str], stdout: int) -> proc.Child:
+    """Start argv (bash) in cwd in its own session, stdin /dev/null, stderr with stdout."""
     try:
-        return subprocess.Popen(
-            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
-            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-        )
+        return proc.spawn(argv, env, stdout=stdout, stderr=proc.STDOUT, cwd=cwd, session=True)
     except OSError as exc:
         raise protocol.OpError(f"cannot start bash in {cwd}: {exc.strerror}") from None
 
@@ -113,9 +104,13 @@ def open_log(path: str) -> int:
         raise protocol.OpError(f"cannot write the log {path}: {exc.strerror}") from None
 
 
-def exit_status(returncode: int) -> int:
-    """Popen's returncode as bash reports it: killed by signal N -> 128+N."""
-    return 128 - returncode if returncode < 0 else returncode
+def quote(word: str) -> str:
+    """word as one bash word: shlex.quote, without importing shlex (and re)."""
+    if not word:
+        return "''"
+    if _SHELL_SAFE.issuperset(word):
+        return word
+    return "'" + word.replace("'", "'\"'\"'") + "'"
 
 
 def command_script(command: str, spill_path: str) -> str:
@@ -128,14 +123,14 @@ def command_script(command: str, spill_path: str) -> str:
         runstate.atomic_write(spill_path, data)
     except OSError as exc:
         raise protocol.OpError(f"cannot write the command to {spill_path}: {exc.strerror}") from None
-    return f". {shlex.quote(spill_path)}"
+    return f". {quote(spill_path)}"
 
 
 # --- foreground --------------------------------------------------------------
 def cd_capture(pwd_file: str) -> str:
     """The prefix that records the shell's final directory in pwd_file."""
-    record = f"builtin pwd -P 2>/dev/null >| {shlex.quote(pwd_file)}"
-    return f"trap {shlex.quote(record)} EXIT; "
+    record = f"builtin pwd -P 2>/dev/null >| {quote(pwd_file)}"
+    return f"trap {quote(record)} EXIT; "
 
 
 def run_foreground(request: protocol.Request) -> protocol.Reply:
@@ -159,12 +154,12 @@ def _run_logged(request: protocol.Request, cwd: str, log: str, pwd_file: str):
     """Run the command; return its Capture and Outcome (the log is written)."""
     tokens = runstate.load_repo_tokens(request)
     capture = shaping.Capture(request.max_bytes)
-    sink = _Sink(open_log(log), shaping.Shaper(redactor_for(request, tokens)), capture)
+    sink = _Sink(open_log(log), shaping.Shaper(runstate.redactor_for(request, tokens)), capture)
     spill = pwd_file[: -len(".pwd")] + ".sh"
     argv = ["bash", "-c", cd_capture(pwd_file) + command_script(request.args["command"], spill)]
     try:
-        proc = spawn(argv, cwd, command_env(request, cwd, tokens), subprocess.PIPE)
-        outcome = execute(proc, request.args["timeout_seconds"], sink.write)
+        child = start_bash(argv, cwd, command_env(request, cwd, tokens), proc.PIPE)
+        outcome = execute(child, request.args["timeout_seconds"], sink.write)
     finally:
         sink.close()
         runstate.unlink_quietly(spill)
@@ -179,7 +174,7 @@ def _record_cwd(request: protocol.Request, folder: str, pwd_file: str) -> str:
     return runstate.current_cwd(request)
 
 
-def _trailers(outcome: "Outcome", timeout: int) -> List[str]:
+def _trailers(outcome: Outcome, timeout: int) -> List[str]:
     if outcome.timed_out:
         return [f"[timed out after {timeout}s; the command was stopped]", f"exit_code: {outcome.exit_code}"]
     return [f"exit_code: {outcome.exit_code}"] if outcome.exit_code else []
@@ -222,203 +217,3 @@ class _Sink:
     def close(self) -> None:
         self._capture.add(self._shaper.flush())
         self._close_log()
-
-
-# --- the process loop ----------------------------------------------------------
-@dataclass
-class Outcome:
-    exit_code: int
-    timed_out: bool
-
-
-def execute(proc: subprocess.Popen, timeout: float, sink: Callable[[bytes], None]) -> Outcome:
-    """Pump proc's output into sink until it is done; enforce the timeout.
-
-    Done: bash has exited and the pipe is at EOF or drained for
-    SHELL_DRAIN_SECONDS; after a SIGTERM also the group is empty or killed.
-    A SIGTERM, SIGHUP or SIGINT to the helper meanwhile ends the command's
-    group (CANCEL_KILL_GRACE_SECONDS), which its own session would otherwise
-    keep alive.
-    """
-    loop = _Loop(proc, timeout, sink)
-    try:
-        loop.run()
-    finally:
-        loop.close()
-    if loop.timed_out:
-        return Outcome(limits.TIMEOUT_EXIT_CODE, True)
-    return Outcome(exit_status(proc.returncode), False)
-
-
-CANCEL_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-
-
-class _Loop:
-    """One command's clocks: the timeout, the SIGKILL after SIGTERM, the drain."""
-
-    def __init__(self, proc: subprocess.Popen, timeout: float, sink: Callable[[bytes], None]):
-        self.proc = proc
-        self.sink = sink
-        self.deadline = time.monotonic() + timeout
-        self.timed_out = self.cancelled = self.killed = False
-        self.kill_at: Optional[float] = None
-        self.exited_at: Optional[float] = None
-        self.poller = select.poll()
-        self.out_fd: Optional[int] = self._watch(proc.stdout.fileno())
-        self.pidfd = self._watch(_pidfd(proc.pid))
-        self.wake_r, self.wake_w = os.pipe()
-        os.set_blocking(self.wake_w, False)
-        self._watch(self.wake_r)
-        self.saved = {sig: signal.signal(sig, self._on_signal) for sig in CANCEL_SIGNALS}
-
-    def _watch(self, fd: Optional[int]) -> Optional[int]:
-        if fd is not None:
-            self.poller.register(fd, select.POLLIN)
-        return fd
-
-    def _on_signal(self, signum, frame) -> None:
-        self.cancelled = True
-        try:
-            os.write(self.wake_w, b"x")
-        except OSError:
-            pass
-
-    def run(self) -> None:
-        while True:
-            now = time.monotonic()
-            self._step_clock(now)
-            if self._done(now):
-                return
-            wait = max(0.0, self._next_event(now) - now)
-            for fd, _ in self.poller.poll(int(wait * 1000) + 1):
-                self._on_ready(fd)
-
-    def _step_clock(self, now: float) -> None:
-        if self.exited_at is None and self.proc.poll() is not None:
-            self.exited_at = now
-        if self.exited_at is None and not self.timed_out and now >= self.deadline:
-            self.timed_out = True
-            self._terminate(now, limits.SHELL_KILL_GRACE_SECONDS)
-        if self.exited_at is None and self.cancelled:
-            self._terminate(now, limits.CANCEL_KILL_GRACE_SECONDS)
-        if self.kill_at is not None and not self.killed and now >= self.kill_at:
-            self.killed = True
-            signal_group(self.proc.pid, signal.SIGKILL)
-
-    def _terminate(self, now: float, grace: float) -> None:
-        if self.kill_at is None:
-            signal_group(self.proc.pid, signal.SIGTERM)
-            self.kill_at = now + grace
-        self.kill_at = min(self.kill_at, now + grace)
-
-    def _done(self, now: float) -> bool:
-        if self.exited_at is None:
-            return False
-        drained = self.out_fd is None or now >= self.exited_at + limits.SHELL_DRAIN_SECONDS
-        if self.kill_at is None or self.killed:
-            return drained
-        return drained and not group_alive(self.proc.pid)
-
-    def _next_event(self, now: float) -> float:
-        times = [now + 1.0]
-        if self.exited_at is None:
-            if self.kill_at is None:
-                times.append(self.deadline)
-            if self.pidfd is None:
-                times.append(now + _TICK)
-        elif self.out_fd is not None:
-            times.append(self.exited_at + limits.SHELL_DRAIN_SECONDS)
-        if self.kill_at is not None and not self.killed:
-            times.append(self.kill_at)
-            if self.exited_at is not None:
-                times.append(now + _TICK)
-        return min(times)
-
-    def _on_ready(self, fd: int) -> None:
-        if fd == self.wake_r:
-            os.read(fd, 64)
-        elif fd == self.pidfd:
-            self.poller.unregister(fd)
-            os.close(fd)
-            self.pidfd = None
-            self.proc.poll()
-        else:
-            data = os.read(fd, limits.READ_CHUNK)
-            if data:
-                self.sink(data)
-            else:
-                self.poller.unregister(fd)
-                self.out_fd = None
-
-    def close(self) -> None:
-        for sig, handler in self.saved.items():
-            signal.signal(sig, handler)
-        for fd in (self.pidfd, self.wake_r, self.wake_w):
-            if fd is not None:
-                os.close(fd)
-        self.proc.stdout.close()
-        if self.proc.returncode is None:
-            signal_group(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-
-def _pidfd(pid: int) -> Optional[int]:
-    opener = getattr(os, "pidfd_open", None)
-    if opener is None:
-        return None
-    try:
-        return opener(pid)
-    except OSError:
-        return None
-
-
-def signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def group_alive(pgid: int) -> bool:
-    """True while a process of group pgid runs (zombies awaiting reaping don't)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pgid in live_groups()
-
-
-def live_groups() -> Set[int]:
-    """The process groups that have a member that is not a zombie."""
-    groups = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            info = proc_stat(int(name))
-            if info is not None and info.state not in "ZX":
-                groups.add(info.pgrp)
-    return groups
-
-
-@dataclass
-class ProcStat:
-    state: str
-    pgrp: int
-    start_time: int
-    """Clock ticks after boot (field 22 of /proc/<pid>/stat): with the pid, it
-    names one process for the life of the machine."""
-
-
-def proc_stat(pid: int) -> Optional[ProcStat]:
-    """The state, group and start time of pid from /proc, or None when gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return None
-    fields = data.rsplit(b")", 1)[-1].split()
-    try:
-        return ProcStat(fields[0].decode(), int(fields[2]), int(fields[19]))
-    except (IndexError, ValueError):
-        return None

@@ -1,0 +1,87 @@
+"""The kubernetes backend's edge with the cluster: connecting, pods/exec, its errors.
+
+- ``connect()``: a CoreV1Api from the kubeconfig (KUBECONFIG, else
+  ~/.kube/config), else from the service account of the pod this runs in;
+- ``exec_stream(core, ...)``: a command over the pods/exec websocket, with
+  optional stdin, read until it closes or the deadline (stdout head, stderr
+  tail, the final Status of channel 3);
+- ``api_errors(what, namespace)``: the client's errors as SandboxError, in this one place;
+- ``ignoring(status)``: an ApiException of that status passes (404 on delete, 409 on create).
+
+The client is imported only here and only when used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Iterator
+
+from ..errors import SandboxError
+from . import kube_spec as spec
+from ._process import STDERR_KEEP_BYTES, STDOUT_MAX_BYTES
+
+UPDATE_SECONDS = 1.0
+"""The longest wait for one websocket frame before the deadline is looked at again."""
+
+
+def connect(api_client: Any = None) -> Any:
+    """A CoreV1Api on api_client, else on the kubeconfig's cluster, else in-cluster."""
+    from kubernetes import client, config
+
+    if api_client is None:
+        try:
+            api_client = config.new_client_from_config()
+        except config.ConfigException:
+            config.load_incluster_config()
+            api_client = client.ApiClient()
+    return client.CoreV1Api(api_client)
+
+
+@contextlib.contextmanager
+def api_errors(what: str, namespace: str) -> Iterator[None]:
+    """Map the client's errors to SandboxError naming what was being done."""
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config import ConfigException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        yield
+    except ApiException as exc:
+        raise SandboxError(spec.api_error_text(what, exc.status or 0, exc.reason or "",
+                                               exc.body, namespace)) from exc
+    except (HTTPError, OSError, ConfigException) as exc:
+        raise SandboxError(spec.api_error_text(what, 0, str(exc), None, namespace)) from exc
+
+
+@contextlib.contextmanager
+def ignoring(status: int) -> Iterator[None]:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        yield
+    except ApiException as exc:
+        if exc.status != status:
+            raise
+
+
+def exec_stream(core: Any, pod: str, namespace: str, command: list[str], stdin: bytes,
+                deadline: float) -> tuple[bytes, bytes, bytes, bool]:
+    """Run command in the pod's sandbox container: (stdout head, stderr tail, status, complete)."""
+    from kubernetes.stream import stream
+
+    ws = stream(core.connect_get_namespaced_pod_exec, pod, namespace, container=spec.CONTAINER,
+                command=command, stdin=bool(stdin), stdout=True, stderr=True, tty=False,
+                _preload_content=False, binary=True)
+    out, err = bytearray(), bytearray()
+    try:
+        if stdin:
+            ws.write_stdin(stdin)
+        while ws.is_open() and (left := deadline - time.monotonic()) > 0:
+            ws.update(timeout=min(left, UPDATE_SECONDS))
+            out += ws.read_channel(1)[: STDOUT_MAX_BYTES - len(out)]
+            err += ws.read_channel(2)
+            del err[:-STDERR_KEEP_BYTES]
+        return bytes(out), bytes(err), ws.read_channel(3), not ws.is_open()
+    finally:
+        ws.close()
