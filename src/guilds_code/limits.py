@@ -93,7 +93,7 @@ STATE_FILE_MAX_BYTES = 64 * 1024
 NAME_MAX_CHARS = 128
 """run_id, agent_id and call_id become file names: at most this long."""
 
-# --- shell output shaping and background (added by the shell engineer) ----
+# --- shell output shaping and background ----------------------------------
 ANSI_SEQUENCE_MAX = 4096
 """An escape sequence still open after this many characters is taken as text:
 holding it back longer would let one stray ESC swallow the output."""
