@@ -56,7 +56,7 @@ async def test_the_flow_live_and_a_calls_views(tmp_path):
                 await page.goto(base + "/")
                 await page.get_by_role("link", name="demo").click()
                 await expect(page.locator("#call-11 .text")).to_have_text("Run sleep 5 · timed out")
-                await expect(page.locator("#call-10")).to_contain_text("code_task is not available")
+                await expect(page.locator("#call-10")).to_contain_text("the agent has no repository")
 
                 # new calls land while the page is open: they show up without a reload
                 await expect(page.locator("#call-12 .diffstat")).to_contain_text("2 files changed")
