@@ -43,6 +43,15 @@ from ._process import KILL_GRACE_SECONDS
 
 STATE_INSIDE = limits.DEFAULT_STATE_DIR
 HELPER_DIR = "/usr/local/bin"
+
+
+def helper_path(name: str) -> str:
+    """Where the one-file helper `name` lives inside a container or pod."""
+    if name not in HELPER_PACKAGES:
+        from ..errors import SandboxError
+
+        raise SandboxError(f"no helper named {name}")
+    return f"{HELPER_DIR}/{name}"
 STAMP = f"{STATE_INSIDE}/.active"
 """Its mtime is the idle clock: refreshed by every call."""
 EXEC_ENV = "GUILDS_EXEC_ID"

@@ -40,13 +40,13 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 import docker
 
 from ..errors import SandboxError
-from ..helpers import HELPER_PACKAGES
 from ..settings import AgentSettings
 from . import docker_engine as engine
 from . import docker_spec as spec
 from ._agent import DEFAULT_PATH, agent_env, checked_id, locate
 from ._container import (
     EXEC_ENV, HELPER_DIR, STATE_INSIDE, blocking, exec_status, fingerprint, helper_files,
+    helper_path as container_helper_path,
     helpers_digest, kill_argv, repos_file, repos_json, tar_bytes,
 )
 from ._process import KILL_GRACE_SECONDS
@@ -79,9 +79,7 @@ class DockerSandbox:
         self._lock = threading.Lock()
 
     def helper_path(self, name: str) -> str:
-        if name not in HELPER_PACKAGES:
-            raise SandboxError(f"no helper named {name}")
-        return f"{HELPER_DIR}/{name}"
+        return container_helper_path(name)
 
     async def start(self) -> None:
         await blocking(self._start)
