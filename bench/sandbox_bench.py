@@ -7,7 +7,9 @@ Every figure goes through the whole transport (``call_helper``: the request,
 the helper in the sandbox, its envelope), measured in one run on one machine:
   1. per call, median: shell `true`, file_read of a 200-line file, code_search
      of a small tree, and a bare exec of `true` (no helper), for local, bwrap
-     (where it works) and docker;
+     (where it works) and docker, the backends taking turns call by call in a
+     rotating order (so a change in the machine's load falls on all alike),
+     with each backend's ratio to local and docker's to bwrap;
   2. docker, time to the first call's answer: a new agent (the container is
      created and started, the helpers put in) and a warm container found
      again by a new orchestrator;
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
 import statistics
 import sys
@@ -75,19 +78,28 @@ class Agent:
         return time.perf_counter() - began
 
 
-async def per_call(backend: str, work: Path, runs: int) -> dict[str, float]:
-    agent = Agent(backend, work, f"pc-{backend}-{secrets.token_hex(3)}")
-    agent.seed()
-    await agent.box.start()
+async def per_call(backends: list[str], work: Path, runs: int) -> dict[str, dict[str, float]]:
+    """{backend: {call: median seconds}}, the backends taking turns call by call."""
+    agents = {b: Agent(b, work, f"pc-{b}-{secrets.token_hex(3)}") for b in backends}
+    samples: dict[str, dict[str, list[float]]] = {b: {} for b in backends}
+    for agent in agents.values():
+        agent.seed()
+        await agent.box.start()
     try:
-        out = {}
-        for name, (op, args) in CALLS.items():
-            await agent.call(op, args)  # warm
-            out[name] = statistics.median([await agent.call(op, args) for _ in range(runs)])
-        out["bare exec `true`"] = statistics.median([await agent.bare() for _ in range(runs)])
-        return out
+        kinds = {name: (lambda a, op=op, args=args: a.call(op, args)) for name, (op, args) in CALLS.items()}
+        kinds["bare exec `true`"] = lambda a: a.bare()
+        for name, measure in kinds.items():
+            for b in backends:
+                await measure(agents[b])  # warm
+                samples[b][name] = []
+            for i in range(runs):
+                k = i % len(backends)
+                for b in backends[k:] + backends[:k]:
+                    samples[b][name].append(await measure(agents[b]))
+        return {b: {name: statistics.median(v) for name, v in kinds_.items()} for b, kinds_ in samples.items()}
     finally:
-        await agent.box.stop()
+        for agent in agents.values():
+            await agent.box.stop()
 
 
 async def first_call(work: Path) -> dict[str, float]:
@@ -138,11 +150,18 @@ async def main_async(args: argparse.Namespace) -> None:
         print(f"(docker left out: {why})", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="guilds-sbench-") as tmp:
         work = Path(tmp)
-        table = {b: await per_call(b, work, runs) for b in backends}
-        print(f"| per call, median of {runs} | " + " | ".join(backends) + " |")
-        print("|---|" + "---|" * len(backends))
+        table = await per_call(backends, work, runs)
+        ratios = [(b, "local") for b in backends[1:]] + ([("docker", "bwrap")] if {"docker", "bwrap"} <= set(backends)
+                                                         else [])
+        one, five, _ = os.getloadavg()
+        print(f"per call, median of {runs}, the backends taking turns call by call; load average {one:.1f} "
+              f"(1 min) / {five:.1f} (5 min) on {os.cpu_count()} CPUs\n")
+        print(f"| per call, median of {runs} | " + " | ".join(backends) + " | "
+              + " | ".join(f"{a} / {b}" for a, b in ratios) + " |")
+        print("|---|" + "---:|" * (len(backends) + len(ratios)))
         for name in [*CALLS, "bare exec `true`"]:
-            print(f"| {name} | " + " | ".join(ms(table[b][name]) for b in backends) + " |")
+            print(f"| {name} | " + " | ".join(ms(table[b][name]) for b in backends) + " | "
+                  + " | ".join(f"{table[a][name] / table[b][name]:.2f}x" for a, b in ratios) + " |")
         if why is not None:
             return
         print()

@@ -390,3 +390,29 @@ def test_the_real_claude_code_does_not_know_a_session(real_claude):
                     repos={"web": str(box.home / "repos" / "web")}, timeout=120)["meta"]
     assert meta["status"] == "unknown session" and meta["exit_code"] == 1
     assert meta["error"] == f"claude-code has no session {sid}; start a new one without session_id"
+
+
+def test_a_cancelled_call_stops_the_harness(hb):
+    """The orchestrator cancels by SIGTERM to the helper: the harness, in its own
+    session and ignoring SIGTERM, must not outlive it."""
+    import base64
+    import signal as signals
+
+    pidfile = hb.home / "harness.pid"
+    req = hb.request("code_task", {"brief": f"fake: ignore-term\nfake: child {pidfile}\nfake: sleep 300"},
+                     harness="claude-code", repos={"web": str(hb.home / "repos" / "web")})
+    arg = base64.b64encode(json.dumps(req).encode()).decode()
+    proc = subprocess.Popen([PYTHON, "-I", "-S", str(hb.helper), arg], env=hb.process_env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 20
+    while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    proc.send_signal(signals.SIGTERM)
+    proc.communicate(timeout=10)
+    assert proc.returncode == -signals.SIGTERM
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    state = Path(f"/proc/{child}/stat").read_text().split()[2] if Path(f"/proc/{child}").exists() else "gone"
+    assert state in ("gone", "Z"), state

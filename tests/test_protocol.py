@@ -227,17 +227,28 @@ def test_the_helper_runs_from_its_pyc(sandbox, tmp_path):
 HEAVY_MODULES = {
     "dataclasses", "typing", "inspect", "subprocess", "selectors", "threading", "shutil", "tempfile",
     "random", "urllib.parse", "ipaddress", "json", "re", "enum", "base64", "shlex", "signal", "locale",
+    "hashlib",
 }
-"""What a plain shell call must not import: together they cost several times the call's own work."""
+"""What a plain call must not import: together they cost several times the call's own work."""
 
 
-def test_a_plain_shell_call_imports_nothing_heavy(sandbox):
-    req = sandbox.request("shell", {"command": "echo hi"})
+@pytest.mark.parametrize(
+    "op, args, want",
+    [
+        ("shell", {"command": "echo hi"}, "hi"),
+        ("shell_status", {}, "no background commands"),
+        ("file_read", {"path": "small.txt"}, "small.txt lines 1–1 of 1\n1  hi"),
+        ("code_search", {"pattern": "hi"}, "small.txt: 1 match\n1 match in 1 file"),
+    ],
+)
+def test_a_plain_call_imports_nothing_heavy(sandbox, op, args, want):
+    (sandbox.home / "small.txt").write_text("hi\n")
+    req = sandbox.request(op, args)
     arg = base64.b64encode(json.dumps(req).encode()).decode()
     proc = subprocess.run(
         [PYTHON, "-X", "importtime", "-I", "-S", str(sandbox.helper), arg],
         env=sandbox.process_env(), stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
     )
-    assert ok_text(decode_envelope(proc.stdout.strip())) == "hi"
+    assert ok_text(decode_envelope(proc.stdout.strip())) == want
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.decode().splitlines() if "|" in line}
     assert imported & HEAVY_MODULES == set()

@@ -14,7 +14,7 @@ from . import protocol
 
 OP_MODULES = {
     "shell": "guilds_code.ops.shell",
-    "shell_status": "guilds_code.ops.background",
+    "shell_status": "guilds_code.ops.shell_status",
     "file_read": "guilds_code.ops.file_read",
     "code_search": "guilds_code.ops.code_search",
 }

@@ -129,8 +129,11 @@ def current_cwd(request: protocol.Request) -> str:
 
 
 def save_cwd(request: protocol.Request, path: str) -> None:
-    """Record path (absolute) as the run's working directory, atomically."""
+    """Record path (absolute) as the run's working directory, atomically (not
+    rewritten when it holds path already)."""
     target = os.path.join(run_dir(request), CWD_FILE)
+    if read_small(request.home, [RUNS_DIR, request.run_id, CWD_FILE]) == os.fsencode(path):
+        return
     try:
         atomic_write(target, os.fsencode(path))
     except OSError as exc:

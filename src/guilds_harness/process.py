@@ -37,6 +37,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
+from guilds_code import limits as code_limits
+
 from . import limits
 
 TIMEOUT_EXIT_CODE = 124
@@ -206,14 +208,57 @@ def _exit(returncode: int, stopped: Optional[str]) -> Exit:
     return Exit(returncode)
 
 
+CANCEL_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+class Cancelled(BaseException):
+    """The helper was told to stop (a cancelled call) while the harness ran."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_cancelled(signum, _frame) -> None:
+    raise Cancelled(signum)
+
+
+def _die_by(signum: int) -> None:
+    """End this process by the signal it was told to stop with, as if unhandled."""
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
 def run_process(
     argv: List[str], cwd: str, env: Dict[str, str], timeout: float,
     on_stdout: Sink, on_stderr: Sink, finished: Callable[[], bool] = lambda: False,
 ) -> Exit:
+    """Run the harness to its end, its timeout, or a cancel.
+
+    A SIGTERM, SIGHUP or SIGINT to the helper while the harness runs (a call
+    cancelled by the orchestrator) stops the harness's group and every process
+    below this helper, with CANCEL_KILL_GRACE_SECONDS of grace, then ends the
+    helper by that signal: the harness runs in a session of its own, so it
+    would otherwise outlive the helper.
+    """
+    for signum in CANCEL_SIGNALS:
+        signal.signal(signum, _raise_cancelled)
+    try:
+        exit_ = _supervise(argv, cwd, env, timeout, on_stdout, on_stderr, finished)
+    except Cancelled as cancel:
+        _die_by(cancel.signum)
+        raise
+    for signum in CANCEL_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+    return exit_
+
+
+def _supervise(argv, cwd, env, timeout, on_stdout, on_stderr, finished) -> Exit:
     proc = spawn(argv, cwd, env)
     pump = _Pump(proc, on_stdout, on_stderr)
     deadline = time.monotonic() + timeout
     stopped, why = None, "timeout"
+    grace: float = limits.KILL_GRACE_SECONDS
     try:
         while proc.poll() is None:
             if why == "timeout" and finished():
@@ -227,8 +272,13 @@ def run_process(
         drain_end = time.monotonic() + limits.DRAIN_SECONDS
         while not pump.drained() and time.monotonic() < drain_end:
             pump.pump(drain_end)
+    except Cancelled:
+        grace = code_limits.CANCEL_KILL_GRACE_SECONDS
+        raise
     finally:
-        stop_leftovers(proc.pid, limits.KILL_GRACE_SECONDS, keep=proc.pid)
+        for signum in CANCEL_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+        stop_leftovers(proc.pid, grace, keep=proc.pid)
         pump.close()
         proc.stdout.close()
         proc.stderr.close()

@@ -35,7 +35,7 @@ the result is the pointer line, naming the latest such read's seq.
 The whole file is hashed (SHA-256, meta content_hash) in one streaming pass that
 also counts lines (from limits.READ_COUNT_CHILD_MIN_BYTES on, GNU ``wc -l``
 counts them in a child beside the pass, at a tenth of Python's cost; without
-it, Python counts). Memory stays bounded whatever the file: one 1 MiB buffer,
+it, Python counts). Memory stays bounded whatever the file: one 64 KiB buffer,
 and a long line is kept only up to what its clip shows, and counted past that.
 
 meta: path (resolved, absolute), range [a, b] (1-based, inclusive, the lines
@@ -44,9 +44,9 @@ shown), content_hash, lines (n); repeat_of on a pointer.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
+import sys
 
 from .. import limits, paths, proc, protocol, runstate
 from ..lines import LineHead, clip_counted, keep_bytes
@@ -178,6 +178,20 @@ class Scan:
             self.binary = buf.find(b"\0", 0, end) >= 0
 
 
+def _sha256(size: int):
+    """A SHA-256 hash object for a file of about size bytes (see
+    limits.READ_BUILTIN_SHA_MAX_BYTES): the interpreter's own for a small file,
+    OpenSSL's (hashlib) for a larger one or where the interpreter has none."""
+    if size < limits.READ_BUILTIN_SHA_MAX_BYTES:
+        try:
+            return __import__("_sha2" if sys.version_info >= (3, 12) else "_sha256").sha256()
+        except ImportError:  # an interpreter built without it
+            pass
+    import hashlib
+
+    return hashlib.sha256()
+
+
 def scan(fd: int, first: int, last: int, redactor: Redactor, count_fd: Optional[int] = None) -> Scan:
     """Read fd to its end once: hash, sniff, collect lines first..last, count lines.
 
@@ -185,7 +199,7 @@ def scan(fd: int, first: int, last: int, redactor: Redactor, count_fd: Optional[
     child count its newlines beside this pass, which then counts only as far
     as the range needs.
     """
-    result, sha = Scan(), hashlib.sha256()
+    result, sha = Scan(), _sha256(os.fstat(fd).st_size)
     collector = _Collector(first, last, redactor)
     counter: Optional[_LineCounter] = None
     buf = bytearray(limits.READ_FILE_CHUNK)

@@ -62,32 +62,41 @@ def run_rg(argv: List[str], stdin: Optional[int], timeout: float, sink: Callable
         child = proc.spawn(argv, env, stdin=stdin, stderr=proc.PIPE)
     except OSError as exc:
         raise protocol.OpError(f"code_search: cannot run {argv[0]}: {exc.strerror}") from None
-    out_r, err_r = child.stdout, child.stderr
+    try:
+        err, timed_out = _collect(child, time.monotonic() + timeout, sink)
+    finally:
+        os.close(child.stdout)
+        os.close(child.stderr)
+    return child.wait(), err, timed_out
+
+
+def _collect(child: proc.Child, deadline: float, sink: Callable[[bytes], None]) -> Tuple[bytes, bool]:
+    """Read the child's stdout into sink and keep its stderr's start, until both
+    end or the deadline (then SIGKILL); (stderr start, timed out)."""
     err = bytearray()
-    deadline = time.monotonic() + timeout
     poller = select.poll()
-    open_fds = {out_r, err_r}
+    open_fds = {child.stdout, child.stderr}
     for fd in open_fds:
         poller.register(fd, select.POLLIN)
-    try:
-        while open_fds:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                os.kill(child.pid, proc.signals.SIGKILL)
-                break
-            for fd, _ in poller.poll(left * 1000):
-                data = os.read(fd, _READ_SIZE)
-                if not data:
-                    poller.unregister(fd)
-                    open_fds.discard(fd)
-                elif fd == out_r:
-                    sink(data)
-                else:
-                    err += data[: limits.SEARCH_STDERR_MAX_BYTES - len(err)]
-    finally:
-        os.close(out_r)
-        os.close(err_r)
-    return child.wait(), bytes(err), bool(open_fds)
+    while open_fds:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            os.kill(child.pid, proc.signals.SIGKILL)
+            return bytes(err), True
+        got = 0
+        for fd, _ in poller.poll(left * 1000):
+            data = os.read(fd, _READ_SIZE)
+            got += len(data)
+            if not data:
+                poller.unregister(fd)
+                open_fds.discard(fd)
+            elif fd == child.stdout:
+                sink(data)
+            else:
+                err += data[: limits.SEARCH_STDERR_MAX_BYTES - len(err)]
+        if 0 < got < limits.SEARCH_COALESCE_BELOW_BYTES:
+            time.sleep(min(limits.SEARCH_COALESCE_SECONDS, left))
+    return bytes(err), False
 
 
 def rg_error(stderr: bytes) -> str:

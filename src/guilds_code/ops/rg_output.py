@@ -7,8 +7,6 @@ only up to what its clip shows; the rows kept are at most what is shown).
 
 from __future__ import annotations
 
-import re
-
 from .. import limits
 from ..lines import LineHead, keep_bytes
 
@@ -16,11 +14,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
 
-_HEADER = re.compile(rb"([0-9]+)([:-])")
+# Content mode's patterns, compiled by the classes that use them: files mode never imports re.
+_HEADER = rb"([0-9]+)([:-])"
 """After a path's NUL: the line number and ':' (a match) or '-' (context)."""
-_NOTE = re.compile(rb": (WARNING: |binary file matches)")
-_STATS_MATCHES = re.compile(rb"^([0-9]+) matches$", re.MULTILINE)
-_STATS_FILES = re.compile(rb"^([0-9]+) files contained matches$", re.MULTILINE)
+_NOTE = rb": (WARNING: |binary file matches)"
+_STATS_MATCHES = rb"(?m)^([0-9]+) matches$"
+_STATS_FILES = rb"(?m)^([0-9]+) files contained matches$"
 _STATS_MAX = 4096
 
 
@@ -76,6 +75,9 @@ class RgOutput:
     """
 
     def __init__(self, sink: Any):
+        import re
+
+        self._header, self._note = re.compile(_HEADER), re.compile(_NOTE)
         self.sink = sink
         self.stats = b""
         self._pending = b""
@@ -121,7 +123,7 @@ class RgOutput:
                 self.stats = b"\n"
                 continue
             z = line.find(b"\0")
-            header = _HEADER.match(line, z + 1) if z > 0 else None
+            header = self._header.match(line, z + 1) if z > 0 else None
             if header is None:
                 self._other(line)
                 continue
@@ -133,7 +135,7 @@ class RgOutput:
 
     def _other(self, line: bytes) -> None:
         """A line that is not a row: a note, a '--', or the start of a path holding a newline."""
-        note = _NOTE.search(line)
+        note = self._note.search(line)
         if note is not None:
             row = self.sink.begin(b"!", line[: note.start()], 0)
             if row is not None:
@@ -148,7 +150,7 @@ class RgOutput:
             self.stats = (self.stats + tail)[:_STATS_MAX]
             return
         z = tail.find(b"\0")
-        header = _HEADER.match(tail, z + 1) if z > 0 else None
+        header = self._header.match(tail, z + 1) if z > 0 else None
         if header is None or header.end() == len(tail):
             if len(tail) < limits.SEARCH_PATH_MAX_BYTES:
                 self._pending = tail
@@ -250,8 +252,10 @@ class ContentLines:
 
     def totals(self) -> Tuple[int, int]:
         """(matches, files): rg's --stats when it printed them, else what was seen."""
-        matches = _STATS_MATCHES.search(self.output.stats)
-        files = _STATS_FILES.search(self.output.stats)
+        import re
+
+        matches = re.search(_STATS_MATCHES, self.output.stats)
+        files = re.search(_STATS_FILES, self.output.stats)
         if matches and files:
             return int(matches.group(1)), int(files.group(1))
         return self.match_lines, self.files_seen

@@ -1,0 +1,179 @@
+"""shell_status: list the background commands, check one (its log's end), or stop one.
+
+The records and states are ops/background.py's. Every text is redacted, then
+capped at the request's max_bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+
+from .. import limits, proc, protocol, runstate, shaping
+from .background import (
+    Status,
+    background_dir,
+    list_ids,
+    load_record,
+    mtime,
+    status,
+    touch_new,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional
+
+    from ..redact import Redactor
+
+_KILLER = (
+    "import os,signal,sys,time\n"
+    "g=int(sys.argv[1]);end=time.monotonic()+float(sys.argv[2])\n"
+    "while time.monotonic()<end:\n"
+    "    try: os.killpg(g,0)\n"
+    "    except OSError: sys.exit(0)\n"
+    "    time.sleep(0.1)\n"
+    "try: os.killpg(g,signal.SIGKILL)\n"
+    "except OSError: pass\n"
+)
+
+
+def run(request: protocol.Request) -> protocol.Reply:
+    """shell_status: list, check one (id), or stop one (id, stop)."""
+    folder = background_dir(request)
+    bid = request.args["id"]
+    if bid is None:
+        return _list(request, folder)
+    record = load_record(folder, bid)
+    if record is None:
+        raise protocol.OpError(f"id: no background command {bid}")
+    if request.args["stop"]:
+        return _stop(request, folder, bid, record)
+    return _check(request, folder, status(folder, bid, record, proc.live_groups()))
+
+
+def _summary(st: Status, redactor: Redactor) -> str:
+    command = str(st.record.get("command", ""))
+    first = command.split("\n", 1)[0] + (" …" if "\n" in command.strip("\n") else "")
+    first = shaping.clip_line(redactor.redact(first), limits.STATUS_COMMAND_MAX_CHARS)
+    return f"{st.bid} {st.state} {shaping.elapsed(st.elapsed)} {first}"
+
+
+def _list(request: protocol.Request, folder: str) -> protocol.Reply:
+    redactor = runstate.redactor_for(request)
+    live = proc.live_groups()
+    lines = []
+    for n in list_ids(folder):
+        bid = f"{limits.BACKGROUND_ID_PREFIX}{n}"
+        record = load_record(folder, bid)
+        if record is not None:
+            lines.append(_summary(status(folder, bid, record, live), redactor))
+    if not lines:
+        return protocol.Reply(text="no background commands", meta={})
+    return protocol.Reply(text=_fit_newest(lines, request.max_bytes), meta={})
+
+
+def _fit_newest(lines: List[str], max_bytes: int) -> str:
+    """The newest lines that fit, after a line counting the ones left out."""
+    kept: List[str] = []
+    size = 48  # room for the line counting the others
+    for line in reversed(lines):
+        size += shaping.utf8_len(line) + 1
+        if size > max_bytes:
+            break
+        kept.append(line)
+    left = len(lines) - len(kept)
+    head = [f"… {left} earlier commands not shown"] if left else []
+    return shaping.cap_text("\n".join(head + kept[::-1]), max_bytes)
+
+
+def _check(request: protocol.Request, folder: str, st: Status) -> protocol.Reply:
+    redactor = runstate.redactor_for(request)
+    log = str(st.record.get("log_path", ""))
+    header = f"{_summary(st, redactor)}\nlog: {log}"
+    tail = _log_tail(log, redactor)
+    budget = request.max_bytes - shaping.utf8_len(header) - 1
+    if tail is None:
+        body = "the log is missing"
+    elif tail.total == 0:
+        body = "the log is empty"
+    else:
+        body = f"last {limits.STATUS_TAIL_LINES} lines of the log:\n" + shaping.render(
+            tail, max(0, budget - 40), log, [], head_max=0
+        )[0]
+    text = shaping.cap_text(f"{header}\n{body}", request.max_bytes)
+    return protocol.Reply(text=text, meta=_meta(st))
+
+
+def _meta(st: Status) -> Dict[str, Any]:
+    meta = {"background_id": st.bid, "state": st.state, "log_path": st.record.get("log_path")}
+    if st.exit_code is not None:
+        meta["exit_code"] = st.exit_code
+    return meta
+
+
+def _log_tail(path: str, redactor: Redactor) -> Optional[shaping.Capture]:
+    """The last STATUS_TAIL_LINES lines of the log, shaped, in a Capture."""
+    raw = read_tail(path, limits.STATUS_TAIL_LINES, limits.STATUS_TAIL_MAX_BYTES)
+    if raw is None:
+        return None
+    shaped = shaping.shape_bytes(raw, redactor).rstrip(b"\n")
+    lines = shaped.split(b"\n")[-limits.STATUS_TAIL_LINES :]
+    capture = shaping.Capture(limits.PLATFORM_CAP_BYTES)
+    capture.add(b"\n".join(lines))
+    return capture
+
+
+def read_tail(path: str, lines: int, cap: int) -> Optional[bytes]:
+    """The end of a file holding at least `lines` lines (or all of it), read
+    backwards in READ_CHUNK blocks, at most cap bytes; None if unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        end = pos = os.lseek(fd, 0, os.SEEK_END)
+        data = b""
+        while pos > 0 and end - pos < cap and data.rstrip(b"\n").count(b"\n") < lines:
+            size = min(limits.READ_CHUNK, pos, cap - (end - pos))
+            pos -= size
+            data = os.pread(fd, size, pos) + data
+        return data
+    finally:
+        os.close(fd)
+
+
+def _stop(request: protocol.Request, folder: str, bid: str, record: Dict[str, Any]) -> protocol.Reply:
+    """SIGTERM to the group; SIGKILL STOP_KILL_GRACE_SECONDS later by a detached
+    killer unless it is gone within STOP_WAIT_SECONDS."""
+    before = status(folder, bid, record, proc.live_groups())
+    if before.state not in ("running", "stopping"):
+        return protocol.Reply(text=f"{bid} is not running: {before.state}", meta=_meta(before))
+    pgid = record["pid"]
+    if before.state == "running":
+        touch_new(os.path.join(folder, f"{bid}.stop"))
+        proc.signal_group(pgid, proc.signals.SIGTERM)
+    deadline = time.monotonic() + limits.STOP_WAIT_SECONDS
+    while time.monotonic() < deadline and proc.group_alive(pgid):
+        time.sleep(0.05)
+    if proc.group_alive(pgid):
+        stop_time = mtime(os.path.join(folder, f"{bid}.stop")) or time.time()
+        _spawn_killer(pgid, stop_time + limits.STOP_KILL_GRACE_SECONDS - time.time())
+    after = status(folder, bid, record, proc.live_groups())
+    if after.state == "stopping":
+        head = f"sent SIGTERM to {bid}; SIGKILL follows {limits.STOP_KILL_GRACE_SECONDS}s later if it is still running"
+    else:
+        head = f"stopped {bid}"
+    redactor = runstate.redactor_for(request)
+    text = f"{head}\n{_summary(after, redactor)}"
+    return protocol.Reply(text=shaping.cap_text(text, request.max_bytes), meta=_meta(after))
+
+
+def _spawn_killer(pgid: int, delay: float) -> None:
+    """A detached python that SIGKILLs the group after delay seconds unless it is gone."""
+    argv = [sys.executable, "-I", "-S", "-c", _KILLER, str(pgid), str(max(0.0, delay))]
+    proc.spawn(argv, os.environ, stdout=None, session=True)
