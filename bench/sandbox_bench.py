@@ -165,14 +165,16 @@ async def main_async(args: argparse.Namespace) -> None:
         if why is not None:
             return
         print()
-        print("| docker, to the first call's answer | time |\n|---|---|")
+        warm = table["docker"]["shell `true`"]
+        print(f"| docker, to the first call's answer | time | vs a warm call ({ms(warm)}) |\n|---|---:|---:|")
         for name, secs in (await first_call(work)).items():
-            print(f"| {name} | {ms(secs)} |")
+            print(f"| {name} | {ms(secs)} | {secs / warm:.1f}x |")
         agents, calls = (20, 3) if args.quick else (20, 10)
         fleet = await many_agents(work, agents, calls)
         print(f"\n| docker, {agents} agents × {calls} shell calls at once | |\n|---|---|")
         print(f"| {agents} containers started at once | {fleet['containers started at once']:.1f} s |")
-        print(f"| all calls, wall | {fleet['wall']:.1f} s ({fleet['calls/s']:.1f} calls/s) |")
+        print(f"| all calls, wall | {fleet['wall']:.1f} s ({fleet['calls/s']:.1f} calls/s, "
+              f"{fleet['calls/s'] * warm:.2f}x one agent's warm calls one after another) |")
         print(f"| a call, p50 / p95 | {ms(fleet['p50'])} / {ms(fleet['p95'])} |")
 
 

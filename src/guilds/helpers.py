@@ -38,6 +38,9 @@ sys.exit(main())
 """
 _SHEBANG = b"#!/usr/bin/env python3\n"
 _EPOCH = (1980, 1, 1, 0, 0, 0)
+_UNCHECKED_HASH_PYC = 0b01
+"""PEP 552 flags: bit 0 hash-based, bit 1 check_source (off: the source beside
+it in the zip is never read, let alone hashed, on import)."""
 
 
 def _package_dir(package: str) -> Path:
@@ -45,11 +48,6 @@ def _package_dir(package: str) -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(f"package {package} not found")
     return Path(next(iter(spec.submodule_search_locations)))
-
-
-_UNCHECKED_HASH_PYC = 0b01
-"""PEP 552 flags: bit 0 hash-based, bit 1 check_source (off: the source beside
-it in the zip is never read, let alone hashed, on import)."""
 
 
 def _pyc(source: bytes, name: str) -> bytes:
