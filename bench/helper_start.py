@@ -43,7 +43,8 @@ def import_ms(h: Helper, op: str, args: dict) -> tuple[float, float]:
                          capture_output=True, check=True).stderr.decode()
     rows = [line.split("|") for line in err.splitlines() if line.startswith("import time:") and "self" not in line]
     selfs = [(int(row[0].split(":")[1]), row[2].strip()) for row in rows]
-    after = [name for _, name in selfs].index("runpy") + 1
+    names = [name for _, name in selfs]
+    after = names.index("runpy") + 1 if "runpy" in names else 0  # a script: no runpy
     return sum(us for us, _ in selfs) / 1000, sum(us for us, _ in selfs[after:]) / 1000
 
 

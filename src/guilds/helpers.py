@@ -1,23 +1,27 @@
-"""Build the in-sandbox helpers into one file each (a zipapp).
+"""Build the in-sandbox helpers into one file each: a plain Python script.
 
-The zipapp holds each module's source and an unchecked-hash .pyc compiled by
-this interpreter (its own __main__ too): a sandbox python of the same version
-imports the .pyc with no compile step and without reading the source; any other
-version falls back to the source.
+`python3 FILE` runs a script directly, where a zipapp goes through runpy (and
+what it imports) first. The script is a small importer followed by the helper's
+modules in comment lines, which it reads back from its own file: base64 of zlib
+of a marshal'd {module name: (is_package, data)}, once with each module's code
+object compiled by this interpreter, once with its source. A sandbox python with
+this interpreter's bytecode magic number loads the code objects, with no compile
+step; any other version (3.9-3.13) compiles the source instead. Comments cost
+the parser least per byte; compressing keeps them few.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import importlib.util
-import io
 import marshal
 import os
 import stat
 import sys
 import tempfile
-import zipfile
+import zlib
 from pathlib import Path
 
 HELPER_PACKAGES = {
@@ -27,20 +31,66 @@ HELPER_PACKAGES = {
 """Each helper's packages: the first holds its __main__; the rest are bundled
 beside it because it imports them."""
 _MAIN = """\
-# -*- coding: utf-8 -*-
+#!/usr/bin/env python3
+# Built by guilds.helpers from {packages}: do not edit.
 import gc
 import sys
 
 gc.freeze()  # what python loaded to start lives as long as this one call: collections skip it
+from _frozen_importlib import ModuleSpec
+from _frozen_importlib_external import MAGIC_NUMBER
+from binascii import a2b_base64
+from marshal import loads
+from zlib import decompress
+
+MAGIC = {magic!r}
+
+
+def _modules():
+    \"\"\"(is code, {{module name: (is_package, marshal'd code or source)}}) from the end of this file.\"\"\"
+    with open(__file__, "rb") as fh:
+        data = fh.read()
+    start = data.index(b"\\n#code\\n")
+    end = data.index(b"\\n#source\\n", start)
+    if MAGIC_NUMBER == MAGIC:
+        return True, loads(decompress(a2b_base64(data[start + 7:end])))
+    return False, loads(decompress(a2b_base64(data[end + 9:])))
+
+
+IS_CODE, MODULES = _modules()
+
+
+class Importer:
+    \"\"\"The meta path finder and loader of the modules in MODULES.\"\"\"
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        entry = MODULES.get(name)
+        return None if entry is None else ModuleSpec(name, Importer, origin=name, is_package=entry[0])
+
+    @staticmethod
+    def create_module(spec):
+        return None
+
+    @staticmethod
+    def exec_module(module):
+        name = module.__name__
+        is_package, data = MODULES[name]
+        if IS_CODE:
+            code = loads(data)
+        else:
+            filename = name.replace(".", "/") + ("/__init__.py" if is_package else ".py")
+            code = compile(data, filename, "exec", dont_inherit=True, optimize=2)
+        exec(code, module.__dict__)
+
+
+sys.meta_path.insert(0, Importer)
 from {pkg}.__main__ import main
 
 sys.exit(main())
 """
-_SHEBANG = b"#!/usr/bin/env python3\n"
-_EPOCH = (1980, 1, 1, 0, 0, 0)
-_UNCHECKED_HASH_PYC = 0b01
-"""PEP 552 flags: bit 0 hash-based, bit 1 check_source (off: the source beside
-it in the zip is never read, let alone hashed, on import)."""
+_LINE = 76
+"""base64 characters per comment line."""
 
 
 def _package_dir(package: str) -> Path:
@@ -50,45 +100,41 @@ def _package_dir(package: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _pyc(source: bytes, name: str) -> bytes:
-    code = compile(source, name, "exec", dont_inherit=True, optimize=0)
-    digest = importlib.util.source_hash(source)
-    flags = _UNCHECKED_HASH_PYC.to_bytes(4, "little")
-    return importlib.util.MAGIC_NUMBER + flags + digest + marshal.dumps(code)
-
-
 def _sources(package: str):
+    """(module name, is_package, path relative to the package's parent, source) by path."""
     root = _package_dir(package)
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root.parent).as_posix()
-        if "__pycache__" not in rel:
-            yield rel, path.read_bytes()
+        if "__pycache__" in rel:
+            continue
+        parts = rel[:-3].split("/")
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts.pop()
+        yield ".".join(parts), is_package, rel, path.read_bytes()
 
 
-def _add(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
-    info = zipfile.ZipInfo(name, date_time=_EPOCH)
-    info.external_attr = 0o644 << 16
-    info.compress_type = zipfile.ZIP_STORED
-    zf.writestr(info, data)
+def _comments(modules: dict) -> str:
+    """modules as comment lines: base64 of zlib of marshal (version 2: no refs, any python reads it)."""
+    text = base64.b64encode(zlib.compress(marshal.dumps(modules, 2), 9)).decode()
+    return "".join(f"#{text[i:i + _LINE]}\n" for i in range(0, len(text), _LINE))
 
 
 def build_bytes(packages: str | tuple[str, ...]) -> bytes:
-    """The zipapp's bytes: deterministic for the same sources and interpreter.
+    """The helper script's bytes: deterministic for the same sources and interpreter.
 
     packages: one package name, or a tuple whose first runs as __main__.
     """
     if isinstance(packages, str):
         packages = (packages,)
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        main = _MAIN.format(pkg=packages[0]).encode()
-        _add(zf, "__main__.py", main)
-        _add(zf, "__main__.pyc", _pyc(main, "__main__.py"))
-        for package in packages:
-            for rel, source in _sources(package):
-                _add(zf, rel, source)
-                _add(zf, rel[:-3] + ".pyc", _pyc(source, rel))
-    return _SHEBANG + buf.getvalue()
+    code, source = {}, {}
+    for package in packages:
+        for name, is_package, rel, text in _sources(package):
+            compiled = compile(text, rel, "exec", dont_inherit=True, optimize=2)
+            code[name] = (is_package, marshal.dumps(compiled))
+            source[name] = (is_package, text)
+    script = _MAIN.format(packages=", ".join(packages), magic=importlib.util.MAGIC_NUMBER, pkg=packages[0])
+    return (script + "#code\n" + _comments(code) + "#source\n" + _comments(source)).encode()
 
 
 def build_helper(dest: Path, name: str = "guilds-code") -> Path:
@@ -108,7 +154,7 @@ def cached_helper(cache_dir: Path, name: str = "guilds-code") -> Path:
     """The helper built once per content into cache_dir (rebuilt when sources change)."""
     data = build_bytes(HELPER_PACKAGES[name])
     digest = hashlib.sha256(data).hexdigest()[:16]
-    dest = Path(cache_dir) / f"{name}-{digest}.pyz"
+    dest = Path(cache_dir) / f"{name}-{digest}.py"
     if not dest.exists():
         build_helper(dest, name)
     return dest
