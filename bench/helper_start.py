@@ -4,7 +4,8 @@ Run: .venv/bin/python bench/helper_start.py [--rounds N] [--helper FILE]
 
 1. ``-X importtime`` of one call per op (median of 11): the ms of all imports,
    and of those after runpy, that is the helper's own (runpy and what it
-   imports are the zipapp's, before any line of the helper runs).
+   imports are the zipapp's, before any line of the helper runs; a helper
+   that is a plain script has no runpy: all of its imports are its own).
 2. Interleaved runs, one of each in turn, of ``python3 -I -S -c pass``,
    ``bash -c true``, a bare zipapp (an empty __main__) and the helper's shell
    ``true``: median wall and CPU (user + sys, from wait4) of each, and the

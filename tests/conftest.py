@@ -21,7 +21,7 @@ PYTHON = os.path.realpath(sys.executable)
 
 @pytest.fixture(scope="session")
 def helper_path(tmp_path_factory) -> Path:
-    """The guilds-code zipapp, built once per test session."""
+    """The one-file guilds-code, built once per test session."""
     return build_helper(tmp_path_factory.mktemp("helper") / "guilds-code")
 
 

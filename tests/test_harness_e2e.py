@@ -1,4 +1,4 @@
-"""code_task end to end: the built guilds-harness zipapp under ``python -I -S``,
+"""code_task end to end: the built one-file guilds-harness under ``python -I -S``,
 run as the orchestrator runs it, driving stand-in harnesses (tests/fixtures/
 fake_claude.py, fake_codex.py) that speak the real CLIs' stream formats and
 really edit files in a git repository."""
@@ -22,7 +22,7 @@ FAKES = {"claude": "fake_claude.py", "codex": "fake_codex.py"}
 
 @pytest.fixture(scope="session")
 def harness_helper(tmp_path_factory) -> Path:
-    """The guilds-harness zipapp, built once per test session."""
+    """The one-file guilds-harness, built once per test session."""
     return build_helper(tmp_path_factory.mktemp("helper") / "guilds-harness", "guilds-harness")
 
 

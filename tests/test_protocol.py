@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import ast
 import base64
-import io
+import importlib.util
 import json
+import marshal
 import subprocess
-import zipfile
 
 import pytest
 
 from conftest import PYTHON, error_text, ok_text
+from guilds import helpers
 from guilds.helpers import build_bytes
 from guilds_code import codec, limits, protocol
 from guilds_code.protocol import decode_envelope
@@ -211,17 +213,50 @@ def test_names_are_checked_without_regex_quirks():
 
 
 # --- start-up --------------------------------------------------------------------
-def test_the_helper_runs_from_its_pyc(sandbox, tmp_path):
-    """Same interpreter: every module, __main__ too, comes from its .pyc; no source is read."""
-    built = zipfile.ZipFile(io.BytesIO(build_bytes("guilds_code")[len(b"#!/usr/bin/env python3\n"):]))
-    stubbed = io.BytesIO()
-    with zipfile.ZipFile(stubbed, "w") as out:
-        for info in built.infolist():
-            data = built.read(info)
-            out.writestr(info, b"raise SystemExit('source read')\n" if info.filename.endswith(".py") else data)
-    sandbox.helper = tmp_path / "stubbed.pyz"
-    sandbox.helper.write_bytes(stubbed.getvalue())
+def _restubbed(code=None, source=None, magic=None) -> bytes:
+    """The built guilds-code script with its code or source section stubbed, or another magic number."""
+    script, rest = build_bytes("guilds_code").decode().split("#code\n")
+    code_part, source_part = rest.split("#source\n")
+    names = {name: is_package for name, is_package, _, _ in helpers._sources("guilds_code")}
+    if code is not None:
+        code_part = helpers._comments({n: (p, marshal.dumps(compile(code, n, "exec"))) for n, p in names.items()})
+    if source is not None:
+        source_part = helpers._comments({n: (p, source) for n, p in names.items()})
+    if magic is not None:
+        script = script.replace(f"MAGIC = {importlib.util.MAGIC_NUMBER!r}\n", f"MAGIC = {magic!r}\n")
+    return f"{script}#code\n{code_part}#source\n{source_part}".encode()
+
+
+def test_the_helper_runs_from_its_embedded_code(sandbox, tmp_path):
+    """Same interpreter: every module comes from its marshal'd code object; no source is compiled."""
+    sandbox.helper = tmp_path / "stubbed"
+    sandbox.helper.write_bytes(_restubbed(source=b"raise SystemExit('source read')\n"))
     assert ok_text(sandbox.call("shell", {"command": "echo hi"})) == "hi"
+
+
+def test_another_python_version_runs_the_embedded_source(sandbox, tmp_path):
+    """Another bytecode magic number: the code objects are never loaded; the source is compiled."""
+    sandbox.helper = tmp_path / "other-magic"
+    sandbox.helper.write_bytes(_restubbed(code="raise SystemExit('code loaded')\n", magic=b"\0\0\r\n"))
+    assert ok_text(sandbox.call("shell", {"command": "echo hi"})) == "hi"
+    sandbox.helper.write_bytes(_restubbed(code="raise SystemExit('code loaded')\n"))
+    proc = subprocess.run([PYTHON, "-I", "-S", str(sandbox.helper), "x"], capture_output=True, check=False)
+    assert b"code loaded" in proc.stderr  # the stub is what a loaded code object runs
+
+
+def test_the_helpers_hold_nothing_optimize_2_strips():
+    """The helpers compile with optimize=2: an assert or a __doc__ read would differ from the tests'."""
+    for package in ("guilds_code", "guilds_harness"):
+        for _, _, rel, source in helpers._sources(package):
+            tree = ast.parse(source)
+            assert not any(isinstance(node, ast.Assert) for node in ast.walk(tree)), rel
+            assert not any(isinstance(node, (ast.Name, ast.Attribute)) and "__doc__" in (
+                getattr(node, "id", None), getattr(node, "attr", None)) for node in ast.walk(tree)), rel
+            assert b"__debug__" not in source, rel
+
+
+def test_the_build_is_deterministic():
+    assert build_bytes("guilds_code") == build_bytes("guilds_code")
 
 
 HEAVY_MODULES = {

@@ -4,7 +4,7 @@ It hands a change to a headless coding harness (Claude Code, Codex CLI, ...,
 chosen in the agent's config), or resumes one of its sessions, and reports the
 harness's status, a diffstat of what it changed, its final message and the log
 of its event stream. Standard library only (Python >= 3.9) plus ``git`` and the
-harness's CLI; shipped as one zipapp file (with guilds_code, whose transport,
+harness's CLI; shipped as one script file (with guilds_code, whose transport,
 run state and shaping it reuses) that ``python3 -I -S FILE ARG`` runs.
 
 Transport: as guilds-code (see guilds_code.protocol): ARG is base64 JSON, or

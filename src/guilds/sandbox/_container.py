@@ -155,7 +155,7 @@ def repos_json(settings: AgentSettings, home: str) -> bytes:
 
 @functools.cache
 def helper_files() -> tuple[tuple[str, bytes], ...]:
-    """(name, zipapp bytes) of each helper, built once per process."""
+    """(name, script bytes) of each helper, built once per process."""
     return tuple((name, build_bytes(pkg)) for name, pkg in sorted(HELPER_PACKAGES.items()))
 
 

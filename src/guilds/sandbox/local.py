@@ -2,7 +2,7 @@
 
 Layout under the data folder::
 
-    helpers/guilds-code-<hash>.pyz   the helper, built once per content
+    helpers/guilds-code-<hash>.py    the helper, built once per content
     state/                           the state root (GUILDS_STATE_DIR): requests/,
                                      <agent id>/repos.json, <agent id>/background/
 
