@@ -171,3 +171,17 @@ def _pool() -> ThreadPoolExecutor:
 async def blocking(fn: Callable[..., Any], *args: Any) -> Any:
     """fn(*args) in the container pool's thread; awaiting it can be cancelled (fn runs on)."""
     return await asyncio.get_running_loop().run_in_executor(_pool(), fn, *args)
+
+
+class ContainerSandbox:
+    """What the docker and kubernetes sandboxes share: the helpers' place inside,
+    and a start that runs the backend's blocking ``_start`` in a worker thread."""
+
+    def helper_path(self, name: str) -> str:
+        return helper_path(name)
+
+    async def start(self) -> None:
+        await blocking(self._start)
+
+    def _start(self) -> None:
+        raise NotImplementedError

@@ -46,7 +46,7 @@ from . import docker_spec as spec
 from ._agent import DEFAULT_PATH, agent_env, checked_id, locate
 from ._container import (
     EXEC_ENV, HELPER_DIR, STATE_INSIDE, blocking, exec_status, fingerprint, helper_files,
-    helper_path as container_helper_path,
+    ContainerSandbox,
     helpers_digest, kill_argv, repos_file, repos_json, tar_bytes,
 )
 from ._process import KILL_GRACE_SECONDS
@@ -58,7 +58,7 @@ KILL_WAIT_SECONDS = 30
 T = TypeVar("T")
 
 
-class DockerSandbox:
+class DockerSandbox(ContainerSandbox):
     name = "docker"
     state_dir = STATE_INSIDE
     python = spec.PYTHON
@@ -77,12 +77,6 @@ class DockerSandbox:
         self._client: docker.DockerClient | None = None
         self._cid: str | None = None
         self._lock = threading.Lock()
-
-    def helper_path(self, name: str) -> str:
-        return container_helper_path(name)
-
-    async def start(self) -> None:
-        await blocking(self._start)
 
     async def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                    timeout: float) -> ExecResult:

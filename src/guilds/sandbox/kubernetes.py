@@ -39,7 +39,7 @@ from . import kube_spec as spec
 from ._agent import DEFAULT_PATH, agent_env, checked_id, locate
 from ._container import (
     EXEC_ENV, HELPER_DIR, STATE_INSIDE, blocking, exec_argv, exec_status, fingerprint, helper_files,
-    helper_path as container_helper_path,
+    ContainerSandbox,
     helpers_digest, kill_argv, repos_file, repos_json, tar_bytes,
 )
 from ._process import KILL_GRACE_SECONDS
@@ -51,7 +51,7 @@ DEADLINE_SLACK_SECONDS = 10.0
 WRITE_SECONDS = 60
 
 
-class KubernetesSandbox:
+class KubernetesSandbox(ContainerSandbox):
     name = "kubernetes"
     state_dir = STATE_INSIDE
     python = spec.PYTHON
@@ -70,12 +70,6 @@ class KubernetesSandbox:
         self._core: Any = None
         self._ready = False
         self._lock = threading.Lock()
-
-    def helper_path(self, name: str) -> str:
-        return container_helper_path(name)
-
-    async def start(self) -> None:
-        await blocking(self._start)
 
     async def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                    timeout: float) -> ExecResult:
