@@ -101,3 +101,11 @@ def ok_text(envelope: Dict[str, Any]) -> str:
 def error_text(envelope: Dict[str, Any]) -> str:
     assert envelope["ok"] is False, envelope
     return envelope["error"]
+
+
+def write(sandbox: Sandbox, name: str, data) -> Path:
+    """A file under the sandbox's home (folders made), from text or bytes."""
+    path = sandbox.home / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return path

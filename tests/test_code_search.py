@@ -7,16 +7,9 @@ import sys
 import time
 
 import pytest
-from conftest import error_text, ok_text
+from conftest import error_text, ok_text, write
 
 from guilds_code.ops import code_search
-
-
-def write(sandbox, name, data):
-    path = sandbox.home / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data if isinstance(data, bytes) else data.encode())
-    return path
 
 
 def search(sandbox, pattern, **kw):

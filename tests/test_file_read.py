@@ -8,16 +8,9 @@ import os
 import subprocess
 
 import pytest
-from conftest import PYTHON, error_text, ok_text
+from conftest import PYTHON, error_text, ok_text, write
 
 DASH = "\u2013"
-
-
-def write(sandbox, name, data):
-    path = sandbox.home / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data if isinstance(data, bytes) else data.encode())
-    return path
 
 
 def read(sandbox, path, **kw):
