@@ -219,15 +219,21 @@ def spawn_detached(
 _PF_EXITING = 0x4
 
 
-def _stat(pid: int) -> list[bytes] | None:
-    """/proc/<pid>/stat's fields after the command name; None if gone, exiting or a zombie."""
+def _raw_stat(pid: int) -> list[bytes] | None:
+    """/proc/<pid>/stat's fields after the command name (state first); None if gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
+            return fh.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    exiting = fields[0] in (b"Z", b"X") or int(fields[6]) & _PF_EXITING
-    return None if exiting else fields
+
+
+def _stat(pid: int) -> list[bytes] | None:
+    """/proc/<pid>/stat's fields after the command name; None if gone, exiting or a zombie."""
+    fields = _raw_stat(pid)
+    if fields is None or fields[0] in (b"Z", b"X") or int(fields[6]) & _PF_EXITING:
+        return None
+    return fields
 
 
 def start_time(pid: int) -> int | None:
@@ -242,7 +248,11 @@ def parent_pid(pid: int) -> int | None:
 
 
 def kill_and_wait(pid: int, started: int, *, timeout: float = 5) -> None:
-    """SIGKILL pid if it is still the process that started at ``started``; wait for it to go."""
+    """SIGKILL pid if it is still the process that started at ``started``; wait until it has exited.
+
+    Exited means a zombie or gone, not merely exiting: a pid namespace's init kills the
+    namespace's other processes while it exits, and only then becomes a zombie.
+    """
     if start_time(pid) != started:
         return
     try:
@@ -250,5 +260,11 @@ def kill_and_wait(pid: int, started: int, *, timeout: float = 5) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + timeout
-    while start_time(pid) == started and time.monotonic() < deadline:
+    while _still_running(pid, started) and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+def _still_running(pid: int, started: int) -> bool:
+    """True while pid is the process started at ``started`` and not yet a zombie (exiting counts)."""
+    fields = _raw_stat(pid)
+    return fields is not None and fields[0] not in (b"Z", b"X") and int(fields[19]) == started
