@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from conftest import error_text, ok_text
+from guilds_code import limits
 from guilds_code.protocol import decode_envelope
 
 START_RE = re.compile(
@@ -236,3 +237,20 @@ def test_background_command_longer_than_one_argv_string(bg):
     bid = env["meta"]["background_id"]
     assert ok_text(wait_state(bg, bid, "exited")).endswith("\n150000")
     assert re.search(f"{bid} exited 0 [0-9]+s v='xxx", ok_text(status(bg)))
+
+
+def test_run_folder_of_a_running_command_outlives_pruning(bg):
+    bid, pid, log = start(bg, "sleep 30")
+    runs = bg.home / ".runs"
+    (runs / "run1").touch()
+    past = time.time() - 3600
+    os.utime(runs / "run1", (past, past))
+    for i in range(limits.RUNS_KEPT + 1):
+        ok_text(bg.call("shell", {"command": "true"}, run_id=f"later{i}"))
+    assert os.path.exists(log), "a running command's log was pruned"
+    assert "run1" in os.listdir(runs)
+    ok_text(status(bg, id=bid, stop=True))
+    wait_state(bg, bid, "stopped")
+    os.utime(runs / "run1", (past, past))
+    ok_text(bg.call("shell", {"command": "true"}, run_id="after-stop"))
+    assert "run1" not in os.listdir(runs)

@@ -79,7 +79,7 @@ def run_dir(request: protocol.Request) -> str:
     ensure_dir(runs)
     path = os.path.join(runs, request.run_id)
     if ensure_dir(path):
-        prune_runs(runs, keep=limits.RUNS_KEPT)
+        prune_runs(runs, keep=limits.RUNS_KEPT, in_use=lambda folder: _runs_background(request, folder))
     else:
         _touch(path)
     return path
@@ -90,10 +90,11 @@ def log_path(request: protocol.Request) -> str:
     return os.path.join(run_dir(request), f"{request.call_id}.log")
 
 
-def prune_runs(runs: str, keep: int) -> None:
+def prune_runs(runs: str, keep: int, in_use=None) -> None:
     """Delete all but the `keep` most recent run folders (by mtime) in runs.
 
-    Links and other non-folders are left alone; nothing is followed.
+    A folder for which in_use(path) is true is kept too. Links and other
+    non-folders are left alone; nothing is followed.
     """
     entries = []
     with os.scandir(runs) as it:
@@ -109,7 +110,27 @@ def prune_runs(runs: str, keep: int) -> None:
         import shutil  # only when there is something to prune
 
         for _, path in entries[keep:]:
-            shutil.rmtree(path, ignore_errors=True)
+            if in_use is None or not in_use(path):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+BACKGROUND_MARK = ".background-"
+
+
+def _runs_background(request: protocol.Request, folder: str) -> bool:
+    """Whether a background command started in the run folder is still running.
+
+    Its log (and script) live there; a start leaves a mark ``.background-bN``.
+    """
+    try:
+        bids = [n[len(BACKGROUND_MARK):] for n in os.listdir(folder) if n.startswith(BACKGROUND_MARK)]
+    except OSError:
+        return False
+    if not bids:
+        return False
+    from .ops import background  # only for a folder that started one
+
+    return any(background.is_running(request, bid) for bid in bids)
 
 
 def current_cwd(request: protocol.Request) -> str:

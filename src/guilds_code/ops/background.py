@@ -57,6 +57,7 @@ def start(request: protocol.Request) -> protocol.Reply:
     log = runstate.log_path(request)
     record = _launch(request, folder, log)
     bid = _allocate(folder, record)
+    touch_new(os.path.join(os.path.dirname(log), runstate.BACKGROUND_MARK + bid))
     text = (
         f"started {bid} in the background (pid {record['pid']})\n"
         f"log: {log}\n"
@@ -147,6 +148,15 @@ def status(folder: str, bid: str, record: Dict[str, Any], live: Set[int]) -> Sta
     else:
         state, end = ("stopped" if stop_time else "ended"), _ended_at(folder, bid)
     return Status(bid, record, state, exit_code, end - record["started_at"])
+
+
+def is_running(request: protocol.Request, bid: str) -> bool:
+    """Whether background command bid of the request's agent is running or stopping."""
+    folder = background_dir(request)
+    record = load_record(folder, bid) if protocol.is_background_id(bid) else None
+    if record is None:
+        return False
+    return _exit_code(folder, record)[0] is None and _alive(record, proc.live_groups())
 
 
 def _alive(record: Dict[str, Any], live: Set[int]) -> bool:
