@@ -167,3 +167,17 @@ async def test_a_full_log_read_back_is_redacted(secret_box, tmp_path):
             read = await tb.call("r", "file_read", {"path": log, "offset": offset, "limit": 20})
             assert not read.is_error and "[REDACTED]" in read.text
             assert_clean(read.text)
+
+
+async def test_the_record_keeps_arguments_redacted(secret_box):
+    async with secret_box() as tb:
+        shell = await tb.call("r", "shell", {"command": f"echo {KEY} {TOKEN} | wc -c"})
+        assert not shell.is_error, shell.text
+        assert shell.text.startswith(str(len(f"{KEY} {TOKEN}\n")))  # the command ran with the values
+        unknown = await tb.call("r", KEY, {"why": TOKEN})
+        assert unknown.is_error
+        recorded = await tb.store.calls("r")
+    assert [c.args for c in recorded] == [{"command": "echo [REDACTED] [REDACTED] | wc -c"}, {"why": "[REDACTED]"}]
+    assert recorded[1].tool == "[REDACTED]"
+    for call in recorded:
+        assert_clean(f"{call.tool} {call.args} {call.text} {call.meta} {call.row}")
