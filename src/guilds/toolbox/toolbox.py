@@ -159,9 +159,9 @@ class Toolbox:
         started_at, t0 = datetime.now(timezone.utc), time.monotonic()
         call_id = new_call_id()
         budget = self.settings.max_tool_calls
-        slot = await self.store.begin_call(run_id=run_id, agent_id=self.settings.id,
-                                           tool=self._redactor.redact(tool), args=redact_meta(self._redactor, args),
-                                           call_id=call_id, started_at=started_at, budget=budget)
+        recorded_tool, recorded_args = redact_meta(self._redactor, [tool, args])
+        slot = await self.store.begin_call(run_id=run_id, agent_id=self.settings.id, tool=recorded_tool,
+                                           args=recorded_args, call_id=call_id, started_at=started_at, budget=budget)
         call = _Call(run_id, tool, args, slot.seq, call_id, started_at, t0, max(0, budget - slot.used))
         try:
             if slot.admitted:
@@ -223,7 +223,7 @@ class Toolbox:
         row = self._redactor.redact(row_text(call.tool, call.args, outcome.meta, outcome.is_error))
         meta = {
             **redact_meta(self._redactor, outcome.meta),
-            "call": call.call_id, "tool": self._redactor.redact(call.tool), "run": call.run_id, "seq": call.seq,
+            "call": call.call_id, "tool": redact_meta(self._redactor, call.tool), "run": call.run_id, "seq": call.seq,
             "started_at": call.started_at.isoformat(timespec="milliseconds"),
             "duration_ms": duration_ms, "row": row,
         }
