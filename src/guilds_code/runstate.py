@@ -22,7 +22,7 @@ from . import codec, limits, protocol, redact
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional
+    from typing import Dict, List, Optional, Set
 
 RUNS_DIR = ".runs"
 CWD_FILE = "cwd"
@@ -79,7 +79,7 @@ def run_dir(request: protocol.Request) -> str:
     ensure_dir(runs)
     path = os.path.join(runs, request.run_id)
     if ensure_dir(path):
-        prune_runs(runs, keep=limits.RUNS_KEPT, in_use=lambda folder: _runs_background(request, folder))
+        prune_runs(runs, keep=limits.RUNS_KEPT, keep_also=lambda: _background_run_dirs(request))
     else:
         _touch(path)
     return path
@@ -90,11 +90,12 @@ def log_path(request: protocol.Request) -> str:
     return os.path.join(run_dir(request), f"{request.call_id}.log")
 
 
-def prune_runs(runs: str, keep: int, in_use=None) -> None:
+def prune_runs(runs: str, keep: int, keep_also=None) -> None:
     """Delete all but the `keep` most recent run folders (by mtime) in runs.
 
-    A folder for which in_use(path) is true is kept too. Links and other
-    non-folders are left alone; nothing is followed.
+    keep_also() gives the paths of other folders to keep; it is asked only when
+    there is something to prune. Links and other non-folders are left alone;
+    nothing is followed.
     """
     entries = []
     with os.scandir(runs) as it:
@@ -109,28 +110,17 @@ def prune_runs(runs: str, keep: int, in_use=None) -> None:
     if len(entries) > keep:
         import shutil  # only when there is something to prune
 
+        kept = keep_also() if keep_also is not None else set()
         for _, path in entries[keep:]:
-            if in_use is None or not in_use(path):
+            if path not in kept:
                 shutil.rmtree(path, ignore_errors=True)
 
 
-BACKGROUND_MARK = ".background-"
+def _background_run_dirs(request: protocol.Request) -> Set[str]:
+    """The run folders holding a still running background command's log and script."""
+    from .ops import background  # only when a run folder is to be pruned
 
-
-def _runs_background(request: protocol.Request, folder: str) -> bool:
-    """Whether a background command started in the run folder is still running.
-
-    Its log (and script) live there; a start leaves a mark ``.background-bN``.
-    """
-    try:
-        bids = [n[len(BACKGROUND_MARK):] for n in os.listdir(folder) if n.startswith(BACKGROUND_MARK)]
-    except OSError:
-        return False
-    if not bids:
-        return False
-    from .ops import background  # only for a folder that started one
-
-    return any(background.is_running(request, bid) for bid in bids)
+    return background.running_run_dirs(request)
 
 
 def current_cwd(request: protocol.Request) -> str:

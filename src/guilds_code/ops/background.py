@@ -57,7 +57,6 @@ def start(request: protocol.Request) -> protocol.Reply:
     log = runstate.log_path(request)
     record = _launch(request, folder, log)
     bid = _allocate(folder, record)
-    touch_new(os.path.join(os.path.dirname(log), runstate.BACKGROUND_MARK + bid))
     text = (
         f"started {bid} in the background (pid {record['pid']})\n"
         f"log: {log}\n"
@@ -150,13 +149,19 @@ def status(folder: str, bid: str, record: Dict[str, Any], live: Set[int]) -> Sta
     return Status(bid, record, state, exit_code, end - record["started_at"])
 
 
-def is_running(request: protocol.Request, bid: str) -> bool:
-    """Whether background command bid of the request's agent is running or stopping."""
+def running_run_dirs(request: protocol.Request) -> Set[str]:
+    """The folders of the logs of the agent's background commands that are running or stopping."""
     folder = background_dir(request)
-    record = load_record(folder, bid) if protocol.is_background_id(bid) else None
-    if record is None:
-        return False
-    return _exit_code(folder, record)[0] is None and _alive(record, proc.live_groups())
+    live: Optional[Set[int]] = None
+    dirs = set()
+    for n in list_ids(folder):
+        record = load_record(folder, f"{limits.BACKGROUND_ID_PREFIX}{n}")
+        if record is None or _exit_code(folder, record)[0] is not None:
+            continue
+        live = proc.live_groups() if live is None else live
+        if _alive(record, live):
+            dirs.add(os.path.dirname(str(record.get("log_path", ""))))
+    return dirs
 
 
 def _alive(record: Dict[str, Any], live: Set[int]) -> bool:
