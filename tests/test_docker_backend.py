@@ -43,7 +43,8 @@ needs_engine = pytest.mark.skipif(WHY is not None, reason=f"docker: {WHY}")
 # --- pure builders ----------------------------------------------------------
 def test_container_spec():
     cfg = DockerSettings(image="img:1", memory="1g", pids_limit=64, network="host")
-    kwargs = dict(agent_id="a1", home="/h/a1", idle_seconds=90, base_env={"HOME": "/h/a1"})
+    kwargs = dict(agent_id="a1", home="/h/a1", idle_seconds=90, base_env={"HOME": "/h/a1"},
+                  user=(65532, 65532))
     got = spec.container_spec(cfg, network=False, **kwargs)
     assert got == {
         "image": "img:1",
@@ -59,6 +60,8 @@ def test_container_spec():
         "memswap_limit": "1g",
         "pids_limit": 64,
         "network_mode": "none",
+        "user": "65532:65532",
+        "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
     }
     assert spec.container_spec(cfg, network=True, **kwargs)["network_mode"] == "host"
