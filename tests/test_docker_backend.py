@@ -48,7 +48,7 @@ def test_container_spec():
     got = spec.container_spec(cfg, network=False, **kwargs)
     assert got == {
         "image": "img:1",
-        "command": ["python3", "-I", "-S", "-c", box_lib.INIT, "/run/guilds/.active", "90"],
+        "command": ["python3", "-I", "-S", "-c", box_lib.INIT, "/run/guilds-clock/active", "90"],
         "name": "guilds-a1",
         "labels": {"guilds.agent": "a1"},
         "environment": {"HOME": "/h/a1"},
@@ -71,7 +71,7 @@ def test_exec_spec_wraps_the_call():
     got = spec.exec_spec("cid", ["python3", "-c", "x"], env={"A": "1"}, home="/h", timeout=150)
     assert got == {
         "container": "cid",
-        "cmd": ["/bin/sh", "-c", 'true 2>/dev/null >/run/guilds/.active; exec timeout -k 2 150 "$@"',
+        "cmd": ["/bin/sh", "-c", 'exec timeout -k 2 150 "$@"',
                 "sh", "python3", "-c", "x"],
         "environment": {"A": "1"}, "workdir": "/h", "stdin": False, "stdout": True,
         "stderr": True, "tty": False,

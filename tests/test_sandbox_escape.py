@@ -195,9 +195,7 @@ async def test_memory_is_bounded(jail):
     assert result.exit_code != 0 and b"805306368" not in result.stdout
 
 
-@pytest.mark.parametrize("backend", [ISOLATED[0], pytest.param("docker", id="docker", marks=[
-    *ISOLATED[1].marks, pytest.mark.xfail(reason="docker: the idle stamp is in the agent's state root",
-                                          strict=True)])])
+@pytest.mark.parametrize("backend", ISOLATED)
 async def test_touching_everything_writable_does_not_keep_the_sandbox(make, backend):
     box = await make(backend, idle_seconds=2)
     touch_all = ("while :; do find / \\( -path /proc -o -path /sys -o -path /dev \\) -prune -o "

@@ -6,8 +6,12 @@ Inside every agent container:
   the idle STAMP is younger than the idle time, then exits (the idle stop);
   the container's init (docker's ``--init``, the pod's shared pid namespace)
   reaps orphans meanwhile;
-- each call runs as ``exec_argv(argv, timeout, token)``: ``sh`` refreshes the
-  idle STAMP, then ``timeout`` runs argv in a process group of its own, sends
+- the idle clock: in docker, CLOCK, a root-owned file the engine rewrites
+  (``put_archive``) as calls come, which the agent's uid cannot touch; in
+  kubernetes, whose writes go through an exec as the agent, STAMP in the
+  state root, refreshed by each call's ``sh`` (the agent can touch it too);
+- each call runs as ``exec_argv(argv, timeout, stamp)``: ``sh`` (refreshes
+  STAMP when asked, then) ``timeout`` runs argv in a process group of its own, sends
   that group SIGTERM at ``timeout`` seconds and SIGKILL KILL_GRACE_SECONDS
   later. The call's environment carries ``EXEC_ENV=token``, so
   ``kill_argv(token)`` finds every process of the call, setsid escapees too;
@@ -80,7 +84,9 @@ def folders_of(path: str, root: str) -> list[str]:
 
 
 STAMP = f"{STATE_INSIDE}/.active"
-"""Its mtime is the idle clock: refreshed by every call."""
+"""kubernetes: its mtime is the idle clock, refreshed by every call."""
+CLOCK = "/run/guilds-clock/active"
+"""docker: its mtime is the idle clock, a root-owned file rewritten through the engine."""
 EXEC_ENV = "GUILDS_EXEC_ID"
 POOL_THREADS = 64
 """Container calls in flight at once across all sandboxes of this process."""
@@ -128,15 +134,15 @@ def seconds(value: float) -> str:
     return f"{value:.3f}".rstrip("0").rstrip(".")
 
 
-def init_argv(python: str, idle_seconds: float) -> list[str]:
-    """The container's command: INIT with the stamp and the idle time."""
-    return [python, "-I", "-S", "-c", INIT, STAMP, seconds(idle_seconds)]
+def init_argv(python: str, idle_seconds: float, clock: str = STAMP) -> list[str]:
+    """The container's command: INIT with the idle clock's file and the idle time."""
+    return [python, "-I", "-S", "-c", INIT, clock, seconds(idle_seconds)]
 
 
-def exec_argv(argv: Sequence[str], timeout: float) -> list[str]:
-    """argv wrapped for one call: refresh the idle stamp, then run under ``timeout``."""
-    script = (f'true 2>/dev/null >{STAMP}; '
-              f'exec timeout -k {seconds(KILL_GRACE_SECONDS)} {seconds(timeout)} "$@"')
+def exec_argv(argv: Sequence[str], timeout: float, *, stamp: bool = True) -> list[str]:
+    """argv wrapped for one call: refresh STAMP (when stamp), then run under ``timeout``."""
+    script = (f'true 2>/dev/null >{STAMP}; ' if stamp else "") + (
+        f'exec timeout -k {seconds(KILL_GRACE_SECONDS)} {seconds(timeout)} "$@"')
     return ["/bin/sh", "-c", script, "sh", *argv]
 
 

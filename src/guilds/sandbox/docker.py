@@ -51,7 +51,7 @@ from . import docker_engine as engine
 from . import docker_spec as spec
 from ._agent import DEFAULT_PATH, agent_env, checked_id, locate, own_tree
 from ._container import (
-    EXEC_ENV, HELPER_DIR, STATE_INSIDE, blocking, container_owner, exec_status, fingerprint,
+    CLOCK, EXEC_ENV, HELPER_DIR, STATE_INSIDE, blocking, container_owner, exec_status, fingerprint,
     folders_of, helper_files, ContainerSandbox,
     helpers_digest, kill_argv, repos_file, repos_json, tar_bytes,
 )
@@ -70,6 +70,9 @@ ADOPT_POLL_SECONDS = 0.05
 """While another process sets up the container: how often to look again."""
 REQUESTS_DIR = "requests"
 """Where the transport writes request files under the state root (toolbox/transport.py)."""
+CLOCK_REFRESH_FRACTION = 4
+"""The idle clock is rewritten when a call comes and it is older than idle / this
+(so an idle stop is at most that much early), beside the call, not before it."""
 T = TypeVar("T")
 
 
@@ -92,6 +95,7 @@ class DockerSandbox(ContainerSandbox):
         self._client: docker.DockerClient | None = None
         self._cid: str | None = None
         self._owner = container_owner()
+        self._clock_at = 0.0
         self._lock = threading.Lock()
 
     async def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
@@ -99,7 +103,11 @@ class DockerSandbox(ContainerSandbox):
         token = secrets.token_hex(8)
         full_env = {**self._env, **(env or {}), EXEC_ENV: token}
         try:
-            return await blocking(self._exec, list(argv), full_env, timeout, token)
+            if time.monotonic() - self._clock_at < self.idle_seconds / CLOCK_REFRESH_FRACTION:
+                return await blocking(self._exec, list(argv), full_env, timeout, token)
+            result, _ = await asyncio.gather(blocking(self._exec, list(argv), full_env, timeout, token),
+                                             blocking(self._move_clock))
+            return result
         except asyncio.CancelledError:
             await asyncio.shield(blocking(self._kill, token))
             raise
@@ -115,6 +123,13 @@ class DockerSandbox(ContainerSandbox):
     def _start(self) -> None:
         if not self._ensure_created():  # a new container got it when it was made
             self._put(*self._repos_files(), "write repos.json")
+
+    def _move_clock(self) -> None:
+        """Rewrite the idle clock through the engine (root's: the agent cannot touch it)."""
+        self._clock_at = time.monotonic()
+        with contextlib.suppress(SandboxError):
+            self._in_container("move the idle clock", lambda cid: self.client.api.put_archive(
+                cid, "/", tar_bytes([(CLOCK, b"", 0o644)], mtime=int(time.time()))))
 
     def _repos_files(self) -> tuple[list[tuple[str, bytes, int]], list[str]]:
         """repos.json (0600), the state folders above it and the requests folder
@@ -278,11 +293,13 @@ class DockerSandbox(ContainerSandbox):
                     return None
                 raise
             helpers = [(f"{HELPER_DIR}/{n}", data, 0o755) for n, data in helper_files()]
+            helpers.append((CLOCK, b"", 0o644))
             self.client.api.put_archive(cid, "/", tar_bytes(helpers, mtime=int(time.time())))
             files, folders = self._repos_files()
             self.client.api.put_archive(cid, "/", tar_bytes(
                 files, mtime=int(time.time()), owner=self._owner, folders=folders))
             self.client.api.start(cid)
+        self._clock_at = time.monotonic()
         return cid
 
     # --- the engine -------------------------------------------------------------

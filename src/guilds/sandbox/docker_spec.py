@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
 from ..settings import DockerSettings
-from ._container import STATE_INSIDE, exec_argv, init_argv
+from ._container import CLOCK, STATE_INSIDE, exec_argv, init_argv
 
 LABEL_AGENT = "guilds.agent"
 LABEL_FINGERPRINT = "guilds.fingerprint"
@@ -54,7 +54,7 @@ def container_spec(
     """
     return {
         "image": cfg.image,
-        "command": init_argv(PYTHON, idle_seconds),
+        "command": init_argv(PYTHON, idle_seconds, CLOCK),
         "name": container_name(agent_id),
         "labels": {LABEL_AGENT: agent_id},
         "environment": dict(base_env),
@@ -75,7 +75,7 @@ def container_spec(
 def exec_spec(container: str, argv: Sequence[str], *, env: Mapping[str, str], home: str,
               timeout: float) -> dict[str, Any]:
     """``api.exec_create`` keyword arguments for one call (pure): no stdin, no tty."""
-    return {"container": container, "cmd": exec_argv(argv, timeout), "environment": dict(env),
+    return {"container": container, "cmd": exec_argv(argv, timeout, stamp=False), "environment": dict(env),
             "workdir": home, "stdin": False, "stdout": True, "stderr": True, "tty": False}
 
 
