@@ -108,9 +108,9 @@ build_base() {
   (cd "$skel" && mkdir -p etc tmp var/tmp root run home proc sys dev usr/local/bin \
      && chmod 1777 tmp var/tmp && chmod 700 root \
      && for l in bin lib lib64 sbin; do ln -s "usr/$l" "$l"; done)
-  printf 'root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n' \
+  printf 'root:x:0:0:root:/root:/bin/bash\nguilds:x:65532:65532:guilds agent:/nonexistent:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n' \
     >"$skel/etc/passwd"
-  printf 'root:x:0:\nnogroup:x:65534:\n' >"$skel/etc/group"
+  printf 'root:x:0:\nguilds:x:65532:\nnogroup:x:65534:\n' >"$skel/etc/group"
   (cd "$skel" && find . -mindepth 1 | sed 's|^\./||' | sort) >"$work/skel.txt"
   package_files | python3 -c "$CANON" $(cat "$work/skel.txt") >"$work/files.txt"
   tar -C / --no-recursion -cf "$work/base.tar" -T "$work/files.txt"

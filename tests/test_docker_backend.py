@@ -294,8 +294,11 @@ def test_dockerfile():
         "RUN apt-get update && apt-get install -y --no-install-recommends python3 bash git ripgrep "
         "procps ca-certificates && rm -rf /var/lib/apt/lists/*\n"
         "COPY guilds-code guilds-harness /usr/local/bin/\n"
+        "RUN grep -q '^guilds:' /etc/passwd || (echo 'guilds:x:65532:65532:guilds agent:/nonexistent:"
+        "/bin/sh' >> /etc/passwd && echo 'guilds:x:65532:' >> /etc/group)\n"
+        "USER 65532:65532\n"
         'CMD ["sleep", "infinity"]\n')
-    assert "RUN" not in image.dockerfile("base:1", ["guilds-code"], install=False)
+    assert "apt-get" not in image.dockerfile("base:1", ["guilds-code"], install=False)
 
 
 @needs_engine
@@ -309,6 +312,9 @@ def test_build_sandbox_image_on_a_local_base():
         helpers = CLIENT.containers.run(image_id, ["ls", "-l", "/usr/local/bin"], network_mode="none",
                                         remove=True).decode()
         assert "-rwxr-xr-x" in helpers and "guilds-code" in helpers
+        who = CLIENT.containers.run(image_id, ["sh", "-c", "id -un; id -u"], network_mode="none",
+                                    remove=True).decode()
+        assert who.split() == ["guilds", "65532"]
         with pytest.raises(SandboxError, match="building guilds-sandbox:none failed|no such image"):
             image.build_sandbox_image(tag="guilds-sandbox:none", base="guilds-none:0", install=False)
     finally:

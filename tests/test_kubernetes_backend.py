@@ -62,19 +62,32 @@ def test_pod_manifest():
                 "env": [{"name": "HOME", "value": "/home/agent"}, {"name": "PORT", "value": "20000"}],
                 "envFrom": [{"secretRef": {"name": f"{name}-env"}}],
                 "resources": {"requests": resources, "limits": resources},
-                "securityContext": {"allowPrivilegeEscalation": False, "runAsUser": 0},
+                "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
+                                    "runAsUser": 65532, "runAsGroup": 65532,
+                                    "capabilities": {"drop": ["ALL"]}},
                 "volumeMounts": [
                     {"name": "home", "mountPath": "/home/agent", "subPath": "home"},
                     {"name": "home", "mountPath": "/run/guilds", "subPath": "state"},
                 ],
             }],
             "volumes": [{"name": "home", "persistentVolumeClaim": {"claimName": f"{name}-home"}}],
+            "securityContext": {"fsGroup": 65532},
         },
     }
     plain = spec.pod_manifest(KubernetesSettings(), agent_id="a", home="/h", network=True,
                               idle_seconds=60, base_env={}, fingerprint="")
     assert "runtimeClassName" not in plain["spec"] and "serviceAccountName" not in plain["spec"]
     assert plain["metadata"]["labels"]["guilds.network"] == "on"
+
+
+def test_the_images_helpers_are_checked_against_this_build():
+    expected = {"/usr/local/bin/guilds-code": "aa", "/usr/local/bin/guilds-harness": "bb"}
+    assert spec.helpers_check_argv(list(expected)) == ["sha256sum", "--", *expected]
+    same = b"aa  /usr/local/bin/guilds-code\nbb  /usr/local/bin/guilds-harness\n"
+    assert spec.helpers_mismatch(same, expected) == []
+    assert spec.helpers_mismatch(b"aa  /usr/local/bin/guilds-code\ncc  /usr/local/bin/guilds-harness\n",
+                                 expected) == ["/usr/local/bin/guilds-harness"]
+    assert spec.helpers_mismatch(b"", expected) == list(expected)
 
 
 def test_secret_claim_and_network_policy():

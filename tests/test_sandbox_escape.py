@@ -35,14 +35,14 @@ ISOLATED = [
 KNOBS = ("/proc/sys/kernel/core_pattern", "/proc/sys/kernel/modprobe", "/proc/sysrq-trigger",
          "/proc/sys/vm/drop_caches")
 PIDS_LIMIT = 64
-SMALL = "16m"
+IMAGE = os.environ.get("GUILDS_SANDBOX_IMAGE", "guilds-sandbox:latest")
 
 
-def settings_for(root: Path, backend: str, agent: str = "agent1", **kw) -> AgentSettings:
+def settings_for(root: Path, backend: str, agent: str = "escape1", **kw) -> AgentSettings:
     return AgentSettings(
         id=agent, home=root / agent / "home", sandbox=backend, secrets={"B_SECRET": "b-secret-93c1f0"},
         bwrap=BwrapSettings(pids_limit=PIDS_LIMIT, memory=256 << 20, tmp_size=16 << 20),
-        docker=DockerSettings(pids_limit=PIDS_LIMIT, memory="256m"), **kw,
+        docker=DockerSettings(image=IMAGE, pids_limit=PIDS_LIMIT, memory="256m"), **kw,
     )
 
 
@@ -50,7 +50,7 @@ def settings_for(root: Path, backend: str, agent: str = "agent1", **kw) -> Agent
 async def make(tmp_path):
     made = []
 
-    async def _make(backend: str, agent: str = "agent1", **kw):
+    async def _make(backend: str, agent: str = "escape1", **kw):
         box = get_sandbox(settings_for(tmp_path, backend, agent), tmp_path / agent / "data", **kw)
         made.append(box)
         await box.start()
@@ -122,15 +122,15 @@ async def test_the_kernel_knobs_are_not_writable(jail):
 
 
 async def test_host_secrets_and_other_agents_are_unreadable(make, jail, tmp_path):
-    other = await make(jail.name, "agentB")
+    other = await make(jail.name, "escapeB")
     await out(other, 'echo "b home file" > ~/b.txt')
-    b = tmp_path / "agentB"
+    b = tmp_path / "escapeB"
     (b / "agent.toml").write_text('[secrets]\nB_SECRET = "b-secret-93c1f0"\n')
     db = b / "data" / "guilds.db"
     db.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-c", f"import sqlite3; c=sqlite3.connect({str(db)!r}); "
                     "c.execute('create table calls(x)'); c.commit()"], check=True)
-    mine = tmp_path / "agent1" / "data"
+    mine = tmp_path / "escape1" / "data"
     script = f"""
         cat /etc/shadow 2>/dev/null && echo READ-shadow
         ls /root 2>/dev/null | head -1 | grep -q . && echo READ-root

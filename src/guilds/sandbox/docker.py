@@ -292,15 +292,22 @@ class DockerSandbox(ContainerSandbox):
                 if exc.status_code == 409:
                     return None
                 raise
-            helpers = [(f"{HELPER_DIR}/{n}", data, 0o755) for n, data in helper_files()]
-            helpers.append((CLOCK, b"", 0o644))
-            self.client.api.put_archive(cid, "/", tar_bytes(helpers, mtime=int(time.time())))
-            files, folders = self._repos_files()
-            self.client.api.put_archive(cid, "/", tar_bytes(
-                files, mtime=int(time.time()), owner=self._owner, folders=folders))
-            self.client.api.start(cid)
+            try:
+                self._fill_and_start(cid)
+            except docker.errors.NotFound:
+                return None  # another process removed it meanwhile: look again
         self._clock_at = time.monotonic()
         return cid
+
+    def _fill_and_start(self, cid: str) -> None:
+        """The helpers and the idle clock (root's), repos.json (the agent's), then start."""
+        helpers = [(f"{HELPER_DIR}/{n}", data, 0o755) for n, data in helper_files()]
+        helpers.append((CLOCK, b"", 0o644))
+        self.client.api.put_archive(cid, "/", tar_bytes(helpers, mtime=int(time.time())))
+        files, folders = self._repos_files()
+        self.client.api.put_archive(cid, "/", tar_bytes(
+            files, mtime=int(time.time()), owner=self._owner, folders=folders))
+        self.client.api.start(cid)
 
     # --- the engine -------------------------------------------------------------
     @property

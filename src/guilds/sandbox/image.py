@@ -1,4 +1,5 @@
-"""The sandbox image: python3, bash, git, rg, and the helpers at /usr/local/bin.
+"""The sandbox image: python3, bash, git, rg, the helpers at /usr/local/bin, and
+the agent's user ``guilds`` (uid and gid CONTAINER_UID), which it runs as.
 
 ``build_sandbox_image`` is the ``guilds sandbox image`` command. It builds
 ``FROM base`` with a Dockerfile (``dockerfile``) that installs the tools with
@@ -22,12 +23,19 @@ import io
 import sys
 from typing import Sequence
 
-from ._container import tar_bytes
+from ._container import CONTAINER_UID, tar_bytes
 
 DEFAULT_TAG = "guilds-sandbox:latest"
 DEFAULT_BASE = "debian:bookworm-slim"
 PACKAGES = ("python3", "bash", "git", "ripgrep", "procps", "ca-certificates")
 """What the helpers and the agents' commands need; coreutils, tar and grep come with Debian."""
+
+
+USER_LINE = (
+    f"RUN grep -q '^guilds:' /etc/passwd || (echo 'guilds:x:{CONTAINER_UID}:{CONTAINER_UID}:"
+    f"guilds agent:/nonexistent:/bin/sh' >> /etc/passwd && echo 'guilds:x:{CONTAINER_UID}:' >> /etc/group)"
+)
+"""The agent's user in /etc/passwd: git and ssh look the uid up and refuse one they cannot find."""
 
 
 def dockerfile(base: str, helpers: Sequence[str], *, install: bool = True) -> str:
@@ -37,6 +45,8 @@ def dockerfile(base: str, helpers: Sequence[str], *, install: bool = True) -> st
         lines.append("RUN apt-get update && apt-get install -y --no-install-recommends "
                      f"{' '.join(PACKAGES)} && rm -rf /var/lib/apt/lists/*")
     lines.append(f"COPY {' '.join(helpers)} /usr/local/bin/")
+    lines.append(USER_LINE)
+    lines.append(f"USER {CONTAINER_UID}:{CONTAINER_UID}")
     lines.append('CMD ["sleep", "infinity"]')
     return "\n".join(lines) + "\n"
 

@@ -9,8 +9,10 @@ Per agent, in the configured namespace (names from ``object_name``):
 - the Pod ``<name>``: INIT as its command (the idle stop), a shared process
   namespace so the pause container reaps zombies, the configured image,
   resources (requests = limits), runtimeClassName (e.g. gVisor), a service
-  account whose token is not mounted, no privilege escalation, restartPolicy
-  Never, and the label ``guilds.network: "off"`` unless ``agent.network``;
+  account whose token is not mounted, the agent's uid CONTAINER_UID with
+  ``runAsNonRoot`` (the kubelet refuses to start it as root), ``fsGroup`` so
+  the claim is the agent's, no capabilities, no privilege escalation,
+  restartPolicy Never, and the label ``guilds.network: "off"`` unless ``agent.network``;
 - one NetworkPolicy per namespace (``guilds-network-off``) denying all traffic
   to and from the pods so labelled (it needs a CNI that enforces policies).
 
@@ -28,7 +30,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from ..settings import KubernetesSettings
-from ._container import STATE_INSIDE, init_argv
+from ._container import CONTAINER_UID, STATE_INSIDE, init_argv
 
 LABEL_AGENT = "guilds.agent"
 LABEL_NETWORK = "guilds.network"
@@ -93,11 +95,14 @@ def pod_manifest(
             "env": [{"name": k, "value": v} for k, v in base_env.items()],
             "envFrom": [{"secretRef": {"name": f"{name}-env"}}],
             "resources": {"requests": resources, "limits": resources},
-            "securityContext": {"allowPrivilegeEscalation": False, "runAsUser": 0},
+            "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
+                                "runAsUser": CONTAINER_UID, "runAsGroup": CONTAINER_UID,
+                                "capabilities": {"drop": ["ALL"]}},
             "volumeMounts": [{"name": "home", "mountPath": home, "subPath": "home"},
                              {"name": "home", "mountPath": STATE_INSIDE, "subPath": "state"}],
         }],
         "volumes": [{"name": "home", "persistentVolumeClaim": {"claimName": f"{name}-home"}}],
+        "securityContext": {"fsGroup": CONTAINER_UID},
     }
     if cfg.runtime_class:
         spec["runtimeClassName"] = cfg.runtime_class
@@ -115,6 +120,21 @@ def with_env(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
     """argv with per-call variables set by ``env`` (pods/exec takes no environment).
     Only for values that are not secret: the secrets are in the pod's environment."""
     return ["env", *(f"{k}={v}" for k, v in env.items()), *argv] if env else list(argv)
+
+
+def helpers_check_argv(paths: Sequence[str]) -> list[str]:
+    """sha256sum of the image's helpers: the pod runs as the agent, which cannot
+    write /usr/local/bin, so the image's own copies must be this orchestrator's build."""
+    return ["sha256sum", "--", *paths]
+
+
+def helpers_mismatch(output: bytes, expected: Mapping[str, str]) -> list[str]:
+    """The helper paths whose sha256sum line in output is missing or differs (pure)."""
+    seen = {}
+    for line in output.decode("utf-8", "replace").splitlines():
+        digest, _, path = line.partition("  ")
+        seen[path] = digest
+    return [path for path, digest in expected.items() if seen.get(path) != digest]
 
 
 def untar_argv(size: int, moves: Sequence[tuple[str, str]], root: str = "/") -> list[str]:

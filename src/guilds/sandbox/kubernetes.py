@@ -11,7 +11,10 @@ Lifecycle:
   used as it is; one with another fingerprint is deleted and made anew;
 - created on first use: the network policy (once per namespace), the claim
   (if missing), the Secret (always replaced: the secrets may have changed),
-  then the pod; once it runs, the helpers and repos.json go in as a tar over exec;
+  then the pod; once it runs, repos.json goes in as a tar over exec, and the
+  image's helpers are checked to be this orchestrator's build (the pod runs as
+  the agent's uid, which cannot write /usr/local/bin: rebuild the image with
+  ``guilds sandbox image`` when they differ);
 - a pod found ended by its idle stop is replaced silently; one found killed,
   out of memory or evicted fails that call with SandboxError saying so and is
   deleted, the next call makes a new one. The claim keeps the home and the
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import secrets
 import threading
 import time
@@ -196,9 +200,18 @@ class KubernetesSandbox(ContainerSandbox):
         with self._api("create the pod"):
             core.create_namespaced_pod(ns, manifest)
         self._wait_running()
-        files = [(f"{HELPER_DIR}/{n}", data, 0o755) for n, data in helper_files()]
-        files.append((repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600))
-        self._put(files)
+        self._check_helpers()
+        self._put([(repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600)])
+
+    def _check_helpers(self) -> None:
+        expected = {f"{HELPER_DIR}/{n}": hashlib.sha256(data).hexdigest() for n, data in helper_files()}
+        out, err, _, _ = self._stream(spec.helpers_check_argv(list(expected)), b"",
+                                      time.monotonic() + WRITE_SECONDS)
+        wrong = spec.helpers_mismatch(out, expected)
+        if wrong:
+            raise SandboxError(f"kubernetes: the image {self.config.image!r} has other helpers than "
+                               f"this orchestrator ({', '.join(wrong)}): rebuild it with "
+                               "`guilds sandbox image` and push it")
 
     def _create_once(self, what: str, create: Any) -> None:
         with self._api(f"create the {what}"), cluster.ignoring(409):
