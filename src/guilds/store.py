@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from datetime import datetime
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
@@ -34,6 +35,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from .errors import BadInput
+from .private import private_file
 from .records import CallRecord, RunRecord, Slot
 
 DATABASE_URL_ENV = "GUILDS_DATABASE_URL"
@@ -129,6 +131,12 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+def _private_record(database: str | None) -> None:
+    """Make the SQLite file 0600 before SQLite does (its -wal and -shm files take its mode)."""
+    if database and database != ":memory:" and not database.startswith("file:"):
+        os.close(private_file(Path(database)))
+
+
 class Store:
     """The run record. ``async with Store(url) as store`` makes the tables and disposes the engine."""
 
@@ -152,7 +160,9 @@ class Store:
         await self.close()
 
     async def setup(self) -> None:
-        """Create the tables where missing (idempotent)."""
+        """Create the tables where missing (idempotent); a SQLite record file is made 0600."""
+        if self.sqlite:
+            _private_record(self.engine.url.database)
         async with self.engine.begin() as conn:
             await conn.run_sync(metadata.create_all)
 
