@@ -32,6 +32,7 @@ from typing import Any, AsyncIterator, Mapping
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from .errors import BadInput
@@ -43,6 +44,8 @@ DB_FILE = "guilds.db"
 DEFAULT_PAGE = 100
 SQLITE_BUSY_MS = 10_000
 """Another process writing the same SQLite file: wait this long for it."""
+SCHEMA_LOCK_KEY = 0x6775_696C_6473
+"""The PostgreSQL advisory lock held while the schema is made ("guilds" in ASCII)."""
 
 _JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 _TS = sa.DateTime(timezone=True)
@@ -126,9 +129,26 @@ def normalize_url(url: str) -> str:
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
-    for pragma in ("journal_mode=WAL", "synchronous=NORMAL", f"busy_timeout={SQLITE_BUSY_MS}", "foreign_keys=ON"):
+    for pragma in (f"busy_timeout={SQLITE_BUSY_MS}", "journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON"):
         cur.execute(f"PRAGMA {pragma}")
     cur.close()
+
+
+def _create_schema(conn: sa.Connection) -> None:
+    """Make the missing tables and indexes, once, whichever process comes first.
+
+    PostgreSQL: under a transaction-level advisory lock (its CREATE TABLE IF NOT
+    EXISTS still fails when two run at once). SQLite: each CREATE ... IF NOT
+    EXISTS is atomic under its one writer.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
+        metadata.create_all(conn)
+        return
+    for table in metadata.sorted_tables:
+        conn.execute(CreateTable(table, if_not_exists=True))
+        for index in table.indexes:
+            conn.execute(CreateIndex(index, if_not_exists=True))
 
 
 def _private_record(database: str | None) -> None:
@@ -160,11 +180,12 @@ class Store:
         await self.close()
 
     async def setup(self) -> None:
-        """Create the tables where missing (idempotent); a SQLite record file is made 0600."""
+        """Create the tables where missing (idempotent, and safe when processes race:
+        ``_create_schema``); a SQLite record file is made 0600."""
         if self.sqlite:
             _private_record(self.engine.url.database)
         async with self.engine.begin() as conn:
-            await conn.run_sync(metadata.create_all)
+            await conn.run_sync(_create_schema)
 
     async def close(self) -> None:
         await self.engine.dispose()
