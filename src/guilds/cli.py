@@ -9,7 +9,9 @@
 Exit codes: 0 when the call was made (its result printed, also an error
 result: a failed command, a missing file, an exhausted budget); 2 for bad
 input (usage, JSON arguments, a run id, the settings file); 1 for any other
-failure of guilds itself.
+failure of guilds itself (one line: a full disk names what it could not
+write); 128 + N when signal N (SIGTERM, SIGINT, SIGHUP) stopped the call: its
+command's group stopped, the call recorded as cancelled.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from .toolbox.tools import FORMATS, TOOL_NAMES, export, tool_specs
 
 SERVERS = ("serve", "mcp")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_SIGNAL = 128
+"""Stopped by signal N: exit 128 + N, as a shell reports it."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -112,7 +116,14 @@ async def _call(opts: argparse.Namespace, env: Mapping[str, str]) -> dict[str, A
 
 
 def _run_call(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
-    result = asyncio.run(_call(opts, env))
+    from .lifecycle import Stopped, until_stopped
+
+    try:
+        result = asyncio.run(until_stopped(_call(opts, env)))
+    except Stopped as stop:
+        print(f"guilds: stopped by {stop.name}; the call's command was stopped and the call recorded as cancelled",
+              file=sys.stderr)
+        return EXIT_SIGNAL + stop.signum
     if opts.json:
         print(json.dumps(result, ensure_ascii=False, indent=2))
     else:

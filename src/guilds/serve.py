@@ -47,6 +47,8 @@ from .web.logs import HostLogReader, LogExcerpt, LogReader, LogUnavailable
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
+CANCEL_WAIT_SECONDS = 20.0
+"""At shutdown: how long the cancelled calls may take to stop their commands and be recorded."""
 SHUTDOWN_GRACE_SECONDS = 2.0
 """On a stop signal: how long open requests may finish before their calls are cancelled."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -72,12 +74,16 @@ def log_reader(settings: AgentSettings, sandbox: Sandbox) -> LogReader:
     return NoLogReader(sandbox.name)
 
 
-def _lifespan(mcp_lifespan: Callable[[], contextlib.AbstractAsyncContextManager[None]]):
-    """This app's lifespan: the MCP endpoint's session manager runs inside it."""
+def _lifespan(mcp_lifespan: Callable[[], contextlib.AbstractAsyncContextManager[None]], store: Store):
+    """This app's lifespan: the MCP endpoint's session manager runs inside it; at its end,
+    the calls cancelled by the shutdown are waited for until they are recorded."""
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with mcp_lifespan():
-            yield
+        try:
+            async with mcp_lifespan():
+                yield
+        finally:
+            await store.settled(CANCEL_WAIT_SECONDS)
 
     return lifespan
 
@@ -98,7 +104,7 @@ def build_app(settings: AgentSettings, store: Store, toolbox: Toolbox, *, host: 
 
     mcp = http_endpoint(toolbox, path="/mcp", host=host)
     return create_app(store, redactor=Redactor(settings.secret_values()), logs=log_reader(settings, toolbox.sandbox),
-                      extra_routes=[mcp.route], lock=lock, lifespan=_lifespan(mcp.lifespan))
+                      extra_routes=[mcp.route], lock=lock, lifespan=_lifespan(mcp.lifespan, store))
 
 
 def served_urls(host: str, port: int, token: str | None) -> list[str]:
