@@ -172,6 +172,52 @@ def _chdir_back(back: Optional[int]) -> None:
             os.close(back)
 
 
+# --- a group that dies with the helper ----------------------------------------------
+_WATCHDOG = 'IFS= read -r word; [ "$word" = done ] || kill -KILL -- "-$1" 2>/dev/null'
+"""Reads its stdin until the helper says ``done``; EOF first means the helper died."""
+
+
+def watch_group(pgid: int) -> Optional[Watchdog]:
+    """Start a watchdog that SIGKILLs group pgid if this helper dies (even by SIGKILL)
+    before ``release``; None when none could start.
+
+    The watchdog is a bash in its own session reading a pipe whose only write end
+    the helper holds: the helper's death closes it. A parent-death signal would
+    reach only the command's bash, not the processes it started.
+    """
+    read, write = os.pipe()
+    try:
+        child = spawn(["bash", "-c", _WATCHDOG, "guilds-watch", str(pgid)], os.environ,
+                      stdin=read, stdout=None, session=True)
+    except OSError:
+        os.close(write)
+        return None
+    finally:
+        os.close(read)
+    return Watchdog(child, write)
+
+
+class Watchdog:
+    """A started watchdog (watch_group) and the write end of its pipe."""
+
+    __slots__ = ("child", "fd")
+
+    def __init__(self, child: Child, fd: int):
+        self.child, self.fd = child, fd
+
+
+def release(watchdog: Optional[Watchdog]) -> None:
+    """Tell the watchdog the helper is done with the group; it exits signalling nothing."""
+    if watchdog is None:
+        return
+    try:
+        os.write(watchdog.fd, b"done\n")
+    except OSError:
+        pass
+    os.close(watchdog.fd)
+    watchdog.child.wait()
+
+
 # --- process groups, from /proc ------------------------------------------------------
 def signal_group(pgid: int, sig: int) -> None:
     """Send sig to the process group; nothing when it is gone or not ours."""
