@@ -5,7 +5,7 @@ whose import (selectors, threading, locale...) costs more than a whole shell
 call of ``true``. What the child gets, as ``subprocess.Popen`` would give it
 with close_fds and restore_signals:
 
-- descriptors 0, 1 and 2 only: stdin a descriptor or /dev/null; stdout a
+- descriptors 0, 1 and 2 only (and ``pass_fd``): stdin a descriptor or /dev/null; stdout a
   descriptor, a new pipe (PIPE) or /dev/null; stderr a new pipe, the same as
   stdout (STDOUT) or /dev/null. Every other descriptor is close-on-exec
   (Python's own are; one the helper inherited is marked so before the spawn);
@@ -31,7 +31,7 @@ except ImportError:  # not CPython
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Mapping, Optional, Set
+    from typing import List, Mapping, Optional, Set, Tuple
 
 PIPE = -1
 """stdout or stderr: a new pipe, whose read end the Child holds."""
@@ -95,8 +95,12 @@ def spawn(
     stderr: Optional[int] = None,
     cwd: Optional[str] = None,
     session: bool = False,
+    pass_fd: Optional[Tuple[int, int]] = None,
 ) -> Child:
-    """Start argv (see the module docstring); the Child. OSError when it cannot start."""
+    """Start argv (see the module docstring); the Child. OSError when it cannot start.
+
+    pass_fd (descriptor, number): the child also gets that descriptor as that number.
+    """
     program = argv[0] if "/" in argv[0] else find_program(argv[0], env)
     if program is None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
@@ -110,6 +114,8 @@ def spawn(
             (os.POSIX_SPAWN_DUP2, out_w, 1),
             (os.POSIX_SPAWN_DUP2, err_w, 2),
         ]
+        if pass_fd is not None:
+            actions.append((os.POSIX_SPAWN_DUP2, pass_fd[0], pass_fd[1]))
         _close_on_exec_inherited()
         back = _chdir(cwd)
         try:

@@ -59,14 +59,15 @@ def background_dir(request: protocol.Request, create: bool = False) -> str:
 def start(request: protocol.Request) -> protocol.Reply:
     """Start args.command in the background and return at once."""
     folder = background_dir(request, create=True)
-    log = runstate.log_path(request)
+    notes: List[str] = []  # what was in the run folder's way, moved aside
+    log = runstate.log_path(request, notes)
     record = _launch(request, folder, log)
     bid = _allocate(folder, record)
-    text = (
-        f"started {bid} in the background (pid {record['pid']})\n"
-        f"log: {log}\n"
-        f"check it with shell_status id={bid}; stop it with shell_status id={bid} stop=true"
-    )
+    text = "\n".join([
+        f"started {bid} in the background (pid {record['pid']})",
+        f"log: {log}",
+        f"check it with shell_status id={bid}; stop it with shell_status id={bid} stop=true",
+    ] + notes)
     return protocol.Reply(text=shaping.cap_text(text, request.max_bytes), meta={"background_id": bid, "log_path": log})
 
 

@@ -51,8 +51,8 @@ def execute(child: Child, timeout: float, sink: Callable[[bytes], None]) -> Outc
     keep alive.
     """
     _raise_malloc_thresholds()
-    watchdog = watch_group(child.pid)  # the command dies with the helper, even by SIGKILL
     loop = _Loop(child, timeout, sink)
+    watchdog = watch_group(child.pid)  # the command dies with the helper, even by SIGKILL
     try:
         loop.run()
     finally:
