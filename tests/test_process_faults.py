@@ -26,7 +26,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from guilds.auth import TOKEN_FILE, Lock, host_names
-from guilds.lifecycle import LEASE_SECONDS, LOST
+from guilds.lifecycle import HEARTBEAT_SECONDS, LEASE_SECONDS, LOST
 from guilds.store import Store, call_owners, owners
 from guilds.web.app import create_app
 from guilds.web.logs import HostLogReader
@@ -98,6 +98,27 @@ async def test_a_killed_guilds_call_leaves_no_command_and_its_call_is_lost(tmp_p
     assert call.row == f"Run {command} · lost" and call.finished_at is not None
     assert f'<li id="call-{call.seq}" class="item row lost"' in flow and f"Run {command} · lost" in flow
     assert "Running: the result is not in yet" not in page and "ended before the call finished" in page
+
+
+async def test_a_server_with_the_record_open_finds_a_killed_calls_owner_gone(tmp_path):
+    """What the app of a running `guilds serve` shows: its own Store's lease sweeps, no restart needed."""
+    (tmp_path / "data").mkdir()
+    async with record(tmp_path) as store:
+        command, arg = kit.sleep_command()
+        proc = start_call(tmp_path, command, "killed")
+        try:
+            await running_sleep(proc, arg)
+            assert (await store.calls("killed"))[0].status == "running"
+            proc.kill()
+            proc.wait(10)
+        finally:
+            proc.kill()
+            proc.communicate()
+        lost = lambda calls: calls and calls[0].status == "lost"  # noqa: E731
+        deadline = asyncio.get_running_loop().time() + 3 * HEARTBEAT_SECONDS
+        while not lost(await store.calls("killed")) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.2)
+        assert lost(await store.calls("killed"))
 
 
 async def app_pages(store: Store, run_id: str, seq: int) -> tuple[str, str]:
@@ -235,6 +256,16 @@ async def test_a_full_disk_under_the_record_gives_one_line(tmp_path, small_disk)
     proc = start_call(tmp_path, "echo again", "disk")
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0 and out.startswith("again"), err
+
+
+async def test_a_command_that_fills_the_records_disk_still_returns_its_output(tmp_path, small_disk):
+    """The disk fills during the call (the agent's own command): the output is printed, then one line."""
+    proc = start_call(tmp_path, f"head -c 8M /dev/zero > {small_disk}/filler 2>/dev/null; echo produced", "filling")
+    out, err = proc.communicate(timeout=120)
+    assert out.startswith("produced\n") and "remaining_tool_calls: 199" in out
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    assert re.fullmatch(rf"guilds: the run record at {small_disk}/guilds.db could not be written "
+                        r"\(the result of call 1 of run filling\): (database or disk is full|disk I/O error)\n", err), err
 
 
 async def test_a_full_disk_for_a_fresh_data_folder_gives_one_line(tmp_path, small_disk):
