@@ -24,10 +24,11 @@ import sqlalchemy as sa
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from guilds.auth import TOKEN_FILE, Lock, host_names
 from guilds.lifecycle import HEARTBEAT_SECONDS, LEASE_SECONDS, LOST
-from guilds.store import Store, call_owners, owners
+from guilds.store import Store, call_owners, metadata, normalize_url, owners
 from guilds.web.app import create_app
 from guilds.web.logs import HostLogReader
 from guilds_code.redact import Redactor
@@ -130,10 +131,24 @@ async def app_pages(store: Store, run_id: str, seq: int) -> tuple[str, str]:
         return (await c.get(f"/runs/{run_id}")).text, (await c.get(f"/runs/{run_id}/calls/{seq}")).text
 
 
-async def test_a_call_of_an_owner_elsewhere_is_lost_once_its_lease_has_passed(tmp_path):
+async def fresh_postgres(url: str) -> None:
+    engine = create_async_engine(normalize_url(url))
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.drop_all)
+    await engine.dispose()
+
+
+@pytest.mark.parametrize("db", ["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(
+    not os.environ.get("GUILDS_TEST_POSTGRES_URL"), reason="GUILDS_TEST_POSTGRES_URL is not set"))])
+async def test_a_call_of_an_owner_elsewhere_is_lost_once_its_lease_has_passed(tmp_path, db):
     """A process on another machine (a power loss there): only its heartbeat tells; past the lease it is gone."""
     (tmp_path / "data").mkdir()
-    async with record(tmp_path) as store:
+    if db == "postgresql":
+        url = os.environ["GUILDS_TEST_POSTGRES_URL"]
+        await fresh_postgres(url)
+    else:
+        url = f"sqlite:///{tmp_path / 'data' / 'guilds.db'}"
+    async with Store(url) as store:
         for run, age in (("stale", LEASE_SECONDS + 5), ("fresh", LEASE_SECONDS - 20)):
             slot = await store.begin_call(run_id=run, agent_id="a", tool="shell", args={"command": "make"},
                                           call_id=run, started_at=datetime.now(UTC), budget=10)
@@ -142,7 +157,7 @@ async def test_a_call_of_an_owner_elsewhere_is_lost_once_its_lease_has_passed(tm
                                                             pid_start=1, heartbeat_at=datetime.now(UTC) - timedelta(seconds=age)))
                 await conn.execute(sa.update(call_owners).where(call_owners.c.run_id == run, call_owners.c.seq == slot.seq)
                                    .values(owner=f"far-{run}"))
-    async with record(tmp_path) as store:
+    async with Store(url) as store:
         stale, fresh = (await store.calls("stale"))[0], (await store.calls("fresh"))[0]
         assert (stale.status, stale.row) == ("lost", "Run make · lost")
         assert fresh.status == "running"
