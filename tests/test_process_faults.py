@@ -27,6 +27,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from guilds.auth import TOKEN_FILE, Lock, host_names
+from guilds.sandbox.bwrap_argv import unavailable
 from guilds.lifecycle import HEARTBEAT_SECONDS, LEASE_SECONDS, LOST
 from guilds.store import Store, call_owners, metadata, normalize_url, owners
 from guilds.web.app import create_app
@@ -36,16 +37,19 @@ from guilds_code.redact import Redactor
 STOP_SIGNALS = ["SIGTERM", "SIGINT", "SIGHUP"]
 
 
-def agent(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    """A settings file (local sandbox, home under tmp_path) and the environment of a CLI process."""
+SANDBOXES = ["local", pytest.param("bwrap", marks=pytest.mark.skipif(bool(unavailable()), reason=f"bwrap: {unavailable()}"))]
+
+
+def agent(tmp_path: Path, sandbox: str = "local") -> tuple[Path, dict[str, str]]:
+    """A settings file (the sandbox, home under tmp_path) and the environment of a CLI process."""
     config = tmp_path / "agent.toml"
-    config.write_text(f'[agent]\nhome = "{tmp_path / "home"}"\nsandbox = "local"\n')
+    config.write_text(f'[agent]\nhome = "{tmp_path / "home"}"\nsandbox = "{sandbox}"\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("GUILDS_")}
     return config, {**env, "GUILDS_DATA": str(tmp_path / "data")}
 
 
-def start_call(tmp_path: Path, command: str, run: str) -> subprocess.Popen:
-    config, env = agent(tmp_path)
+def start_call(tmp_path: Path, command: str, run: str, sandbox: str = "local") -> subprocess.Popen:
+    config, env = agent(tmp_path, sandbox)
     return subprocess.Popen([sys.executable, "-m", "guilds.cli", "call", "shell", f'{{"command": "{command}"}}',
                              "--config", str(config), "--run", run], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -61,10 +65,11 @@ async def running_sleep(proc: subprocess.Popen, arg: str) -> None:
     assert proc.poll() is None and kit.processes("sleep", arg)
 
 
+@pytest.mark.parametrize("sandbox", SANDBOXES)
 @pytest.mark.parametrize("name", STOP_SIGNALS)
-async def test_a_stop_signal_to_guilds_call_stops_the_command_and_records_it_cancelled(tmp_path, name):
+async def test_a_stop_signal_to_guilds_call_stops_the_command_and_records_it_cancelled(tmp_path, name, sandbox):
     command, arg = kit.sleep_command()
-    proc = start_call(tmp_path, command, "stopped")
+    proc = start_call(tmp_path, command, "stopped", sandbox)
     try:
         await running_sleep(proc, arg)
         proc.send_signal(getattr(signal, name))
@@ -81,9 +86,17 @@ async def test_a_stop_signal_to_guilds_call_stops_the_command_and_records_it_can
         "cancelled", True, "the call was cancelled before it finished")
 
 
-async def test_a_killed_guilds_call_leaves_no_command_and_its_call_is_lost(tmp_path):
+BWRAP_HELPER_ORPHANED = (
+    "under bwrap the parent-death signal reaches nsenter, not the helper it forked into the pid namespace: "
+    "the helper needs one of its own (setpriv --pdeathsig TERM in enter_argv, or the helper's own prctl)")
+
+
+@pytest.mark.parametrize("sandbox", ["local", pytest.param("bwrap", marks=[
+    pytest.mark.skipif(bool(unavailable()), reason=f"bwrap: {unavailable()}"),
+    pytest.mark.xfail(strict=True, reason=BWRAP_HELPER_ORPHANED)])])
+async def test_a_killed_guilds_call_leaves_no_command_and_its_call_is_lost(tmp_path, sandbox):
     command, arg = kit.sleep_command()
-    proc = start_call(tmp_path, command, "killed")
+    proc = start_call(tmp_path, command, "killed", sandbox)
     try:
         await running_sleep(proc, arg)
         proc.kill()
@@ -91,7 +104,10 @@ async def test_a_killed_guilds_call_leaves_no_command_and_its_call_is_lost(tmp_p
     finally:
         proc.kill()
         proc.communicate()
-    assert not await kit.left_running(arg)  # the helper got its parent-death signal and stopped the command
+    left = await kit.left_running(arg)
+    for pid in left:  # this test's own sleep, by its pid
+        os.kill(pid, signal.SIGKILL)
+    assert not left  # the helper got its parent-death signal and stopped the command
     async with record(tmp_path) as store:  # opening the record finds the owner gone
         (call,) = await store.calls("killed")
         flow, page = await app_pages(store, "killed", call.seq)
