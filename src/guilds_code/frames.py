@@ -63,14 +63,8 @@ def hello_frame(max_in_flight: int, max_frame: int, pid: int) -> bytes:
 
 def leading_id(line: bytes) -> "str | None":
     """The id of a frame that could not be parsed, when it opens the frame as
-    the orchestrator writes it (``{"v":1,"id":"...``); else None."""
-    head = b'{"v":%d,"id":"' % VERSION
-    if not line.startswith(head):
-        return None
-    end = line.find(b'"', len(head), len(head) + 130)
-    if end < 0:
-        return None
-    try:
-        return line[len(head):end].decode("ascii")
-    except UnicodeDecodeError:
-        return None
+    the orchestrator writes it (``{"v": 1, "id": "...``, spaces optional); else None."""
+    import re  # only for a frame gone wrong
+
+    found = re.match(rb'\{\s*"v"\s*:\s*%d\s*,\s*"id"\s*:\s*"([A-Za-z0-9._-]{1,128})"' % VERSION, line[:300])
+    return found.group(1).decode("ascii") if found else None
