@@ -57,6 +57,7 @@ from ._container import (
 )
 from ._process import KILL_GRACE_SECONDS
 from .base import ExecResult
+from .channel import DockerProcess
 
 DEADLINE_SLACK_SECONDS = 5.0
 """How long past timeout + grace an exec may stay silent before it is killed from outside."""
@@ -111,6 +112,22 @@ class DockerSandbox(ContainerSandbox):
         except asyncio.CancelledError:
             await asyncio.shield(blocking(self._kill, token))
             raise
+
+    async def open_process(self, argv: Sequence[str]) -> DockerProcess:
+        """One exec with stdin attached; closing it also kills what it started (by token)."""
+        token = secrets.token_hex(8)
+        return await blocking(self._open_process, list(argv), {**self._env, EXEC_ENV: token}, token)
+
+    def _open_process(self, argv: list[str], env: dict[str, str], token: str) -> DockerProcess:
+        def create(cid: str) -> str:
+            kwargs = spec.exec_spec(cid, argv, env=env, home=self.home, timeout=0)
+            kwargs.update(cmd=argv, stdin=True)  # no timeout: it lives until its stdin ends
+            return self.client.api.exec_create(**kwargs)["Id"]
+
+        exec_id = self._in_container("exec", create)
+        with self._engine("exec"):
+            response = engine.attach(self.client.api, exec_id)
+        return DockerProcess(response, spec.split_frames, lambda: self._kill(token))
 
     async def write_file(self, path: str, data: bytes) -> None:
         root, rel = locate(path, {STATE_INSIDE: STATE_INSIDE, self.home: self.home})
