@@ -207,3 +207,48 @@ async def test_touching_everything_writable_does_not_keep_the_sandbox(make, back
         await asyncio.sleep(0.2)
     assert not host_uids_in(namespace), "the agent kept its sandbox alive by touching files"
 
+
+
+AS_USER = """
+import asyncio, json, sys
+from pathlib import Path
+from guilds.sandbox import get_sandbox
+from guilds.settings import AgentSettings
+
+async def main():
+    root = Path(sys.argv[1])
+    box = get_sandbox(AgentSettings(id="user1", home=root / "home", sandbox="auto"), root / "data")
+    await box.start()
+    try:
+        script = ('id -u; [ -w /proc/sys/kernel/core_pattern ] && echo knob-writable; '
+                  'cat /etc/shadow >/dev/null 2>&1 && echo shadow-read; echo hi > ~/f && cat ~/f')
+        result = await box.exec(["bash", "-c", script], timeout=30)
+        print(json.dumps([box.name, result.exit_code, result.stdout.decode()]))
+    finally:
+        await box.stop()
+
+asyncio.run(main())
+"""
+USER_UID = 1500000077
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@pytest.mark.bwrap
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access(SYSTEM_PYTHON, os.X_OK),
+                    reason="needs root to become another user, and /usr/bin/python3")
+def test_an_orchestrator_not_root_gets_bwrap_in_a_user_namespace(tmp_path):
+    work = Path(f"/var/tmp/guilds-userns-{os.getpid()}")
+    work.mkdir(mode=0o700)
+    os.chown(work, USER_UID, USER_UID)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    try:
+        done = subprocess.run(
+            ["setpriv", f"--reuid={USER_UID}", f"--regid={USER_UID}", "--clear-groups", "--",
+             SYSTEM_PYTHON, "-c", AS_USER, str(work)],
+            env={"PATH": "/usr/bin:/bin", "HOME": str(work), "PYTHONPATH": src, "LANG": "C.UTF-8"},
+            capture_output=True, timeout=120)
+    finally:
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    name, code, said = json.loads(done.stdout.decode().splitlines()[-1])
+    assert (name, code, said.split()) == ("bwrap", 0, [str(USER_UID), "hi"])
