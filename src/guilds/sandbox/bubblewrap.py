@@ -207,9 +207,8 @@ class BwrapSandbox:
         """Start bwrap; once its init is ready, return the init's pid (bwrap's --info-fd)."""
         (info_r, info_w), (ready_r, ready_w) = os.pipe(), os.pipe()
         try:
-            argv = bwrap_argv(self._config(info_fd=info_w, ready_fd=ready_w))
             launch_env = {"PATH": self._env["PATH"], "LANG": self._env["LANG"]}
-            spawn_detached(limited_argv(self._process_limits(), argv), env=launch_env,
+            spawn_detached(self._launch_argv(info_w, ready_w), env=launch_env,
                            log_path=self._log, pass_fds=(info_w, ready_w))
             pid = _child_pid(read_until(info_r, timeout=START_SECONDS))
             ready = READY in read_until(ready_r, timeout=START_SECONDS, stop=READY)
@@ -221,6 +220,10 @@ class BwrapSandbox:
         if pid is not None:
             kill_and_wait(pid, start_time(pid) or 0)
         raise SandboxError(f"bwrap did not start: {self._log_tail()}")
+
+    def _launch_argv(self, info_fd: int, ready_fd: int) -> list[str]:
+        """bwrap under the sandbox's limits, its init reporting on these fds."""
+        return limited_argv(self._process_limits(), bwrap_argv(self._config(info_fd, ready_fd)))
 
     def _config(self, info_fd: int = 3, ready_fd: int = 4) -> BwrapConfig:
         if not self._helpers:
