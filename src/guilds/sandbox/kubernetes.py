@@ -15,6 +15,8 @@ Lifecycle:
   image's helpers are checked to be this orchestrator's build (the pod runs as
   the agent's uid, which cannot write /usr/local/bin: rebuild the image with
   ``guilds sandbox image`` when they differ);
+- made by many orchestrator processes at once: a pod create refused with 409
+  means another process made it, which is then waited for until it runs;
 - a pod found ended by its idle stop is replaced silently; one found killed,
   out of memory or evicted fails that call with SandboxError saying so and is
   deleted, the next call makes a new one. The claim keeps the home and the
@@ -198,7 +200,13 @@ class KubernetesSandbox(ContainerSandbox):
                     raise
                 core.replace_namespaced_secret(secret["metadata"]["name"], ns, secret)
         with self._api("create the pod"):
-            core.create_namespaced_pod(ns, manifest)
+            try:
+                core.create_namespaced_pod(ns, manifest)
+            except client.ApiException as exc:
+                if exc.status != 409:
+                    raise
+                self._wait_running()  # another orchestrator process made it: it sets it up
+                return
         self._wait_running()
         self._check_helpers()
         self._put([(repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600)])
