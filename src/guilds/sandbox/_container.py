@@ -38,15 +38,17 @@ import io
 import json
 import os
 import posixpath
+import secrets
 import signal
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from guilds_code import limits
 
 from ..helpers import HELPER_PACKAGES, build_bytes
 from ..settings import AgentSettings
+from ._agent import locate
 from ._process import KILL_GRACE_SECONDS
 
 STATE_INSIDE = limits.DEFAULT_STATE_DIR
@@ -219,7 +221,18 @@ async def blocking(fn: Callable[..., Any], *args: Any) -> Any:
 
 class ContainerSandbox:
     """What the docker and kubernetes sandboxes share: the helpers' place inside,
-    and a start that runs the backend's blocking ``_start`` in a worker thread."""
+    and the Sandbox methods, each running the backend's blocking step in the pool:
+
+    - ``exec``: a fresh token (EXEC_ENV) per call, ``_call(argv, env, timeout,
+      token)`` beside what ``_beside_call()`` asks for (docker's idle clock);
+      cancelled, ``_kill(token)`` stops what the call started before the
+      cancellation goes on;
+    - ``write_file``: the path checked to lie under the home or the state root,
+      then ``_write(path, data)``;
+    - ``start`` and ``stop``: ``_start()`` and ``_stop()``.
+    """
+
+    home: str
 
     def helper_path(self, name: str) -> str:
         return helper_path(name)
@@ -227,5 +240,41 @@ class ContainerSandbox:
     async def start(self) -> None:
         await blocking(self._start)
 
+    async def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                   timeout: float) -> Any:
+        token = secrets.token_hex(8)
+        steps = [blocking(self._call, list(argv), dict(env or {}), timeout, token)]
+        beside = self._beside_call()
+        if beside is not None:
+            steps.append(blocking(beside))
+        try:
+            return (await asyncio.gather(*steps))[0]
+        except asyncio.CancelledError:
+            await asyncio.shield(blocking(self._kill, token))
+            raise
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        root, rel = locate(path, {STATE_INSIDE: STATE_INSIDE, self.home: self.home})
+        await blocking(self._write, f"{root}/{rel}", data)
+
+    async def stop(self) -> None:
+        await blocking(self._stop)
+
+    def _beside_call(self) -> Callable[[], Any] | None:
+        """A blocking step to run beside a call, or None (the default)."""
+        return None
+
     def _start(self) -> None:
+        raise NotImplementedError
+
+    def _call(self, argv: list[str], env: dict[str, str], timeout: float, token: str) -> Any:
+        raise NotImplementedError
+
+    def _kill(self, token: str) -> None:
+        raise NotImplementedError
+
+    def _write(self, path: str, data: bytes) -> None:
+        raise NotImplementedError
+
+    def _stop(self) -> None:
         raise NotImplementedError

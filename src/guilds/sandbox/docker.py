@@ -35,13 +35,12 @@ The SDK blocks: each step runs in a thread (``_container.blocking``).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import secrets
 import threading
 import time
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import docker
 
@@ -49,7 +48,7 @@ from ..errors import SandboxError
 from ..settings import AgentSettings
 from . import docker_engine as engine
 from . import docker_spec as spec
-from ._agent import DEFAULT_PATH, agent_env, checked_id, locate, own_tree
+from ._agent import DEFAULT_PATH, agent_env, checked_id, own_tree
 from ._container import (
     CLOCK, EXEC_ENV, HELPER_DIR, STATE_INSIDE, blocking, container_owner, exec_status, fingerprint,
     folders_of, helper_files, ContainerSandbox,
@@ -99,19 +98,10 @@ class DockerSandbox(ContainerSandbox):
         self._clock_at = 0.0
         self._lock = threading.Lock()
 
-    async def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-                   timeout: float) -> ExecResult:
-        token = secrets.token_hex(8)
-        full_env = {**self._env, **(env or {}), EXEC_ENV: token}
-        try:
-            if time.monotonic() - self._clock_at < self.idle_seconds / CLOCK_REFRESH_FRACTION:
-                return await blocking(self._exec, list(argv), full_env, timeout, token)
-            result, _ = await asyncio.gather(blocking(self._exec, list(argv), full_env, timeout, token),
-                                             blocking(self._move_clock))
-            return result
-        except asyncio.CancelledError:
-            await asyncio.shield(blocking(self._kill, token))
-            raise
+    def _beside_call(self) -> Callable[[], None] | None:
+        """The idle clock's move, when it is due."""
+        due = time.monotonic() - self._clock_at >= self.idle_seconds / CLOCK_REFRESH_FRACTION
+        return self._move_clock if due else None
 
     async def open_process(self, argv: Sequence[str]) -> DockerProcess:
         """One exec with stdin attached; closing it also kills what it started (by token)."""
@@ -128,13 +118,6 @@ class DockerSandbox(ContainerSandbox):
         with self._engine("exec"):
             response = engine.attach(self.client.api, exec_id)
         return DockerProcess(response, spec.split_frames, lambda: self._kill(token))
-
-    async def write_file(self, path: str, data: bytes) -> None:
-        root, rel = locate(path, {STATE_INSIDE: STATE_INSIDE, self.home: self.home})
-        await blocking(self._put, [(f"{root}/{rel}", data, 0o600)], f"write_file {path}")
-
-    async def stop(self) -> None:
-        await blocking(self._stop)
 
     # --- blocking steps (run in the pool) -------------------------------------
     def _start(self) -> None:
@@ -155,8 +138,11 @@ class DockerSandbox(ContainerSandbox):
         folders = [*folders_of(name, STATE_INSIDE), f"{STATE_INSIDE}/{REQUESTS_DIR}"]
         return [(name, repos_json(self.settings, self.home), 0o600)], folders
 
-    def _exec(self, argv: list[str], env: dict[str, str], timeout: float, token: str) -> ExecResult:
-        exec_id = self._exec_create(argv, env, timeout)
+    def _write(self, path: str, data: bytes) -> None:
+        self._put([(path, data, 0o600)], f"write_file {path}")
+
+    def _call(self, argv: list[str], env: dict[str, str], timeout: float, token: str) -> ExecResult:
+        exec_id = self._exec_create(argv, {**self._env, **env, EXEC_ENV: token}, timeout)
         began = time.monotonic()
         out, err, complete = self._stream(
             exec_id, began + timeout + KILL_GRACE_SECONDS + DEADLINE_SLACK_SECONDS)

@@ -30,21 +30,20 @@ For fleets of agents see docs/sandboxes.md (kubernetes-sigs/agent-sandbox).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import secrets
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..errors import SandboxError
 from ..settings import AgentSettings
 from . import kube_cluster as cluster
 from . import kube_spec as spec
-from ._agent import DEFAULT_PATH, agent_env, checked_id, locate
+from ._agent import DEFAULT_PATH, agent_env, checked_id
 from ._container import (
-    EXEC_ENV, HELPER_DIR, STATE_INSIDE, blocking, exec_argv, exec_status, fingerprint, helper_files,
+    EXEC_ENV, HELPER_DIR, STATE_INSIDE, exec_argv, exec_status, fingerprint, helper_files,
     ContainerSandbox,
     helpers_digest, kill_argv, repos_file, repos_json, tar_bytes,
 )
@@ -77,32 +76,18 @@ class KubernetesSandbox(ContainerSandbox):
         self._ready = False
         self._lock = threading.Lock()
 
-    async def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-                   timeout: float) -> ExecResult:
-        extra = dict(env or {})
-        if set(extra.values()) & set(self.settings.secret_values()):
-            raise SandboxError("kubernetes: a secret cannot travel as a per-call variable")
-        token = secrets.token_hex(8)
-        command = exec_argv(spec.with_env(argv, {**extra, EXEC_ENV: token}), timeout)
-        try:
-            return await blocking(self._exec, command, timeout, token)
-        except asyncio.CancelledError:
-            await asyncio.shield(blocking(self._kill, token))
-            raise
-
-    async def write_file(self, path: str, data: bytes) -> None:
-        root, rel = locate(path, {STATE_INSIDE: STATE_INSIDE, self.home: self.home})
-        await blocking(self._put, [(f"{root}/{rel}", data, 0o600)])
-
-    async def stop(self) -> None:
-        await blocking(self._stop)
-
     # --- blocking steps ---------------------------------------------------------
     def _start(self) -> None:
         if not self._ensure():
             self._put([(repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600)])
 
-    def _exec(self, command: list[str], timeout: float, token: str) -> ExecResult:
+    def _write(self, path: str, data: bytes) -> None:
+        self._put([(path, data, 0o600)])
+
+    def _call(self, argv: list[str], env: dict[str, str], timeout: float, token: str) -> ExecResult:
+        if set(env.values()) & set(self.settings.secret_values()):
+            raise SandboxError("kubernetes: a secret cannot travel as a per-call variable")
+        command = exec_argv(spec.with_env(argv, {**env, EXEC_ENV: token}), timeout)
         self._ensure()
         began = time.monotonic()
         try:
