@@ -1,8 +1,8 @@
 """A bwrap sandbox's own cgroup: its memory and process count bounded as a whole.
 
 ``make_cgroup(name, memory_bytes=, pids=)`` makes (or finds) ``guilds/<name>``
-under the cgroup filesystem and sets its limits; it returns the
-``cgroup.procs`` files a process writes its pid to in order to join, or ()
+under the cgroup filesystem and sets its limits; it returns, per controller,
+the ``cgroup.procs`` file a process writes its pid to in order to join, or {}
 when none can be made here (not root, no writable cgroup filesystem, the
 controllers not enabled). Both layouts:
 
@@ -61,10 +61,11 @@ def _enable_v2() -> None:
         _write(os.path.join(folder, "cgroup.subtree_control"), " ".join(f"+{c}" for c in CONTROLLERS))
 
 
-def make_cgroup(name: str, *, memory_bytes: int, pids: int) -> tuple[str, ...]:
-    """The sandbox's cgroup.procs files, its limits set; () where no cgroup can be made."""
+def make_cgroup(name: str, *, memory_bytes: int, pids: int) -> dict[str, str]:
+    """controller -> the sandbox's cgroup.procs file for it (the same file for both on
+    v2), its limits set; {} where no cgroup can be made."""
     if os.geteuid() != 0:
-        return ()
+        return {}
     folders = _folders(name)
     try:
         if _v2():
@@ -74,8 +75,8 @@ def make_cgroup(name: str, *, memory_bytes: int, pids: int) -> tuple[str, ...]:
             for file, value in _limits(controller, folder, memory_bytes, pids):
                 _write(os.path.join(folder, file), value)
     except OSError:
-        return ()
-    return tuple(sorted({os.path.join(f, "cgroup.procs") for f in folders.values()}))
+        return {}
+    return {c: os.path.join(f, "cgroup.procs") for c, f in folders.items()}
 
 
 REMOVE_WAIT_SECONDS = 2.0

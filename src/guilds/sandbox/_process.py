@@ -33,7 +33,7 @@ import select
 import signal
 import subprocess
 import time
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..errors import SandboxError
 from .base import ExecResult
@@ -121,14 +121,19 @@ async def run_process(
     env: Mapping[str, str],
     cwd: str | None = None,
     timeout: float,
+    in_child: Callable[[], None] | None = None,
 ) -> ExecResult:
-    """Run argv to its end or its timeout (see the module docstring)."""
+    """Run argv to its end or its timeout (see the module docstring).
+
+    in_child: run in the child before argv is executed (a sandbox's rlimits and
+    cgroup); it must only make system calls (it runs between fork and exec).
+    """
     loop = asyncio.get_running_loop()
     try:
         transport, proto = await loop.subprocess_exec(
             lambda: _Collector(loop), *argv, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(env), cwd=cwd,
-            start_new_session=True, preexec_fn=_dies_with_us(),
+            start_new_session=True, preexec_fn=_dies_with_us(in_child),
         )
     except OSError as exc:
         where = f" in {cwd}" if cwd else ""
@@ -156,14 +161,17 @@ def _prctl():
     return ctypes.CDLL(None, use_errno=True).prctl
 
 
-def _dies_with_us():
-    """A preexec_fn: the child gets SIGTERM when this process dies (also if it already has)."""
+def _dies_with_us(then: Callable[[], None] | None = None):
+    """A preexec_fn: the child gets SIGTERM when this process dies (also if it already has),
+    then runs ``then`` (if given)."""
     prctl, parent = _prctl(), os.getpid()
 
     def in_child() -> None:
         prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:
             os.kill(os.getpid(), signal.SIGTERM)
+        if then is not None:
+            then()
 
     return in_child
 

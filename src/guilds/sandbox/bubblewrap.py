@@ -31,8 +31,9 @@ Lifecycle:
 - found again: any orchestrator process reads the record. Its pid counts while
   that pid's start time matches and the config fingerprint is unchanged;
   otherwise the old sandbox is killed and a new one started.
-- exec: ``sh LIMITS nsenter ...`` into the namespaces (it forks into the pid
-  namespace), then ``setpriv`` (the agent's uid, no capabilities), then argv;
+- exec: ``nsenter ...`` into the namespaces (it forks into the pid namespace),
+  its rlimits and cgroup set in the spawn path's child before it runs
+  (``limits_in_child``), then ``setpriv`` (the agent's uid, no capabilities), then argv;
   the agent's environment is nsenter's environment, never its argv. Each exec
   moves the idle clock.
 - stop: SIGKILL to the init; the kernel ends the rest.
@@ -64,7 +65,7 @@ from .base import ExecResult
 from .channel import LocalProcess
 from .bwrap_argv import (
     DEFAULT_IDLE_SECONDS, HELPER_DIR, READY, STATE_INSIDE, BwrapConfig, Limits, bwrap_argv,
-    enter_argv, host_local_bin, host_system, keep_run, limited_argv, sandbox_python,
+    enter_argv, host_local_bin, host_system, keep_run, limited_argv, limits_in_child, sandbox_python,
 )
 
 START_SECONDS = 10
@@ -112,6 +113,8 @@ class BwrapSandbox:
         self._state = os.path.join(base, "state")
         self._cgroup_name = f"{settings.id}-{hashlib.sha256(base.encode()).hexdigest()[:8]}"
         self._limits: Limits | None = None
+        self._call_limits = Limits(pids=settings.bwrap.pids_limit)
+        self._enter_config: BwrapConfig | None = None
         self._env = agent_env(settings, home=self.home, state_dir=STATE_INSIDE,
                               path=path or os.environ.get("PATH"))
         self._helpers: tuple[tuple[str, str], ...] = ()
@@ -134,8 +137,9 @@ class BwrapSandbox:
         pid = await asyncio.to_thread(self._ensure)
         keep_alive = asyncio.create_task(self._keep_alive())
         try:
-            argv = limited_argv(self._process_limits(), enter_argv(pid, self.home, argv, self._config()))
-            return await run_process(argv, env={**self._env, **(env or {})}, cwd="/", timeout=timeout)
+            return await run_process(enter_argv(pid, self.home, argv, self._entering()),
+                                     env={**self._env, **(env or {})}, cwd="/", timeout=timeout,
+                                     in_child=limits_in_child(self._limits_of_a_call()))
         finally:
             keep_alive.cancel()
             self._touch()
@@ -143,7 +147,7 @@ class BwrapSandbox:
     async def open_process(self, argv: Sequence[str]) -> LocalProcess:
         """argv entered like exec's; the sandbox's idle clock is its own to refresh."""
         pid = await asyncio.to_thread(self._ensure)
-        entered = limited_argv(self._process_limits(), enter_argv(pid, self.home, argv, self._config()))
+        entered = limited_argv(self._process_limits(), enter_argv(pid, self.home, argv, self._entering()))
         return LocalProcess(entered, env=self._env, cwd="/")
 
     async def _keep_alive(self) -> None:
@@ -221,6 +225,12 @@ class BwrapSandbox:
             kill_and_wait(pid, start_time(pid) or 0)
         raise SandboxError(f"bwrap did not start: {self._log_tail()}")
 
+    def _entering(self) -> BwrapConfig:
+        """The config as entering needs it (uid, gid, user namespace): made once."""
+        if self._enter_config is None:
+            self._enter_config = self._config()
+        return self._enter_config
+
     def _launch_argv(self, info_fd: int, ready_fd: int) -> list[str]:
         """bwrap under the sandbox's limits, its init reporting on these fds."""
         return limited_argv(self._process_limits(), bwrap_argv(self._config(info_fd, ready_fd)))
@@ -245,8 +255,17 @@ class BwrapSandbox:
             cfg = self.settings.bwrap
             procs = _cgroup.make_cgroup(self._cgroup_name, memory_bytes=cfg.memory, pids=cfg.pids_limit)
             self._limits = Limits(pids=cfg.pids_limit, memory_bytes=0 if procs else cfg.memory,
-                                  cgroup_procs=procs)
+                                  cgroup_procs=tuple(sorted(set(procs.values()))))
+            self._call_limits = replace(self._limits, cgroup_procs=tuple(
+                path for controller, path in procs.items() if controller == "memory"))
         return self._limits
+
+    def _limits_of_a_call(self) -> Limits:
+        """A call joins only the memory cgroup: each join costs the kernel a few ms, and
+        the process count is already the agent's own by RLIMIT_NPROC (its uid is its own);
+        the sandbox's init and all its descendants are in the pids cgroup too."""
+        self._process_limits()
+        return self._call_limits
 
     def _fingerprint(self) -> str:
         """What makes a running sandbox still the right one (host /usr/local/bin aside)."""

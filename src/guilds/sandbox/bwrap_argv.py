@@ -228,6 +228,30 @@ def bwrap_argv(c: BwrapConfig) -> list[str]:
     return argv
 
 
+def limits_in_child(limits: Limits):
+    """What ``limited_argv`` does, as a function for the child of the spawn path to run
+    before exec (no ``sh`` to start for each call): the rlimits, then each cgroup joined.
+    A cgroup gone meanwhile (a stop elsewhere) is skipped: the rlimits still hold."""
+    import resource
+
+    def in_child() -> None:
+        resource.setrlimit(resource.RLIMIT_NPROC, (limits.pids, limits.pids))
+        if limits.memory_bytes:
+            resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        pid = str(os.getpid()).encode()
+        for procs in limits.cgroup_procs:
+            try:
+                fd = os.open(procs, os.O_WRONLY)
+                try:
+                    os.write(fd, pid)
+                finally:
+                    os.close(fd)
+            except OSError:
+                pass
+
+    return in_child
+
+
 def limited_argv(limits: Limits, argv: Sequence[str]) -> list[str]:
     """argv under the limits: ``sh`` sets the rlimits, joins the cgroups, then execs argv (pure)."""
     return ["/bin/sh", "-c", LIMITS_SCRIPT, "guilds-limits", str(limits.pids),
