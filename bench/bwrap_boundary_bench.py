@@ -16,7 +16,9 @@ machine's load falls on both alike:
   2. a start: a new sandbox made and ready (``start()`` after ``stop()``),
      median of --starts.
 
-Prints a Markdown table with after / before.
+"after, no cgroup" is the sandbox as it is where no cgroup can be made
+(rlimits only): what the uid and the mounts cost apart from the cgroup join.
+Prints a Markdown table with the ratios to before.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from guilds.sandbox._process import run_process  # noqa: E402
 from guilds.sandbox.bubblewrap import BwrapSandbox  # noqa: E402
 from guilds.sandbox.bwrap_argv import (  # noqa: E402
-    HELPER_DIR, NAMESPACES, STATE_INSIDE, BwrapConfig, unavailable,
+    HELPER_DIR, NAMESPACES, STATE_INSIDE, BwrapConfig, Limits, unavailable,
 )
 from guilds.settings import AgentSettings  # noqa: E402
 from guilds.toolbox.transport import call_helper  # noqa: E402
@@ -101,6 +103,15 @@ class LegacySandbox(BwrapSandbox):
             self._touch()
 
 
+class NoCgroupSandbox(BwrapSandbox):
+    """BwrapSandbox as it is where no cgroup can be made: rlimits only."""
+
+    def _process_limits(self) -> Limits:
+        cfg = self.settings.bwrap
+        self._limits = self._call_limits = Limits(pids=cfg.pids_limit, memory_bytes=cfg.memory)
+        return self._limits
+
+
 async def bare(box) -> float:
     began = time.perf_counter()
     result = await box.exec(["true"], timeout=30)
@@ -124,6 +135,11 @@ async def start(box) -> float:
     return time.perf_counter() - began
 
 
+def rotated(boxes: dict, i: int) -> list:
+    items = list(boxes.items())
+    return items[i % len(items):] + items[:i % len(items)]
+
+
 async def main(calls: int, starts: int) -> None:
     if os.geteuid() != 0 or unavailable():
         sys.exit("bwrap_boundary_bench: needs root and a working bwrap")
@@ -131,19 +147,21 @@ async def main(calls: int, starts: int) -> None:
     boxes = {"before": LegacySandbox(AgentSettings(id="before", home=work / "before", sandbox="bwrap"),
                                      work / "data-before"),
              "after": BwrapSandbox(AgentSettings(id="after", home=work / "after", sandbox="bwrap"),
-                                   work / "data-after")}
+                                   work / "data-after"),
+             "after, no cgroup": NoCgroupSandbox(
+                 AgentSettings(id="nocg", home=work / "nocg", sandbox="bwrap"), work / "data-nocg")}
     times: dict[tuple[str, str], list[float]] = {}
     try:
         for box in boxes.values():
             await box.start()
             await shell(box, 0)  # warm: helper built, page cache
         for i in range(calls):
-            order = list(boxes.items()) if i % 2 == 0 else list(reversed(boxes.items()))
+            order = rotated(boxes, i)
             for name, box in order:
                 times.setdefault((name, "bare exec `true`"), []).append(await bare(box))
                 times.setdefault((name, "shell `true`, whole transport"), []).append(await shell(box, i + 1))
         for i in range(starts):
-            order = list(boxes.items()) if i % 2 == 0 else list(reversed(boxes.items()))
+            order = rotated(boxes, i)
             for name, box in order:
                 times.setdefault((name, "a new sandbox, start to ready"), []).append(await start(box))
     finally:
@@ -152,12 +170,13 @@ async def main(calls: int, starts: int) -> None:
     load = os.getloadavg()
     print(f"calls: median of {calls}; starts: median of {starts}; "
           f"load average {load[0]:.1f} / {load[1]:.1f} on {os.cpu_count()} CPUs at the end\n")
-    print("| bwrap | before | after | after / before |")
-    print("|---|---:|---:|---:|")
+    print("| bwrap | before | after | after / before | after, no cgroup | no cgroup / before |")
+    print("|---|---:|---:|---:|---:|---:|")
     for what in dict.fromkeys(w for _, w in times):
-        before = statistics.median(times[("before", what)]) * 1000
-        after = statistics.median(times[("after", what)]) * 1000
-        print(f"| {what} | {before:.1f} ms | {after:.1f} ms | {after / before:.2f}x |")
+        before, after, plain = (statistics.median(times[(n, what)]) * 1000
+                                for n in ("before", "after", "after, no cgroup"))
+        print(f"| {what} | {before:.1f} ms | {after:.1f} ms | {after / before:.2f}x "
+              f"| {plain:.1f} ms | {plain / before:.2f}x |")
 
 
 if __name__ == "__main__":
