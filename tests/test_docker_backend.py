@@ -327,3 +327,9 @@ async def test_a_container_removed_behind_our_back_is_made_again(make):
     CLIENT.containers.get(box.container).remove(force=True)
     await box.write_file(f"{box.state_dir}/requests/r1-c1.json", b"{}")
     assert (await sh(box, "ls $GUILDS_STATE_DIR/requests")).stdout == b"r1-c1.json\n"
+
+
+def test_a_call_the_runtime_refused_to_start_is_known_as_such():
+    assert spec.not_started(126, b"OCI runtime exec failed: exec failed: cannot exec in a stopped container")
+    assert not spec.not_started(126, b"bash: ./x: Permission denied\n")  # the command's own 126
+    assert not spec.not_started(0, b"OCI runtime exec failed")

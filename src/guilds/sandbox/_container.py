@@ -97,6 +97,7 @@ TIMEOUT_EXIT = 124
 INIT = (
     "import os,sys,time\n"
     "stamp,idle=sys.argv[1],float(sys.argv[2])\n"
+    "began=time.time()\n"
     "def busy():\n"
     " skip=(1,os.getpid())\n"
     " for p in os.listdir('/proc'):\n"
@@ -107,7 +108,7 @@ INIT = (
     "   except (OSError,IndexError):pass\n"
     " return False\n"
     "def age():\n"
-    " try:return time.time()-os.stat(stamp).st_mtime\n"
+    " try:return time.time()-max(os.stat(stamp).st_mtime,began)\n"
     " except OSError:return 0\n"
     "try:\n"
     " open(stamp,'a').close()\n"
@@ -120,7 +121,9 @@ INIT = (
 the container (ppid 0: an exec), so a call longer than the idle time is never
 cut; orphans and background commands have a parent inside and do not count.
 The stamp is made by the first call when the state root is not the agent's yet
-(its age counts as 0 while it is missing)."""
+(its age counts as 0 while it is missing); a clock older than INIT's own start
+counts from that start (a clock written with whole seconds cannot end a new
+container at once)."""
 _KILL = (
     'pids() { for d in /proc/[0-9]*; do grep -qxzF -- "$0" "$d/environ" 2>/dev/null '
     '&& echo "${d#/proc/}"; done; }; '

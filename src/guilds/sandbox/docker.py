@@ -66,6 +66,12 @@ START_SLACK_SECONDS = 30.0
 CREATED_GRACE_SECONDS = 30.0
 """How long a container made by another process may stay created and not started
 before it is taken as abandoned (its maker died) and made again."""
+IN_CONTAINER_TRIES = 4
+"""A step refused because the container is gone or not running is tried again this
+many times in all (the container found, or made again, each time)."""
+STOPPING_POLL_SECONDS = 0.2
+"""Between those tries: this long times the tries so far (a container whose init has
+just exited is still "running" for a moment)."""
 ADOPT_POLL_SECONDS = 0.05
 """While another process sets up the container: how often to look again."""
 REQUESTS_DIR = "requests"
@@ -125,11 +131,15 @@ class DockerSandbox(ContainerSandbox):
             self._put(*self._repos_files(), "write repos.json")
 
     def _move_clock(self) -> None:
-        """Rewrite the idle clock through the engine (root's: the agent cannot touch it)."""
+        """Rewrite the idle clock through the engine (root's: the agent cannot touch it).
+        Only in the container known now: one made meanwhile starts with a fresh clock,
+        and one found gone is the call's to replace."""
         self._clock_at = time.monotonic()
-        with contextlib.suppress(SandboxError):
-            self._in_container("move the idle clock", lambda cid: self.client.api.put_archive(
-                cid, "/", tar_bytes([(CLOCK, b"", 0o644)], mtime=int(time.time()))))
+        cid = self._cid
+        if cid is None:
+            return
+        with contextlib.suppress(docker.errors.APIError, SandboxError), self._engine("idle clock"):
+            self.client.api.put_archive(cid, "/", tar_bytes([(CLOCK, b"", 0o644)], mtime=int(time.time())))
 
     def _repos_files(self) -> tuple[list[tuple[str, bytes, int]], list[str]]:
         """repos.json (0600), the state folders above it and the requests folder
@@ -142,6 +152,13 @@ class DockerSandbox(ContainerSandbox):
         self._put([(path, data, 0o600)], f"write_file {path}")
 
     def _call(self, argv: list[str], env: dict[str, str], timeout: float, token: str) -> ExecResult:
+        result = self._call_once(argv, env, timeout, token)
+        if spec.not_started(result.exit_code, result.stdout):  # the container stopped under it
+            self._cid = None
+            result = self._call_once(argv, env, timeout, token)
+        return result
+
+    def _call_once(self, argv: list[str], env: dict[str, str], timeout: float, token: str) -> ExecResult:
         exec_id = self._exec_create(argv, {**self._env, **env, EXEC_ENV: token}, timeout)
         began = time.monotonic()
         out, err, complete = self._stream(
@@ -162,16 +179,18 @@ class DockerSandbox(ContainerSandbox):
         return self._in_container("exec", create)
 
     def _in_container(self, what: str, step: Callable[[str], T]) -> T:
-        """step(container id); once more after finding the container gone or not
-        running (``_ensure`` then says why, or makes a new one after an idle stop)."""
-        for retry in (False, True):
+        """step(container id); again, up to IN_CONTAINER_TRIES times, after finding the
+        container gone or not running (``_ensure`` then says why, or makes a new one after
+        an idle stop; a container still stopping is waited for a moment)."""
+        for attempt in range(1, IN_CONTAINER_TRIES + 1):
             with self._engine(what):
                 try:
                     return step(self._ensure())
                 except docker.errors.APIError as exc:
-                    if retry or exc.status_code not in (404, 409):
+                    if attempt == IN_CONTAINER_TRIES or exc.status_code not in (404, 409):
                         raise
             self._cid = None
+            time.sleep(STOPPING_POLL_SECONDS * (attempt - 1))
         raise AssertionError("unreachable")
 
     def _stream(self, exec_id: str, deadline: float) -> tuple[bytes, bytes, bool]:

@@ -97,6 +97,16 @@ def split_frames(buf: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
     return frames, bytes(buf[at:])
 
 
+RUNTIME_REFUSED_EXIT = 126
+RUNTIME_REFUSED = b"OCI runtime exec failed"
+
+
+def not_started(exit_code: int | None, stdout: bytes) -> bool:
+    """The runtime refused to start the exec (the container stopped meanwhile, e.g. at
+    its idle stop): the command never ran, so the call may be made again (pure)."""
+    return exit_code == RUNTIME_REFUSED_EXIT and stdout.startswith(RUNTIME_REFUSED)
+
+
 def idle_stopped(state: Mapping[str, Any]) -> bool:
     """A container that ended by its idle stop (not killed, not out of memory)."""
     return not state.get("OOMKilled") and state.get("ExitCode") == IDLE_EXIT
