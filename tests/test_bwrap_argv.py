@@ -140,3 +140,24 @@ def test_each_agent_has_its_own_uid_far_from_users():
 
 def test_init_is_plain_python():
     compile(INIT, "<init>", "exec")
+
+
+def test_bwrap_settings_and_their_edges(tmp_path):
+    import pytest
+
+    from guilds.errors import ConfigError
+    from guilds.settings import parse_settings
+
+    got = parse_settings({"bwrap": {"uid": 2**31 - 2, "memory": "1m", "pids_limit": 16,
+                                    "tmp_size": "3G"}}, tmp_path).bwrap
+    assert (got.uid, got.memory, got.pids_limit, got.tmp_size) == (2**31 - 2, 1 << 20, 16, 3 << 30)
+    for table, error in [
+        ({"memory": "1023k"}, "bwrap.memory: must be at least 1m, got '1023k'"),
+        ({"tmp_size": "2x"}, 'bwrap.tmp_size: must be a size such as "512m" or "2g", got \'2x\''),
+        ({"pids_limit": 15}, "bwrap.pids_limit: must be at least 16, got 15"),
+        ({"uid": -1}, "bwrap.uid: must be from 0 to 2147483646, got -1"),
+        ({"gid": 5}, "bwrap.gid: unknown key"),
+    ]:
+        with pytest.raises(ConfigError) as caught:
+            parse_settings({"bwrap": table}, tmp_path)
+        assert str(caught.value).startswith(error), caught.value
