@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from guilds.auth import TOKEN_FILE, Lock, host_names
 from guilds.sandbox.bwrap_argv import unavailable
 from guilds.lifecycle import HEARTBEAT_SECONDS, LEASE_SECONDS, LOST
-from guilds.store import Store, call_owners, metadata, normalize_url, owners
+from guilds.store import Store, calls, metadata, normalize_url, owners
 from guilds.web.app import create_app
 from guilds.web.logs import HostLogReader
 from guilds_code.redact import Redactor
@@ -171,7 +171,7 @@ async def test_a_call_of_an_owner_elsewhere_is_lost_once_its_lease_has_passed(tm
             async with store.engine.begin() as conn:
                 await conn.execute(sa.insert(owners).values(id=f"far-{run}", machine="another/boot/pid:[1]", pid=1,
                                                             pid_start=1, heartbeat_at=datetime.now(UTC) - timedelta(seconds=age)))
-                await conn.execute(sa.update(call_owners).where(call_owners.c.run_id == run, call_owners.c.seq == slot.seq)
+                await conn.execute(sa.update(calls).where(calls.c.run_id == run, calls.c.seq == slot.seq)
                                    .values(owner=f"far-{run}"))
     async with Store(url) as store:
         stale, fresh = (await store.calls("stale"))[0], (await store.calls("fresh"))[0]
