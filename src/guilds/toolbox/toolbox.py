@@ -132,6 +132,8 @@ class Toolbox:
         self._redact_env = sorted(settings.secrets)
         self._started = False
         self._start_lock = asyncio.Lock()
+        self._transport = transport.Transport(sandbox, settings.transport,
+                                              max_in_flight=settings.max_in_flight)
 
     def tools(self) -> list[ToolSpec]:
         """The tools to offer in this generation: all five while coding is on, else none."""
@@ -197,9 +199,7 @@ class Toolbox:
             helper = "guilds-harness"
         try:
             await self._ensure_started()
-            envelope = await transport.call_helper(
-                self.sandbox, request, wait=transport.wait_for(tool, valid), helper=helper
-            )
+            envelope = await self._transport.call(request, wait=transport.wait_for(tool, valid), helper=helper)
         except HelperFailed as exc:
             return _error(exc.message)
         except SandboxError as exc:
@@ -208,6 +208,10 @@ class Toolbox:
             return _error(envelope["error"])
         failed = tool == "code_task" and envelope["meta"].get("status") != "completed"
         return _Outcome(envelope["text"], failed, envelope["meta"])
+
+    async def close(self) -> None:
+        """End the agent's resident helper, if it runs (a later call opens it again)."""
+        await self._transport.close()
 
     def _repo_folders(self) -> dict[str, str]:
         """Each repository's absolute folder as the sandbox sees it."""
