@@ -59,6 +59,14 @@ def record(tmp_path: Path) -> Store:
     return Store(f"sqlite:///{tmp_path / 'data' / 'guilds.db'}")
 
 
+def reap(proc: subprocess.Popen) -> None:
+    """Kill it if it still runs, wait for it, close its pipes."""
+    proc.kill()
+    if proc.stdout is not None and not proc.stdout.closed:
+        proc.communicate()
+    proc.wait()
+
+
 async def running_sleep(proc: subprocess.Popen, arg: str) -> None:
     """Wait for the call's sleep to show in /proc: the known point."""
     assert await kit.wait_for(lambda: kit.processes("sleep", arg) or proc.poll() is not None, 60)
@@ -75,7 +83,7 @@ async def test_a_stop_signal_to_guilds_call_stops_the_command_and_records_it_can
         proc.send_signal(getattr(signal, name))
         out, err = proc.communicate(timeout=30)
     finally:
-        proc.kill()
+        reap(proc)
     signum = getattr(signal, name)
     assert proc.returncode == 128 + signum
     assert err == f"guilds: stopped by {name}; the call's command was stopped and the call recorded as cancelled\n"
@@ -102,8 +110,7 @@ async def test_a_killed_guilds_call_leaves_no_command_and_its_call_is_lost(tmp_p
         proc.kill()
         proc.wait(10)
     finally:
-        proc.kill()
-        proc.communicate()
+        reap(proc)
     left = await kit.left_running(arg)
     for pid in left:  # this test's own sleep, by its pid
         os.kill(pid, signal.SIGKILL)
