@@ -209,7 +209,7 @@ async def call_in_background(url: str, token: str, command: str, run: str) -> as
     return asyncio.create_task(call())
 
 
-@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("name", STOP_SIGNALS)
 async def test_a_stop_signal_to_guilds_serve_stops_the_running_calls(tmp_path, name):
     proc, url, token = start_serve(tmp_path)
     command, arg = kit.sleep_command()
