@@ -99,6 +99,7 @@ async def test_cancel_kills_the_command_and_is_recorded(tmp_path, sandbox):
 
 
 @pytest.mark.parametrize("leave", ["close stdin", pytest.param("SIGTERM", marks=pytest.mark.slow),
+                                   pytest.param("SIGINT", marks=pytest.mark.slow),
                                    pytest.param("SIGHUP", marks=pytest.mark.slow), "SIGKILL"])
 async def test_a_client_gone_mid_call_leaves_nothing_running(tmp_path, leave):
     """A raw 2025-protocol client (no courtesy cancel) starts a long command, then goes away

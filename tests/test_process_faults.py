@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from guilds.auth import TOKEN_FILE, Lock, host_names
 from guilds.sandbox.bwrap_argv import unavailable
 from guilds.lifecycle import HEARTBEAT_SECONDS, LEASE_SECONDS, LOST
-from guilds.store import Store, call_owners, metadata, normalize_url, owners
+from guilds.store import Store, calls, metadata, normalize_url, owners
 from guilds.web.app import create_app
 from guilds.web.logs import HostLogReader
 from guilds_code.redact import Redactor
@@ -59,6 +59,14 @@ def record(tmp_path: Path) -> Store:
     return Store(f"sqlite:///{tmp_path / 'data' / 'guilds.db'}")
 
 
+def reap(proc: subprocess.Popen) -> None:
+    """Kill it if it still runs, wait for it, close its pipes."""
+    proc.kill()
+    if proc.stdout is not None and not proc.stdout.closed:
+        proc.communicate()
+    proc.wait()
+
+
 async def running_sleep(proc: subprocess.Popen, arg: str) -> None:
     """Wait for the call's sleep to show in /proc: the known point."""
     assert await kit.wait_for(lambda: kit.processes("sleep", arg) or proc.poll() is not None, 60)
@@ -75,7 +83,7 @@ async def test_a_stop_signal_to_guilds_call_stops_the_command_and_records_it_can
         proc.send_signal(getattr(signal, name))
         out, err = proc.communicate(timeout=30)
     finally:
-        proc.kill()
+        reap(proc)
     signum = getattr(signal, name)
     assert proc.returncode == 128 + signum
     assert err == f"guilds: stopped by {name}; the call's command was stopped and the call recorded as cancelled\n"
@@ -96,8 +104,7 @@ async def test_a_killed_guilds_call_leaves_no_command_and_its_call_is_lost(tmp_p
         proc.kill()
         proc.wait(10)
     finally:
-        proc.kill()
-        proc.communicate()
+        reap(proc)
     left = await kit.left_running(arg)
     for pid in left:  # this test's own sleep, by its pid
         os.kill(pid, signal.SIGKILL)
@@ -165,7 +172,7 @@ async def test_a_call_of_an_owner_elsewhere_is_lost_once_its_lease_has_passed(tm
             async with store.engine.begin() as conn:
                 await conn.execute(sa.insert(owners).values(id=f"far-{run}", machine="another/boot/pid:[1]", pid=1,
                                                             pid_start=1, heartbeat_at=datetime.now(UTC) - timedelta(seconds=age)))
-                await conn.execute(sa.update(call_owners).where(call_owners.c.run_id == run, call_owners.c.seq == slot.seq)
+                await conn.execute(sa.update(calls).where(calls.c.run_id == run, calls.c.seq == slot.seq)
                                    .values(owner=f"far-{run}"))
     async with Store(url) as store:
         stale, fresh = (await store.calls("stale"))[0], (await store.calls("fresh"))[0]
@@ -196,7 +203,7 @@ async def call_in_background(url: str, token: str, command: str, run: str) -> as
     return asyncio.create_task(call())
 
 
-@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("name", STOP_SIGNALS)
 async def test_a_stop_signal_to_guilds_serve_stops_the_running_calls(tmp_path, name):
     proc, url, token = start_serve(tmp_path)
     command, arg = kit.sleep_command()

@@ -7,9 +7,10 @@ import asyncio
 import os
 import subprocess
 import sys
-from pathlib import Path
+from datetime import UTC, datetime
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from guilds.store import Store, metadata, normalize_url
@@ -86,3 +87,35 @@ def test_postgresql_processes_starting_together_on_a_fresh_schema():
         assert results == [(0, "")] * PROCESSES, (round_, results)
         assert asyncio.run(_count(url)) == PROCESSES
     asyncio.run(_drop_all(url))
+
+
+async def _old_record(url: str) -> None:
+    """A record as made before calls had owners, with a call its (older) process left running."""
+    async with Store(url) as store:
+        await store.begin_call(run_id="old", agent_id="a", tool="shell", args={"command": "make"}, call_id="c1",
+                               started_at=datetime.now(UTC), budget=10)
+    engine = create_async_engine(normalize_url(url))
+    async with engine.begin() as conn:
+        await conn.execute(sa.text("DROP INDEX IF EXISTS ix_calls_owner"))
+        await conn.execute(sa.text("ALTER TABLE calls DROP COLUMN owner"))
+    await engine.dispose()
+
+
+@pytest.mark.parametrize("db", ["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(
+    not os.environ.get("GUILDS_TEST_POSTGRES_URL"), reason="GUILDS_TEST_POSTGRES_URL is not set"))])
+def test_a_record_from_before_owners_gets_the_column_and_its_running_calls_are_lost(tmp_path, db):
+    url = os.environ["GUILDS_TEST_POSTGRES_URL"] if db == "postgresql" else f"sqlite:///{tmp_path / 'guilds.db'}"
+    if db == "postgresql":
+        asyncio.run(_drop_all(url))
+    asyncio.run(_old_record(url))
+    results = race(url, PROCESSES)  # they all find the old record: one adds the column
+    assert results == [(0, "")] * PROCESSES, results
+
+    async def check() -> None:
+        async with Store(url) as store:
+            calls = await store.calls("old")
+        assert (calls[0].status, calls[0].row) == ("lost", "Run make · lost")
+
+    asyncio.run(check())
+    if db == "postgresql":
+        asyncio.run(_drop_all(url))

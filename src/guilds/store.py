@@ -12,10 +12,10 @@ Tables:
     calls  run_id + seq, call_id, tool, args, text, is_error, meta, cut (by the
            pipeline's cap), counted (against the budget), status (running, done,
            cancelled, or lost: its process ended first), started_at,
-           finished_at, duration_ms, row
+           finished_at, duration_ms, row, owner (the process running it; none
+           once it has ended)
     owners the processes that have the record open (``guilds.lifecycle``): id,
            machine, pid, pid_start, heartbeat_at
-    call_owners  run_id + seq of each running call, and the owner running it
 
 The schema is made once, whichever process comes first (``_create_schema``).
 Opening a Store registers its process as an owner and records as ``lost`` the
@@ -88,6 +88,7 @@ calls = sa.Table(
     sa.Column("finished_at", _TS),
     sa.Column("duration_ms", sa.Integer),
     sa.Column("row", sa.Text),
+    sa.Column("owner", sa.String(32), index=True),
 )
 owners = sa.Table(
     "owners", metadata,
@@ -97,24 +98,16 @@ owners = sa.Table(
     sa.Column("pid_start", sa.BigInteger, nullable=False),
     sa.Column("heartbeat_at", _TS, nullable=False),
 )
-call_owners = sa.Table(
-    "call_owners", metadata,
-    sa.Column("run_id", sa.String(128), primary_key=True),
-    sa.Column("seq", sa.Integer, primary_key=True),
-    sa.Column("owner", sa.String(32), nullable=False, index=True),
-)
 
 
 _INSERT_CALL = sa.insert(calls)
 _FINISH_CALL = sa.update(calls).where(
     calls.c.run_id == sa.bindparam("k_run_id"), calls.c.seq == sa.bindparam("k_seq")
 )
-_INSERT_OWNER = sa.insert(call_owners)
-_DELETE_OWNER = sa.delete(call_owners).where(
-    call_owners.c.run_id == sa.bindparam("run_id"), call_owners.c.seq == sa.bindparam("seq")
-)
-_ORPHANED = sa.select(call_owners.c.owner).distinct().where(call_owners.c.owner.not_in(sa.select(owners.c.id)))
+_ORPHANED = sa.select(calls.c.owner).distinct().where(calls.c.owner.is_not(None),
+                                                      calls.c.owner.not_in(sa.select(owners.c.id)))
 """Owners of running calls that are no longer registered (closed while a call ran)."""
+_RUNNING = sa.select(calls.c.run_id, calls.c.seq, calls.c.tool, calls.c.args, calls.c.started_at)
 _FILE_READS = (
     sa.select(calls.c.seq, calls.c.meta)
     .where(calls.c.run_id == sa.bindparam("run_id"), calls.c.tool == "file_read", calls.c.status == "done",
@@ -186,7 +179,7 @@ def _lost(call: Any, now: datetime) -> dict[str, Any]:
     """The finish of a call whose process is gone: an error, "· lost" on its row."""
     started = call.started_at if call.started_at.tzinfo else call.started_at.replace(tzinfo=timezone.utc)
     return {"k_run_id": call.run_id, "k_seq": call.seq, "text": lifecycle.LOST, "is_error": True, "meta": None,
-            "cut": False, "status": "lost", "finished_at": now, "row": f"{row_text(call.tool, call.args, {}, False)} · lost",
+            "cut": False, "status": "lost", "finished_at": now, "owner": None, "row": f"{row_text(call.tool, call.args, {}, False)} · lost",
             "duration_ms": max(0, round((now - started).total_seconds() * 1000))}
 
 
@@ -199,12 +192,29 @@ def _create_schema(conn: sa.Connection) -> None:
     """
     if conn.dialect.name == "postgresql":
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
-        metadata.create_all(conn)
-        return
     for table in metadata.sorted_tables:
         conn.execute(CreateTable(table, if_not_exists=True))
+    _add_owner_column(conn)
+    for table in metadata.sorted_tables:
         for index in table.indexes:
             conn.execute(CreateIndex(index, if_not_exists=True))
+
+
+def _add_owner_column(conn: sa.Connection) -> None:
+    """A record made before calls had owners gets the column; its calls still ``running``
+    then (no process can finish them any more) are recorded lost."""
+    if "owner" in {c["name"] for c in sa.inspect(conn).get_columns("calls")}:
+        return
+    try:
+        conn.execute(sa.text("ALTER TABLE calls ADD COLUMN owner VARCHAR(32)"))
+    except sa.exc.OperationalError as exc:  # SQLite: another process added it meanwhile
+        if "duplicate column" in str(exc):
+            return
+        raise
+    now = _now()
+    stale = conn.execute(_RUNNING.where(calls.c.status == "running")).all()
+    if stale:
+        conn.execute(_FINISH_CALL, [_lost(call, now) for call in stale])
 
 
 def _private_record(database: str | None) -> None:
@@ -289,13 +299,9 @@ class Store:
         if not gone:
             return []
         async with self._writing("the lost calls") as conn:
-            lost = (await conn.execute(
-                sa.select(calls.c.run_id, calls.c.seq, calls.c.tool, calls.c.args, calls.c.started_at)
-                .join(call_owners, sa.and_(call_owners.c.run_id == calls.c.run_id, call_owners.c.seq == calls.c.seq))
-                .where(call_owners.c.owner.in_(gone), calls.c.status == "running"))).all()
+            lost = (await conn.execute(_RUNNING.where(calls.c.owner.in_(gone), calls.c.status == "running"))).all()
             if lost:
                 await conn.execute(_FINISH_CALL, [_lost(call, now) for call in lost])
-            await conn.execute(sa.delete(call_owners).where(call_owners.c.owner.in_(gone)))
             await conn.execute(sa.delete(owners).where(owners.c.id.in_(gone)))
         return [(call.run_id, call.seq) for call in lost]
 
@@ -327,9 +333,8 @@ class Store:
             await conn.execute(_INSERT_CALL, {
                 "run_id": run_id, "seq": seq, "call_id": call_id, "tool": tool, "args": args,
                 "counted": admitted, "status": "running", "started_at": started_at,
-                "is_error": False, "cut": False,
+                "is_error": False, "cut": False, "owner": self.owner.id,
             })
-            await conn.execute(_INSERT_OWNER, {"run_id": run_id, "seq": seq, "owner": self.owner.id})
         self._in_flight += 1
         self._idle.clear()
         return Slot(seq=seq, used=used, admitted=admitted)
@@ -343,9 +348,8 @@ class Store:
                 await conn.execute(_FINISH_CALL, {
                     "k_run_id": run_id, "k_seq": seq, "text": text, "is_error": is_error, "meta": meta,
                     "cut": cut, "status": status, "finished_at": finished_at, "duration_ms": duration_ms,
-                    "row": row,
+                    "row": row, "owner": None,
                 })
-                await conn.execute(_DELETE_OWNER, {"run_id": run_id, "seq": seq})
         finally:
             self._in_flight = max(0, self._in_flight - 1)
             if not self._in_flight:
