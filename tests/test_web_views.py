@@ -16,6 +16,8 @@ from guilds.web.flow import (
     duration_text,
     flow_item,
     flow_page,
+    later_page,
+    seq_in_range,
     redact_call,
     resume_after,
     runs_page,
@@ -299,6 +301,22 @@ def test_a_flow_page_links_the_page_before_and_where_live_updates_start():
     first = flow_page("r1", calls("done", first=1))
     assert (first.earlier_href, first.events_href) == ("", "/runs/r1/events?after=1")
     assert flow_page("r1", []).events_href == "/runs/r1/events?after=0"
+
+
+def test_a_page_that_stops_before_the_newest_call_links_the_next_and_streams_nothing():
+    page = flow_page("r1", calls("done", "done", first=1), more_after=True, start=1)
+    assert (page.earlier_href, page.later_href, page.events_href) == ("", "/runs/r1/flow?after=2", "")
+    jumped = flow_page("r1", calls("done", first=40), more_after=True, start=40)
+    assert (jumped.earlier_href, jumped.later_href) == ("/runs/r1/flow?before=40", "/runs/r1/flow?after=40")
+    assert flow_page("r1", [], start=9000).earlier_href == "/runs/r1/flow?before=9000"
+    more = later_page("r1", calls("done", "running", first=10), more_after=True)
+    assert ([i.seq for i in more.items], more.earlier_href, more.later_href) == ([10, 11], "", "/runs/r1/flow?after=11")
+    assert later_page("r1", calls("done", first=10), more_after=False).later_href == ""
+
+
+@pytest.mark.parametrize("seq, ok", [(0, False), (1, True), (2**63 - 1, True), (2**63, False), (10**20, False)])
+def test_seq_in_range(seq, ok):
+    assert seq_in_range(seq) is ok
 
 
 def test_runs_pages():
