@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-from web_kit import SECRET, fill, record_code_task, served
+from web_kit import SECRET, TOKEN, fill, record_code_task, served
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -53,7 +53,8 @@ async def test_the_flow_live_and_a_calls_views(tmp_path):
                 page.on("response", lambda r: problems.append(f"{r.status} {r.url}") if r.status >= 400 else None)
 
                 await record_code_task(s.store, "demo")
-                await page.goto(base + "/")
+                await page.goto(f"{base}/?token={TOKEN}")  # the one-time URL: a cookie, then a clean URL
+                assert page.url == base + "/"
                 await page.get_by_role("link", name="demo").click()
                 await expect(page.locator("#call-11 .text")).to_have_text("Run sleep 5 · timed out")
                 await expect(page.locator("#call-10")).to_contain_text("the agent has no repository")
@@ -118,6 +119,13 @@ async def _browser(p):
     return await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
 
 
+async def _page(browser, base: str):
+    """A page logged in to the app (the one-time token URL leaves a cookie)."""
+    page = await browser.new_page(viewport={"width": 1200, "height": 800})
+    await page.goto(f"{base}/?token={TOKEN}")
+    return page
+
+
 def _watch(page, problems: list[str]) -> None:
     page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
     page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
@@ -135,7 +143,7 @@ async def test_the_flow_stays_whole_across_back_forward_and_reload(tmp_path):
         try:
             async with playwright_api.async_playwright() as p:
                 browser = await _browser(p)
-                page = await browser.new_page(viewport={"width": 1200, "height": 800})
+                page = await _page(browser, base)
                 _watch(page, problems)
                 await page.goto(base + "/runs/demo")
                 await expect(page.locator("#call-11")).to_be_visible()
@@ -193,7 +201,7 @@ async def test_tabs_do_not_grow_the_history_and_jumps_reach_any_call(tmp_path):
         try:
             async with playwright_api.async_playwright() as p:
                 browser = await _browser(p)
-                page = await browser.new_page(viewport={"width": 1200, "height": 800})
+                page = await _page(browser, base)
                 _watch(page, problems)
                 await page.goto(base + "/runs/big")
                 await page.locator("#call-4990 a").click()
@@ -262,7 +270,7 @@ async def test_a_big_run_clicks_as_fast_as_a_small_one(tmp_path):
         try:
             async with playwright_api.async_playwright() as p:
                 browser = await _browser(p)
-                page = await browser.new_page(viewport={"width": 1200, "height": 800})
+                page = await _page(browser, base)
                 figures = []
                 for _ in range(2):  # interleaved
                     figures.append((await _tab_clicks_ms(page, base, "small", 5),

@@ -11,6 +11,8 @@ ports = "20000-20099"         # the port block; PORT is its first port
 network = false               # bwrap: may commands reach the network
 result_max_bytes = 8192       # the helper's cap (else $CODE_RESULT_MAX_BYTES, else 8192)
 harness = "claude-code"       # code_task's harness: claude-code | codex
+transport = "auto"            # how calls reach the helper: auto | resident | exec (docs/helper.md)
+max_in_flight = 64            # resident: requests of this agent running at once; the next is refused
 
 [secrets]                     # put into every command's environment; redacted from every result
 OPENAI_API_KEY = "..."
@@ -25,6 +27,13 @@ memory = "2g"                 # the container's memory limit
 pids_limit = 512
 idle_minutes = 30             # stopped after this long without a call
 network = "bridge"            # the Docker network joined when agent.network is true
+
+[bwrap]                       # sandbox = "bwrap" (docs/sandboxes.md)
+uid = 0                       # the commands' host uid when the orchestrator is root; 0: one
+                              # derived from the agent id (1500000000 + a hash, one per agent)
+memory = "2g"                 # the sandbox's memory (a cgroup; else per process, RLIMIT_AS)
+pids_limit = 512              # processes at once (a cgroup and RLIMIT_NPROC)
+tmp_size = "1g"               # /tmp, a tmpfs of at most this much
 
 [kubernetes]                  # sandbox = "kubernetes": one pod per agent (docs/sandboxes.md)
 namespace = "guilds"
@@ -63,6 +72,11 @@ DEFAULT_MAX_TOOL_CALLS = 200
 DEFAULT_PORTS = (20000, 20099)
 DEFAULT_HOME = "home"
 DEFAULT_HARNESS = "claude-code"
+DEFAULT_TRANSPORT = "auto"
+TRANSPORTS = ("auto", "resident", "exec")
+DEFAULT_MAX_IN_FLIGHT = 64
+MAX_IN_FLIGHT_LIMIT = 4096
+"""The most agent.max_in_flight may be: each request in flight is a process in the sandbox."""
 """The home when the file names none: a folder beside the settings file."""
 SANDBOXES = ("auto", "local", "bwrap", "docker", "kubernetes")
 SETTINGS_FILE = "settings.toml"
@@ -97,6 +111,21 @@ class DockerSettings:
     network: str = "bridge"
 
 
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+MIN_SIZE_BYTES = 1 << 20
+"""The smallest memory or tmpfs size bwrap accepts from the settings (1 MiB)."""
+
+
+@dataclass(frozen=True)
+class BwrapSettings:
+    """[bwrap]: the agent's bubblewrap sandbox (see the module docstring for each key)."""
+
+    uid: int = 0
+    memory: int = 2 << 30
+    pids_limit: int = 512
+    tmp_size: int = 1 << 30
+
+
 @dataclass(frozen=True)
 class KubernetesSettings:
     """[kubernetes]: the agent's pod (see the module docstring for each key)."""
@@ -125,7 +154,12 @@ class AgentSettings:
     result_max_bytes: int = limits.DEFAULT_MAX_BYTES
     harness: str = DEFAULT_HARNESS
     """The coding harness code_task drives: claude-code or codex."""
+    transport: str = DEFAULT_TRANSPORT
+    """auto: the resident helper when it opens, else a process per call; resident; exec."""
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    """The resident helper's bound on this agent's requests running at once."""
     docker: DockerSettings = field(default_factory=DockerSettings)
+    bwrap: BwrapSettings = field(default_factory=BwrapSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
 
     def secret_values(self) -> list[str]:
@@ -134,7 +168,7 @@ class AgentSettings:
 
 
 _AGENT_KEYS = ("id", "home", "sandbox", "coding", "max_tool_calls", "ports", "network",
-               "result_max_bytes", "harness")
+               "result_max_bytes", "harness", "transport", "max_in_flight")
 
 
 def _result_max_bytes(table: dict, env: Mapping[str, str]) -> int:
@@ -166,6 +200,9 @@ def _agent(table: dict, base: Path, env: Mapping[str, str]) -> dict:
         "network": check.boolean(table.get("network", False), "agent.network"),
         "result_max_bytes": _result_max_bytes(table, env),
         "harness": check.choice(table.get("harness", DEFAULT_HARNESS), "agent.harness", tuple(HARNESSES)),
+        "transport": check.choice(table.get("transport", DEFAULT_TRANSPORT), "agent.transport", TRANSPORTS),
+        "max_in_flight": check.integer(table.get("max_in_flight", DEFAULT_MAX_IN_FLIGHT),
+                                       "agent.max_in_flight", 1, MAX_IN_FLIGHT_LIMIT),
     }
 
 
@@ -204,10 +241,25 @@ def _minutes(value: Any, key: str) -> int:
     return check.integer(value, key, 1)
 
 
+def _size(value: Any, key: str) -> int:
+    """A size such as "512m" or "2g" (k, m, g: binary units) -> bytes, at least MIN_SIZE_BYTES."""
+    text = check.string(value, key).strip().lower().removesuffix("b")
+    number, unit = text.rstrip("kmg"), text[len(text.rstrip("kmg")):]
+    if not number.isdigit() or unit not in _SIZE_UNITS:
+        raise ConfigError(f"{key}: must be a size such as \"512m\" or \"2g\", got {value!r}")
+    size = int(number) * _SIZE_UNITS[unit]
+    if size < MIN_SIZE_BYTES:
+        raise ConfigError(f"{key}: must be at least 1m, got {value!r}")
+    return size
+
+
 _SECTIONS: dict[str, tuple[type, dict[str, Callable[[Any, str], Any]]]] = {
     "docker": (DockerSettings, {"image": check.string, "memory": check.string,
                                 "pids_limit": lambda v, k: check.integer(v, k, 16),
                                 "idle_minutes": _minutes, "network": check.string}),
+    "bwrap": (BwrapSettings, {"uid": lambda v, k: check.integer(v, k, 0, 2**31 - 2),
+                              "memory": _size, "pids_limit": lambda v, k: check.integer(v, k, 16),
+                              "tmp_size": _size}),
     "kubernetes": (KubernetesSettings, {
         "namespace": check.string, "image": check.string, "runtime_class": check.string,
         "cpu": check.string, "memory": check.string, "service_account": check.string,

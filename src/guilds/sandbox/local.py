@@ -1,4 +1,7 @@
-"""The ``local`` backend: a folder on this machine is the home; no isolation.
+"""The ``local`` backend: a folder on this machine is the home. It isolates nothing:
+commands run as the orchestrator's own user, read and write whatever that user
+can (its other files, other agents' homes, the data folder and run record),
+reach the network, and are bounded by no limit but the call's timeout.
 
 Layout under the data folder::
 
@@ -25,6 +28,7 @@ from ..settings import AgentSettings
 from ._agent import agent_env, checked_id, locate, real_python, write_beneath, write_repos
 from ._process import run_process
 from .base import ExecResult
+from .channel import LocalProcess
 
 
 class LocalSandbox:
@@ -62,6 +66,9 @@ class LocalSandbox:
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float
     ) -> ExecResult:
         return await run_process(argv, env={**self._env, **(env or {})}, cwd=self.home, timeout=timeout)
+
+    async def open_process(self, argv: Sequence[str]) -> LocalProcess:
+        return LocalProcess(argv, env=self._env, cwd=self.home)
 
     async def write_file(self, path: str, data: bytes) -> None:
         root, rel = locate(path, {self.state_dir: self.state_dir, self.home: self.home})
