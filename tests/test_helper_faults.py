@@ -169,3 +169,16 @@ def test_a_run_folder_that_cannot_be_made_on_a_full_disk(full_home):
     assert text.startswith("still runs\n1\n")
     assert any(n.startswith("note: this call's working directory and log could not be kept")
                or "could not be kept" in n for n in _notes(text)), text
+
+
+def test_a_background_start_moves_a_runs_link_aside_and_says_so(sandbox, tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    # the agent's own background command swaps .runs for a link once the call that started it is over
+    ok_text(sh(sandbox, f"sleep 0.3; mv ~/.runs ~/.runs.mine; ln -s {victim} ~/.runs", background=True))
+    assert _wait_for(lambda: (sandbox.home / ".runs").is_symlink())
+    env = sh(sandbox, "echo bg", background=True)
+    text = ok_text(env)
+    assert text.startswith("started b2 in the background") and "\nnote: " in text
+    assert env["meta"]["log_path"].startswith(f"{sandbox.home}/.runs/run1/")
+    assert list(victim.iterdir()) == []
