@@ -346,3 +346,10 @@ def test_the_log_view():
     assert cut.back == "/runs/r1/calls/5?view=metadata"
     gone = log_view(call, None, "The log is no longer kept.")
     assert (gone.error, gone.head, gone.path) == ("The log is no longer kept.", "", LOG)
+
+
+def test_a_secret_used_as_an_argument_name_never_reaches_the_arguments_view():
+    secret = "sk-live-0123456789abcdef"
+    call = redact_call(record("shell", {"command": "true", secret: "x"}), Redactor([secret]))
+    names = [arg.name for arg in call_page(call, "arguments").arguments]
+    assert secret not in names and "[REDACTED]" in names
