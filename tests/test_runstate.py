@@ -9,7 +9,7 @@ import time
 import pytest
 
 from guilds_code import limits, runstate
-from guilds_code.protocol import OpError, Request
+from guilds_code.protocol import Request
 
 
 @pytest.fixture
