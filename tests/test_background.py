@@ -308,3 +308,17 @@ def test_forged_record_of_a_live_own_command_cannot_be_redirected(bg):
         os.killpg(victim.pid, signal.SIGKILL)
         os.killpg(pid, signal.SIGKILL)
         victim.wait()
+
+
+def test_a_background_folder_replaced_by_a_link_is_not_followed_and_is_rebuilt(bg, tmp_path):
+    bid, _, _ = start(bg, "true")
+    wait_state(bg, bid, "exited")
+    elsewhere = tmp_path / "elsewhere"
+    folder = bg.state / "agent1" / "background"
+    ok_text(bg.call("shell", {"command": f"cp -r {folder} {elsewhere}; rm -rf {folder}; ln -s {elsewhere} {folder}"}))
+    assert ok_text(status(bg)) == "no background commands"  # the link is not followed
+    assert error_text(status(bg, id=bid)) == f"id: no background command {bid}"
+    env = bg.call("shell", {"command": "echo again", "background": True})
+    text = ok_text(env)
+    assert text.startswith("started b1 in the background") and f"note: {folder} was a link; moved it to " in text
+    assert folder.is_dir() and not folder.is_symlink() and sorted(os.listdir(elsewhere))[0].startswith(".exit-")

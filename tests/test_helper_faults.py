@@ -162,10 +162,28 @@ def test_elided_output_whose_log_could_not_be_written_says_so(full_home):
 
 
 def test_a_run_folder_that_cannot_be_made_on_a_full_disk(full_home):
-    sh(full_home, FILL + "mkdir -p ~/many && cd ~/many && for i in $(seq 1 4000); do mkdir d$i 2>/dev/null || break; done")
-    full_home.run_id = "run2"
-    env = sh(full_home, "echo still runs; seq 1 3000")
+    sh(full_home, "echo warm")
+    used = int(subprocess.run(["df", "--output=iused", str(full_home.home)], capture_output=True,
+                              text=True, check=True).stdout.split()[-1])
+    subprocess.run(["mount", "-o", f"remount,nr_inodes={used}", str(full_home.home)], check=True)
+    full_home.run_id = "run2"  # a new run: its folder cannot be made, no inode is left
+    env = sh(full_home, "echo still runs; cd /tmp; seq 1 3000")
     text = ok_text(env)
-    assert text.startswith("still runs\n1\n")
-    assert any(n.startswith("note: this call's working directory and log could not be kept")
-               or "could not be kept" in n for n in _notes(text)), text
+    assert text.startswith("still runs\n1\n") and text.rstrip().endswith("3000\n" + _notes(text)[0])
+    assert _notes(text) == [f"note: this call's working directory and log could not be kept: "
+                            f"cannot make {full_home.home}/.runs/run2: No space left on device"]
+    assert "full output: not kept (no run folder)" in text and "log_path" not in env["meta"]
+    assert env["meta"]["cwd"] == str(full_home.home)
+
+
+def test_a_background_start_moves_a_runs_link_aside_and_says_so(sandbox, tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    # the agent's own background command swaps .runs for a link once the call that started it is over
+    ok_text(sh(sandbox, f"sleep 0.3; mv ~/.runs ~/.runs.mine; ln -s {victim} ~/.runs", background=True))
+    assert _wait_for(lambda: (sandbox.home / ".runs").is_symlink())
+    env = sh(sandbox, "echo bg", background=True)
+    text = ok_text(env)
+    assert text.startswith("started b2 in the background") and "\nnote: " in text
+    assert env["meta"]["log_path"].startswith(f"{sandbox.home}/.runs/run1/")
+    assert list(victim.iterdir()) == []

@@ -161,6 +161,54 @@ async def test_a_thousand_calls_page_and_load_quickly(app, client):
     assert time.perf_counter() - t0 < 1.0
 
 
+@pytest.mark.parametrize("url", [
+    "/runs/run1/calls/99999999999999999999", "/runs/run1/calls/9223372036854775808", "/runs/run1/calls/0",
+    "/runs/run1/calls/99999999999999999999/log", "/runs/run1/calls/-1", "/runs/run1/calls/1e3",
+])
+async def test_a_malformed_or_huge_seq_is_404(client, url):
+    await get(client, url, status=404)
+    await get(client, url, fragment=True, status=404)
+
+
+@pytest.mark.parametrize("url", ["/runs/run1/flow?before=99999999999999999999",
+                                 "/runs/run1/flow?after=99999999999999999999", "/runs/run1?at=99999999999999999999",
+                                 "/runs/run1/events?after=99999999999999999999"])
+async def test_a_huge_seq_in_a_query_is_a_clear_400(client, url):
+    assert "out of range" in await get(client, url, status=400)
+
+
+async def test_jump_to_the_first_call_and_any_seq_then_load_later(app, client):
+    await fill(app.store, "jump", 5000)
+    html = await get(client, "/runs/jump?at=1")
+    seqs = [int(s) for s in re.findall(r'<li id="call-(\d+)"', html)]
+    assert seqs == list(range(1, FLOW_PAGE + 1))
+    assert "Load earlier" not in html and f'hx-get="/runs/jump/flow?after={FLOW_PAGE}"' in html
+    assert 'data-events=""' in html  # not at the newest call: nothing streams yet
+    html = await get(client, "/runs/jump?at=2345")
+    assert re.findall(r'<li id="call-(\d+)"', html)[0] == "2345"
+    assert 'hx-get="/runs/jump/flow?before=2345"' in html and 'hx-get="/runs/jump/flow?after=2544"' in html
+    later = await get(client, "/runs/jump/flow?after=4700", fragment=True)
+    assert [int(s) for s in re.findall(r'<li id="call-(\d+)"', later)] == list(range(4701, 4901))
+    assert 'hx-get="/runs/jump/flow?after=4900"' in later and "Load earlier" not in later
+    last = await get(client, "/runs/jump/flow?after=4900", fragment=True)
+    assert len(re.findall(r'<li id="call-', last)) == 100 and "Load later" not in last
+    newest = await get(client, "/runs/jump?at=4950")  # on the newest page: that page, live
+    assert re.findall(r'<li id="call-(\d+)"', newest)[0] == str(5001 - FLOW_PAGE)
+    assert 'data-events="/runs/jump/events?after=5000"' in newest
+    opened = await get(client, "/runs/jump/calls/7")  # a call opened by its address: the flow shows it
+    assert re.findall(r'<li id="call-(\d+)"', opened)[0] == "7" and '<article class="call" data-seq="7">' in opened
+    assert 'hx-get="/runs/jump/flow?before=7"' in opened
+    for url in ("/runs/jump?at=x", "/runs/jump/flow?after=x"):
+        await get(client, url, status=400)
+
+
+async def test_the_run_page_keeps_no_history_snapshot_and_tabs_replace_the_address(client):
+    html = await get(client, "/runs/run1/calls/1")
+    assert 'hx-history="false"' in html
+    assert '<nav class="tabs views" role="tablist" hx-replace-url="true">' in html
+    assert '<nav class="switch" hx-replace-url="true">' in html
+
+
 async def test_new_calls_arrive_live(app):
     """Server-sent events over a real server: new calls and a running call's finish, as they land."""
     config = uvicorn.Config(app.app, host="127.0.0.1", port=0, lifespan="on", log_level="warning")

@@ -16,6 +16,8 @@ from guilds.web.flow import (
     duration_text,
     flow_item,
     flow_page,
+    later_page,
+    seq_in_range,
     redact_call,
     resume_after,
     runs_page,
@@ -301,6 +303,22 @@ def test_a_flow_page_links_the_page_before_and_where_live_updates_start():
     assert flow_page("r1", []).events_href == "/runs/r1/events?after=0"
 
 
+def test_a_page_that_stops_before_the_newest_call_links_the_next_and_streams_nothing():
+    page = flow_page("r1", calls("done", "done", first=1), more_after=True, start=1)
+    assert (page.earlier_href, page.later_href, page.events_href) == ("", "/runs/r1/flow?after=2", "")
+    jumped = flow_page("r1", calls("done", first=40), more_after=True, start=40)
+    assert (jumped.earlier_href, jumped.later_href) == ("/runs/r1/flow?before=40", "/runs/r1/flow?after=40")
+    assert flow_page("r1", [], start=9000).earlier_href == "/runs/r1/flow?before=9000"
+    more = later_page("r1", calls("done", "running", first=10), more_after=True)
+    assert ([i.seq for i in more.items], more.earlier_href, more.later_href) == ([10, 11], "", "/runs/r1/flow?after=11")
+    assert later_page("r1", calls("done", first=10), more_after=False).later_href == ""
+
+
+@pytest.mark.parametrize("seq, ok", [(0, False), (1, True), (2**63 - 1, True), (2**63, False), (10**20, False)])
+def test_seq_in_range(seq, ok):
+    assert seq_in_range(seq) is ok
+
+
 def test_runs_pages():
     page = runs_page([], 0, 50)
     assert (page.items, page.newer_href, page.older_href) == ([], "", "")
@@ -328,3 +346,10 @@ def test_the_log_view():
     assert cut.back == "/runs/r1/calls/5?view=metadata"
     gone = log_view(call, None, "The log is no longer kept.")
     assert (gone.error, gone.head, gone.path) == ("The log is no longer kept.", "", LOG)
+
+
+def test_a_secret_used_as_an_argument_name_never_reaches_the_arguments_view():
+    secret = "sk-live-0123456789abcdef"
+    call = redact_call(record("shell", {"command": "true", secret: "x"}), Redactor([secret]))
+    names = [arg.name for arg in call_page(call, "arguments").arguments]
+    assert secret not in names and "[REDACTED]" in names

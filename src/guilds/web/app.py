@@ -2,7 +2,9 @@
 
     GET /                              the runs, the most recently active first
     GET /runs/{run}                    the run's Chat tab: the newest page of its flow
+    GET /runs/{run}?at=N               the run's Chat tab, its flow starting at seq N (a jump)
     GET /runs/{run}/flow?before=N      the page before seq N (a fragment: "Load earlier")
+    GET /runs/{run}/flow?after=N       the page after seq N (a fragment: "Load later")
     GET /runs/{run}/calls/{seq}        a call opened (?view=arguments|result|metadata,
                                        &format=raw); a fragment for htmx, else the whole page
     GET /runs/{run}/calls/{seq}/log    the call's Full output log, redacted, bounded
@@ -36,7 +38,7 @@ from ..records import CallRecord, RunRecord
 from ..store import Store
 from . import queries
 from .events import RETRY_MS, call_updates, sse_message
-from .flow import FlowPage, flow_item, flow_page, redact_call, runs_page
+from .flow import MAX_SEQ, FlowPage, flow_item, flow_page, later_page, redact_call, runs_page, seq_in_range
 from .logs import LogReader, LogUnavailable
 from .views import CallPage, call_page, log_view
 
@@ -58,9 +60,12 @@ def templates() -> Environment:
 
 def _int(value: str | None, default: int | None = None) -> int | None:
     try:
-        return int(value) if value is not None else default
+        number = int(value) if value is not None else default
     except ValueError:
         raise HTTPException(400, f"not a number: {value!r}") from None
+    if number is not None and abs(number) > MAX_SEQ:
+        raise HTTPException(400, f"out of range: {value!r}")
+    return number
 
 
 def _fragment(request: Request) -> bool:
@@ -85,6 +90,8 @@ class WebApp:
         return run
 
     async def _call(self, request: Request) -> CallRecord:
+        if not seq_in_range(request.path_params["seq"]):
+            raise HTTPException(404, "no such call")
         call = await self.store.call(request.path_params["run_id"], request.path_params["seq"])
         if call is None:
             raise HTTPException(404, "no such call")
@@ -94,6 +101,15 @@ class WebApp:
         calls = await queries.flow_before(self.store, run_id, before)
         return flow_page(run_id, [redact_call(c, self.redactor) for c in calls])
 
+    async def _flow_from(self, run_id: str, start: int) -> FlowPage:
+        """The page starting at seq start (a jump), or the newest page when start is on it."""
+        newest = await self._flow(run_id, None)
+        if not newest.items or start >= newest.items[0].seq:
+            return newest
+        calls = await queries.flow_after(self.store, run_id, max(0, start - 1), queries.FLOW_PAGE + 1)
+        page = [redact_call(c, self.redactor) for c in calls[: queries.FLOW_PAGE]]
+        return flow_page(run_id, page, more_after=len(calls) > queries.FLOW_PAGE, start=start)
+
     async def runs(self, request: Request) -> Response:
         offset = max(0, _int(request.query_params.get("offset"), 0))
         runs = await self.store.list_runs(limit=RUNS_PAGE + 1, offset=offset)
@@ -101,10 +117,20 @@ class WebApp:
 
     async def run(self, request: Request, opened: CallPage | None = None) -> Response:
         run = await self._run(request)
-        return self.page("run.html", run=run, flow=await self._flow(run.id, None), opened=opened)
+        start = _int(request.query_params.get("at"))
+        if start is None and opened is not None:
+            start = opened.item.seq
+        flow = await (self._flow(run.id, None) if start is None else self._flow_from(run.id, max(1, start)))
+        return self.page("run.html", run=run, flow=flow, opened=opened)
 
     async def earlier(self, request: Request) -> Response:
         run = await self._run(request)
+        after = _int(request.query_params.get("after"))
+        if after is not None:
+            calls = await queries.flow_after(self.store, run.id, max(0, after), queries.FLOW_PAGE + 1)
+            page = [redact_call(c, self.redactor) for c in calls[: queries.FLOW_PAGE]]
+            flow = later_page(run.id, page, more_after=len(calls) > queries.FLOW_PAGE)
+            return self.page("_flow_items.html", flow=flow)
         flow = await self._flow(run.id, _int(request.query_params.get("before")))
         return self.page("_flow_items.html", flow=flow)
 

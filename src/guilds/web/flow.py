@@ -149,22 +149,52 @@ def run_item(run: RunRecord) -> RunItem:
     return RunItem(run.id, run.agent_id, run.calls, when(run.updated_at), run_path(run.id))
 
 
+MAX_SEQ = 2**63 - 1
+"""The largest seq the record can hold (a signed 64-bit column); a larger one names no call."""
+
+
+def seq_in_range(seq: int) -> bool:
+    """True for a seq that can name a call (1 to MAX_SEQ)."""
+    return 1 <= seq <= MAX_SEQ
+
+
 @dataclass(frozen=True)
 class FlowPage:
-    """A page of a run's flow: its items, the link to the page before, where live updates start."""
+    """A page of a run's flow: its items, the links to the pages before and after it,
+    where live updates start.
+
+    A page ends at the run's newest call (the run page's default) or, when it was
+    asked to start at a seq (a jump), may stop before it: ``later_href`` then
+    loads the next page, and ``events_href`` is empty, for live updates make sense
+    only once the flow reaches the newest call (the browser starts them then).
+    """
 
     items: list[FlowItem]
     earlier_href: str
     """Empty when the page starts at the run's first call."""
     events_href: str
+    later_href: str = ""
+    """Empty when the page ends at the run's newest call."""
 
 
-def flow_page(run_id: str, calls: list[CallRecord]) -> FlowPage:
-    """Calls are a run's consecutive seqs from 1, so a page starting past 1 has calls before it."""
-    first = calls[0].seq if calls else 1
+def flow_page(run_id: str, calls: list[CallRecord], *, more_after: bool = False,
+              start: int | None = None) -> FlowPage:
+    """Calls are a run's consecutive seqs from 1, so a page starting past 1 has calls before it.
+    more_after: calls follow the page's last one; start: the seq the page was asked to start
+    at (used when it is empty)."""
+    first = calls[0].seq if calls else (start or 1)
     earlier = f"/runs/{run_id}/flow?before={first}" if first > 1 else ""
+    if more_after:
+        return FlowPage([flow_item(c) for c in calls], earlier, "", f"/runs/{run_id}/flow?after={calls[-1].seq}")
     after = resume_after(calls, first - 1)
     return FlowPage([flow_item(c) for c in calls], earlier, f"/runs/{run_id}/events?after={after}")
+
+
+def later_page(run_id: str, calls: list[CallRecord], *, more_after: bool) -> FlowPage:
+    """The page after a page that stopped before the newest call: its items, and, when
+    more follow, the link to the next one (the page before is already shown)."""
+    later = f"/runs/{run_id}/flow?after={calls[-1].seq}" if more_after and calls else ""
+    return FlowPage([flow_item(c) for c in calls], "", "", later)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ reads them.
 from __future__ import annotations
 
 import os
+import stat
 import time
 
 from .. import codec, limits, proc, protocol, runstate, shaping
@@ -42,24 +43,38 @@ WRAPPER = 'bash -c "$2"; s=$?; printf "%s\\n" "$s" >| "$1.tmp" && mv -f -- "$1.t
 _RECORD_SUFFIX = ".json"
 
 
-def background_dir(request: protocol.Request, create: bool = False) -> str:
-    """<state root>/<agent id>/background, made (0700) when create."""
+def background_dir(request: protocol.Request, create: bool = False, notes: Optional[List[str]] = None) -> str:
+    """<state root>/<agent id>/background, made (0700) when create: what is in the way
+    of it or of the agent's folder is moved aside (a line in notes says so)."""
     path = os.path.join(runstate.agent_dir(request), BACKGROUND_DIR)
     if create:
         try:
             os.makedirs(runstate.state_dir(), 0o700, exist_ok=True)
         except OSError as exc:
             raise protocol.OpError(f"cannot make {runstate.state_dir()}: {exc.strerror}") from None
-        runstate.ensure_dir(runstate.agent_dir(request))
-        runstate.ensure_dir(path)
+        runstate.rebuild_dir(runstate.agent_dir(request), [] if notes is None else notes)
+        runstate.rebuild_dir(path, [] if notes is None else notes)
+    return path
+
+
+def records_dir(request: protocol.Request) -> Optional[str]:
+    """background_dir for reading: None when it, or the agent's folder, is a link or
+    not a folder (never followed to another folder's records)."""
+    path = background_dir(request)
+    for folder in (runstate.agent_dir(request), path):
+        try:
+            if not stat.S_ISDIR(os.lstat(folder).st_mode):
+                return None
+        except OSError:
+            return None
     return path
 
 
 # --- start -----------------------------------------------------------------
 def start(request: protocol.Request) -> protocol.Reply:
     """Start args.command in the background and return at once."""
-    folder = background_dir(request, create=True)
-    notes: List[str] = []  # what was in the run folder's way, moved aside
+    notes: List[str] = []  # what was in the way of the state folders, moved aside
+    folder = background_dir(request, create=True, notes=notes)
     log = runstate.log_path(request, notes)
     record = _launch(request, folder, log)
     bid = _allocate(folder, record)
@@ -157,7 +172,9 @@ def status(folder: str, bid: str, record: Dict[str, Any], live: Set[int]) -> Sta
 
 def running_run_dirs(request: protocol.Request) -> Set[str]:
     """The folders of the logs of the agent's background commands that are running or stopping."""
-    folder = background_dir(request)
+    folder = records_dir(request)
+    if folder is None:
+        return set()
     live: Optional[Set[int]] = None
     dirs = set()
     for n in list_ids(folder):

@@ -235,8 +235,9 @@ def _trailers(outcome: Outcome, timeout: int) -> List[str]:
 
 def _final_cwd(folder: str, pwd_fd: int, notes: List[str]) -> Optional[str]:
     raw = os.pread(pwd_fd, limits.STATE_FILE_MAX_BYTES, 0)
-    if not raw and _full(folder):  # else the command replaced the trap or ended by exec
-        notes.append(f"note: the working directory could not be kept: the shell could not write it{_full(folder)}")
+    full = "" if raw else _full(folder)
+    if full:  # else the command replaced the trap, closed PWD_FD or ended by exec
+        notes.append(f"note: the working directory could not be kept: the shell could not write it{full}")
     if not raw.endswith(b"\n"):
         return None
     path = os.fsdecode(raw[:-1])

@@ -14,11 +14,11 @@ import time
 from .. import limits, proc, protocol, runstate, shaping
 from .background import (
     Status,
-    background_dir,
     list_ids,
     load_record,
     mtime,
     owned,
+    records_dir,
     status,
     touch_new,
 )
@@ -43,16 +43,22 @@ _KILLER = (
 
 def run(request: protocol.Request) -> protocol.Reply:
     """shell_status: list, check one (id), or stop one (id, stop)."""
-    folder = background_dir(request)
+    folder = records_dir(request)
     bid = request.args["id"]
+    if folder is None:  # no records, or something the agent put in their place
+        return protocol.Reply(text="no background commands", meta={}) if bid is None else _unknown(bid)
     if bid is None:
         return _list(request, folder)
     record = load_record(folder, bid)
     if record is None:
-        raise protocol.OpError(f"id: no background command {bid}")
+        _unknown(bid)
     if request.args["stop"]:
         return _stop(request, folder, bid, record)
     return _check(request, folder, status(folder, bid, record, proc.live_groups()))
+
+
+def _unknown(bid: str):
+    raise protocol.OpError(f"id: no background command {bid}")
 
 
 def _summary(st: Status, redactor: Redactor) -> str:
