@@ -80,6 +80,7 @@ def test_the_embedded_default_writes_its_settings_on_first_run(capsys, tmp_path)
         (["call", "shell", "[1]"], "arguments: must be a JSON object"),
         (["call", "shell", '{"x": NaN}'], "arguments: not valid JSON"),
         (["call", "shell", "{}", "--run", "../up"], "run id: must be letters"),
+        (["call", "shell", "{}", "--sandbox", "vm"], "agent.sandbox: must be one of auto, local"),
         (["serve", "--sandbox", "vm"], "agent.sandbox"),
         (["mcp", "--sandbox", "vm"], "agent.sandbox"),
     ],

@@ -1,6 +1,6 @@
 """`guilds`: the user's commands. Fronts only translate; the toolbox does the work.
 
-    guilds call TOOL 'JSON ARGS' [--home DIR] [--run ID] [--config FILE] [--json]
+    guilds call TOOL 'JSON ARGS' [--home DIR] [--run ID] [--config FILE] [--sandbox NAME] [--json]
     guilds tools [--format anthropic|openai|mcp]
     guilds serve [--home DIR] [--port N] [--sandbox NAME] [--config FILE]
     guilds mcp [--home DIR] [--sandbox NAME] [--config FILE]
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import secrets
@@ -26,8 +25,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .errors import BadInput, ConfigError, GuildsError
-from .settings import AgentSettings, coding_flag, data_dir, default_settings_file, load_settings
 from .toolbox.tools import FORMATS, TOOL_NAMES, export, tool_specs
+from .wiring import Wired, open_toolbox, resolve
 
 SERVERS = ("serve", "mcp")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -42,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("--home", help="the agent's home (overrides agent.home)")
     call.add_argument("--run", help="the run id (default: a new run)")
     call.add_argument("--config", help="the settings file (default: <data folder>/settings.toml)")
+    call.add_argument("--sandbox", help="local | bwrap | docker | kubernetes | auto (overrides agent.sandbox)")
     call.add_argument("--json", action="store_true", help='print {"text", "is_error", "meta"}')
     tools = sub.add_parser("tools", help="print the tool definitions as JSON")
     tools.add_argument("--format", choices=sorted(FORMATS), default="anthropic")
@@ -81,29 +81,24 @@ def new_run_id() -> str:
     return f"cli-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(3)}"
 
 
-def _settings_path(opts: argparse.Namespace, data: Path) -> Path:
-    return Path(opts.config) if opts.config else default_settings_file(data)
+def _overrides(opts: argparse.Namespace) -> dict[str, Any]:
+    """--home and --sandbox as settings overrides: checked like the file's keys."""
+    overrides: dict[str, Any] = {}
+    if getattr(opts, "home", None):
+        overrides["home"] = str(Path(opts.home).expanduser().resolve())
+    if getattr(opts, "sandbox", None):
+        overrides["sandbox"] = opts.sandbox
+    return overrides
 
 
-def _settings(opts: argparse.Namespace, data: Path, env: Mapping[str, str]) -> AgentSettings:
-    settings = load_settings(_settings_path(opts, data), env)
-    if opts.home:
-        settings = dataclasses.replace(settings, home=Path(opts.home).expanduser().resolve())
-    return settings
+def _wired(opts: argparse.Namespace, env: Mapping[str, str]) -> Wired:
+    return resolve(opts.config, env=env, overrides=_overrides(opts))
 
 
 async def _call(opts: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
-    from .sandbox import get_sandbox
-    from .store import Store, database_url
-    from .toolbox import Toolbox
-
     args = parse_args_json(opts.args)
-    data = data_dir(env)
-    data.mkdir(parents=True, exist_ok=True)
-    settings = _settings(opts, data, env)
-    sandbox = get_sandbox(settings, data)
-    async with Store(database_url(data, env)) as store:
-        result = await Toolbox(settings, sandbox, store).call(opts.run or new_run_id(), opts.tool, args)
+    async with open_toolbox(_wired(opts, env)) as toolbox:
+        result = await toolbox.call(opts.run or new_run_id(), opts.tool, args)
     return {"text": result.text, "is_error": result.is_error, "meta": result.meta}
 
 
@@ -117,19 +112,16 @@ def _run_call(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 
 def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
-    data = data_dir(env)
-    data.mkdir(parents=True, exist_ok=True)
-    settings = _settings(opts, data, env)
-    coding = coding_flag(_settings_path(opts, data))
+    wired = _wired(opts, env)
     if opts.command == "mcp":
         from .mcp_server import run_stdio
 
-        run_stdio(settings, data, sandbox=opts.sandbox, coding=coding, env=env)
+        run_stdio(wired)
         return EXIT_OK
     from .serve import serve
 
     try:
-        asyncio.run(serve(settings, data, opts.host, opts.port, opts.sandbox, coding=coding, env=env))
+        asyncio.run(serve(wired, opts.host, opts.port))
     except KeyboardInterrupt:
         pass
     return EXIT_OK

@@ -3,7 +3,7 @@
 A thin translation over ``Toolbox.call``; no tool logic lives here.
 
     build_server(toolbox, run_id=None) -> GuildsServer, an MCPServer
-    run_stdio(settings, data_dir, *, sandbox=None, coding=None, env=None)   `guilds mcp`
+    run_stdio(wired)                               `guilds mcp` (wired: guilds.wiring.resolve)
     http_endpoint(toolbox, ...) -> McpEndpoint                `/mcp` in `guilds serve`
     streamable_http_app(toolbox, ...) -> Starlette            the endpoint as an app of its own
 
@@ -63,11 +63,10 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -80,9 +79,9 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from .errors import GuildsError
-from .settings import AgentSettings
 from .toolbox import CallResult, Toolbox
 from .toolbox.tools import TOOL_NAMES, ToolSpec, tool_specs
+from .wiring import Wired, open_toolbox, resolve
 
 log = logging.getLogger(__name__)
 
@@ -326,32 +325,19 @@ def streamable_http_app(toolbox: Toolbox, *, path: str = "/mcp", host: str = "12
 
 
 # --- stdio ---------------------------------------------------------------------
-def run_stdio(settings: AgentSettings, data_dir: str | os.PathLike, *, sandbox: str | None = None,
-              coding: Callable[[], bool] | None = None, env: Mapping[str, str] | None = None) -> None:
+def run_stdio(wired: Wired) -> None:
     """`guilds mcp`: serve the agent's tools on stdin/stdout until the client closes stdin.
 
-    Like ``serve.serve``: ``sandbox`` overrides ``agent.sandbox``; ``coding`` is
-    the live coding flag (``settings.coding_flag(file)``); ``env`` (default
-    os.environ) is read for $GUILDS_DATABASE_URL. The data folder is made if
-    missing. SIGTERM and SIGINT end the server as a closed stdin does: running
-    calls are cancelled, their commands stopped and the calls recorded.
-    Nothing but MCP messages is written to stdout.
+    ``wired`` comes from ``guilds.wiring.resolve`` (settings, data folder,
+    environment, overrides), as for every front. SIGTERM and SIGINT end the
+    server as a closed stdin does: running calls are cancelled, their commands
+    stopped and the calls recorded. Nothing but MCP messages is written to stdout.
     """
-    anyio.run(functools.partial(serve_stdio, settings, Path(data_dir), sandbox=sandbox, coding=coding,
-                                env=os.environ if env is None else env))
+    anyio.run(serve_stdio, wired)
 
 
-async def serve_stdio(settings: AgentSettings, data_dir: Path, *, sandbox: str | None,
-                      coding: Callable[[], bool] | None, env: Mapping[str, str]) -> None:
-    from .sandbox import get_sandbox
-    from .store import Store, database_url
-
-    if sandbox is not None:
-        settings = replace(settings, sandbox=sandbox)
-    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    box = get_sandbox(settings, data_dir)
-    async with Store(database_url(data_dir, env)) as store:
-        toolbox = Toolbox(settings, box, store, coding=coding)
+async def serve_stdio(wired: Wired) -> None:
+    async with open_toolbox(wired) as toolbox:
         await serve_streams(build_server(toolbox, run_id=new_run_id()))
 
 
@@ -384,10 +370,8 @@ def main(argv: list[str] | None = None) -> None:
     without the CLI (the tests and the benchmark launch it so)."""
     import sys
 
-    from .settings import coding_flag, load_settings
-
     settings_file, data = sys.argv[1:] if argv is None else argv
-    run_stdio(load_settings(settings_file), data, coding=coding_flag(settings_file))
+    run_stdio(resolve(settings_file, data_dir=data))
 
 
 if __name__ == "__main__":

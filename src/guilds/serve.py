@@ -1,11 +1,10 @@
 """``guilds serve``: one agent's tools, the app at ``/`` and the MCP endpoint at ``/mcp``.
 
-    await serve(settings, data_dir, host="127.0.0.1", port=8765, sandbox=None)
+    await serve(guilds.wiring.resolve(...), host="127.0.0.1", port=8765)
 
-runs until interrupted, on the embedded default: the run record in SQLite under
-the data folder (or ``$GUILDS_DATABASE_URL``), the agent's sandbox by name
-(``sandbox`` overrides ``agent.sandbox``; ``auto`` is bwrap where it works,
-else local). ``build_app`` makes the same ASGI app without running a server.
+runs until interrupted, on the toolbox the one wiring opens (``guilds.wiring``):
+the run record in SQLite under the data folder (or ``$GUILDS_DATABASE_URL``),
+the agent's sandbox by name (``auto`` is bwrap where it works, else local). ``build_app`` makes the same ASGI app without running a server.
 
 The MCP endpoint is ``guilds.mcp_server.http_endpoint``: its route goes first,
 and its lifespan (the SDK's session manager) runs inside this app's.
@@ -15,19 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import replace
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
 
 from starlette.applications import Starlette
 
 from guilds_code.redact import Redactor
 
-from .sandbox import Sandbox, get_sandbox
+from .sandbox import Sandbox
 from .settings import AgentSettings
-from .store import Store, database_url
+from .store import Store
 from .toolbox import Toolbox
+from .wiring import Wired, open_toolbox
 from .web.app import create_app
 from .web.logs import HostLogReader, LogExcerpt, LogReader, LogUnavailable
 
@@ -80,20 +77,12 @@ def build_app(settings: AgentSettings, store: Store, toolbox: Toolbox, *, host: 
                       extra_routes=[mcp.route], allowed_hosts=allowed_hosts(host), lifespan=_lifespan(mcp.lifespan))
 
 
-async def serve(settings: AgentSettings, data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-                sandbox: str | None = None, *, coding: Callable[[], bool] | None = None,
-                env: Mapping[str, str] | None = None) -> None:
-    """Serve until interrupted. ``coding``: the live coding flag (``settings.coding_flag(file)``)."""
+async def serve(wired: Wired, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+    """Serve until interrupted; ``wired`` from ``guilds.wiring.resolve``, as for every front."""
     import uvicorn
 
-    if sandbox is not None:
-        settings = replace(settings, sandbox=sandbox)
-    data_dir = Path(data_dir)
-    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    box = get_sandbox(settings, data_dir)
-    async with Store(database_url(data_dir, os.environ if env is None else env)) as store:
-        toolbox = Toolbox(settings, box, store, coding=coding)
-        app = build_app(settings, store, toolbox, host=host)
+    async with open_toolbox(wired) as toolbox:
+        app = build_app(wired.settings, toolbox.store, toolbox, host=host)
         if allowed_hosts(host) is None:
             log.warning("serving on %s: the app has no login; whoever reaches it sees every run", host)
         config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info")
