@@ -4,7 +4,13 @@
     guilds tools [--format anthropic|openai|mcp]
     guilds serve [--home DIR] [--port N] [--sandbox NAME] [--config FILE]
     guilds mcp [--home DIR] [--sandbox NAME] [--config FILE]
+    guilds doctor [--config FILE] [--sandbox NAME]
     guilds sandbox image [--tag T] [--base B] [--rootfs TAR] [--no-install]
+    guilds sandbox list | stop [AGENT] | rm [AGENT] [--config FILE] [--sandbox NAME]
+    guilds --version
+
+`guilds call` imports only what a call needs: not the MCP SDK, the app, nor
+a sandbox backend other than the agent's.
 
 Exit codes: 0 when the call was made (its result printed, also an error
 result: a failed command, a missing file, an exhausted budget); 2 for bad
@@ -16,32 +22,39 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import json
 import os
 import secrets
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .errors import BadInput, ConfigError, GuildsError
-from .toolbox.tools import FORMATS, TOOL_NAMES, export, tool_specs
-from .wiring import Wired, open_toolbox, resolve
+
+if TYPE_CHECKING:
+    from .wiring import Wired
 
 SERVERS = ("serve", "mcp")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+SANDBOX_NAMES = "local | bwrap | docker | kubernetes | auto (overrides agent.sandbox)"
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .toolbox.tools import FORMATS, TOOL_NAMES
+
     parser = argparse.ArgumentParser(prog="guilds", description="Code tools for coding agents.")
+    parser.add_argument("--version", action="version", version=f"guilds {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     call = sub.add_parser("call", help="make one tool call through the whole pipeline")
     call.add_argument("tool", help=f"one of {', '.join(TOOL_NAMES)}")
     call.add_argument("args", nargs="?", default="{}", help="the arguments, a JSON object")
     call.add_argument("--home", help="the agent's home (overrides agent.home)")
     call.add_argument("--run", help="the run id (default: a new run)")
-    call.add_argument("--config", help="the settings file (default: <data folder>/settings.toml)")
-    call.add_argument("--sandbox", help="local | bwrap | docker | kubernetes | auto (overrides agent.sandbox)")
+    _settings_options(call)
     call.add_argument("--json", action="store_true", help='print {"text", "is_error", "meta"}')
     tools = sub.add_parser("tools", help="print the tool definitions as JSON")
     tools.add_argument("--format", choices=sorted(FORMATS), default="anthropic")
@@ -50,15 +63,45 @@ def _parser() -> argparse.ArgumentParser:
     for name in SERVERS:
         server = sub.add_parser(name, help=helps[name])
         server.add_argument("--home", help="the agent's home (overrides agent.home)")
-        server.add_argument("--sandbox", help="local | bwrap | docker | kubernetes | auto (overrides agent.sandbox)")
-        server.add_argument("--config", help="the settings file (default: <data folder>/settings.toml)")
+        _settings_options(server)
         if name == "serve":
             server.add_argument("--port", type=int, default=8765, help="default 8765")
             server.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1")
-    box = sub.add_parser("sandbox", help="sandbox images")
-    box.add_argument("action", choices=["image"], help="image: build the docker sandbox image")
-    box.add_argument("rest", nargs=argparse.REMAINDER, help="the image builder's options (--help)")
+    doctor = sub.add_parser("doctor", help="what works on this machine and what does not, with the fix")
+    _settings_options(doctor)
+    box = sub.add_parser("sandbox", help="the agents' sandboxes: image, list, stop, rm")
+    box.add_argument("action", choices=["image", "list", "stop", "rm"],
+                     help="image: build the docker sandbox image; list: the agents' sandboxes and their "
+                          "state; stop: end one (its files stay); rm: remove one with its state")
+    box.add_argument("rest", nargs=argparse.REMAINDER, help="the action's options (--help)")
     return parser
+
+
+def _settings_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="the settings file (default: <data folder>/settings.toml)")
+    parser.add_argument("--sandbox", help=SANDBOX_NAMES)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("guilds")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@contextlib.contextmanager
+def _collections_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a command starts: a short process imports a great
+    many objects that all live to its end, and collecting among them is wasted time."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _reject_constant(name: str) -> Any:
@@ -92,10 +135,14 @@ def _overrides(opts: argparse.Namespace) -> dict[str, Any]:
 
 
 def _wired(opts: argparse.Namespace, env: Mapping[str, str]) -> Wired:
+    from .wiring import resolve
+
     return resolve(opts.config, env=env, overrides=_overrides(opts))
 
 
 async def _call(opts: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
+    from .wiring import open_toolbox
+
     args = parse_args_json(opts.args)
     async with open_toolbox(_wired(opts, env)) as toolbox:
         result = await toolbox.call(opts.run or new_run_id(), opts.tool, args)
@@ -113,6 +160,7 @@ def _run_call(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
     wired = _wired(opts, env)
+    gc.enable()  # a server lives long: collections as usual
     if opts.command == "mcp":
         from .mcp_server import run_stdio
 
@@ -127,29 +175,48 @@ def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
     return EXIT_OK
 
 
-def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
-    opts = _parser().parse_args(argv)
-    env = os.environ if env is None else env
-    try:
-        if opts.command == "tools":
-            print(json.dumps(export(tool_specs(), opts.format), ensure_ascii=False, indent=2))
-            return EXIT_OK
-        if opts.command in SERVERS:
-            return _run_server(opts, env)
-        if opts.command == "sandbox":
-            from .sandbox.image import main as image_main
+def _sandbox_command(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
+    if opts.action == "image":
+        from .sandbox.image import main as image_main
 
-            return image_main(opts.rest)
-        return _run_call(opts, env)
-    except (ConfigError, BadInput) as exc:
-        print(f"guilds: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except GuildsError as exc:
-        print(f"guilds: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except BrokenPipeError:  # `guilds tools | head`: the reader left; so do we, quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return image_main(opts.rest)
+    from .boxes import main as boxes_main
+
+    return boxes_main(opts.action, opts.rest, env)
+
+
+def _run(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
+    if opts.command == "tools":
+        from .toolbox.tools import export, tool_specs
+
+        print(json.dumps(export(tool_specs(), opts.format), ensure_ascii=False, indent=2))
         return EXIT_OK
+    if opts.command in SERVERS:
+        return _run_server(opts, env)
+    if opts.command == "sandbox":
+        return _sandbox_command(opts, env)
+    if opts.command == "doctor":
+        from .doctor import main as doctor_main
+
+        return doctor_main(_wired(opts, env))
+    return _run_call(opts, env)
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    with _collections_paused():
+        opts = _parser().parse_args(argv)
+        try:
+            return _run(opts, env)
+        except (ConfigError, BadInput) as exc:
+            print(f"guilds: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except GuildsError as exc:
+            print(f"guilds: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        except BrokenPipeError:  # `guilds tools | head`: the reader left; so do we, quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from .errors import BadInput
@@ -42,7 +41,18 @@ DEFAULT_PAGE = 100
 SQLITE_BUSY_MS = 10_000
 """Another process writing the same SQLite file: wait this long for it."""
 
-_JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+class _JSON(sa.types.TypeDecorator):
+    """JSON; JSONB on PostgreSQL. A dialect is imported only when a URL uses it (a fast CLI)."""
+
+    impl = sa.JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Any) -> Any:
+        if dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import JSONB
+
+            return dialect.type_descriptor(JSONB())
+        return dialect.type_descriptor(sa.JSON())
 _TS = sa.DateTime(timezone=True)
 metadata = sa.MetaData()
 runs = sa.Table(
@@ -129,6 +139,17 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+def _dialect_module(is_sqlite: bool) -> Any:
+    """sqlalchemy.dialects.sqlite or .postgresql (their insert ... on conflict), imported on use."""
+    if is_sqlite:
+        from sqlalchemy.dialects import sqlite
+
+        return sqlite
+    from sqlalchemy.dialects import postgresql
+
+    return postgresql
+
+
 class Store:
     """The run record. ``async with Store(url) as store`` makes the tables and disposes the engine."""
 
@@ -142,7 +163,7 @@ class Store:
         if self.sqlite:
             sa.event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
         self._write_lock = asyncio.Lock() if self.sqlite else None
-        self._allocate = _allocate_statement(sqlite if self.sqlite else postgresql)
+        self._allocate = _allocate_statement(_dialect_module(self.sqlite))
 
     async def __aenter__(self) -> "Store":
         await self.setup()
