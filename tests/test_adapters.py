@@ -24,9 +24,9 @@ from guilds.errors import BadInput, ConfigError
 
 README = Path(__file__).parent.parent / "README.md"
 WAIT_FOR_FLAG = ("seen=alone; for i in $(seq 200); do [ -e flag ] && seen=saw-flag && break; sleep 0.05; done; "
-                 "cd sub; echo $seen")
+                 "sleep 1; cd sub; echo $seen")
 """Prints saw-flag only when another call of the same turn makes `flag` while this one waits (10 s);
-it ends last, so its cd is the run's."""
+it ends a second after the other, so its cd is the run's."""
 TURNS = [
     [("shell", {"command": WAIT_FOR_FLAG}), ("shell", {"command": "touch flag && echo made"})],
     [("shell", {"command": "pwd; exit 3"}), ("shell", {"comand": "ls"}), ("file_read", {"path": "notes.txt"})],

@@ -80,7 +80,8 @@ def test_bwrap_sandbox_list_stop_rm(tmp_path):
     config = str(settings(tmp_path, "bwrap", agent))
     assert guilds(tmp_path, "call", "shell", '{"command": "true"}', "--config", config).returncode == 0
     listed = guilds(tmp_path, "sandbox", "list", "--config", config).stdout
-    assert [line.split()[:2] + line.split()[-1:] for line in listed.splitlines()] == [["bwrap", agent, "running"]]
+    bwrap = [line.split() for line in listed.splitlines() if line.startswith("bwrap")]  # other engines' too
+    assert [row[:2] + row[-1:] for row in bwrap] == [["bwrap", agent, "running"]]
     stopped = guilds(tmp_path, "sandbox", "stop", "--config", config)
     assert stopped.stdout == f"stopped the bwrap sandbox of agent {agent}\n"
     assert guilds(tmp_path, "sandbox", "list", "--config", config).stdout.rstrip().endswith(" stopped (state kept)")
@@ -89,7 +90,7 @@ def test_bwrap_sandbox_list_stop_rm(tmp_path):
     assert removed[0] == f"stopped the bwrap sandbox of agent {agent}"
     assert f"removed {base}" in removed and f"removed {base}.log" in removed
     assert not base.exists() and (tmp_path / "home").is_dir()
-    assert guilds(tmp_path, "sandbox", "list", "--config", config).stdout == "no sandboxes\n"
+    assert agent not in guilds(tmp_path, "sandbox", "list", "--config", config).stdout
 
 
 def test_local_rm_removes_the_agents_state_and_bad_input_is_named(tmp_path):

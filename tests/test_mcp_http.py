@@ -113,11 +113,11 @@ async def test_without_a_session_calls_keep_the_agents_current_run(url, tmp_path
 
 
 async def test_a_sessionless_run_ends_after_its_idle_time(toolbox):
-    async with serving(streamable_http_app(toolbox, sessionless_idle_seconds=0.5)) as endpoint:
+    async with serving(streamable_http_app(toolbox, sessionless_idle_seconds=2.0)) as endpoint:
         async with client(endpoint) as c:
             a = await c.call_tool("shell", {"command": "true"})
             b = await c.call_tool("shell", {"command": "true"})
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(3.0)
             later = await c.call_tool("shell", {"command": "true"})
     assert kit.meta_of(a)["run"] == kit.meta_of(b)["run"] != kit.meta_of(later)["run"]
 

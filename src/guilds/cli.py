@@ -2,7 +2,7 @@
 
     guilds call TOOL 'JSON ARGS' [--home DIR] [--run ID] [--config FILE] [--sandbox NAME] [--json]
     guilds tools [--format anthropic|openai|mcp]
-    guilds serve [--home DIR] [--port N] [--sandbox NAME] [--config FILE]
+    guilds serve [--home DIR] [--port N] [--host H] [--allow-host NAME] [--no-token] [--sandbox NAME] [--config FILE]
     guilds mcp [--home DIR] [--sandbox NAME] [--config FILE]
     guilds doctor [--config FILE] [--sandbox NAME]
     guilds sandbox image [--tag T] [--base B] [--rootfs TAR] [--no-install]
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 SERVERS = ("serve", "mcp")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_SIGNAL = 128
+"""Stopped by signal N: exit 128 + N, as a shell reports it."""
 SANDBOX_NAMES = "local | bwrap | docker | kubernetes | auto (overrides agent.sandbox)"
 
 
@@ -67,6 +69,10 @@ def _parser() -> argparse.ArgumentParser:
         if name == "serve":
             server.add_argument("--port", type=int, default=8765, help="default 8765")
             server.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1")
+            server.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                                help="also answer this Host name (a name this machine is reached by)")
+            server.add_argument("--no-token", action="store_true",
+                                help="serve without the token (a loopback --host only)")
     doctor = sub.add_parser("doctor", help="what works on this machine and what does not, with the fix")
     _settings_options(doctor)
     box = sub.add_parser("sandbox", help="the agents' sandboxes: image, list, stop, rm")
@@ -150,7 +156,14 @@ async def _call(opts: argparse.Namespace, env: Mapping[str, str]) -> dict[str, A
 
 
 def _run_call(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
-    result = asyncio.run(_call(opts, env))
+    from .lifecycle import Stopped, until_stopped
+
+    try:
+        result = asyncio.run(until_stopped(_call(opts, env)))
+    except Stopped as stop:
+        print(f"guilds: stopped by {stop.name}; the call's command was stopped and the call recorded as cancelled",
+              file=sys.stderr)
+        return EXIT_SIGNAL + stop.signum
     if opts.json:
         print(json.dumps(result, ensure_ascii=False, indent=2))
     else:
@@ -169,7 +182,8 @@ def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
     from .serve import serve
 
     try:
-        asyncio.run(serve(wired, opts.host, opts.port))
+        asyncio.run(serve(wired, opts.host, opts.port, no_token=opts.no_token,
+                          allow_hosts=tuple(opts.allow_host)))
     except KeyboardInterrupt:
         pass
     return EXIT_OK

@@ -180,7 +180,7 @@ class SessionlessRun:
     """The agent's current run for calls that come with no session and name no run.
 
     ``current()`` gives the run of such a call: the one of the previous such
-    call while it came less than ``idle_seconds`` ago, else a new one. A
+    call while it started or ended less than ``idle_seconds`` ago, else a new one. A
     sessionless call that names a run (``_meta["guilds/run"]``) makes that the
     current run (``follow``), so a client that names its run once keeps it.
     """
@@ -200,6 +200,11 @@ class SessionlessRun:
     def follow(self, run_id: Any) -> None:
         if isinstance(run_id, str) and is_safe_name(run_id):
             self._run, self._last = run_id, time.monotonic()
+
+    def touch(self, run_id: str) -> None:
+        """A call of run_id ended: the idle time counts from now."""
+        if run_id == self._run:
+            self._last = time.monotonic()
 
 
 def error_result(text: str) -> types.CallToolResult:
@@ -261,8 +266,12 @@ class _Front:
         try:
             if not self.toolbox.tools():
                 return error_result(CODING_OFF.format(name=name))
-            result = await run_call(self.toolbox.call(self.run_for(request), name, arguments),
-                                    functools.partial(_progress, request, name))
+            run_id = self.run_for(request)
+            try:
+                result = await run_call(self.toolbox.call(run_id, name, arguments),
+                                        functools.partial(_progress, request, name))
+            finally:
+                self.sessionless.touch(run_id)
         except GuildsError as exc:
             return error_result(str(exc))
         except Exception as exc:
@@ -371,9 +380,10 @@ def run_stdio(wired: Wired) -> None:
     """`guilds mcp`: serve the agent's tools on stdin/stdout until the client closes stdin.
 
     ``wired`` comes from ``guilds.wiring.resolve`` (settings, data folder,
-    environment, overrides), as for every front. SIGTERM and SIGINT end the
-    server as a closed stdin does: running calls are cancelled, their commands
-    stopped and the calls recorded. Nothing but MCP messages is written to stdout.
+    environment, overrides), as for every front. SIGTERM, SIGINT and SIGHUP
+    end the server as a closed stdin does: running calls are cancelled, their
+    commands stopped and the calls recorded. Nothing but MCP messages is
+    written to stdout.
     """
     anyio.run(serve_stdio, wired)
 
@@ -384,7 +394,7 @@ async def serve_stdio(wired: Wired) -> None:
 
 
 async def serve_streams(server: GuildsServer) -> None:
-    """Run server on this process's stdio (MCPServer's runner) until EOF, SIGTERM or SIGINT.
+    """Run server on this process's stdio (MCPServer's runner) until EOF, SIGTERM, SIGINT or SIGHUP.
 
     On a signal the server is cancelled; once its lifespan has ended (its
     running calls stopped and recorded) the process ends by that signal: the
@@ -398,7 +408,7 @@ async def serve_streams(server: GuildsServer) -> None:
 
 
 async def _end_on_signal(scope: anyio.CancelScope, ended: asyncio.Event) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         signum = await anext(signals)
     scope.cancel()
     with anyio.move_on_after(STOP_WAIT_SECONDS, shield=True):

@@ -9,7 +9,8 @@ and ``guilds.open``.
 - ``settings``: a settings file (path), an ``AgentSettings``, or None for the
   data folder's ``settings.toml`` (written on first run).
 - ``data_dir``: the data folder; default ``$GUILDS_DATA``, else
-  ``~/.local/share/guilds``. Made (mode 0700) when a toolbox opens.
+  ``~/.local/share/guilds``. Made private (mode 0700, ``guilds.private``)
+  when a toolbox opens.
 - ``env``: read for ``$GUILDS_DATA``, ``$GUILDS_DATABASE_URL`` and
   ``$CODE_RESULT_MAX_BYTES`` (default ``os.environ``).
 - ``overrides``: settings keys that win over the file, checked exactly as the
@@ -44,7 +45,6 @@ from .settings import (
 if TYPE_CHECKING:
     from .toolbox import Toolbox
 
-DATA_DIR_MODE = 0o700
 SettingsSource = AgentSettings | str | os.PathLike | None
 
 
@@ -129,8 +129,10 @@ def _constant(value: bool) -> Callable[[], bool]:
 
 
 def make_data_dir(data: Path) -> Path:
-    data.mkdir(mode=DATA_DIR_MODE, parents=True, exist_ok=True)
-    return data
+    """The data folder, made private (0700; RecordError naming it when it cannot be)."""
+    from .private import private_dir
+
+    return private_dir(data)
 
 
 @contextlib.asynccontextmanager
