@@ -1,7 +1,7 @@
 """`guilds`: the user's commands. Fronts only translate; the toolbox does the work.
 
     guilds call TOOL 'JSON ARGS' [--home DIR] [--run ID] [--config FILE] [--sandbox NAME] [--json]
-    guilds tools [--format anthropic|openai|mcp]
+    guilds tools [--format anthropic|openai|openai-responses|mcp]
     guilds serve [--home DIR] [--port N] [--host H] [--allow-host NAME] [--no-token] [--sandbox NAME] [--config FILE]
     guilds mcp [--home DIR] [--sandbox NAME] [--config FILE]
     guilds doctor [--config FILE] [--sandbox NAME]
