@@ -125,3 +125,4 @@ def test_a_call_imports_only_what_it_needs(tmp_path):
     assert "guilds.sandbox.local" in ours and "sqlalchemy.dialects.sqlite" in ours
     assert not {m for m in ours if m.startswith(("guilds.web", "guilds.sandbox.docker", "guilds.sandbox.kube",
                                                    "guilds.sandbox.bubblewrap", "sqlalchemy.dialects.postgresql"))}
+
