@@ -121,3 +121,28 @@ def test_docker_sandbox_list_and_rm_with_its_volume(tmp_path):
                        f"removed volume guilds-{agent}-state"]
     listed = guilds(tmp_path, "sandbox", "list", "--config", config).stdout
     assert f"guilds-{agent}" not in listed
+
+
+KUBECONFIG_TEMPLATE = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: not-a-real-token}}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: guilds}}]
+current-context: x
+"""
+
+
+def test_doctor_on_kubernetes_says_which_kubeconfig_and_why(tmp_path):
+    config = str(settings(tmp_path, "kubernetes"))
+    none = guilds(tmp_path, "doctor", "--config", config, KUBECONFIG=str(tmp_path / "missing"))
+    assert none.returncode == 1
+    assert lines(none)["kubernetes"] == ("no no kubeconfig (KUBECONFIG, ~/.kube/config) "
+                                         "-> point KUBECONFIG at the cluster's config")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG_TEMPLATE)
+    dead = guilds(tmp_path, "doctor", "--config", config, KUBECONFIG=str(kubeconfig))
+    found = lines(dead)["kubernetes"]
+    assert dead.returncode == 1 and found.startswith(f"no {kubeconfig}: cannot ask the cluster (")
+    assert found.endswith("-> check the kubeconfig's server and credentials") and "not-a-real-token" not in found
+    local = guilds(tmp_path, "doctor", "--config", str(settings(tmp_path, "local")), KUBECONFIG=str(kubeconfig))
+    assert local.returncode == 0 and lines(local)["kubernetes"].startswith("-- ")
