@@ -146,3 +146,39 @@ def test_doctor_on_kubernetes_says_which_kubeconfig_and_why(tmp_path):
     assert found.endswith("-> check the kubeconfig's server and credentials") and "not-a-real-token" not in found
     local = guilds(tmp_path, "doctor", "--config", str(settings(tmp_path, "local")), KUBECONFIG=str(kubeconfig))
     assert local.returncode == 0 and lines(local)["kubernetes"].startswith("-- ")
+
+
+@pytest.fixture
+def kube(tmp_path):
+    from fixtures.fake_kube_api import FakeKubeApi
+
+    api = FakeKubeApi()
+    yield api
+    api.close()
+
+
+def test_kubernetes_sandbox_list_rm_and_rights(tmp_path, kube):
+    from guilds.sandbox.kube_spec import object_name
+
+    env = {"KUBECONFIG": str(kube.kubeconfig(tmp_path / "kubeconfig")), "DOCKER_HOST": f"unix://{tmp_path}/none"}
+    config = str(settings(tmp_path, "kubernetes"))
+    mine, other = object_name("agent1"), object_name("agent2")
+    kube.add("pods", "guilds", mine, mine)
+    kube.add("pods", "guilds", other, other, phase="Pending")
+    kube.add("persistentvolumeclaims", "guilds", f"{mine}-home", mine)
+    kube.add("secrets", "guilds", f"{mine}-env", mine)
+    listed = [line.split() for line in guilds(tmp_path, "sandbox", "list", "--config", config, **env).stdout.splitlines()]
+    assert listed == [["kubernetes", mine, f"guilds/{mine}", "running"],
+                      ["kubernetes", other, f"guilds/{other}", "pending"]]
+    removed = guilds(tmp_path, "sandbox", "rm", "--config", config, **env).stdout.splitlines()
+    assert removed == ["stopped the kubernetes sandbox of agent agent1", f"removed claim guilds/{mine}-home",
+                       f"removed secret guilds/{mine}-env"]
+    assert set(kube.objects) == {("pods", "guilds", other)}
+    again = guilds(tmp_path, "sandbox", "rm", "--config", config, **env)
+    assert (again.returncode, again.stdout) == (0, "stopped the kubernetes sandbox of agent agent1\n")
+    ok = guilds(tmp_path, "doctor", "--config", config, **env)
+    assert ok.returncode == 0 and lines(ok)["kubernetes"].startswith("ok ") and "every right" in ok.stdout
+    kube.denied = {"create pods/exec"}
+    denied = guilds(tmp_path, "doctor", "--config", config, **env)
+    assert denied.returncode == 1
+    assert "in namespace guilds the user may not create pods/exec -> grant them in guilds" in lines(denied)["kubernetes"]
