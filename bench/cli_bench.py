@@ -66,7 +66,7 @@ def main() -> int:
     for name, walls in times.items():
         print(f"{name:20} median {statistics.median(walls):6.0f} ms")
     for floor in ("floor", "floor, no teardown"):
-        ratio = statistics.median(c / f for c, f in zip(times["guilds call"], times[floor]))
+        ratio = statistics.median(c / f for c, f in zip(times["guilds call"], times[floor], strict=True))
         print(f"ratio call / {floor}: median {ratio:.2f} (aim <= {AIM}), rounds {args.rounds}")
     return 0
 

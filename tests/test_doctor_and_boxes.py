@@ -167,7 +167,8 @@ def test_kubernetes_sandbox_list_rm_and_rights(tmp_path, kube):
     kube.add("pods", "guilds", other, other, phase="Pending")
     kube.add("persistentvolumeclaims", "guilds", f"{mine}-home", mine)
     kube.add("secrets", "guilds", f"{mine}-env", mine)
-    listed = [line.split() for line in guilds(tmp_path, "sandbox", "list", "--config", config, **env).stdout.splitlines()]
+    out = guilds(tmp_path, "sandbox", "list", "--config", config, **env).stdout
+    listed = [line.split() for line in out.splitlines()]
     assert listed == [["kubernetes", mine, f"guilds/{mine}", "running"],
                       ["kubernetes", other, f"guilds/{other}", "pending"]]
     removed = guilds(tmp_path, "sandbox", "rm", "--config", config, **env).stdout.splitlines()
@@ -181,4 +182,5 @@ def test_kubernetes_sandbox_list_rm_and_rights(tmp_path, kube):
     kube.denied = {"create pods/exec"}
     denied = guilds(tmp_path, "doctor", "--config", config, **env)
     assert denied.returncode == 1
-    assert "in namespace guilds the user may not create pods/exec -> grant them in guilds" in lines(denied)["kubernetes"]
+    why = "in namespace guilds the user may not create pods/exec -> grant them in guilds"
+    assert why in lines(denied)["kubernetes"]

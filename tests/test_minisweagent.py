@@ -35,7 +35,8 @@ def make_repo(home: Path) -> Path:
     repo = home / "repos" / "calc"
     (repo / "src").mkdir(parents=True)
     (repo / "src" / "calc.sh").write_text('echo $(( $1 - $2 ))\n')
-    (repo / "test.sh").write_text('[ "$(bash src/calc.sh 2 3)" = 5 ] && echo "1 passed" || { echo "1 failed"; exit 1; }\n')
+    (repo / "test.sh").write_text('[ "$(bash src/calc.sh 2 3)" = 5 ] && echo "1 passed" '
+                                  '|| { echo "1 failed"; exit 1; }\n')
     git(repo, "init", "-q")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "init")

@@ -29,9 +29,9 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .errors import BadInput, ConfigError, GuildsError
 

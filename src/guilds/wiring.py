@@ -39,6 +39,7 @@ from .settings import (
     coding_flag,
     data_dir as default_data_dir,
     default_settings_file,
+    load_settings,
     parse_settings,
 )
 
@@ -105,8 +106,6 @@ def _settings_file(source: SettingsSource, data: Path) -> Path:
 def resolve(settings: SettingsSource = None, *, data_dir: str | os.PathLike | None = None,
             env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> Wired:
     """Read and check everything a toolbox needs; ConfigError names the bad key."""
-    from .settings import load_settings
-
     env = os.environ if env is None else env
     data = Path(data_dir).expanduser() if data_dir is not None else default_data_dir(env)
     if isinstance(settings, AgentSettings):
