@@ -247,7 +247,7 @@ class _Front:
         self.sessionless = SessionlessRun(sessionless_idle_seconds)
 
     def run_for(self, request: ServerRequestContext | None) -> str:
-        named = (request.meta or {}).get(RUN_KEY) if request is not None else None
+        named: Any = (request.meta or {}).get(RUN_KEY) if request is not None else None
         if self.run_id is not None and named is None:
             return self.run_id
         http = request.request if request is not None else None

@@ -99,7 +99,7 @@ def apply_overrides(settings: AgentSettings, overrides: Mapping[str, Any] | None
     return dataclasses.replace(settings, **changes)
 
 
-def _settings_file(source: SettingsSource, data: Path) -> Path:
+def _settings_file(source: str | os.PathLike | None, data: Path) -> Path:
     return default_settings_file(data) if source is None else Path(source).expanduser().resolve()
 
 
