@@ -175,8 +175,13 @@ def _run_call(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 
 def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
+    import logging
+
     wired = _wired(opts, env)
     gc.enable()  # a server lives long: collections as usual
+    # Plain lines on stderr, whatever is installed: the MCP SDK would otherwise
+    # configure the root logger itself, with rich's handler where rich is importable.
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
     if opts.command == "mcp":
         from .mcp_server import run_stdio
 
