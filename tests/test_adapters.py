@@ -23,9 +23,9 @@ from guilds.adapters import openai as openai_adapter
 from guilds.errors import BadInput, ConfigError
 
 README = Path(__file__).parent.parent / "README.md"
-WAIT_FOR_FLAG = ("seen=alone; for i in $(seq 200); do [ -e flag ] && seen=saw-flag && break; sleep 0.05; done; "
+WAIT_FOR_FLAG = ("seen=alone; for i in $(seq 400); do [ -e flag ] && seen=saw-flag && break; sleep 0.05; done; "
                  "sleep 1; cd sub; echo $seen")
-"""Prints saw-flag only when another call of the same turn makes `flag` while this one waits (10 s);
+"""Prints saw-flag only when another call of the same turn makes `flag` while this one waits (20 s);
 it ends a second after the other, so its cd is the run's."""
 TURNS = [
     [("shell", {"command": WAIT_FOR_FLAG}), ("shell", {"command": "touch flag && echo made"})],
