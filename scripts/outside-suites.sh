@@ -64,14 +64,17 @@ printf '[agent]\nhome = "%s/home"\nsandbox = "local"\nmax_tool_calls = 100000\n'
 mkdir -p "$WORK/home"
 echo "hello from the outside suites" >"$WORK/home/notes.txt"
 
-start_serve() {  # start_serve NAME [OPTIONS...]: guilds serve on a free port; prints its port
+PORT=
+# start_serve NAME [OPTIONS...]: guilds serve on a free port, its port in PORT. Not called in a
+# subshell ($(...)): its pid must reach PIDS, which the trap stops.
+start_serve() {
   local name=$1 log=$WORK/$1.log
   shift
   "$GUILDS" serve --port 0 "$@" >"$log" 2>&1 &
   PIDS+=($!)
   for _ in $(seq 300); do
     if grep -q "MCP at" "$log"; then
-      grep -o 'MCP at http://127.0.0.1:[0-9]*' "$log" | head -1 | grep -o '[0-9]*$'
+      PORT=$(grep -o 'MCP at http://127.0.0.1:[0-9]*' "$log" | head -1 | grep -o '[0-9]*$')
       return 0
     fi
     sleep 0.1
@@ -79,8 +82,10 @@ start_serve() {  # start_serve NAME [OPTIONS...]: guilds serve on a free port; p
   cat "$log" >&2
   fail "guilds serve ($name) did not start"
 }
-OPEN_PORT=$(start_serve open --no-token)
-LOCKED_PORT=$(start_serve locked)
+start_serve open --no-token
+OPEN_PORT=$PORT
+start_serve locked
+LOCKED_PORT=$PORT
 TOKEN=$(cat "$GUILDS_DATA/serve.token")
 [ -n "$TOKEN" ] || fail "no token in $GUILDS_DATA/serve.token"
 
