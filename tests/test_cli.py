@@ -80,6 +80,7 @@ def test_the_embedded_default_writes_its_settings_on_first_run(capsys, tmp_path)
         (["call", "shell", "[1]"], "arguments: must be a JSON object"),
         (["call", "shell", '{"x": NaN}'], "arguments: not valid JSON"),
         (["call", "shell", "{}", "--run", "../up"], "run id: must be letters"),
+        (["call", "shell", "{}", "--sandbox", "vm"], "agent.sandbox: must be one of auto, local"),
         (["serve", "--sandbox", "vm"], "agent.sandbox"),
         (["mcp", "--sandbox", "vm"], "agent.sandbox"),
     ],
@@ -108,3 +109,20 @@ def test_the_console_script(tmp_path):
     proc = subprocess.run([exe, "call", "shell", '{"command": "echo $PORT"}', "--config", str(config(tmp_path))],
                           capture_output=True, text=True, env=env, timeout=60)
     assert (proc.returncode, proc.stdout) == (0, "20000\nremaining_tool_calls: 199\n"), proc.stderr
+
+
+def test_a_call_imports_only_what_it_needs(tmp_path):
+    """Not the MCP SDK, the app's web stack, another sandbox backend, nor PostgreSQL's dialect."""
+    code = ("import sys; from guilds.cli import main; "
+            f"main(['call', 'shell', '{{}}', '--config', {str(config(tmp_path))!r}]); "
+            "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})), file=sys.stderr); "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith(('guilds.', 'sqlalchemy.dialects.')))), "
+            "file=sys.stderr)")
+    env = {**os.environ, "GUILDS_DATA": str(tmp_path / "data")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    tops, ours = (set(line.split()) for line in proc.stderr.splitlines()[-2:])
+    assert not tops & {"mcp", "starlette", "uvicorn", "jinja2", "docker", "kubernetes", "anthropic", "openai"}
+    assert "guilds.sandbox.local" in ours and "sqlalchemy.dialects.sqlite" in ours
+    assert not {m for m in ours if m.startswith(("guilds.web", "guilds.sandbox.docker", "guilds.sandbox.kube",
+                                                   "guilds.sandbox.bubblewrap", "sqlalchemy.dialects.postgresql"))}
+

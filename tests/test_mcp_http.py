@@ -89,13 +89,37 @@ async def test_a_session_is_one_run(url, tmp_path, toolbox):
     assert run_id in runs
 
 
-async def test_without_a_session_each_call_is_a_run_unless_named(url):
+async def test_without_a_session_calls_keep_the_agents_current_run(url, tmp_path):
+    """The SDK's default client (no session over HTTP): a cd and the read pointer carry over
+    from one client to the next; a named run becomes the current one; a bad name is refused."""
+    (tmp_path / "home" / "sub").mkdir(parents=True)
+    (tmp_path / "home" / "sub" / "n.txt").write_text("one\ntwo\n")
     async with client(url) as c:
-        a = await c.call_tool("shell", {"command": "true"})
-        b = await c.call_tool("shell", {"command": "true"})
+        a = await c.call_tool("shell", {"command": "cd sub"})
+        first_read = await c.call_tool("file_read", {"path": "n.txt"})
+    async with client(url) as c:
+        b = await c.call_tool("shell", {"command": "pwd"})
+        again = await c.call_tool("file_read", {"path": "n.txt"})
+        named = await c.call_tool("shell", {"command": "true"}, meta={RUN_KEY: "mcp-named-1"})
+        after = await c.call_tool("shell", {"command": "true"})
         bad = await c.call_tool("shell", {"command": "true"}, meta={RUN_KEY: "../x"})
-    assert kit.meta_of(a)["run"] != kit.meta_of(b)["run"]
-    assert bad.is_error and "run id" in kit.text_of(bad)
+        still = await c.call_tool("shell", {"command": "true"})
+    run = kit.meta_of(a)["run"]
+    assert run.startswith("mcp-") and kit.meta_of(b)["run"] == run
+    assert kit.text_of(b).startswith(str(tmp_path / "home" / "sub"))
+    assert "one" in kit.text_of(first_read) and kit.meta_of(again)["repeat_of"] == kit.meta_of(first_read)["seq"]
+    assert kit.meta_of(named)["run"] == kit.meta_of(after)["run"] == "mcp-named-1"
+    assert bad.is_error and "run id" in kit.text_of(bad) and kit.meta_of(still)["run"] == "mcp-named-1"
+
+
+async def test_a_sessionless_run_ends_after_its_idle_time(toolbox):
+    async with serving(streamable_http_app(toolbox, sessionless_idle_seconds=2.0)) as endpoint:
+        async with client(endpoint) as c:
+            a = await c.call_tool("shell", {"command": "true"})
+            b = await c.call_tool("shell", {"command": "true"})
+            await asyncio.sleep(3.0)
+            later = await c.call_tool("shell", {"command": "true"})
+    assert kit.meta_of(a)["run"] == kit.meta_of(b)["run"] != kit.meta_of(later)["run"]
 
 
 async def test_progress_on_a_long_command(url):

@@ -84,4 +84,7 @@ def test_formats():
     assert export([spec], "mcp") == [
         {"name": "shell", "description": spec.description, "inputSchema": spec.input_schema}
     ]
-    assert sorted(FORMATS) == ["anthropic", "mcp", "openai"]
+    assert export([spec], "openai-responses") == [
+        {"type": "function", "name": "shell", "description": spec.description, "parameters": spec.input_schema}
+    ]
+    assert sorted(FORMATS) == ["anthropic", "mcp", "openai", "openai-responses"]

@@ -1,1 +1,22 @@
-"""guilds: the orchestrator side of the code tools (toolbox, sandboxes, record, fronts)."""
+"""guilds: the orchestrator side of the code tools (toolbox, sandboxes, record, fronts).
+
+    async with guilds.open("agent.toml") as agent: ...      (guilds.agent)
+
+Importing the package costs nothing more: ``open`` loads its module when called.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+__all__ = ["open"]
+
+
+def open(*args: Any, **kwargs: Any) -> Agent:  # noqa: A001
+    """An agent's tools, to enter with ``async with``: see ``guilds.agent.open``."""
+    from .agent import open as open_agent
+
+    return open_agent(*args, **kwargs)

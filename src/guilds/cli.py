@@ -1,52 +1,62 @@
 """`guilds`: the user's commands. Fronts only translate; the toolbox does the work.
 
-    guilds call TOOL 'JSON ARGS' [--home DIR] [--run ID] [--config FILE] [--json]
-    guilds tools [--format anthropic|openai|mcp]
+    guilds call TOOL 'JSON ARGS' [--home DIR] [--run ID] [--config FILE] [--sandbox NAME] [--json]
+    guilds tools [--format anthropic|openai|openai-responses|mcp]
     guilds serve [--home DIR] [--port N] [--host H] [--allow-host NAME] [--no-token] [--sandbox NAME] [--config FILE]
     guilds mcp [--home DIR] [--sandbox NAME] [--config FILE]
+    guilds doctor [--config FILE] [--sandbox NAME]
     guilds sandbox image [--tag T] [--base B] [--rootfs TAR] [--no-install]
+    guilds sandbox list | stop [AGENT] | rm [AGENT] [--config FILE] [--sandbox NAME]
+    guilds --version
+
+`guilds call` imports only what a call needs: not the MCP SDK, the app, nor
+a sandbox backend other than the agent's.
 
 Exit codes: 0 when the call was made (its result printed, also an error
 result: a failed command, a missing file, an exhausted budget); 2 for bad
 input (usage, JSON arguments, a run id, the settings file); 1 for any other
-failure of guilds itself (one line: a full disk names what it could not
-write); 128 + N when signal N (SIGTERM, SIGINT, SIGHUP) stopped the call: its
-command's group stopped, the call recorded as cancelled.
+failure of guilds itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
+import contextlib
+import gc
 import json
 import os
 import secrets
 import sys
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .errors import BadInput, ConfigError, GuildsError
-from .private import private_dir
-from .settings import AgentSettings, coding_flag, data_dir, default_settings_file, load_settings
-from .toolbox.tools import FORMATS, TOOL_NAMES, export, tool_specs
+
+if TYPE_CHECKING:
+    from .wiring import Wired
 
 SERVERS = ("serve", "mcp")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_SIGNAL = 128
 """Stopped by signal N: exit 128 + N, as a shell reports it."""
+SANDBOX_NAMES = "local | bwrap | docker | kubernetes | auto (overrides agent.sandbox)"
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .toolbox.tools import FORMATS, TOOL_NAMES
+
     parser = argparse.ArgumentParser(prog="guilds", description="Code tools for coding agents.")
+    parser.add_argument("--version", action="version", version=f"guilds {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     call = sub.add_parser("call", help="make one tool call through the whole pipeline")
     call.add_argument("tool", help=f"one of {', '.join(TOOL_NAMES)}")
     call.add_argument("args", nargs="?", default="{}", help="the arguments, a JSON object")
     call.add_argument("--home", help="the agent's home (overrides agent.home)")
     call.add_argument("--run", help="the run id (default: a new run)")
-    call.add_argument("--config", help="the settings file (default: <data folder>/settings.toml)")
+    _settings_options(call)
     call.add_argument("--json", action="store_true", help='print {"text", "is_error", "meta"}')
     tools = sub.add_parser("tools", help="print the tool definitions as JSON")
     tools.add_argument("--format", choices=sorted(FORMATS), default="anthropic")
@@ -55,8 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     for name in SERVERS:
         server = sub.add_parser(name, help=helps[name])
         server.add_argument("--home", help="the agent's home (overrides agent.home)")
-        server.add_argument("--sandbox", help="local | bwrap | docker | kubernetes | auto (overrides agent.sandbox)")
-        server.add_argument("--config", help="the settings file (default: <data folder>/settings.toml)")
+        _settings_options(server)
         if name == "serve":
             server.add_argument("--port", type=int, default=8765, help="default 8765")
             server.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1")
@@ -64,10 +73,41 @@ def _parser() -> argparse.ArgumentParser:
                                 help="also answer this Host name (a name this machine is reached by)")
             server.add_argument("--no-token", action="store_true",
                                 help="serve without the token (a loopback --host only)")
-    box = sub.add_parser("sandbox", help="sandbox images")
-    box.add_argument("action", choices=["image"], help="image: build the docker sandbox image")
-    box.add_argument("rest", nargs=argparse.REMAINDER, help="the image builder's options (--help)")
+    doctor = sub.add_parser("doctor", help="what works on this machine and what does not, with the fix")
+    _settings_options(doctor)
+    box = sub.add_parser("sandbox", help="the agents' sandboxes: image, list, stop, rm")
+    box.add_argument("action", choices=["image", "list", "stop", "rm"],
+                     help="image: build the docker sandbox image; list: the agents' sandboxes and their "
+                          "state; stop: end one (its files stay); rm: remove one with its state")
+    box.add_argument("rest", nargs=argparse.REMAINDER, help="the action's options (--help)")
     return parser
+
+
+def _settings_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="the settings file (default: <data folder>/settings.toml)")
+    parser.add_argument("--sandbox", help=SANDBOX_NAMES)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("guilds")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@contextlib.contextmanager
+def _collections_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a command starts: a short process imports a great
+    many objects that all live to its end, and collecting among them is wasted time."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _reject_constant(name: str) -> Any:
@@ -90,28 +130,28 @@ def new_run_id() -> str:
     return f"cli-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(3)}"
 
 
-def _settings_path(opts: argparse.Namespace, data: Path) -> Path:
-    return Path(opts.config) if opts.config else default_settings_file(data)
+def _overrides(opts: argparse.Namespace) -> dict[str, Any]:
+    """--home and --sandbox as settings overrides: checked like the file's keys."""
+    overrides: dict[str, Any] = {}
+    if getattr(opts, "home", None):
+        overrides["home"] = str(Path(opts.home).expanduser().resolve())
+    if getattr(opts, "sandbox", None):
+        overrides["sandbox"] = opts.sandbox
+    return overrides
 
 
-def _settings(opts: argparse.Namespace, data: Path, env: Mapping[str, str]) -> AgentSettings:
-    settings = load_settings(_settings_path(opts, data), env)
-    if opts.home:
-        settings = dataclasses.replace(settings, home=Path(opts.home).expanduser().resolve())
-    return settings
+def _wired(opts: argparse.Namespace, env: Mapping[str, str]) -> Wired:
+    from .wiring import resolve
+
+    return resolve(opts.config, env=env, overrides=_overrides(opts))
 
 
 async def _call(opts: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
-    from .sandbox import get_sandbox
-    from .store import Store, database_url
-    from .toolbox import Toolbox
+    from .wiring import open_toolbox
 
     args = parse_args_json(opts.args)
-    data = private_dir(data_dir(env))
-    settings = _settings(opts, data, env)
-    sandbox = get_sandbox(settings, data)
-    async with Store(database_url(data, env)) as store:
-        result = await Toolbox(settings, sandbox, store).call(opts.run or new_run_id(), opts.tool, args)
+    async with open_toolbox(_wired(opts, env)) as toolbox:
+        result = await toolbox.call(opts.run or new_run_id(), opts.tool, args)
     return {"text": result.text, "is_error": result.is_error, "meta": result.meta}
 
 
@@ -135,48 +175,101 @@ def _run_call(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 
 def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
-    data = private_dir(data_dir(env))
-    settings = _settings(opts, data, env)
-    coding = coding_flag(_settings_path(opts, data))
+    import logging
+
+    wired = _wired(opts, env)
+    gc.enable()  # a server lives long: collections as usual
+    # Plain lines on stderr, whatever is installed: the MCP SDK would otherwise
+    # configure the root logger itself, with rich's handler where rich is importable.
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
     if opts.command == "mcp":
         from .mcp_server import run_stdio
 
-        run_stdio(settings, data, sandbox=opts.sandbox, coding=coding, env=env)
+        run_stdio(wired)
         return EXIT_OK
     from .serve import serve
 
     try:
-        asyncio.run(serve(settings, data, opts.host, opts.port, opts.sandbox, coding=coding, env=env,
-                          no_token=opts.no_token, allow_hosts=tuple(opts.allow_host)))
+        asyncio.run(serve(wired, opts.host, opts.port, no_token=opts.no_token,
+                          allow_hosts=tuple(opts.allow_host)))
     except KeyboardInterrupt:
         pass
     return EXIT_OK
 
 
-def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
-    opts = _parser().parse_args(argv)
-    env = os.environ if env is None else env
-    try:
-        if opts.command == "tools":
-            print(json.dumps(export(tool_specs(), opts.format), ensure_ascii=False, indent=2))
-            return EXIT_OK
-        if opts.command in SERVERS:
-            return _run_server(opts, env)
-        if opts.command == "sandbox":
-            from .sandbox.image import main as image_main
+def _sandbox_command(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
+    if opts.action == "image":
+        from .sandbox.image import main as image_main
 
-            return image_main(opts.rest)
-        return _run_call(opts, env)
-    except (ConfigError, BadInput) as exc:
-        print(f"guilds: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except GuildsError as exc:
-        print(f"guilds: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except BrokenPipeError:  # `guilds tools | head`: the reader left; so do we, quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return image_main(opts.rest)
+    from .boxes import main as boxes_main
+
+    return boxes_main(opts.action, opts.rest, env)
+
+
+def _run(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
+    if opts.command == "tools":
+        from .toolbox.tools import export, tool_specs
+
+        print(json.dumps(export(tool_specs(), opts.format), ensure_ascii=False, indent=2))
         return EXIT_OK
+    if opts.command in SERVERS:
+        return _run_server(opts, env)
+    if opts.command == "sandbox":
+        return _sandbox_command(opts, env)
+    if opts.command == "doctor":
+        from .doctor import main as doctor_main
+
+        return doctor_main(_wired(opts, env))
+    return _run_call(opts, env)
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    with _collections_paused():
+        opts = _parser().parse_args(argv)
+        try:
+            return _run(opts, env)
+        except (ConfigError, BadInput) as exc:
+            print(f"guilds: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except GuildsError as exc:
+            print(f"guilds: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        except BrokenPipeError:  # `guilds tools | head`: the reader left; so do we, quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_OK
+
+
+def _flush() -> int | None:
+    """Flush what the process has written; EXIT_OK's replacement when the reader left."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:  # `guilds tools | head`: the reader left
+            return EXIT_OK
+        except (OSError, ValueError):
+            pass
+    return None
+
+
+def run() -> None:
+    """The console script: ``main``, then the process ends at once (``os._exit``).
+
+    By then the command has done all of its work: the record is closed, every
+    call recorded, the sandbox left running or stopped as it should be. What
+    the interpreter would still do is tear down every module and object one by
+    one, which costs a short command like `guilds call` a third of its time;
+    its output is flushed first, and nothing registered to run at exit is
+    guilds'.
+    """
+    code = main()
+    flushed = _flush()
+    os._exit(code if flushed is None else flushed)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -152,11 +152,21 @@ def build_helper(dest: Path, name: str = "guilds-code") -> Path:
     return dest
 
 
+def source_digest(packages: tuple[str, ...]) -> str:
+    """A short hash of what a helper is built from: its sources, this builder's template and
+    the interpreter's bytecode magic. Reads the sources; builds nothing."""
+    digest = hashlib.sha256(_MAIN.encode() + importlib.util.MAGIC_NUMBER + str(_LINE).encode())
+    for package in packages:
+        for name, _, _, text in _sources(package):
+            digest.update(b"\0%s\0%d\0" % (name.encode(), len(text)))
+            digest.update(text)
+    return digest.hexdigest()[:16]
+
+
 def cached_helper(cache_dir: Path, name: str = "guilds-code") -> Path:
-    """The helper built once per content into cache_dir (rebuilt when sources change)."""
-    data = build_bytes(HELPER_PACKAGES[name])
-    digest = hashlib.sha256(data).hexdigest()[:16]
-    dest = Path(cache_dir) / f"{name}-{digest}.py"
+    """The helper built once into cache_dir, found again by the hash of its sources
+    (``<name>-<source digest>.py``): a process that finds it builds nothing."""
+    dest = Path(cache_dir) / f"{name}-{source_digest(HELPER_PACKAGES[name])}.py"
     if not dest.exists():
         build_helper(dest, name)
     return dest

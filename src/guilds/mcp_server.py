@@ -3,7 +3,7 @@
 A thin translation over ``Toolbox.call``; no tool logic lives here.
 
     build_server(toolbox, run_id=None) -> GuildsServer, an MCPServer
-    run_stdio(settings, data_dir, *, sandbox=None, coding=None, env=None)   `guilds mcp`
+    run_stdio(wired)                               `guilds mcp` (wired: guilds.wiring.resolve)
     http_endpoint(toolbox, ...) -> McpEndpoint                `/mcp` in `guilds serve`
     streamable_http_app(toolbox, ...) -> Starlette            the endpoint as an app of its own
 
@@ -41,8 +41,10 @@ Contract:
 - Runs: one MCP session is one run, ``mcp-<32 hex>``. stdio: the process's
   connection (``run_id``). HTTP with a session (``Mcp-Session-Id``, the
   handshake era): derived from that id. A client may name the run itself
-  with ``_meta["guilds/run"]`` on the call (the 2026-07-28 era's HTTP has no
-  session: without that key each call there is a run of its own).
+  with ``_meta["guilds/run"]`` on the call. HTTP without a session (the
+  2026-07-28 revision): the agent's current sessionless run (``SessionlessRun``),
+  new after SESSIONLESS_IDLE_SECONDS without such a call; a run such a call
+  names becomes the current one.
 - Progress: while a call runs, ``notifications/progress`` every
   PROGRESS_SECONDS with the elapsed seconds, when the client sent a token.
 - Cancel: the client's cancel, its disconnect, or the server's shutdown
@@ -63,11 +65,10 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -79,10 +80,11 @@ from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetad
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from ._checks import is_safe_name
 from .errors import GuildsError
-from .settings import AgentSettings
 from .toolbox import CallResult, Toolbox
 from .toolbox.tools import TOOL_NAMES, ToolSpec, tool_specs
+from .wiring import Wired, open_toolbox, resolve
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,10 @@ RUN_KEY = "guilds/run"
 """A request ``_meta`` key naming the run a call belongs to."""
 RUN_PREFIX = "mcp-"
 SESSION_HEADER = "mcp-session-id"
+SESSIONLESS_IDLE_SECONDS = 30 * 60.0
+"""A client without a session (the 2026-07-28 revision over HTTP) that names no
+run continues the agent's current sessionless run until that run has had no
+call for this long; then its next call starts a new run."""
 PROGRESS_SECONDS = 1.0
 """How often a running call reports progress (elapsed seconds)."""
 CANCEL_WAIT_SECONDS = 15.0
@@ -170,6 +176,37 @@ def session_run_id(session_id: str) -> str:
     return RUN_PREFIX + hashlib.sha256(session_id.encode()).hexdigest()[:32]
 
 
+class SessionlessRun:
+    """The agent's current run for calls that come with no session and name no run.
+
+    ``current()`` gives the run of such a call: the one of the previous such
+    call while it started or ended less than ``idle_seconds`` ago, else a new one. A
+    sessionless call that names a run (``_meta["guilds/run"]``) makes that the
+    current run (``follow``), so a client that names its run once keeps it.
+    """
+
+    def __init__(self, idle_seconds: float):
+        self.idle_seconds = idle_seconds
+        self._run: str | None = None
+        self._last = 0.0
+
+    def current(self) -> str:
+        now = time.monotonic()
+        if self._run is None or now - self._last > self.idle_seconds:
+            self._run = new_run_id()
+        self._last = now
+        return self._run
+
+    def follow(self, run_id: Any) -> None:
+        if isinstance(run_id, str) and is_safe_name(run_id):
+            self._run, self._last = run_id, time.monotonic()
+
+    def touch(self, run_id: str) -> None:
+        """A call of run_id ended: the idle time counts from now."""
+        if run_id == self._run:
+            self._last = time.monotonic()
+
+
 def error_result(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
 
@@ -201,21 +238,27 @@ async def run_call(call: Awaitable[CallResult], report: Callable[[float], Awaita
 class _Front:
     """A server's calls, over one toolbox; ``run_id`` fixed for a stdio connection."""
 
-    def __init__(self, toolbox: Toolbox, run_id: str | None):
+    def __init__(self, toolbox: Toolbox, run_id: str | None,
+                 sessionless_idle_seconds: float = SESSIONLESS_IDLE_SECONDS):
         self.toolbox = toolbox
         self.run_id = run_id
         self.ended = asyncio.Event()
         """Set as the server's lifespan ends (``_lifespan``): every call has stopped."""
+        self.sessionless = SessionlessRun(sessionless_idle_seconds)
 
     def run_for(self, request: ServerRequestContext | None) -> str:
-        named = (request.meta or {}).get(RUN_KEY) if request is not None else None
-        if named is not None:
-            return named  # the toolbox checks it is a safe name
-        if self.run_id is not None:
+        named: Any = (request.meta or {}).get(RUN_KEY) if request is not None else None
+        if self.run_id is not None and named is None:
             return self.run_id
         http = request.request if request is not None else None
         session = http.headers.get(SESSION_HEADER) if http is not None else None
-        return session_run_id(session) if session else new_run_id()
+        if named is not None:
+            if not session:
+                self.sessionless.follow(named)
+            return named  # the toolbox checks it is a safe name
+        if session:
+            return session_run_id(session)
+        return self.sessionless.current()
 
     async def call(self, context: Context | None, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         """The one place a failed call becomes an isError result."""
@@ -223,8 +266,12 @@ class _Front:
         try:
             if not self.toolbox.tools():
                 return error_result(CODING_OFF.format(name=name))
-            result = await run_call(self.toolbox.call(self.run_for(request), name, arguments),
-                                    functools.partial(_progress, request, name))
+            run_id = self.run_for(request)
+            try:
+                result = await run_call(self.toolbox.call(run_id, name, arguments),
+                                        functools.partial(_progress, request, name))
+            finally:
+                self.sessionless.touch(run_id)
         except GuildsError as exc:
             return error_result(str(exc))
         except Exception as exc:
@@ -259,8 +306,9 @@ class GuildsServer(MCPServer):
     handler; at WARNING that prints what Python's last-resort handler would.
     """
 
-    def __init__(self, toolbox: Toolbox, *, run_id: str | None = None):
-        self.front = _Front(toolbox, run_id)
+    def __init__(self, toolbox: Toolbox, *, run_id: str | None = None,
+                 sessionless_idle_seconds: float = SESSIONLESS_IDLE_SECONDS):
+        self.front = _Front(toolbox, run_id, sessionless_idle_seconds)
         super().__init__(SERVER_NAME, version=_version(), instructions=INSTRUCTIONS, log_level="WARNING",
                          subscriptions=False, lifespan=_lifespan,
                          tools=[ToolboxTool.of(spec, self.front.call) for spec in tool_specs()])
@@ -287,9 +335,10 @@ async def _lifespan(server: GuildsServer) -> AsyncIterator[dict[str, Any]]:
         server.front.ended.set()
 
 
-def build_server(toolbox: Toolbox, *, run_id: str | None = None) -> GuildsServer:
+def build_server(toolbox: Toolbox, *, run_id: str | None = None,
+                 sessionless_idle_seconds: float = SESSIONLESS_IDLE_SECONDS) -> GuildsServer:
     """An MCP server offering toolbox's tools; every call goes to ``run_id`` when given."""
-    return GuildsServer(toolbox, run_id=run_id)
+    return GuildsServer(toolbox, run_id=run_id, sessionless_idle_seconds=sessionless_idle_seconds)
 
 
 def _version() -> str:
@@ -317,42 +366,30 @@ def http_endpoint(toolbox: Toolbox, *, path: str = "/mcp", host: str = "127.0.0.
     return McpEndpoint(route=app.routes[0], lifespan=server.session_manager.run)
 
 
-def streamable_http_app(toolbox: Toolbox, *, path: str = "/mcp", host: str = "127.0.0.1") -> Starlette:
+def streamable_http_app(toolbox: Toolbox, *, path: str = "/mcp", host: str = "127.0.0.1",
+                        sessionless_idle_seconds: float = SESSIONLESS_IDLE_SECONDS) -> Starlette:
     """A Starlette app serving only the endpoint at path, with its own lifespan."""
-    server = build_server(toolbox)
+    server = build_server(toolbox, sessionless_idle_seconds=sessionless_idle_seconds)
     app = server.streamable_http_app(streamable_http_path=path, host=host)
     app.state.mcp_server = server
     return app
 
 
 # --- stdio ---------------------------------------------------------------------
-def run_stdio(settings: AgentSettings, data_dir: str | os.PathLike, *, sandbox: str | None = None,
-              coding: Callable[[], bool] | None = None, env: Mapping[str, str] | None = None) -> None:
+def run_stdio(wired: Wired) -> None:
     """`guilds mcp`: serve the agent's tools on stdin/stdout until the client closes stdin.
 
-    Like ``serve.serve``: ``sandbox`` overrides ``agent.sandbox``; ``coding`` is
-    the live coding flag (``settings.coding_flag(file)``); ``env`` (default
-    os.environ) is read for $GUILDS_DATABASE_URL. The data folder is made if
-    missing. SIGTERM, SIGINT and SIGHUP end the server as a closed stdin does: running
-    calls are cancelled, their commands stopped and the calls recorded.
-    Nothing but MCP messages is written to stdout.
+    ``wired`` comes from ``guilds.wiring.resolve`` (settings, data folder,
+    environment, overrides), as for every front. SIGTERM, SIGINT and SIGHUP
+    end the server as a closed stdin does: running calls are cancelled, their
+    commands stopped and the calls recorded. Nothing but MCP messages is
+    written to stdout.
     """
-    anyio.run(functools.partial(serve_stdio, settings, Path(data_dir), sandbox=sandbox, coding=coding,
-                                env=os.environ if env is None else env))
+    anyio.run(serve_stdio, wired)
 
 
-async def serve_stdio(settings: AgentSettings, data_dir: Path, *, sandbox: str | None,
-                      coding: Callable[[], bool] | None, env: Mapping[str, str]) -> None:
-    from .private import private_dir
-    from .sandbox import get_sandbox
-    from .store import Store, database_url
-
-    if sandbox is not None:
-        settings = replace(settings, sandbox=sandbox)
-    private_dir(data_dir)
-    box = get_sandbox(settings, data_dir)
-    async with Store(database_url(data_dir, env)) as store:
-        toolbox = Toolbox(settings, box, store, coding=coding)
+async def serve_stdio(wired: Wired) -> None:
+    async with open_toolbox(wired) as toolbox:
         await serve_streams(build_server(toolbox, run_id=new_run_id()))
 
 
@@ -385,10 +422,8 @@ def main(argv: list[str] | None = None) -> None:
     without the CLI (the tests and the benchmark launch it so)."""
     import sys
 
-    from .settings import coding_flag, load_settings
-
     settings_file, data = sys.argv[1:] if argv is None else argv
-    run_stdio(load_settings(settings_file), data, coding=coding_flag(settings_file))
+    run_stdio(resolve(settings_file, data_dir=data))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,10 @@
 """``guilds serve``: one agent's tools, the app at ``/`` and the MCP endpoint at ``/mcp``.
 
-    await serve(settings, data_dir, host="127.0.0.1", port=8765, sandbox=None)
+    await serve(guilds.wiring.resolve(...), host="127.0.0.1", port=8765)
 
-runs until interrupted, on the embedded default: the run record in SQLite under
-the data folder (or ``$GUILDS_DATABASE_URL``), the agent's sandbox by name
-(``sandbox`` overrides ``agent.sandbox``; ``auto`` is bwrap where it works,
-else local). ``build_app`` makes the same ASGI app without running a server.
+runs until interrupted, on the toolbox the one wiring opens (``guilds.wiring``):
+the run record in SQLite under the data folder (or ``$GUILDS_DATABASE_URL``),
+the agent's sandbox by name (``auto`` is bwrap where it works, else local). ``build_app`` makes the same ASGI app without running a server.
 
 The MCP endpoint is ``guilds.mcp_server.http_endpoint``: its route goes first,
 and its lifespan (the SDK's session manager) runs inside this app's.
@@ -23,12 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -38,10 +35,11 @@ from guilds_code.redact import Redactor
 from .auth import Lock, host_names, is_loopback, server_token
 from .errors import ConfigError
 from .private import private_dir
-from .sandbox import Sandbox, get_sandbox
+from .sandbox import Sandbox
 from .settings import AgentSettings
-from .store import Store, database_url
+from .store import Store
 from .toolbox import Toolbox
+from .wiring import Wired, open_toolbox
 from .web.app import create_app
 from .web.logs import HostLogReader, LogExcerpt, LogReader, LogUnavailable
 
@@ -132,22 +130,15 @@ async def _run_server(server, host: str, lock: Lock) -> None:
         signal.signal(signal.SIGHUP, previous)
 
 
-async def serve(settings: AgentSettings, data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-                sandbox: str | None = None, *, coding: Callable[[], bool] | None = None,
-                env: Mapping[str, str] | None = None, no_token: bool = False,
+async def serve(wired: Wired, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, no_token: bool = False,
                 allow_hosts: tuple[str, ...] = ()) -> None:
-    """Serve until a stop signal. ``coding``: the live coding flag (``settings.coding_flag(file)``);
+    """Serve until a stop signal; ``wired`` from ``guilds.wiring.resolve``, as for every front.
     ``allow_hosts``: more Host names to answer (the names this machine is reached by)."""
     import uvicorn
 
-    if sandbox is not None:
-        settings = replace(settings, sandbox=sandbox)
-    data_dir = private_dir(Path(data_dir))
-    lock = endpoint_lock(data_dir, host, no_token=no_token, allow_hosts=allow_hosts)
-    box = get_sandbox(settings, data_dir)
-    async with Store(database_url(data_dir, os.environ if env is None else env)) as store:
-        toolbox = Toolbox(settings, box, store, coding=coding)
-        app = build_app(settings, store, toolbox, host=host, lock=lock)
+    lock = endpoint_lock(private_dir(wired.data_dir), host, no_token=no_token, allow_hosts=allow_hosts)
+    async with open_toolbox(wired) as toolbox:
+        app = build_app(wired.settings, toolbox.store, toolbox, host=host, lock=lock)
         if not is_loopback(host):
             log.warning("serving on %s: whoever has the token runs commands as the agent and reads every "
                         "run; Host names answered: %s", host, ", ".join(lock.hosts))

@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -58,7 +57,20 @@ SQLITE_BUSY_MS = 10_000
 SCHEMA_LOCK_KEY = 0x6775_696C_6473
 """The PostgreSQL advisory lock held while the schema is made ("guilds" in ASCII)."""
 
-_JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+class _JSON(sa.types.TypeDecorator):
+    """JSON; JSONB on PostgreSQL. A dialect is imported only when a URL uses it (a fast CLI)."""
+
+    impl = sa.JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Any) -> Any:
+        if dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import JSONB
+
+            return dialect.type_descriptor(JSONB())
+        return dialect.type_descriptor(sa.JSON())
+
+
 _TS = sa.DateTime(timezone=True)
 metadata = sa.MetaData()
 runs = sa.Table(
@@ -158,6 +170,17 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+def _dialect_module(is_sqlite: bool) -> Any:
+    """sqlalchemy.dialects.sqlite or .postgresql (their insert ... on conflict), imported on use."""
+    if is_sqlite:
+        from sqlalchemy.dialects import sqlite
+
+        return sqlite
+    from sqlalchemy.dialects import postgresql
+
+    return postgresql
+
+
 def _now() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -244,7 +267,7 @@ class Store:
         where = self.engine.url
         self.where = where.database if self.sqlite else f"{where.host}/{where.database}"
         """The record's place for messages: the SQLite file, or host/database (no password)."""
-        self._allocate = _allocate_statement(sqlite if self.sqlite else postgresql)
+        self._allocate = _allocate_statement(_dialect_module(self.sqlite))
 
     async def __aenter__(self) -> "Store":
         await self.setup()

@@ -46,7 +46,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from guilds_code import limits
 
-from ..helpers import HELPER_PACKAGES, build_bytes
+from ..helpers import HELPER_PACKAGES, build_bytes, source_digest
 from ..settings import AgentSettings
 from ._agent import locate
 from ._process import KILL_GRACE_SECONDS
@@ -208,8 +208,11 @@ def helper_files() -> tuple[tuple[str, bytes], ...]:
     return tuple((name, build_bytes(pkg)) for name, pkg in sorted(HELPER_PACKAGES.items()))
 
 
+@functools.cache
 def helpers_digest() -> str:
-    return hashlib.sha256(b"".join(n.encode() + d for n, d in helper_files())).hexdigest()[:16]
+    """A hash of the helpers' sources (not of a build: nothing is built to be hashed)."""
+    digests = "".join(f"{name}:{source_digest(pkg)};" for name, pkg in sorted(HELPER_PACKAGES.items()))
+    return hashlib.sha256(digests.encode()).hexdigest()[:16]
 
 
 @functools.cache

@@ -7,6 +7,7 @@ drift from what the helper accepts. Exported for three formats:
     anthropic  {"name", "description", "input_schema"}              (Messages API)
     openai     {"type": "function", "function": {"name", "description", "parameters"}}
                                                                    (Chat Completions)
+    openai-responses  {"type": "function", "name", "description", "parameters"}  (Responses API)
     mcp        {"name", "description", "inputSchema"}               (tools/list)
 """
 
@@ -166,6 +167,10 @@ def to_openai(spec: ToolSpec) -> dict[str, Any]:
     }
 
 
+def to_openai_responses(spec: ToolSpec) -> dict[str, Any]:
+    return {"type": "function", "name": spec.name, "description": spec.description, "parameters": spec.input_schema}
+
+
 def to_mcp(spec: ToolSpec) -> dict[str, Any]:
     return {"name": spec.name, "description": spec.description, "inputSchema": spec.input_schema}
 
@@ -173,10 +178,11 @@ def to_mcp(spec: ToolSpec) -> dict[str, Any]:
 FORMATS: dict[str, Callable[[ToolSpec], dict[str, Any]]] = {
     "anthropic": to_anthropic,
     "openai": to_openai,
+    "openai-responses": to_openai_responses,
     "mcp": to_mcp,
 }
 
 
 def export(specs: list[ToolSpec], fmt: str) -> list[dict[str, Any]]:
-    """The definitions in one model API's format (anthropic, openai, mcp)."""
+    """The definitions in one model API's format (anthropic, openai, openai-responses, mcp)."""
     return [FORMATS[fmt](spec) for spec in specs]

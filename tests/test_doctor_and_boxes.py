@@ -1,0 +1,186 @@
+"""`guilds doctor` and `guilds sandbox list|stop|rm`: the console script, on this machine's real
+bubblewrap, Docker engine, SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from guilds.sandbox.bwrap_argv import unavailable as bwrap_unavailable
+from guilds.sandbox.docker_engine import unavailable as docker_unavailable
+
+GUILDS = shutil.which("guilds", path=os.path.dirname(sys.executable))
+IMAGE = os.environ.get("GUILDS_SANDBOX_IMAGE", "guilds-sandbox:latest")
+NO_BWRAP = bwrap_unavailable()
+NO_DOCKER = docker_unavailable(IMAGE)
+
+
+def settings(tmp_path: Path, sandbox: str, agent: str = "agent1") -> Path:
+    path = tmp_path / "agent.toml"
+    path.write_text(f'[agent]\nid = "{agent}"\nhome = "home"\nsandbox = "{sandbox}"\n'
+                    f'[docker]\nimage = "{IMAGE}"\n')
+    return path
+
+
+def guilds(tmp_path: Path, *argv: str, **env: str) -> subprocess.CompletedProcess:
+    full = {**os.environ, "GUILDS_DATA": str(tmp_path / "data"), **env}
+    full.pop("GUILDS_DATABASE_URL", None) if "GUILDS_DATABASE_URL" not in env else None
+    return subprocess.run([GUILDS, *argv], capture_output=True, text=True, env=full, timeout=180)
+
+
+def lines(proc: subprocess.CompletedProcess) -> dict[str, str]:
+    """doctor's lines by check name: 'ok', 'no' or '--' followed by the detail."""
+    out = {}
+    for line in proc.stdout.splitlines()[:-1]:
+        mark, rest = line[:4].strip(), line[5:]
+        name, _, detail = rest.partition(": ")
+        out[name] = f"{mark} {detail}"
+    return out
+
+
+def test_doctor_on_a_local_agent(tmp_path):
+    proc = guilds(tmp_path, "doctor", "--config", str(settings(tmp_path, "local")))
+    found = lines(proc)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert found["rg"].startswith("ok ripgrep ") and found["run record"].startswith("ok sqlite+aiosqlite:///")
+    assert found["data folder"] == f"ok {tmp_path / 'data'} (made on first use)"
+    assert found["sandbox python"].startswith("ok ")
+    assert found["bubblewrap"].startswith("ok " if NO_BWRAP is None else "-- ")
+    assert proc.stdout.splitlines()[-1] == "agent agent1: sandbox local can run"
+
+
+def test_doctor_fails_when_the_configured_sandbox_cannot_run(tmp_path):
+    proc = guilds(tmp_path, "doctor", "--config", str(settings(tmp_path, "docker")),
+                  DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock")
+    found = lines(proc)
+    assert proc.returncode == 1
+    assert found["docker"].startswith(f"no no engine answers at unix://{tmp_path}/no-engine.sock")
+    assert found["docker"].endswith("-> start the Docker engine, or set DOCKER_HOST to one")
+    assert proc.stdout.splitlines()[-1] == "agent agent1: sandbox docker cannot run here (see the lines marked no)"
+
+
+def test_doctor_names_an_unreachable_record_without_its_password(tmp_path):
+    proc = guilds(tmp_path, "doctor", "--config", str(settings(tmp_path, "local")),
+                  GUILDS_DATABASE_URL="postgresql://guilds:hunter2secret@127.0.0.1:1/none")
+    assert proc.returncode == 1 and "hunter2secret" not in proc.stdout + proc.stderr
+    assert lines(proc)["run record"].startswith("no 127.0.0.1:1/none: ")
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.bwrap
+@pytest.mark.skipif(NO_BWRAP is not None, reason=f"bwrap: {NO_BWRAP}")
+def test_bwrap_sandbox_list_stop_rm(tmp_path):
+    agent = f"boxes-{secrets.token_hex(3)}"
+    config = str(settings(tmp_path, "bwrap", agent))
+    assert guilds(tmp_path, "call", "shell", '{"command": "true"}', "--config", config).returncode == 0
+    listed = guilds(tmp_path, "sandbox", "list", "--config", config).stdout
+    bwrap = [line.split() for line in listed.splitlines() if line.startswith("bwrap")]  # other engines' too
+    assert [row[:2] + row[-1:] for row in bwrap] == [["bwrap", agent, "running"]]
+    stopped = guilds(tmp_path, "sandbox", "stop", "--config", config)
+    assert stopped.stdout == f"stopped the bwrap sandbox of agent {agent}\n"
+    assert guilds(tmp_path, "sandbox", "list", "--config", config).stdout.rstrip().endswith(" stopped (state kept)")
+    removed = guilds(tmp_path, "sandbox", "rm", "--config", config).stdout.splitlines()
+    base = tmp_path / "data" / "sandboxes" / agent
+    assert removed[0] == f"stopped the bwrap sandbox of agent {agent}"
+    assert f"removed {base}" in removed and f"removed {base}.log" in removed
+    assert not base.exists() and (tmp_path / "home").is_dir()
+    assert agent not in guilds(tmp_path, "sandbox", "list", "--config", config).stdout
+
+
+def test_local_rm_removes_the_agents_state_and_bad_input_is_named(tmp_path):
+    config = str(settings(tmp_path, "local"))
+    guilds(tmp_path, "call", "shell", '{"command": "true"}', "--config", config)
+    state = tmp_path / "data" / "state" / "agent1"
+    assert state.is_dir()
+    removed = guilds(tmp_path, "sandbox", "rm", "--config", config).stdout.splitlines()
+    assert removed == ["stopped the local sandbox of agent agent1", f"removed {state}"] and not state.exists()
+    again = guilds(tmp_path, "sandbox", "rm", "--config", config)
+    assert (again.returncode, again.stdout) == (0, "stopped the local sandbox of agent agent1\n")
+    bad = guilds(tmp_path, "sandbox", "stop", "../x", "--config", config)
+    assert bad.returncode == 2 and bad.stderr.startswith("guilds: agent.id: must be letters")
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(NO_DOCKER is not None, reason=f"docker: {NO_DOCKER}")
+def test_docker_sandbox_list_and_rm_with_its_volume(tmp_path):
+    agent = f"boxes-{secrets.token_hex(3)}"
+    config = str(settings(tmp_path, "docker", agent))
+    call = guilds(tmp_path, "call", "shell", '{"command": "echo in"}', "--config", config)
+    assert call.stdout.startswith("in\n"), call.stderr
+    listed = [line.split() for line in guilds(tmp_path, "sandbox", "list", "--config", config).stdout.splitlines()]
+    mine = [row for row in listed if row[1] == agent]
+    assert mine and mine[0][:3] == ["docker", agent, f"guilds-{agent}"] and mine[0][3] == "Up"
+    removed = guilds(tmp_path, "sandbox", "rm", agent, "--config", config).stdout.splitlines()
+    assert removed == [f"stopped the docker sandbox of agent {agent}", f"removed container guilds-{agent}",
+                       f"removed volume guilds-{agent}-state"]
+    listed = guilds(tmp_path, "sandbox", "list", "--config", config).stdout
+    assert f"guilds-{agent}" not in listed
+
+
+KUBECONFIG_TEMPLATE = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: not-a-real-token}}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: guilds}}]
+current-context: x
+"""
+
+
+def test_doctor_on_kubernetes_says_which_kubeconfig_and_why(tmp_path):
+    config = str(settings(tmp_path, "kubernetes"))
+    none = guilds(tmp_path, "doctor", "--config", config, KUBECONFIG=str(tmp_path / "missing"))
+    assert none.returncode == 1
+    assert lines(none)["kubernetes"] == ("no no kubeconfig (KUBECONFIG, ~/.kube/config) "
+                                         "-> point KUBECONFIG at the cluster's config")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG_TEMPLATE)
+    dead = guilds(tmp_path, "doctor", "--config", config, KUBECONFIG=str(kubeconfig))
+    found = lines(dead)["kubernetes"]
+    assert dead.returncode == 1 and found.startswith(f"no {kubeconfig}: cannot ask the cluster (")
+    assert found.endswith("-> check the kubeconfig's server and credentials") and "not-a-real-token" not in found
+    local = guilds(tmp_path, "doctor", "--config", str(settings(tmp_path, "local")), KUBECONFIG=str(kubeconfig))
+    assert local.returncode == 0 and lines(local)["kubernetes"].startswith("-- ")
+
+
+@pytest.fixture
+def kube(tmp_path):
+    from fixtures.fake_kube_api import FakeKubeApi
+
+    api = FakeKubeApi()
+    yield api
+    api.close()
+
+
+def test_kubernetes_sandbox_list_rm_and_rights(tmp_path, kube):
+    from guilds.sandbox.kube_spec import object_name
+
+    env = {"KUBECONFIG": str(kube.kubeconfig(tmp_path / "kubeconfig")), "DOCKER_HOST": f"unix://{tmp_path}/none"}
+    config = str(settings(tmp_path, "kubernetes"))
+    mine, other = object_name("agent1"), object_name("agent2")
+    kube.add("pods", "guilds", mine, mine)
+    kube.add("pods", "guilds", other, other, phase="Pending")
+    kube.add("persistentvolumeclaims", "guilds", f"{mine}-home", mine)
+    kube.add("secrets", "guilds", f"{mine}-env", mine)
+    out = guilds(tmp_path, "sandbox", "list", "--config", config, **env).stdout
+    listed = [line.split() for line in out.splitlines()]
+    assert listed == [["kubernetes", mine, f"guilds/{mine}", "running"],
+                      ["kubernetes", other, f"guilds/{other}", "pending"]]
+    removed = guilds(tmp_path, "sandbox", "rm", "--config", config, **env).stdout.splitlines()
+    assert removed == ["stopped the kubernetes sandbox of agent agent1", f"removed claim guilds/{mine}-home",
+                       f"removed secret guilds/{mine}-env"]
+    assert set(kube.objects) == {("pods", "guilds", other)}
+    again = guilds(tmp_path, "sandbox", "rm", "--config", config, **env)
+    assert (again.returncode, again.stdout) == (0, "stopped the kubernetes sandbox of agent agent1\n")
+    ok = guilds(tmp_path, "doctor", "--config", config, **env)
+    assert ok.returncode == 0 and lines(ok)["kubernetes"].startswith("ok ") and "every right" in ok.stdout
+    kube.denied = {"create pods/exec"}
+    denied = guilds(tmp_path, "doctor", "--config", config, **env)
+    assert denied.returncode == 1
+    why = "in namespace guilds the user may not create pods/exec -> grant them in guilds"
+    assert why in lines(denied)["kubernetes"]
