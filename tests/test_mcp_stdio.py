@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import sys
 from asyncio.subprocess import DEVNULL, PIPE
 from collections.abc import AsyncIterator
@@ -49,6 +50,10 @@ async def test_tools_each_call_and_the_record(tmp_path):
     assert [c.tool for c in calls[:5]] == ["shell", "file_read", "code_search", "shell_status", "code_task"]
     assert all(c.status == "done" for c in calls)
     assert calls[0].row == "Run echo hi"
+    data = tmp_path / "data"  # the record is the user's alone
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in data.glob("guilds.db*"))
+    assert stat.S_IMODE((data / "guilds.db").stat().st_mode) == 0o600
 
 
 async def test_a_session_is_one_run_with_progress_and_the_live_coding_flag(tmp_path):
@@ -93,9 +98,11 @@ async def test_cancel_kills_the_command_and_is_recorded(tmp_path, sandbox):
     assert calls[1].status == "done"
 
 
-@pytest.mark.parametrize("leave", ["close stdin", pytest.param("SIGTERM", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("leave", ["close stdin", pytest.param("SIGTERM", marks=pytest.mark.slow),
+                                   pytest.param("SIGHUP", marks=pytest.mark.slow), "SIGKILL"])
 async def test_a_client_gone_mid_call_leaves_nothing_running(tmp_path, leave):
-    """A raw 2025-protocol client (no courtesy cancel) starts a long command, then goes away."""
+    """A raw 2025-protocol client (no courtesy cancel) starts a long command, then goes away
+    (or the server is stopped by a signal; killed, it leaves its call ``lost``)."""
     command, arg = kit.sleep_command()
     params = server_params(tmp_path)
     proc = await asyncio.create_subprocess_exec(params.command, *params.args, env=params.env,
@@ -105,20 +112,20 @@ async def test_a_client_gone_mid_call_leaves_nothing_running(tmp_path, leave):
             proc.stdin.write(json.dumps(message).encode() + b"\n")
         await proc.stdin.drain()
         assert await kit.wait_for(lambda: kit.processes("sleep", arg), 20)
-        if leave == "SIGTERM":
-            proc.send_signal(signal.SIGTERM)
+        if leave.startswith("SIG"):
+            proc.send_signal(getattr(signal, leave))
         else:
             proc.stdin.close()
-        ended = -signal.SIGTERM if leave == "SIGTERM" else 0  # the calls stopped, a SIGTERM ends it
+        ended = -getattr(signal, leave) if leave.startswith("SIG") else 0  # the calls stopped, the signal ends it
         assert await asyncio.wait_for(proc.wait(), 2 * kit.SETTLE_SECONDS) == ended
     finally:
         if proc.returncode is None:
             proc.kill()
-    assert not kit.processes("sleep", arg)
+    assert not await kit.left_running(arg)
     async with Store(f"sqlite:///{tmp_path / 'data' / 'guilds.db'}") as store:
         (run,) = await store.list_runs()
         (call,) = await store.calls(run.id)
-    assert call.status == "cancelled" and run.id.startswith("mcp-")
+    assert call.status == ("lost" if leave == "SIGKILL" else "cancelled") and run.id.startswith("mcp-")
 
 
 def handshake_and_call(command: str) -> list[dict]:

@@ -333,7 +333,7 @@ def run_stdio(settings: AgentSettings, data_dir: str | os.PathLike, *, sandbox: 
     Like ``serve.serve``: ``sandbox`` overrides ``agent.sandbox``; ``coding`` is
     the live coding flag (``settings.coding_flag(file)``); ``env`` (default
     os.environ) is read for $GUILDS_DATABASE_URL. The data folder is made if
-    missing. SIGTERM and SIGINT end the server as a closed stdin does: running
+    missing. SIGTERM, SIGINT and SIGHUP end the server as a closed stdin does: running
     calls are cancelled, their commands stopped and the calls recorded.
     Nothing but MCP messages is written to stdout.
     """
@@ -343,12 +343,13 @@ def run_stdio(settings: AgentSettings, data_dir: str | os.PathLike, *, sandbox: 
 
 async def serve_stdio(settings: AgentSettings, data_dir: Path, *, sandbox: str | None,
                       coding: Callable[[], bool] | None, env: Mapping[str, str]) -> None:
+    from .private import private_dir
     from .sandbox import get_sandbox
     from .store import Store, database_url
 
     if sandbox is not None:
         settings = replace(settings, sandbox=sandbox)
-    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dir(data_dir)
     box = get_sandbox(settings, data_dir)
     async with Store(database_url(data_dir, env)) as store:
         toolbox = Toolbox(settings, box, store, coding=coding)
@@ -356,7 +357,7 @@ async def serve_stdio(settings: AgentSettings, data_dir: Path, *, sandbox: str |
 
 
 async def serve_streams(server: GuildsServer) -> None:
-    """Run server on this process's stdio (MCPServer's runner) until EOF, SIGTERM or SIGINT.
+    """Run server on this process's stdio (MCPServer's runner) until EOF, SIGTERM, SIGINT or SIGHUP.
 
     On a signal the server is cancelled; once its lifespan has ended (its
     running calls stopped and recorded) the process ends by that signal: the
@@ -370,7 +371,7 @@ async def serve_streams(server: GuildsServer) -> None:
 
 
 async def _end_on_signal(scope: anyio.CancelScope, ended: asyncio.Event) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         signum = await anext(signals)
     scope.cancel()
     with anyio.move_on_after(STOP_WAIT_SECONDS, shield=True):

@@ -14,7 +14,9 @@ One call, in order:
    error results here, and only here;
 4. the pipeline: redaction, the 64 KiB cap, the ``remaining_tool_calls`` trailer;
 5. the result is recorded with its metadata (the helper's, plus ``call``,
-   ``tool``, ``run``, ``seq``, ``started_at``, ``duration_ms`` and ``row``).
+   ``tool``, ``run``, ``seq``, ``started_at``, ``duration_ms`` and ``row``);
+   if the record cannot take it (a full disk), the result is still returned,
+   its metadata's ``not_recorded`` saying what could not be written.
 
 Every admitted call counts against the budget, also one that failed.
 """
@@ -34,7 +36,7 @@ from guilds_code.redact import Redactor
 from guilds_harness.request import validate_task
 
 from .._checks import is_safe_name
-from ..errors import BadInput, HelperFailed, SandboxError
+from ..errors import BadInput, HelperFailed, RecordError, SandboxError
 from ..rows import row_text
 from ..sandbox.base import Sandbox
 from ..settings import AgentSettings
@@ -49,6 +51,8 @@ BUDGET_REFUSED = (
     "(max_tool_calls = {n}); nothing was run"
 )
 CANCELLED = "the call was cancelled before it finished"
+NOT_RECORDED = "not_recorded"
+"""Metadata key, only when the record could not take the result (a full disk): what failed."""
 _SPECS = tuple(tool_specs())
 
 
@@ -231,9 +235,12 @@ class Toolbox:
             "started_at": call.started_at.isoformat(timespec="milliseconds"),
             "duration_ms": duration_ms, "row": row,
         }
-        await self.store.finish_call(
-            run_id=call.run_id, seq=call.seq, text=shaped.text, is_error=outcome.is_error, meta=meta,
-            cut=shaped.cut, finished_at=datetime.now(timezone.utc), duration_ms=duration_ms, row=row,
-            status=status,
-        )
+        try:
+            await self.store.finish_call(
+                run_id=call.run_id, seq=call.seq, text=shaped.text, is_error=outcome.is_error, meta=meta,
+                cut=shaped.cut, finished_at=datetime.now(timezone.utc), duration_ms=duration_ms, row=row,
+                status=status,
+            )
+        except RecordError as exc:  # a full disk: the result still goes back, saying it is not recorded
+            meta[NOT_RECORDED] = str(exc)
         return CallResult(shaped.text, outcome.is_error, meta)
