@@ -71,6 +71,11 @@ class ResidentChannel:
         return channel
 
     @property
+    def pid(self) -> int | None:
+        """The server's pid as the sandbox sees it (from its hello)."""
+        return (self._hello or {}).get("pid")
+
+    @property
     def max_in_flight(self) -> int:
         return int((self._hello or {}).get("max_in_flight", frames.MAX_IN_FLIGHT_DEFAULT))
 

@@ -150,6 +150,11 @@ class Transport:
         self._lock = asyncio.Lock()
         self._failed_at: float | None = None
 
+    @property
+    def channel(self) -> Any:
+        """The open channel (a ``ResidentChannel``), or None."""
+        return self._channel
+
     async def call(self, request: dict[str, Any], *, wait: float, helper: str = HELPER) -> dict[str, Any]:
         if helper != HELPER or self.mode == "exec":
             return await call_helper(self.sandbox, request, wait=wait, helper=helper)
