@@ -5,6 +5,8 @@
 - ``exec_stream(core, ...)``: a command over the pods/exec websocket, with
   optional stdin, read until it closes or the deadline (stdout head, stderr
   tail, the final Status of channel 3);
+- ``open_exec(core, ...)``: a command over a pods/exec websocket with stdin
+  kept open (the resident helper), offering v5.channel.k8s.io then v4;
 - ``api_errors(what, namespace)``: the client's errors as SandboxError, in this one place;
 - ``ignoring(status)``: an ApiException of that status passes (404 on delete, 409 on create).
 
@@ -85,3 +87,24 @@ def exec_stream(core: Any, pod: str, namespace: str, command: list[str], stdin: 
         return bytes(out), bytes(err), ws.read_channel(3), not ws.is_open()
     finally:
         ws.close()
+
+
+EXEC_PROTOCOLS = "v5.channel.k8s.io,v4.channel.k8s.io"
+"""Offered in this order: v5 can close stdin alone (channel 255); v4 only by closing."""
+
+
+def open_exec(core: Any, pod: str, namespace: str, command: list[str]) -> Any:
+    """A connected ``websocket.WebSocket`` to pods/exec of command, stdin attached."""
+    from kubernetes.stream.ws_client import create_websocket, get_websocket_url
+
+    config = core.api_client.configuration
+    if getattr(config, "refresh_api_key_hook", None):
+        config.refresh_api_key_hook(config)
+    query = [("container", spec.CONTAINER), ("stdin", "true"), ("stdout", "true"),
+             ("stderr", "true"), ("tty", "false"), ("command", list(command))]
+    url = get_websocket_url(f"{config.host}/api/v1/namespaces/{namespace}/pods/{pod}/exec", query)
+    headers = {"sec-websocket-protocol": EXEC_PROTOCOLS}
+    token = config.get_api_key_with_prefix("BearerToken")
+    if token:
+        headers["authorization"] = token
+    return create_websocket(config, url, headers)

@@ -44,6 +44,7 @@ from ._container import (
 )
 from ._process import KILL_GRACE_SECONDS
 from .base import ExecResult
+from .channel import KubeProcess
 
 START_SECONDS = 180
 """How long a new pod may take to run (scheduling, pulling the image, the claim)."""
@@ -83,6 +84,18 @@ class KubernetesSandbox(ContainerSandbox):
         except asyncio.CancelledError:
             await asyncio.shield(blocking(self._kill, token))
             raise
+
+    async def open_process(self, argv: Sequence[str]) -> KubeProcess:
+        """One pods/exec websocket with stdin; closing it also kills what it started (by token)."""
+        return await blocking(self._open_process, list(argv))
+
+    def _open_process(self, argv: list[str]) -> KubeProcess:
+        self._ensure()
+        token = secrets.token_hex(8)
+        with self._api(f"exec in {self.pod}"):
+            ws = cluster.open_exec(self.core, self.pod, self.config.namespace,
+                                   spec.with_env(argv, {EXEC_ENV: token}))
+        return KubeProcess(ws, stop=lambda: self._kill(token))
 
     async def write_file(self, path: str, data: bytes) -> None:
         root, rel = locate(path, {STATE_INSIDE: STATE_INSIDE, self.home: self.home})
