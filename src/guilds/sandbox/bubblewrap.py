@@ -143,7 +143,8 @@ class BwrapSandbox:
     async def open_process(self, argv: Sequence[str]) -> LocalProcess:
         """argv entered like exec's; the sandbox's idle clock is its own to refresh."""
         pid = await asyncio.to_thread(self._ensure)
-        return LocalProcess(enter_argv(pid, self.home, argv), env=self._env, cwd="/")
+        entered = limited_argv(self._process_limits(), enter_argv(pid, self.home, argv, self._config()))
+        return LocalProcess(entered, env=self._env, cwd="/")
 
     async def _keep_alive(self) -> None:
         """While a call runs, the idle clock stays at zero."""
