@@ -12,6 +12,8 @@ the pipeline), with ``agent.transport`` = ``resident`` and ``exec`` side by side
      read      file_read of a 200-line file (each call a run of its own: read in full)
      search    code_search `def __init__` (files mode) over a copy of the Python
                standard library in the home
+     direct    shell `true` sent straight to the toolbox's transport (no run
+               record, no pipeline): what the transport itself costs
    on each backend and transport; the floors, spawned from the orchestrator:
    `bash -c true`, and rg with the very argv the helper builds; and SWE-ReX
    (``swerex-remote`` on loopback, its own client): `true` and `cat` of the
@@ -113,6 +115,17 @@ async def spawn(argv: list[str], cwd: str | None = None) -> None:
     await proc.communicate()
 
 
+def transport_call(toolbox: Toolbox, tool: str, args: dict) -> Timed:
+    """The same request straight to the toolbox's transport: no run record, no pipeline."""
+    request = {"op": tool, "args": args, "run_id": "direct", "agent_id": toolbox.settings.id,
+               "call_id": "d1", "home": toolbox.sandbox.home, "cwd": toolbox.sandbox.home}
+
+    async def call() -> None:
+        envelope = await toolbox.transport.call(request, wait=60)
+        assert envelope["ok"], envelope
+    return call
+
+
 def tool_call(toolbox: Toolbox, tool: str, args: dict, fresh_run: bool = False) -> Timed:
     async def call() -> None:
         run = f"r{secrets.token_hex(4)}" if fresh_run else f"bench-{toolbox.settings.id}"
@@ -183,6 +196,7 @@ async def per_call(bench: Bench, backends: list[str], calls: int, swerex: SweRex
             paths[f"shell {key}"] = tool_call(toolbox, "shell", {"command": "true"})
             paths[f"read {key}"] = tool_call(toolbox, "file_read", {"path": "f.txt"}, fresh_run=True)
             paths[f"search {key}"] = tool_call(toolbox, "code_search", {**SEARCH, "path": "stdlib"})
+            paths[f"direct {key}"] = transport_call(toolbox, "shell", {"command": "true"})
     home = bench.home(f"pc-{backends[0]}")
     argv = rg_argv("rg", validate_args("code_search", {**SEARCH, "path": "stdlib"}), "stdlib")
     paths["spawn bash -c true"] = lambda: spawn(["bash", "-c", "true"])
@@ -204,7 +218,10 @@ def per_call_table(times: dict[str, list[float]], backends: list[str]) -> str:
             shell, read, search = (median_ms(times[f"{op} {key}"]) for op in ("shell", "read", "search"))
             rows.append(f"| {backend} | {transport} | {shell:.1f} | {shell / spawn_ms:.2f}× | {read:.1f} | "
                         f"{read / spawn_ms:.2f}× | {search:.1f} | {search / rg_ms:.2f}× |")
-    rows.append(f"\nFloors: spawning `bash -c true` {spawn_ms:.1f} ms; the helper's rg argv run "
+    direct = ", ".join(f"{b}/{t} {median_ms(times[f'direct {b}/{t}']):.1f} ms"
+                       for b in backends for t in ("resident", "exec"))
+    rows.append(f"\nshell `true` through the transport alone (no run record, no pipeline): {direct}.")
+    rows.append(f"Floors: spawning `bash -c true` {spawn_ms:.1f} ms; the helper's rg argv run "
                 f"directly {rg_ms:.1f} ms.")
     if "docker" in backends and "local" in backends:
         for transport in ("resident", "exec"):

@@ -45,8 +45,14 @@ TICK_SECONDS = 1.0
 """The longest sleep of the loop: reaping and the kill clocks are looked at this often."""
 CANCELLED = "cancelled: the call was stopped before it finished"
 STOP_SIGNALS = (signals.SIGTERM, signals.SIGHUP, signals.SIGINT)
-_OPS = ("guilds_code.ops.shell", "guilds_code.ops.shell_status",
-        "guilds_code.ops.file_read", "guilds_code.ops.code_search")
+WARM_MODULES = (
+    "guilds_code.ops.shell", "guilds_code.ops.shell_status", "guilds_code.ops.file_read",
+    "guilds_code.ops.code_search", "guilds_code.ops.background", "guilds_code.ops.rg_output",
+    "guilds_code.redact", "guilds_code.shaping", "guilds_code.runstate",
+    "json", "re", "math", "hashlib", "shutil", "base64", "urllib.parse",
+)
+"""Imported by the server before its first fork, so that no worker imports them
+again: what the ops import (some only on some paths) and their lazy imports."""
 
 
 class Worker:
@@ -375,7 +381,7 @@ def main(argv: List[str], answer: Callable[[object], bytes]) -> int:
     except protocol.RequestError as exc:
         os.write(2, f"guilds-code serve: {exc}\n".encode())
         return 2
-    for name in _OPS:
+    for name in WARM_MODULES:
         __import__(name)
     codec.dumps({})  # warm what the first request needs
     gc.freeze()  # the workers share these pages with the server: collections skip them
