@@ -184,3 +184,19 @@ async def test_auto_falls_back_to_exec_when_the_server_cannot_start(tmp_path):
                          NoServer(settings, tmp_path / "data"), store)
         result = await strict.call("r", "shell", {"command": "true"})
         assert result.is_error and "no serve here" in result.text
+
+
+async def test_a_toolbox_dropped_without_close_ends_its_server(tmp_path):
+    import gc
+
+    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
+        settings = make_settings(tmp_path)
+        toolbox = Toolbox(settings, LocalSandbox(settings, tmp_path / "data"), store)
+        await toolbox.call("r", "shell", {"command": "true"})
+        pid = toolbox.transport.channel.pid
+        del toolbox
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while not gone(pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert gone(pid)

@@ -135,8 +135,12 @@ class ResidentChannel:
 
     async def close(self) -> None:
         """End the server (its running requests are cancelled) and the reader."""
+        await asyncio.to_thread(self.abandon)
+
+    def abandon(self) -> None:
+        """close(), blocking: for a thread (idempotent)."""
         self._die("the resident helper was closed")
-        await asyncio.to_thread(self._process.close)
+        self._process.close()
 
     # --- the reader thread --------------------------------------------------
     def _read(self) -> None:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
+import weakref
 from typing import Any, Mapping
 
 from guilds_code import limits
@@ -149,6 +151,7 @@ class Transport:
         self._channel: Any = None
         self._lock = asyncio.Lock()
         self._failed_at: float | None = None
+        self._finalizer: weakref.finalize | None = None
 
     @property
     def channel(self) -> Any:
@@ -199,10 +202,20 @@ class Transport:
                 self._failed_at = time.monotonic()
                 return None
             self._failed_at = None
+            # A toolbox dropped without close(): its server is ended when the transport is collected.
+            self._finalizer = weakref.finalize(self, _close_in_background, self._channel)
             return self._channel
 
     async def close(self) -> None:
         """End the channel, if one is open (the next call opens another)."""
         channel, self._channel = self._channel, None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
         if channel is not None:
             await channel.close()
+
+
+def _close_in_background(channel: Any) -> None:
+    """End a channel whose transport is gone, from a thread (closing may wait)."""
+    threading.Thread(target=channel.abandon, daemon=True, name="guilds-resident-close").start()
