@@ -34,6 +34,14 @@ def server(sandbox):
     return sandbox.server()
 
 
+def eventually_gone(pid: int, timeout: float = 3) -> bool:
+    """gone(pid) within timeout: the killed process is reaped by whoever inherits it."""
+    deadline = time.monotonic() + timeout
+    while not gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return gone(pid)
+
+
 def shell(sandbox, command, **args):
     return sandbox.request("shell", {"command": command, **args})
 
@@ -71,7 +79,7 @@ def test_cancel_stops_the_commands_group_and_answers_cancelled(sandbox, server, 
         assert time.monotonic() - began < 2.5
         assert answer == {"v": 1, "id": frame_id, "envelope": {
             "ok": False, "error": "cancelled: the call was stopped before it finished"}}
-        assert gone(int(pidfile.read_text()))
+        assert eventually_gone(int(pidfile.read_text()))
         server.cancel(frame_id)  # answered already: ignored, no second answer
         assert ok_text(server.call(shell(sandbox, "echo after"))) == "after"
     finally:
@@ -162,7 +170,7 @@ def test_stdin_ending_cancels_what_runs_then_exits(sandbox, server):
         (answer,) = server.answers(1, timeout=10)
         assert (answer["id"], answer["envelope"]["ok"]) == (frame_id, False)
         assert server.proc.wait(10) == 0
-        assert gone(int(pidfile.read_text()))
+        assert eventually_gone(int(pidfile.read_text()))
     finally:
         kill_pids(pidfile)
 
@@ -235,3 +243,19 @@ def test_memory_stays_flat(sandbox, server):
     after_100 = server.rss_kib()
     calls(2000)
     assert server.rss_kib() - after_100 < 512, (after_100, server.rss_kib())
+
+
+def test_no_worker_is_left_a_zombie(sandbox, server):
+    for _ in range(30):
+        server.call(shell(sandbox, "true"))
+    time.sleep(0.3)
+    children = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == server.proc.pid:
+            children.append((entry, fields[0]))
+    assert children == []

@@ -36,13 +36,15 @@ from .proc import signals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Optional
+    from typing import Callable, Dict, List, Optional, Set
 
 READ_BYTES = 64 * 1024
 WORKER_KILL_SECONDS = limits.CANCEL_KILL_GRACE_SECONDS + 2
 """After a cancel's SIGTERM, a worker still there this much later gets SIGKILL."""
 TICK_SECONDS = 1.0
 """The longest sleep of the loop: reaping and the kill clocks are looked at this often."""
+REAP_TICK_SECONDS = 0.01
+"""...and this often while an answered worker has yet to be reaped (it is exiting)."""
 CANCELLED = "cancelled: the call was stopped before it finished"
 STOP_SIGNALS = (signals.SIGTERM, signals.SIGHUP, signals.SIGINT)
 WARM_MODULES = (
@@ -80,6 +82,7 @@ class Server:
         self.max_frame = frames.max_frame_bytes(limits.REQUEST_FILE_MAX)
         self.workers: Dict[int, Worker] = {}  # by answer pipe
         self.by_id: Dict[str, Worker] = {}
+        self.unreaped: Set[int] = set()  # answered workers whose exit was not seen yet
         self.inbox = bytearray()
         self.skipping = False  # inside an oversized frame, until its newline
         self.stdin_open = True
@@ -119,6 +122,8 @@ class Server:
             self.step()
             if self._idle_too_long():
                 break
+        for pid in self.unreaped:
+            _reap(pid, 0)
         return 0
 
     def step(self) -> None:
@@ -138,7 +143,7 @@ class Server:
         self.kill_late()
 
     def _sleep(self) -> float:
-        now, wait = time.monotonic(), TICK_SECONDS
+        now, wait = time.monotonic(), (REAP_TICK_SECONDS if self.unreaped else TICK_SECONDS)
         for worker in self.workers.values():
             if worker.kill_at is not None:
                 wait = min(wait, max(0.0, worker.kill_at - now))
@@ -259,12 +264,15 @@ class Server:
             self.reply(worker.frame_id, worker.answer)
         else:
             self.refuse(worker.frame_id, "internal error: the request's worker ended without an answer")
-        if not worker.reaped:
-            _reap(worker.pid, os.WNOHANG)
+        if not worker.reaped and not _reap(worker.pid, os.WNOHANG):
+            self.unreaped.add(worker.pid)
 
     def reap(self) -> None:
         """Reap the workers that exited; answer those whose pipe is left open
         by something they started."""
+        for pid in list(self.unreaped):
+            if _reap(pid, os.WNOHANG):
+                self.unreaped.discard(pid)
         for worker in list(self.workers.values()):
             if not worker.reaped and _reap(worker.pid, os.WNOHANG):
                 worker.reaped = True
