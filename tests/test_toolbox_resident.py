@@ -60,10 +60,14 @@ async def test_auto_uses_the_channel_and_calls_alternate_between_transports(tmp_
                 await resident.close()  # a background command outlives the server
                 assert not gone(pid)
                 stopped = await auto.call("r1", "shell_status", {"id": "b1", "stop": True})
-                assert stopped.text.startswith("stopped b1")
+                assert stopped.text.startswith("stopped b1")  # by exec: the channel opens meanwhile
+                channel = await auto.transport.opened()
+                assert channel is not None and auto.transport.channel is channel
+                after = await auto.call("r1", "shell_status", {"id": "b1"})
+                assert after.text.startswith("b1 stopped")
             finally:
                 os.kill(pid, signal.SIGKILL)
-            assert auto.transport.channel is not None and by_exec.transport.channel is None
+            assert by_exec.transport.channel is None
 
 
 async def test_a_killed_server_is_reopened_by_the_next_call(tmp_path):
@@ -173,13 +177,19 @@ async def test_auto_falls_back_to_exec_when_the_server_cannot_start(tmp_path):
     settings = make_settings(tmp_path)
 
     class NoServer(LocalSandbox):
+        opens = 0
+
         async def open_process(self, argv):
+            NoServer.opens += 1
             return await super().open_process([sys.executable, "-c", "raise SystemExit('no serve here')"])
 
     async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
         tb = Toolbox(settings, NoServer(settings, tmp_path / "data"), store)
         assert body((await tb.call("r", "shell", {"command": "echo by exec"})).text) == "by exec"
-        assert tb.transport.channel is None
+        assert await tb.transport.opened() is None
+        assert body((await tb.call("r", "shell", {"command": "echo again"})).text) == "again"
+        assert await tb.transport.opened() is None
+        assert NoServer.opens == 1  # no second try within REOPEN_AFTER_SECONDS
         strict = Toolbox(make_settings(tmp_path, agent={"transport": "resident"}),
                          NoServer(settings, tmp_path / "data"), store)
         result = await strict.call("r", "shell", {"command": "true"})
@@ -190,7 +200,7 @@ async def test_a_toolbox_dropped_without_close_ends_its_server(tmp_path):
     import gc
 
     async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
-        settings = make_settings(tmp_path)
+        settings = make_settings(tmp_path, agent={"transport": "resident"})
         toolbox = Toolbox(settings, LocalSandbox(settings, tmp_path / "data"), store)
         await toolbox.call("r", "shell", {"command": "true"})
         pid = toolbox.transport.channel.pid

@@ -63,7 +63,11 @@ class ResidentChannel:
     @classmethod
     async def open(cls, sandbox: Sandbox, argv: list[str]) -> ResidentChannel:
         channel = cls(await sandbox.open_process(argv))
-        seen = await asyncio.to_thread(channel._hello_seen.wait, HELLO_SECONDS)
+        try:
+            seen = await asyncio.to_thread(channel._hello_seen.wait, HELLO_SECONDS)
+        except BaseException:  # cancelled while it started: it must not be left running
+            threading.Thread(target=channel.abandon, daemon=True).start()
+            raise
         if channel.dead or not seen:
             reason = channel.dead or f"no hello within {HELLO_SECONDS:g} s"
             await channel.close()
