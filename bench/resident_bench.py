@@ -20,7 +20,8 @@ the pipeline), with ``agent.transport`` = ``resident`` and ``exec`` side by side
    same 200-line file. Ratios: shell / spawn (aim <= 3x), read / spawn (<= 2x),
    search / rg (<= 1.15x), docker / local (<= 1.3x), ours / SWE-ReX;
 2. the first call of a new agent (the sandbox's start, then the channel or the
-   process), per backend and transport;
+   process), per backend and transport (auto's first call goes by exec while
+   the channel opens in the background);
 3. --agents agents x --per-agent shell `true` calls at once, per backend and
    transport, the transports taking turns: calls/s, p50 and p99 per call;
 4. the local server's RSS after 100 calls and after --rss-calls calls (shell and
@@ -240,11 +241,12 @@ def per_call_table(times: dict[str, list[float]], backends: list[str]) -> str:
 async def first_calls(bench: Bench, backends: list[str]) -> str:
     rows = ["| backend | transport | first call of a new agent ms |", "| --- | --- | ---: |"]
     for backend in backends:
-        for transport in ("resident", "exec"):
+        for transport in ("resident", "auto", "exec"):
             toolbox = bench.toolbox(f"first-{backend}-{transport}-{secrets.token_hex(3)}", backend, transport)
             began = time.perf_counter()
             await tool_call(toolbox, "shell", {"command": "true"})()
             rows.append(f"| {backend} | {transport} | {(time.perf_counter() - began) * 1000:.0f} |")
+            await toolbox.transport.opened()
             await toolbox.close()
             if backend != "local":
                 await toolbox.sandbox.stop()
