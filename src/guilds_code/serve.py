@@ -245,11 +245,11 @@ class Server:
             os._exit(0)
 
     def read_worker(self, worker: Worker) -> None:
+        """Its answer is sent as soon as its line is whole (the worker then only exits)."""
         data = os.read(worker.fd, READ_BYTES)
-        if data:
-            worker.answer += data
-            return
-        self.finish(worker)
+        worker.answer += data
+        if not data or worker.complete():
+            self.finish(worker)
 
     def finish(self, worker: Worker) -> None:
         """Answer the request once and forget it (its pipe ended, or its worker was reaped)."""
