@@ -28,8 +28,11 @@ GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 class ExecServer:
     """Serves pods/exec on 127.0.0.1 (one thread per connection)."""
 
-    def __init__(self, protocols: Sequence[str], run_as: Callable[[List[str]], List[str]]):
+    def __init__(self, protocols: Sequence[str], run_as: Callable[[List[str]], List[str]],
+                 objects: "dict[str, dict] | None" = None):
+        """objects: plain GETs answered by path (a pod, as the API server returns it)."""
         self.protocols, self.run_as = list(protocols), run_as
+        self.objects = objects if objects is not None else {}
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen()
@@ -61,6 +64,9 @@ class ExecServer:
             lines = request.split("\r\n")
             path = lines[0].split(" ")[1]
             headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
+            if headers.get("upgrade", "").lower() != "websocket":
+                self._get(conn, urlparse(path).path)
+                return
             offered = [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",")]
             chosen = next((p for p in offered if p in self.protocols), None)
             query = parse_qs(urlparse(path).query)
@@ -74,6 +80,14 @@ class ExecServer:
                          b"Sec-WebSocket-Accept: " + accept + b"\r\nSec-WebSocket-Protocol: "
                          + chosen.encode() + b"\r\n\r\n")
             self._pump(conn, chosen, self.run_as(query["command"]))
+
+    def _get(self, conn: socket.socket, path: str) -> None:
+        found = self.objects.get(path)
+        body = json.dumps(found if found is not None else {
+            "kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}).encode()
+        status = b"200 OK" if found is not None else b"404 Not Found"
+        conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
     def _pump(self, conn: socket.socket, protocol: str, argv: List[str]) -> None:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -324,3 +324,51 @@ async def test_the_resident_helper_over_pods_exec(tmp_path, built_helper, server
     finally:
         api.close()
         server.close()
+
+
+async def test_the_sandbox_opens_its_process_over_pods_exec(tmp_path, built_helper):
+    """KubernetesSandbox.open_process end to end: the pod read (running, same fingerprint),
+    the exec websocket, then, on close, the kill exec by the process's token."""
+    import sys
+
+    from guilds.toolbox.channel import ResidentChannel
+    from guilds.toolbox.transport import serve_argv
+    from kube_exec_server import ExecServer
+
+    home, state = tmp_path / "home", tmp_path / "state"
+    home.mkdir()
+    state.mkdir()
+
+    def run_as(command):
+        if "python3" not in command:
+            return command  # the kill exec: /bin/sh, as the pod has it
+        at = command.index("python3")
+        rest = [built_helper if a == "/usr/local/bin/guilds-code" else a for a in command[at + 1:]]
+        return ["env", f"HOME={home}", f"GUILDS_STATE_DIR={state}", "PATH=/usr/bin:/bin",
+                *command[1:at], sys.executable, *rest]
+
+    settings = AgentSettings(id="kres", home=home, sandbox="kubernetes", kubernetes=KubernetesSettings(namespace="ns"))
+    probe = KubernetesSandbox(settings, api_client=object())
+    pod = probe._manifest()
+    pod["status"] = {"phase": "Running", "containerStatuses": [{
+        "name": "sandbox", "image": "guilds-sandbox:latest", "imageID": "sha256:0", "ready": True,
+        "restartCount": 0, "state": {"running": {}}}]}
+    server = ExecServer(["v5.channel.k8s.io", "v4.channel.k8s.io"], run_as,
+                        {f"/api/v1/namespaces/ns/pods/{probe.pod}": pod})
+    api = _client(f"http://127.0.0.1:{server.port}")
+    try:
+        box = KubernetesSandbox(settings, api_client=api)
+        channel = await ResidentChannel.open(box, serve_argv(box, 8))
+        request = {"op": "shell", "run_id": "r", "agent_id": "kres", "call_id": "c1", "home": str(home),
+                   "args": {"command": "echo over the websocket"}}
+        assert (await channel.call(request, 30))["text"] == "over the websocket"
+        exec_seen = [s for s in server.seen if s["path"].endswith("/exec")]
+        assert exec_seen[0]["query"]["command"][:2] == ["env", exec_seen[0]["query"]["command"][1]]
+        assert exec_seen[0]["query"]["command"][1].startswith("GUILDS_EXEC_ID=")
+        await channel.close()
+        kills = [s for s in server.seen if s["path"].endswith("/exec")][1:]
+        assert kills and kills[0]["query"]["command"][0] == "/bin/sh"
+        assert await asyncio.to_thread(server.procs[0].wait, 10) == 0
+    finally:
+        api.close()
+        server.close()

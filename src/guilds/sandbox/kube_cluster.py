@@ -81,12 +81,14 @@ def exec_stream(core: Any, pod: str, namespace: str, command: list[str], stdin: 
             ws.write_stdin(stdin)
         while ws.is_open() and (left := deadline - time.monotonic()) > 0:
             ws.update(timeout=min(left, UPDATE_SECONDS))
-            out += ws.read_channel(1)[: STDOUT_MAX_BYTES - len(out)]
-            err += ws.read_channel(2)
+            out += (ws.read_channel(1) or b"")[: STDOUT_MAX_BYTES - len(out)]  # "" when none came
+            err += ws.read_channel(2) or b""
             del err[:-STDERR_KEEP_BYTES]
         return bytes(out), bytes(err), ws.read_channel(3), not ws.is_open()
     finally:
         ws.close()
+        if ws.sock is not None:  # after the server's close frame, close() leaves the socket open
+            ws.sock.shutdown()
 
 
 EXEC_PROTOCOLS = "v5.channel.k8s.io,v4.channel.k8s.io"
