@@ -13,7 +13,9 @@ the pipeline), with ``agent.transport`` = ``resident`` and ``exec`` side by side
      search    code_search `def __init__` (files mode) over a copy of the Python
                standard library in the home
      direct    shell `true` sent straight to the toolbox's transport (no run
-               record, no pipeline): what the transport itself costs
+               record, no pipeline)
+     trip      a request with an unknown op, straight to the transport: the
+               helper answers at once, so this is the transport's own round trip
    on each backend and transport; the floors, spawned from the orchestrator:
    `bash -c true`, and rg with the very argv the helper builds; and SWE-ReX
    (``swerex-remote`` on loopback, its own client): `true` and `cat` of the
@@ -117,13 +119,14 @@ async def spawn(argv: list[str], cwd: str | None = None) -> None:
 
 
 def transport_call(toolbox: Toolbox, tool: str, args: dict) -> Timed:
-    """The same request straight to the toolbox's transport: no run record, no pipeline."""
+    """The same request straight to the toolbox's transport: no run record, no pipeline.
+    An op the helper does not know is answered at once: the transport's round trip alone."""
     request = {"op": tool, "args": args, "run_id": "direct", "agent_id": toolbox.settings.id,
                "call_id": "d1", "home": toolbox.sandbox.home, "cwd": toolbox.sandbox.home}
 
     async def call() -> None:
         envelope = await toolbox.transport.call(request, wait=60)
-        assert envelope["ok"], envelope
+        assert envelope["ok"] or tool == "none", envelope
     return call
 
 
@@ -198,6 +201,7 @@ async def per_call(bench: Bench, backends: list[str], calls: int, swerex: SweRex
             paths[f"read {key}"] = tool_call(toolbox, "file_read", {"path": "f.txt"}, fresh_run=True)
             paths[f"search {key}"] = tool_call(toolbox, "code_search", {**SEARCH, "path": "stdlib"})
             paths[f"direct {key}"] = transport_call(toolbox, "shell", {"command": "true"})
+            paths[f"trip {key}"] = transport_call(toolbox, "none", {})
     home = bench.home(f"pc-{backends[0]}")
     argv = rg_argv("rg", validate_args("code_search", {**SEARCH, "path": "stdlib"}), "stdlib")
     paths["spawn bash -c true"] = lambda: spawn(["bash", "-c", "true"])
@@ -221,7 +225,11 @@ def per_call_table(times: dict[str, list[float]], backends: list[str]) -> str:
                         f"{read / spawn_ms:.2f}× | {search:.1f} | {search / rg_ms:.2f}× |")
     direct = ", ".join(f"{b}/{t} {median_ms(times[f'direct {b}/{t}']):.1f} ms"
                        for b in backends for t in ("resident", "exec"))
+    trip = ", ".join(f"{b}/{t} {median_ms(times[f'trip {b}/{t}']):.1f} ms"
+                     for b in backends for t in ("resident", "exec"))
     rows.append(f"\nshell `true` through the transport alone (no run record, no pipeline): {direct}.")
+    rows.append(f"A request the helper refuses at once (the transport's round trip, a worker's fork "
+                f"or a helper's start included): {trip}.")
     rows.append(f"Floors: spawning `bash -c true` {spawn_ms:.1f} ms; the helper's rg argv run "
                 f"directly {rg_ms:.1f} ms.")
     if "docker" in backends and "local" in backends:
