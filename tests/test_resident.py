@@ -115,6 +115,10 @@ def test_in_flight_bound_refuses_the_next_at_once(sandbox):
     (b'{"v":1,"id":"k6","request":{"op":"shell","args":{"command":NaN}}}', "k6", "NaN is not valid JSON"),
     (b'{"v":1,"id":"k7","request":{"op":"nope"}}', "k7", 'op: unknown op "nope"'),
     (b'{"v":1,"id":"k8","request":"\xff"}', "k8", "frame: not UTF-8"),
+    (b'{"v":1,"id":"k9","request":' + b"[" * 100_000 + b"]" * 100_000 + b"}", "k9", "frame: JSON nested too deeply"),
+    (b'{"v":1,"id":"' + b"x" * 129 + b'","request":{}}', None, "frame: id must be letters"),
+    (b"\x00\x01\x02 binary", None, "frame: not valid JSON"),
+    (b'{"v":1,"id":"k10","request":{},"v":1,"id":"k11"}', "k11", "op: unknown op null"),
 ])
 def test_a_bad_frame_gets_an_error_and_the_channel_keeps_working(sandbox, server, line, frame_id, error):
     server.send(line + b"\n")
