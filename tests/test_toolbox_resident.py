@@ -7,6 +7,7 @@ when it died is run again only when that is safe; cancellation; the request limi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -210,3 +211,20 @@ async def test_a_toolbox_dropped_without_close_ends_its_server(tmp_path):
         while not gone(pid) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         assert gone(pid)
+
+
+async def test_a_hung_server_is_given_up_and_the_next_call_gets_a_new_one(tmp_path):
+    async with local_toolbox(tmp_path, agent={"transport": "resident"}) as tb:
+        await tb.call("r", "shell", {"command": "true"})
+        channel = tb.transport.channel
+        os.kill(channel.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(Exception, match="no answer within 1 s"):
+                await channel.call({"op": "shell_status", "args": {}, "run_id": "r", "agent_id": tb.settings.id,
+                                    "call_id": "c9", "home": tb.sandbox.home}, 1)
+            assert channel.dead and "did not answer within 1 s, nor a cancel" in channel.dead
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # already ended by the close
+                os.kill(channel.pid, signal.SIGCONT)
+        assert body((await tb.call("r", "shell", {"command": "echo fresh"})).text) == "fresh"
+        assert tb.transport.channel is not channel

@@ -11,6 +11,9 @@ shared by all of the agent's calls.
   caller sends a cancel frame too and waits (at most CANCEL_WAIT_SECONDS) for
   the server to answer it before the cancellation goes on. A request whose
   JSON passes REQUEST_FILE_MAX is refused before anything is sent.
+- A server that answers neither a call within its wait nor the cancel after
+  it is taken for hung: the channel is marked dead and closed, so the next
+  call opens a new one rather than wait on it too.
 - One reader thread reads the answers and hands each to its call's event
   loop; an answer is handed over once, to the call still waiting for it.
 - When the server's stdout ends (killed, the sandbox stopped, the container
@@ -108,19 +111,23 @@ class ResidentChannel:
         try:
             return await asyncio.wait_for(asyncio.shield(future), wait)
         except TimeoutError:
-            await self._cancel(frame_id, future)
+            if not await self._cancel(frame_id, future):  # no answer to the cancel either: hung
+                self._die(f"the resident helper did not answer within {wait:g} s, nor a cancel "
+                          f"within {CANCEL_WAIT_SECONDS:g} s")
+                threading.Thread(target=self._process.close, daemon=True).start()
             raise HelperFailed(f"code helper failed: no answer within {wait:g} s") from None
         except asyncio.CancelledError:
             await self._cancel(frame_id, future)
             raise
 
-    async def _cancel(self, frame_id: str, future: asyncio.Future) -> None:
-        """A cancel frame, then the server's answer to it (or CANCEL_WAIT_SECONDS)."""
+    async def _cancel(self, frame_id: str, future: asyncio.Future) -> bool:
+        """A cancel frame, then the server's answer to it (or CANCEL_WAIT_SECONDS); True once answered."""
         try:
             await asyncio.shield(self._send(frames.cancel_frame(frame_id)))
             await asyncio.wait({asyncio.shield(future)}, timeout=CANCEL_WAIT_SECONDS)
         except (ChannelDied, asyncio.CancelledError):
-            pass
+            return True
+        return future.done()
 
     async def _send(self, data: bytes) -> None:
         try:
