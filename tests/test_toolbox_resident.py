@@ -228,3 +228,13 @@ async def test_a_hung_server_is_given_up_and_the_next_call_gets_a_new_one(tmp_pa
                 os.kill(channel.pid, signal.SIGCONT)
         assert body((await tb.call("r", "shell", {"command": "echo fresh"})).text) == "fresh"
         assert tb.transport.channel is not channel
+
+
+async def test_a_helper_without_the_resident_mode_is_refused_clearly(tmp_path):
+    settings = make_settings(tmp_path)
+    box = LocalSandbox(settings, tmp_path / "data")
+    await box.start()
+    one_shot = [box.python, "-I", "-S", box.helper_path("guilds-code"), "servex"]  # as an older helper reads "serve"
+    with pytest.raises(ChannelDied, match=r"the helper in the sandbox has no resident mode \(it answered as a "
+                                          r"one-shot helper: request: not valid base64\)"):
+        await ResidentChannel.open(box, one_shot)

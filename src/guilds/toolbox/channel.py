@@ -167,7 +167,7 @@ class ResidentChannel:
         try:
             frame = json.loads(line)
         except ValueError:
-            self._die(f"the resident helper wrote something not a frame: {line[:80]!r}")
+            self._die(_not_a_frame(line, hello_seen=self._hello is not None))
             return
         if self._hello is None:
             self._on_hello(frame)
@@ -206,6 +206,20 @@ def _hand_over(loop: asyncio.AbstractEventLoop, *callback: Any) -> None:
         loop.call_soon_threadsafe(*callback)
     except RuntimeError:
         pass
+
+
+def _not_a_frame(line: bytes, *, hello_seen: bool) -> str:
+    """Why a line that is not a frame ends the channel: first of all, an older
+    helper without the resident mode answers ``serve`` with a one-shot envelope."""
+    if not hello_seen:
+        try:
+            envelope = decode_envelope(line)
+        except ValueError:
+            pass
+        else:
+            said = envelope.get("error") or "an answer"
+            return f"the helper in the sandbox has no resident mode (it answered as a one-shot helper: {said})"
+    return f"the resident helper wrote something not a frame: {line[:80]!r}"
 
 
 def _settle(future: asyncio.Future, envelope: Any) -> None:
