@@ -263,3 +263,13 @@ def test_no_worker_is_left_a_zombie(sandbox, server):
         if int(fields[1]) == server.proc.pid:
             children.append((entry, fields[0]))
     assert children == []
+
+
+def test_the_default_bound_runs_64_at_once_and_refuses_the_65th(sandbox, server):
+    held = [server.request(shell(sandbox, f"sleep 2; echo {i}")) for i in range(frames.MAX_IN_FLIGHT_DEFAULT)]
+    refused = server.request(shell(sandbox, "echo no"))
+    answers = server.answers(frames.MAX_IN_FLIGHT_DEFAULT + 1, timeout=60)
+    assert answers[0]["id"] == refused and answers[0]["envelope"]["error"].startswith(
+        "too many requests in flight: at most 64 at once")
+    texts = {a["id"]: ok_text(a["envelope"]) for a in answers[1:]}
+    assert texts == {frame_id: str(i) for i, frame_id in enumerate(held)}

@@ -127,11 +127,10 @@ class Server:
         return 0
 
     def step(self) -> None:
-        watched = [self.wake_r, *self.workers] + ([0] if self.stdin_open else [])
-        try:
-            ready = select.select(watched, [], [], self._sleep())[0]
-        except InterruptedError:
-            ready = []
+        poller = select.poll()  # not select(): worker pipes may number past FD_SETSIZE
+        for fd in [self.wake_r, *self.workers] + ([0] if self.stdin_open else []):
+            poller.register(fd, select.POLLIN)
+        ready = [fd for fd, _ in poller.poll(int(self._sleep() * 1000) + 1)]
         for fd in ready:
             if fd == 0:
                 self.read_stdin()
