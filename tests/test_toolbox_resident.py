@@ -238,3 +238,23 @@ async def test_a_helper_without_the_resident_mode_is_refused_clearly(tmp_path):
     with pytest.raises(ChannelDied, match=r"the helper in the sandbox has no resident mode \(it answered as a "
                                           r"one-shot helper: request: not valid base64\)"):
         await ResidentChannel.open(box, one_shot)
+
+
+async def test_many_large_answers_and_frames_at_once_all_arrive(tmp_path):
+    settings = make_settings(tmp_path)
+    box = LocalSandbox(settings, tmp_path / "data")
+    await box.start()
+    from guilds.toolbox.transport import serve_argv
+
+    channel = await ResidentChannel.open(box, serve_argv(box, 64))
+    try:
+        def request(i):  # a 15 KiB frame asking for a 64 KiB answer
+            command = f"yes {i % 10}23456789 | head -c 60000 #" + "x" * 15_000
+            return {"op": "shell", "run_id": "r", "agent_id": settings.id, "call_id": f"c{i}", "home": box.home,
+                    "max_bytes": 65536, "args": {"command": command}}
+
+        answers = await asyncio.wait_for(asyncio.gather(*(channel.call(request(i), 60) for i in range(40))), 120)
+        for i, answer in enumerate(answers):
+            assert answer["ok"] and len(answer["text"]) > 55_000 and answer["text"][0] == str(i % 10)
+    finally:
+        await channel.close()

@@ -57,6 +57,10 @@ class ResidentChannel:
         self._ids = itertools.count(1)
         self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._lock = threading.Lock()
+        """Guards the calls waiting for answers (the reader thread takes it too)."""
+        self._send_lock = threading.Lock()
+        """One frame written at a time; never held with ``_lock``: a write that waits for
+        the server to read must not keep the reader from taking its answers."""
         self._hello: dict[str, Any] | None = None
         self._hello_seen = threading.Event()
         self.dead: str | None = None
@@ -132,7 +136,7 @@ class ResidentChannel:
     async def _send(self, data: bytes) -> None:
         try:
             if len(data) <= DIRECT_SEND_BYTES:
-                with self._lock:
+                with self._send_lock:
                     self._process.send(data)
             else:
                 await asyncio.to_thread(self._send_locked, data)
@@ -141,7 +145,7 @@ class ResidentChannel:
             raise ChannelDied(self.dead or str(exc)) from exc
 
     def _send_locked(self, data: bytes) -> None:
-        with self._lock:
+        with self._send_lock:
             self._process.send(data)
 
     async def close(self) -> None:
