@@ -7,6 +7,7 @@ one that can pull (or has) the sandbox image, and are skipped elsewhere.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -270,3 +271,117 @@ async def test_cluster_exec_files_and_the_helper(pod):
     request = {"op": "shell", "args": {"command": "echo hi"}, "run_id": "r1", "agent_id": pod.agent_id,
                "call_id": "c1", "home": pod.home, "cwd": pod.home}
     assert (await call_helper(pod, request, wait=60))["text"] == "hi"
+
+
+# --- the resident helper over pods/exec, against a local server speaking its framing --
+@pytest.fixture
+def built_helper(tmp_path):
+    from guilds.helpers import build_helper
+
+    return str(build_helper(tmp_path / "helper" / "guilds-code"))
+
+
+@pytest.mark.parametrize("server_protocols, spoken", [
+    (["v5.channel.k8s.io", "v4.channel.k8s.io"], "v5.channel.k8s.io"),
+    (["v4.channel.k8s.io"], "v4.channel.k8s.io"),
+])
+async def test_the_resident_helper_over_pods_exec(tmp_path, built_helper, server_protocols, spoken):
+    import sys
+
+    from guilds.sandbox import kube_cluster as cluster
+    from guilds.sandbox.channel import KubeProcess
+    from guilds.toolbox.channel import ResidentChannel
+    from kube_exec_server import ExecServer
+
+    home, state = tmp_path / "home", tmp_path / "state"
+    home.mkdir()
+    state.mkdir()
+
+    def run_as(command):  # the pod's helper path and python, as this machine has them
+        env_args = [a for a in command[1:command.index("python3")]] if command[0] == "env" else []
+        rest = command[command.index("python3") + 1:]
+        rest[rest.index("/usr/local/bin/guilds-code")] = built_helper
+        return ["env", f"HOME={home}", f"GUILDS_STATE_DIR={state}", "PATH=/usr/bin:/bin", *env_args,
+                sys.executable, *rest]
+
+    server = ExecServer(server_protocols, run_as)
+    api = _client(f"http://127.0.0.1:{server.port}")
+    api.configuration.api_key = {"BearerToken": "tok-123"}
+    api.configuration.api_key_prefix = {"BearerToken": "Bearer"}
+    try:
+        core = cluster.connect(api)
+        command = spec.with_env(["python3", "-I", "-S", "/usr/local/bin/guilds-code", "serve"],
+                                {"GUILDS_EXEC_ID": "t1"})
+        ws = await asyncio.to_thread(cluster.open_exec, core, "pod-a", "ns", command)
+        process = KubeProcess(ws)
+        assert process.protocol == spoken
+        seen = server.seen[0]
+        assert seen["path"] == "/api/v1/namespaces/ns/pods/pod-a/exec"
+        assert seen["query"]["command"] == command and seen["query"]["stdin"] == ["true"]
+        assert seen["query"]["container"] == [spec.CONTAINER]
+        assert seen["authorization"] == "Bearer tok-123"
+        channel = ResidentChannel(process)
+        await asyncio.to_thread(channel._hello_seen.wait, 30)
+        request = {"op": "shell", "run_id": "r", "agent_id": "a", "home": str(home)}
+        slow = asyncio.ensure_future(channel.call({**request, "call_id": "c1",
+                                                   "args": {"command": "sleep 1.5; echo slow"}}, 30))
+        fast = await channel.call({**request, "call_id": "c2", "args": {"command": "echo fast; echo $GUILDS_EXEC_ID"}}, 30)
+        assert fast["text"] == "fast\nt1" and not slow.done()
+        assert (await slow)["text"] == "slow"
+        big = "x" * 200_000  # frames longer than one websocket frame's 16-bit size
+        echoed = await channel.call({**request, "call_id": "c3", "args": {"command": f"echo {big} | wc -c"}}, 30)
+        assert echoed["text"] == "200001"
+        await channel.close()
+        proc = server.procs[0]
+        assert await asyncio.to_thread(proc.wait, 10) == 0  # stdin ended: the server went
+    finally:
+        api.close()
+        server.close()
+
+
+async def test_the_sandbox_opens_its_process_over_pods_exec(tmp_path, built_helper):
+    """KubernetesSandbox.open_process end to end: the pod read (running, same fingerprint),
+    the exec websocket, then, on close, the kill exec by the process's token."""
+    import sys
+
+    from guilds.toolbox.channel import ResidentChannel
+    from guilds.toolbox.transport import serve_argv
+    from kube_exec_server import ExecServer
+
+    home, state = tmp_path / "home", tmp_path / "state"
+    home.mkdir()
+    state.mkdir()
+
+    def run_as(command):
+        if "python3" not in command:
+            return command  # the kill exec: /bin/sh, as the pod has it
+        at = command.index("python3")
+        rest = [built_helper if a == "/usr/local/bin/guilds-code" else a for a in command[at + 1:]]
+        return ["env", f"HOME={home}", f"GUILDS_STATE_DIR={state}", "PATH=/usr/bin:/bin",
+                *command[1:at], sys.executable, *rest]
+
+    settings = AgentSettings(id="kres", home=home, sandbox="kubernetes", kubernetes=KubernetesSettings(namespace="ns"))
+    probe = KubernetesSandbox(settings, api_client=object())
+    pod = probe._manifest()
+    pod["status"] = {"phase": "Running", "containerStatuses": [{
+        "name": "sandbox", "image": "guilds-sandbox:latest", "imageID": "sha256:0", "ready": True,
+        "restartCount": 0, "state": {"running": {}}}]}
+    server = ExecServer(["v5.channel.k8s.io", "v4.channel.k8s.io"], run_as,
+                        {f"/api/v1/namespaces/ns/pods/{probe.pod}": pod})
+    api = _client(f"http://127.0.0.1:{server.port}")
+    try:
+        box = KubernetesSandbox(settings, api_client=api)
+        channel = await ResidentChannel.open(box, serve_argv(box, 8))
+        request = {"op": "shell", "run_id": "r", "agent_id": "kres", "call_id": "c1", "home": str(home),
+                   "args": {"command": "echo over the websocket"}}
+        assert (await channel.call(request, 30))["text"] == "over the websocket"
+        exec_seen = [s for s in server.seen if s["path"].endswith("/exec")]
+        assert exec_seen[0]["query"]["command"][:2] == ["env", exec_seen[0]["query"]["command"][1]]
+        assert exec_seen[0]["query"]["command"][1].startswith("GUILDS_EXEC_ID=")
+        await channel.close()
+        kills = [s for s in server.seen if s["path"].endswith("/exec")][1:]
+        assert kills and kills[0]["query"]["command"][0] == "/bin/sh"
+        assert await asyncio.to_thread(server.procs[0].wait, 10) == 0
+    finally:
+        api.close()
+        server.close()

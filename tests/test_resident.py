@@ -34,6 +34,14 @@ def server(sandbox):
     return sandbox.server()
 
 
+def eventually_gone(pid: int, timeout: float = 3) -> bool:
+    """gone(pid) within timeout: the killed process is reaped by whoever inherits it."""
+    deadline = time.monotonic() + timeout
+    while not gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return gone(pid)
+
+
 def shell(sandbox, command, **args):
     return sandbox.request("shell", {"command": command, **args})
 
@@ -71,7 +79,7 @@ def test_cancel_stops_the_commands_group_and_answers_cancelled(sandbox, server, 
         assert time.monotonic() - began < 2.5
         assert answer == {"v": 1, "id": frame_id, "envelope": {
             "ok": False, "error": "cancelled: the call was stopped before it finished"}}
-        assert gone(int(pidfile.read_text()))
+        assert eventually_gone(int(pidfile.read_text()))
         server.cancel(frame_id)  # answered already: ignored, no second answer
         assert ok_text(server.call(shell(sandbox, "echo after"))) == "after"
     finally:
@@ -107,6 +115,10 @@ def test_in_flight_bound_refuses_the_next_at_once(sandbox):
     (b'{"v":1,"id":"k6","request":{"op":"shell","args":{"command":NaN}}}', "k6", "NaN is not valid JSON"),
     (b'{"v":1,"id":"k7","request":{"op":"nope"}}', "k7", 'op: unknown op "nope"'),
     (b'{"v":1,"id":"k8","request":"\xff"}', "k8", "frame: not UTF-8"),
+    (b'{"v":1,"id":"k9","request":' + b"[" * 100_000 + b"]" * 100_000 + b"}", "k9", "frame: JSON nested too deeply"),
+    (b'{"v":1,"id":"' + b"x" * 129 + b'","request":{}}', None, "frame: id must be letters"),
+    (b"\x00\x01\x02 binary", None, "frame: not valid JSON"),
+    (b'{"v":1,"id":"k10","request":{},"v":1,"id":"k11"}', "k11", "op: unknown op null"),
 ])
 def test_a_bad_frame_gets_an_error_and_the_channel_keeps_working(sandbox, server, line, frame_id, error):
     server.send(line + b"\n")
@@ -162,7 +174,7 @@ def test_stdin_ending_cancels_what_runs_then_exits(sandbox, server):
         (answer,) = server.answers(1, timeout=10)
         assert (answer["id"], answer["envelope"]["ok"]) == (frame_id, False)
         assert server.proc.wait(10) == 0
-        assert gone(int(pidfile.read_text()))
+        assert eventually_gone(int(pidfile.read_text()))
     finally:
         kill_pids(pidfile)
 
@@ -235,3 +247,29 @@ def test_memory_stays_flat(sandbox, server):
     after_100 = server.rss_kib()
     calls(2000)
     assert server.rss_kib() - after_100 < 512, (after_100, server.rss_kib())
+
+
+def test_no_worker_is_left_a_zombie(sandbox, server):
+    for _ in range(30):
+        server.call(shell(sandbox, "true"))
+    time.sleep(0.3)
+    children = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == server.proc.pid:
+            children.append((entry, fields[0]))
+    assert children == []
+
+
+def test_the_default_bound_runs_64_at_once_and_refuses_the_65th(sandbox, server):
+    held = [server.request(shell(sandbox, f"sleep 2; echo {i}")) for i in range(frames.MAX_IN_FLIGHT_DEFAULT)]
+    refused = server.request(shell(sandbox, "echo no"))
+    answers = server.answers(frames.MAX_IN_FLIGHT_DEFAULT + 1, timeout=60)
+    assert answers[0]["id"] == refused and answers[0]["envelope"]["error"].startswith(
+        "too many requests in flight: at most 64 at once")
+    texts = {a["id"]: ok_text(a["envelope"]) for a in answers[1:]}
+    assert texts == {frame_id: str(i) for i, frame_id in enumerate(held)}

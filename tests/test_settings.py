@@ -70,6 +70,16 @@ def test_an_empty_file_gives_the_defaults_with_the_home_beside_it(tmp_path):
     assert s.home == (tmp_path / "home").resolve()
     assert (s.sandbox, s.coding, s.max_tool_calls) == ("auto", True, DEFAULT_MAX_TOOL_CALLS)
     assert (s.ports, s.result_max_bytes, s.repos) == ((20000, 20099), 8192, ())
+    assert (s.transport, s.max_in_flight) == ("auto", 64)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('transport = "resident"\nmax_in_flight = 1', ("resident", 1)),
+    ('transport = "exec"\nmax_in_flight = 4096', ("exec", 4096)),
+])
+def test_transport_and_its_bound(tmp_path, text, expected):
+    s = load(tmp_path, f"[agent]\n{text}")
+    assert (s.transport, s.max_in_flight) == expected
 
 
 def test_a_relative_home_resolves_against_the_files_folder(tmp_path):
@@ -89,6 +99,10 @@ def test_result_max_bytes_falls_back_to_the_environment(tmp_path):
         ('[repos.web]\ntokn = "abcdef"', {}, "repos.web.tokn: unknown key"),
         ('[agent]\nsandbox = "vm"', {}, "agent.sandbox: must be one of auto, local, bwrap, docker, kubernetes"),
         ('[agent]\nharness = "aider"', {}, "agent.harness: must be one of claude-code, codex"),
+        ('[agent]\ntransport = "ssh"', {}, "agent.transport: must be one of auto, resident, exec"),
+        ("[agent]\nmax_in_flight = 0", {}, "agent.max_in_flight: must be from 1 to 4096, got 0"),
+        ("[agent]\nmax_in_flight = 4097", {}, "agent.max_in_flight: must be from 1 to 4096, got 4097"),
+        ('[agent]\nmax_in_flight = "64"', {}, "agent.max_in_flight: must be an integer"),
         ('[agent]\nmax_tool_calls = "200"', {}, "agent.max_tool_calls: must be an integer"),
         ("[agent]\nmax_tool_calls = 0", {}, "agent.max_tool_calls: must be at least 1, got 0"),
         ("[agent]\nmax_tool_calls = true", {}, "agent.max_tool_calls: must be an integer"),

@@ -36,17 +36,25 @@ from .proc import signals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Optional
+    from typing import Callable, Dict, List, Optional, Set
 
 READ_BYTES = 64 * 1024
 WORKER_KILL_SECONDS = limits.CANCEL_KILL_GRACE_SECONDS + 2
 """After a cancel's SIGTERM, a worker still there this much later gets SIGKILL."""
 TICK_SECONDS = 1.0
 """The longest sleep of the loop: reaping and the kill clocks are looked at this often."""
+REAP_TICK_SECONDS = 0.01
+"""...and this often while an answered worker has yet to be reaped (it is exiting)."""
 CANCELLED = "cancelled: the call was stopped before it finished"
 STOP_SIGNALS = (signals.SIGTERM, signals.SIGHUP, signals.SIGINT)
-_OPS = ("guilds_code.ops.shell", "guilds_code.ops.shell_status",
-        "guilds_code.ops.file_read", "guilds_code.ops.code_search")
+WARM_MODULES = (
+    "guilds_code.ops.shell", "guilds_code.ops.shell_status", "guilds_code.ops.file_read",
+    "guilds_code.ops.code_search", "guilds_code.ops.background", "guilds_code.ops.rg_output",
+    "guilds_code.redact", "guilds_code.shaping", "guilds_code.runstate",
+    "json", "re", "math", "hashlib", "shutil", "base64", "urllib.parse",
+)
+"""Imported by the server before its first fork, so that no worker imports them
+again: what the ops import (some only on some paths) and their lazy imports."""
 
 
 class Worker:
@@ -74,6 +82,7 @@ class Server:
         self.max_frame = frames.max_frame_bytes(limits.REQUEST_FILE_MAX)
         self.workers: Dict[int, Worker] = {}  # by answer pipe
         self.by_id: Dict[str, Worker] = {}
+        self.unreaped: Set[int] = set()  # answered workers whose exit was not seen yet
         self.inbox = bytearray()
         self.skipping = False  # inside an oversized frame, until its newline
         self.stdin_open = True
@@ -113,14 +122,15 @@ class Server:
             self.step()
             if self._idle_too_long():
                 break
+        for pid in self.unreaped:
+            _reap(pid, 0)
         return 0
 
     def step(self) -> None:
-        watched = [self.wake_r, *self.workers] + ([0] if self.stdin_open else [])
-        try:
-            ready = select.select(watched, [], [], self._sleep())[0]
-        except InterruptedError:
-            ready = []
+        poller = select.poll()  # not select(): worker pipes may number past FD_SETSIZE
+        for fd in [self.wake_r, *self.workers] + ([0] if self.stdin_open else []):
+            poller.register(fd, select.POLLIN)
+        ready = [fd for fd, _ in poller.poll(int(self._sleep() * 1000) + 1)]
         for fd in ready:
             if fd == 0:
                 self.read_stdin()
@@ -132,7 +142,7 @@ class Server:
         self.kill_late()
 
     def _sleep(self) -> float:
-        now, wait = time.monotonic(), TICK_SECONDS
+        now, wait = time.monotonic(), (REAP_TICK_SECONDS if self.unreaped else TICK_SECONDS)
         for worker in self.workers.values():
             if worker.kill_at is not None:
                 wait = min(wait, max(0.0, worker.kill_at - now))
@@ -234,11 +244,11 @@ class Server:
             os._exit(0)
 
     def read_worker(self, worker: Worker) -> None:
+        """Its answer is sent as soon as its line is whole (the worker then only exits)."""
         data = os.read(worker.fd, READ_BYTES)
-        if data:
-            worker.answer += data
-            return
-        self.finish(worker)
+        worker.answer += data
+        if not data or worker.complete():
+            self.finish(worker)
 
     def finish(self, worker: Worker) -> None:
         """Answer the request once and forget it (its pipe ended, or its worker was reaped)."""
@@ -253,12 +263,15 @@ class Server:
             self.reply(worker.frame_id, worker.answer)
         else:
             self.refuse(worker.frame_id, "internal error: the request's worker ended without an answer")
-        if not worker.reaped:
-            _reap(worker.pid, os.WNOHANG)
+        if not worker.reaped and not _reap(worker.pid, os.WNOHANG):
+            self.unreaped.add(worker.pid)
 
     def reap(self) -> None:
         """Reap the workers that exited; answer those whose pipe is left open
         by something they started."""
+        for pid in list(self.unreaped):
+            if _reap(pid, os.WNOHANG):
+                self.unreaped.discard(pid)
         for worker in list(self.workers.values()):
             if not worker.reaped and _reap(worker.pid, os.WNOHANG):
                 worker.reaped = True
@@ -375,7 +388,7 @@ def main(argv: List[str], answer: Callable[[object], bytes]) -> int:
     except protocol.RequestError as exc:
         os.write(2, f"guilds-code serve: {exc}\n".encode())
         return 2
-    for name in _OPS:
+    for name in WARM_MODULES:
         __import__(name)
     codec.dumps({})  # warm what the first request needs
     gc.freeze()  # the workers share these pages with the server: collections skip them

@@ -181,8 +181,11 @@ STDIN, STDOUT, STDERR, STATUS, CLOSE = 0, 1, 2, 3, 255
 class KubeProcess:
     """One pods/exec websocket (``websocket.WebSocket``, connected with stdin)."""
 
-    def __init__(self, ws: Any):
+    def __init__(self, ws: Any, stop: Callable[[], None] | None = None):
+        """ws: connected with the subprotocols offered; stop: ends the exec's
+        processes inside (called by close)."""
         self._ws = ws
+        self._stop = stop
         self._tail = _Tail()
         self._lock = threading.Lock()
         self._closed = False
@@ -191,7 +194,9 @@ class KubeProcess:
 
     @property
     def protocol(self) -> str:
-        return self._ws.getsubprotocol() or V4
+        """The framing the API server chose (its handshake's Sec-WebSocket-Protocol)."""
+        headers = self._ws.getheaders() or {}
+        return (headers.get("sec-websocket-protocol") or V4).strip()
 
     def send(self, data: bytes) -> None:
         try:
@@ -228,8 +233,12 @@ class KubeProcess:
         if self.protocol == V5:
             with contextlib.suppress(Exception), self._lock:
                 self._ws.send_binary(bytes([CLOSE, STDIN]))
+        with contextlib.suppress(Exception):  # not ws.close(): the reader thread reads its reply
+            self._ws.send_close()
         with contextlib.suppress(Exception):
-            self._ws.close(timeout=CLOSE_WAIT_SECONDS)
+            self._ws.shutdown()
+        if self._stop is not None:
+            self._stop()
 
     def stderr_tail(self) -> str:
         return self._tail.lines()

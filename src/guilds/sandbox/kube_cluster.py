@@ -5,6 +5,8 @@
 - ``exec_stream(core, ...)``: a command over the pods/exec websocket, with
   optional stdin, read until it closes or the deadline (stdout head, stderr
   tail, the final Status of channel 3);
+- ``open_exec(core, ...)``: a command over a pods/exec websocket with stdin
+  kept open (the resident helper), offering v5.channel.k8s.io then v4;
 - ``api_errors(what, namespace)``: the client's errors as SandboxError, in this one place;
 - ``ignoring(status)``: an ApiException of that status passes (404 on delete, 409 on create).
 
@@ -79,9 +81,32 @@ def exec_stream(core: Any, pod: str, namespace: str, command: list[str], stdin: 
             ws.write_stdin(stdin)
         while ws.is_open() and (left := deadline - time.monotonic()) > 0:
             ws.update(timeout=min(left, UPDATE_SECONDS))
-            out += ws.read_channel(1)[: STDOUT_MAX_BYTES - len(out)]
-            err += ws.read_channel(2)
+            out += (ws.read_channel(1) or b"")[: STDOUT_MAX_BYTES - len(out)]  # "" when none came
+            err += ws.read_channel(2) or b""
             del err[:-STDERR_KEEP_BYTES]
         return bytes(out), bytes(err), ws.read_channel(3), not ws.is_open()
     finally:
         ws.close()
+        if ws.sock is not None:  # after the server's close frame, close() leaves the socket open
+            ws.sock.shutdown()
+
+
+EXEC_PROTOCOLS = "v5.channel.k8s.io,v4.channel.k8s.io"
+"""Offered in this order: v5 can close stdin alone (channel 255); v4 only by closing."""
+
+
+def open_exec(core: Any, pod: str, namespace: str, command: list[str]) -> Any:
+    """A connected ``websocket.WebSocket`` to pods/exec of command, stdin attached."""
+    from kubernetes.stream.ws_client import create_websocket, get_websocket_url
+
+    config = core.api_client.configuration
+    if getattr(config, "refresh_api_key_hook", None):
+        config.refresh_api_key_hook(config)
+    query = [("container", spec.CONTAINER), ("stdin", "true"), ("stdout", "true"),
+             ("stderr", "true"), ("tty", "false"), ("command", list(command))]
+    url = get_websocket_url(f"{config.host}/api/v1/namespaces/{namespace}/pods/{pod}/exec", query)
+    headers = {"sec-websocket-protocol": EXEC_PROTOCOLS}
+    token = config.get_api_key_with_prefix("BearerToken")
+    if token:
+        headers["authorization"] = token
+    return create_websocket(config, url, headers)

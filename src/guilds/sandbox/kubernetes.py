@@ -35,6 +35,7 @@ import hashlib
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import SandboxError
@@ -43,12 +44,13 @@ from . import kube_cluster as cluster
 from . import kube_spec as spec
 from ._agent import DEFAULT_PATH, agent_env, checked_id
 from ._container import (
-    EXEC_ENV, HELPER_DIR, STATE_INSIDE, exec_argv, exec_status, fingerprint, helper_files,
+    EXEC_ENV, HELPER_DIR, STATE_INSIDE, blocking, exec_argv, exec_status, fingerprint, helper_files,
     ContainerSandbox,
     helpers_digest, kill_argv, repos_file, repos_json, tar_bytes,
 )
 from ._process import KILL_GRACE_SECONDS
 from .base import ExecResult
+from .channel import KubeProcess
 
 START_SECONDS = 180
 """How long a new pod may take to run (scheduling, pulling the image, the claim)."""
@@ -75,6 +77,18 @@ class KubernetesSandbox(ContainerSandbox):
         self._core: Any = None
         self._ready = False
         self._lock = threading.Lock()
+
+    async def open_process(self, argv: Sequence[str]) -> KubeProcess:
+        """One pods/exec websocket with stdin; closing it also kills what it started (by token)."""
+        return await blocking(self._open_process, list(argv))
+
+    def _open_process(self, argv: list[str]) -> KubeProcess:
+        self._ensure()
+        token = secrets.token_hex(8)
+        with self._api(f"exec in {self.pod}"):
+            ws = cluster.open_exec(self.core, self.pod, self.config.namespace,
+                                   spec.with_env(argv, {EXEC_ENV: token}))
+        return KubeProcess(ws, stop=lambda: self._kill(token))
 
     # --- blocking steps ---------------------------------------------------------
     def _start(self) -> None:

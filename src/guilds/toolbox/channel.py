@@ -11,6 +11,9 @@ shared by all of the agent's calls.
   caller sends a cancel frame too and waits (at most CANCEL_WAIT_SECONDS) for
   the server to answer it before the cancellation goes on. A request whose
   JSON passes REQUEST_FILE_MAX is refused before anything is sent.
+- A server that answers neither a call within its wait nor the cancel after
+  it is taken for hung: the channel is marked dead and closed, so the next
+  call opens a new one rather than wait on it too.
 - One reader thread reads the answers and hands each to its call's event
   loop; an answer is handed over once, to the call still waiting for it.
 - When the server's stdout ends (killed, the sandbox stopped, the container
@@ -54,6 +57,10 @@ class ResidentChannel:
         self._ids = itertools.count(1)
         self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._lock = threading.Lock()
+        """Guards the calls waiting for answers (the reader thread takes it too)."""
+        self._send_lock = threading.Lock()
+        """One frame written at a time; never held with ``_lock``: a write that waits for
+        the server to read must not keep the reader from taking its answers."""
         self._hello: dict[str, Any] | None = None
         self._hello_seen = threading.Event()
         self.dead: str | None = None
@@ -63,12 +70,21 @@ class ResidentChannel:
     @classmethod
     async def open(cls, sandbox: Sandbox, argv: list[str]) -> ResidentChannel:
         channel = cls(await sandbox.open_process(argv))
-        seen = await asyncio.to_thread(channel._hello_seen.wait, HELLO_SECONDS)
+        try:
+            seen = await asyncio.to_thread(channel._hello_seen.wait, HELLO_SECONDS)
+        except BaseException:  # cancelled while it started: it must not be left running
+            threading.Thread(target=channel.abandon, daemon=True).start()
+            raise
         if channel.dead or not seen:
             reason = channel.dead or f"no hello within {HELLO_SECONDS:g} s"
             await channel.close()
             raise ChannelDied(f"the resident helper did not start: {reason}")
         return channel
+
+    @property
+    def pid(self) -> int | None:
+        """The server's pid as the sandbox sees it (from its hello)."""
+        return (self._hello or {}).get("pid")
 
     @property
     def max_in_flight(self) -> int:
@@ -99,24 +115,28 @@ class ResidentChannel:
         try:
             return await asyncio.wait_for(asyncio.shield(future), wait)
         except TimeoutError:
-            await self._cancel(frame_id, future)
+            if not await self._cancel(frame_id, future):  # no answer to the cancel either: hung
+                self._die(f"the resident helper did not answer within {wait:g} s, nor a cancel "
+                          f"within {CANCEL_WAIT_SECONDS:g} s")
+                threading.Thread(target=self._process.close, daemon=True).start()
             raise HelperFailed(f"code helper failed: no answer within {wait:g} s") from None
         except asyncio.CancelledError:
             await self._cancel(frame_id, future)
             raise
 
-    async def _cancel(self, frame_id: str, future: asyncio.Future) -> None:
-        """A cancel frame, then the server's answer to it (or CANCEL_WAIT_SECONDS)."""
+    async def _cancel(self, frame_id: str, future: asyncio.Future) -> bool:
+        """A cancel frame, then the server's answer to it (or CANCEL_WAIT_SECONDS); True once answered."""
         try:
             await asyncio.shield(self._send(frames.cancel_frame(frame_id)))
             await asyncio.wait({asyncio.shield(future)}, timeout=CANCEL_WAIT_SECONDS)
         except (ChannelDied, asyncio.CancelledError):
-            pass
+            return True
+        return future.done()
 
     async def _send(self, data: bytes) -> None:
         try:
             if len(data) <= DIRECT_SEND_BYTES:
-                with self._lock:
+                with self._send_lock:
                     self._process.send(data)
             else:
                 await asyncio.to_thread(self._send_locked, data)
@@ -125,13 +145,17 @@ class ResidentChannel:
             raise ChannelDied(self.dead or str(exc)) from exc
 
     def _send_locked(self, data: bytes) -> None:
-        with self._lock:
+        with self._send_lock:
             self._process.send(data)
 
     async def close(self) -> None:
         """End the server (its running requests are cancelled) and the reader."""
+        await asyncio.to_thread(self.abandon)
+
+    def abandon(self) -> None:
+        """close(), blocking: for a thread (idempotent)."""
         self._die("the resident helper was closed")
-        await asyncio.to_thread(self._process.close)
+        self._process.close()
 
     # --- the reader thread --------------------------------------------------
     def _read(self) -> None:
@@ -147,7 +171,7 @@ class ResidentChannel:
         try:
             frame = json.loads(line)
         except ValueError:
-            self._die(f"the resident helper wrote something not a frame: {line[:80]!r}")
+            self._die(_not_a_frame(line, hello_seen=self._hello is not None))
             return
         if self._hello is None:
             self._on_hello(frame)
@@ -186,6 +210,20 @@ def _hand_over(loop: asyncio.AbstractEventLoop, *callback: Any) -> None:
         loop.call_soon_threadsafe(*callback)
     except RuntimeError:
         pass
+
+
+def _not_a_frame(line: bytes, *, hello_seen: bool) -> str:
+    """Why a line that is not a frame ends the channel: first of all, an older
+    helper without the resident mode answers ``serve`` with a one-shot envelope."""
+    if not hello_seen:
+        try:
+            envelope = decode_envelope(line)
+        except ValueError:
+            pass
+        else:
+            said = envelope.get("error") or "an answer"
+            return f"the helper in the sandbox has no resident mode (it answered as a one-shot helper: {said})"
+    return f"the resident helper wrote something not a frame: {line[:80]!r}"
 
 
 def _settle(future: asyncio.Future, envelope: Any) -> None:

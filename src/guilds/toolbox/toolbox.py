@@ -209,6 +209,11 @@ class Toolbox:
         failed = tool == "code_task" and envelope["meta"].get("status") != "completed"
         return _Outcome(envelope["text"], failed, envelope["meta"])
 
+    @property
+    def transport(self) -> transport.Transport:
+        """How this agent's calls reach the helper (``agent.transport``)."""
+        return self._transport
+
     async def close(self) -> None:
         """End the agent's resident helper, if it runs (a later call opens it again)."""
         await self._transport.close()

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
+import weakref
 from typing import Any, Mapping
 
 from guilds_code import limits
@@ -133,13 +135,16 @@ def serve_argv(sandbox: Sandbox, max_in_flight: int) -> list[str]:
 class Transport:
     """How one agent's requests reach guilds-code: ``exec`` (a process per call),
     ``resident`` (the channel; an error when it cannot open), or ``auto`` (the
-    channel when it opens, else exec, trying the channel again after
-    REOPEN_AFTER_SECONDS). guilds-harness always goes by exec.
+    channel once it is open, else exec). guilds-harness always goes by exec.
 
-    The channel is opened by the first call that needs it and reopened by the
-    first call after it died. A call in flight when it died is run once more
-    (on a new channel, or by exec under ``auto``) if ``rerunnable``; otherwise
-    it fails with HelperFailed saying so.
+    ``resident`` opens the channel in the first call that needs it, which waits
+    for it. ``auto`` never makes a call wait for it: the call that finds no
+    channel starts opening one in the background and goes by exec, as do the
+    calls made while it opens; after a failed opening, calls go by exec for
+    REOPEN_AFTER_SECONDS before the next try. A dead channel is replaced the
+    same way. A call in flight when its channel died is run once more (on a new
+    channel, or by exec under ``auto``) if ``rerunnable``; otherwise it fails
+    with HelperFailed saying so.
     """
 
     def __init__(self, sandbox: Sandbox, mode: str = "auto", *, max_in_flight: int = 64):
@@ -149,6 +154,19 @@ class Transport:
         self._channel: Any = None
         self._lock = asyncio.Lock()
         self._failed_at: float | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._opening: asyncio.Future | None = None
+
+    @property
+    def channel(self) -> Any:
+        """The open channel (a ``ResidentChannel``), or None."""
+        return self._channel
+
+    async def opened(self) -> Any:
+        """Wait for the channel being opened in the background (auto), if any; the live channel or None."""
+        if self._opening is not None:
+            await asyncio.wait({self._opening})
+        return self._live()
 
     async def call(self, request: dict[str, Any], *, wait: float, helper: str = HELPER) -> dict[str, Any]:
         if helper != HELPER or self.mode == "exec":
@@ -156,7 +174,7 @@ class Transport:
         from .channel import ChannelDied
 
         for attempt in (1, 2):
-            channel = await self._open()
+            channel = await self._channel_for_call()
             if channel is None:
                 return await call_helper(self.sandbox, request, wait=wait)
             try:
@@ -167,24 +185,40 @@ class Transport:
                                        f"({exc.message}); the call may have run in part") from None
         raise AssertionError("unreachable")
 
-    async def _open(self) -> Any:
-        """The live channel, opened now if needed; None when auto falls back to exec."""
-        from .channel import ChannelDied, ResidentChannel
+    def _live(self) -> Any:
+        channel = self._channel
+        return channel if channel is not None and not channel.dead else None
 
+    async def _channel_for_call(self) -> Any:
+        """The live channel for this call; None: it goes by exec (see the class docstring)."""
         if not hasattr(self.sandbox, "open_process"):
             if self.mode == "resident":
                 raise SandboxError(f"the {self.sandbox.name} sandbox cannot run the resident helper")
             return None
-        channel = self._channel
-        if channel is not None and not channel.dead:
+        channel = self._live()
+        if channel is not None:
             return channel
+        if self.mode == "resident":
+            return await self._open()
+        backing_off = self._failed_at is not None and time.monotonic() - self._failed_at < REOPEN_AFTER_SECONDS
+        if self._opening is None and not backing_off:
+            self._opening = asyncio.ensure_future(self._open())
+            self._opening.add_done_callback(self._opened)
+        return None
+
+    def _opened(self, task: asyncio.Future) -> None:
+        self._opening = None
+        if not task.cancelled() and task.exception() is not None:  # retrieved: auto goes by exec
+            self._failed_at = time.monotonic()
+
+    async def _open(self) -> Any:
+        """Open the channel unless one is live; None when auto falls back to exec."""
+        from .channel import ChannelDied, ResidentChannel
+
         async with self._lock:
-            if self._channel is not None and not self._channel.dead:
+            if self._live() is not None:
                 return self._channel
             await self.close()
-            if self.mode == "auto" and self._failed_at is not None \
-                    and time.monotonic() - self._failed_at < REOPEN_AFTER_SECONDS:
-                return None
             try:
                 self._channel = await ResidentChannel.open(
                     self.sandbox, serve_argv(self.sandbox, self.max_in_flight))
@@ -194,10 +228,20 @@ class Transport:
                 self._failed_at = time.monotonic()
                 return None
             self._failed_at = None
+            # A toolbox dropped without close(): its server is ended when the transport is collected.
+            self._finalizer = weakref.finalize(self, _close_in_background, self._channel)
             return self._channel
 
     async def close(self) -> None:
         """End the channel, if one is open (the next call opens another)."""
         channel, self._channel = self._channel, None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
         if channel is not None:
             await channel.close()
+
+
+def _close_in_background(channel: Any) -> None:
+    """End a channel whose transport is gone, from a thread (closing may wait)."""
+    threading.Thread(target=channel.abandon, daemon=True, name="guilds-resident-close").start()

@@ -1,0 +1,260 @@
+"""The toolbox on the resident transport: the real helper in the local sandbox, real bash.
+
+Both transports share the state; a dead channel is reopened; a call in flight
+when it died is run again only when that is safe; cancellation; the request limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from guilds.sandbox.local import LocalSandbox
+from guilds.store import Store
+from guilds.toolbox import Toolbox
+from guilds.toolbox.channel import ChannelDied, ResidentChannel
+from guilds_code import limits
+from toolbox_kit import FakeSandbox, local_toolbox, make_settings, ok
+
+TRAILER = "\nremaining_tool_calls: "
+
+
+def body(text: str) -> str:
+    return text.split(TRAILER)[0]
+
+
+async def wait_for_file(path, timeout: float = 10) -> str:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < deadline, f"{path} never written"
+        await asyncio.sleep(0.05)
+    return path.read_text().strip()
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in "ZX"
+    except OSError:
+        return True
+
+
+async def test_auto_uses_the_channel_and_calls_alternate_between_transports(tmp_path):
+    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
+        async with local_toolbox(tmp_path, store, agent={"transport": "resident"}) as resident, \
+                local_toolbox(tmp_path, store, agent={"transport": "exec"}) as by_exec, \
+                local_toolbox(tmp_path, store) as auto:
+            (tmp_path / "home/sub").mkdir(parents=True)
+            await resident.call("r1", "shell", {"command": "cd sub"})
+            assert body((await by_exec.call("r1", "shell", {"command": "pwd"})).text) == f"{tmp_path}/home/sub"
+            started = await by_exec.call("r1", "shell", {"command": "sleep 30", "background": True})
+            pid = int(started.text.split("(pid ")[1].split(")")[0])
+            try:
+                status = await resident.call("r1", "shell_status", {"id": "b1"})
+                assert status.text.startswith("b1 running")
+                await resident.close()  # a background command outlives the server
+                assert not gone(pid)
+                stopped = await auto.call("r1", "shell_status", {"id": "b1", "stop": True})
+                assert stopped.text.startswith("stopped b1")  # by exec: the channel opens meanwhile
+                channel = await auto.transport.opened()
+                assert channel is not None and auto.transport.channel is channel
+                after = await auto.call("r1", "shell_status", {"id": "b1"})
+                assert after.text.startswith("b1 stopped")
+            finally:
+                os.kill(pid, signal.SIGKILL)
+            assert by_exec.transport.channel is None
+
+
+async def test_a_killed_server_is_reopened_by_the_next_call(tmp_path):
+    async with local_toolbox(tmp_path, agent={"transport": "resident"}) as tb:
+        assert body((await tb.call("r", "shell", {"command": "echo one"})).text) == "one"
+        first = tb.transport.channel.pid
+        os.kill(first, signal.SIGKILL)
+        await asyncio.sleep(0.2)
+        assert body((await tb.call("r", "shell", {"command": "echo two"})).text) == "two"
+        assert tb.transport.channel.pid != first
+
+
+async def test_a_shell_in_flight_when_the_server_dies_gets_a_clear_error_once(tmp_path):
+    async with local_toolbox(tmp_path, agent={"transport": "resident"}) as tb:
+        await tb.call("r", "shell", {"command": "true"})
+        marker = tmp_path / "home/pid"
+        call = asyncio.ensure_future(tb.call("r", "shell", {"command": f"echo $$ > {marker}; sleep 30"}))
+        await wait_for_file(marker)
+        os.kill(tb.transport.channel.pid, signal.SIGKILL)
+        result = await asyncio.wait_for(call, 10)
+        assert result.is_error
+        assert body(result.text).startswith("code helper failed: the resident helper ended while the call "
+                                            "ran (the resident helper ended")
+        assert body(result.text).endswith("; the call may have run in part")
+        record = await tb.store.call("r", 2)
+        assert (record.text, record.is_error, record.status) == (result.text, True, "done")
+        assert body((await tb.call("r", "shell", {"command": "echo next"})).text) == "next"
+
+
+@pytest.mark.parametrize("tool, args, expected", [
+    ("file_read", {"path": "f.txt"}, "f.txt lines 1–2 of 2\n1  a\n2  b"),
+    ("code_search", {"pattern": "b"}, "f.txt: 1 match\n1 match in 1 file"),
+    ("shell_status", {}, "no background commands"),
+])
+async def test_a_safe_call_in_flight_when_the_server_dies_runs_once_more(tmp_path, tool, args, expected):
+    async with local_toolbox(tmp_path, agent={"transport": "resident"}) as tb:
+        await tb.call("r", "shell", {"command": "true"})
+        (tmp_path / "home/f.txt").write_text("a\nb\n")
+        server = tb.transport.channel.pid
+        os.kill(server, signal.SIGSTOP)  # the request waits in its stdin...
+        call = asyncio.ensure_future(tb.call("r", tool, args))
+        await asyncio.sleep(0.3)
+        os.kill(server, signal.SIGKILL)  # ...and dies there
+        result = await asyncio.wait_for(call, 20)
+        assert (result.is_error, body(result.text)) == (False, expected)
+        assert tb.transport.channel.pid != server
+
+
+async def test_cancelling_a_call_stops_its_command_on_the_channel(tmp_path):
+    async with local_toolbox(tmp_path, agent={"transport": "resident"}) as tb:
+        marker = tmp_path / "home/pid"
+        call = asyncio.ensure_future(tb.call("r", "shell", {"command": f"sleep 60 & echo $! > {marker}; wait"}))
+        pid = int(await wait_for_file(marker))
+        began = time.monotonic()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert time.monotonic() - began < 3
+        deadline = time.monotonic() + 5
+        while not gone(pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert gone(pid)
+        record = await tb.store.call("r", 1)
+        assert record.status == "cancelled"
+        assert body((await tb.call("r", "shell", {"command": "echo alive"})).text) == "alive"
+
+
+async def test_the_request_limit_stays_on_the_channel(tmp_path):
+    settings = make_settings(tmp_path)
+    box = LocalSandbox(settings, tmp_path / "data")
+    await box.start()
+    from guilds.toolbox.transport import serve_argv
+
+    channel = await ResidentChannel.open(box, serve_argv(box, 4))
+    try:
+        base = {"op": "shell", "run_id": "r", "agent_id": settings.id, "call_id": "c1", "home": box.home}
+        filler = "x" * (limits.REQUEST_FILE_MAX - len(str(base)) - 40)
+        with pytest.raises(Exception, match=f"request: larger than {limits.REQUEST_FILE_MAX} bytes; not sent"):
+            await channel.call({**base, "args": {"command": filler + "y" * 100}}, 30)
+        assert (await channel.call({**base, "args": {"command": "echo small"}}, 30))["text"] == "small"
+    finally:
+        await channel.close()
+
+
+async def test_a_server_of_another_version_is_refused(tmp_path):
+    settings = make_settings(tmp_path)
+    box = LocalSandbox(settings, tmp_path / "data")
+    await box.start()
+    speaks_2 = [sys.executable, "-c", "import sys,time; print('{\"v\": 2, \"hello\": \"guilds-code\"}', "
+                                      "flush=True); sys.stdin.read()"]
+    with pytest.raises(ChannelDied, match="speaks protocol 2; this orchestrator speaks 1"):
+        await ResidentChannel.open(box, speaks_2)
+
+
+async def test_resident_without_a_channel_is_an_error_and_auto_falls_back(tmp_path):
+    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
+        fake = FakeSandbox(lambda request: ok("by exec"))
+        strict = Toolbox(make_settings(tmp_path, agent={"transport": "resident"}), fake, store)
+        result = await strict.call("r", "shell", {"command": "true"})
+        assert (result.is_error, body(result.text)) == (
+            True, "sandbox error: the fake sandbox cannot run the resident helper")
+        auto = Toolbox(make_settings(tmp_path), fake, store)
+        assert body((await auto.call("r", "shell", {"command": "true"})).text) == "by exec"
+
+
+async def test_auto_falls_back_to_exec_when_the_server_cannot_start(tmp_path):
+    settings = make_settings(tmp_path)
+
+    class NoServer(LocalSandbox):
+        opens = 0
+
+        async def open_process(self, argv):
+            NoServer.opens += 1
+            return await super().open_process([sys.executable, "-c", "raise SystemExit('no serve here')"])
+
+    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
+        tb = Toolbox(settings, NoServer(settings, tmp_path / "data"), store)
+        assert body((await tb.call("r", "shell", {"command": "echo by exec"})).text) == "by exec"
+        assert await tb.transport.opened() is None
+        assert body((await tb.call("r", "shell", {"command": "echo again"})).text) == "again"
+        assert await tb.transport.opened() is None
+        assert NoServer.opens == 1  # no second try within REOPEN_AFTER_SECONDS
+        strict = Toolbox(make_settings(tmp_path, agent={"transport": "resident"}),
+                         NoServer(settings, tmp_path / "data"), store)
+        result = await strict.call("r", "shell", {"command": "true"})
+        assert result.is_error and "no serve here" in result.text
+
+
+async def test_a_toolbox_dropped_without_close_ends_its_server(tmp_path):
+    import gc
+
+    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
+        settings = make_settings(tmp_path, agent={"transport": "resident"})
+        toolbox = Toolbox(settings, LocalSandbox(settings, tmp_path / "data"), store)
+        await toolbox.call("r", "shell", {"command": "true"})
+        pid = toolbox.transport.channel.pid
+        del toolbox
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while not gone(pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert gone(pid)
+
+
+async def test_a_hung_server_is_given_up_and_the_next_call_gets_a_new_one(tmp_path):
+    async with local_toolbox(tmp_path, agent={"transport": "resident"}) as tb:
+        await tb.call("r", "shell", {"command": "true"})
+        channel = tb.transport.channel
+        os.kill(channel.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(Exception, match="no answer within 1 s"):
+                await channel.call({"op": "shell_status", "args": {}, "run_id": "r", "agent_id": tb.settings.id,
+                                    "call_id": "c9", "home": tb.sandbox.home}, 1)
+            assert channel.dead and "did not answer within 1 s, nor a cancel" in channel.dead
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # already ended by the close
+                os.kill(channel.pid, signal.SIGCONT)
+        assert body((await tb.call("r", "shell", {"command": "echo fresh"})).text) == "fresh"
+        assert tb.transport.channel is not channel
+
+
+async def test_a_helper_without_the_resident_mode_is_refused_clearly(tmp_path):
+    settings = make_settings(tmp_path)
+    box = LocalSandbox(settings, tmp_path / "data")
+    await box.start()
+    one_shot = [box.python, "-I", "-S", box.helper_path("guilds-code"), "servex"]  # as an older helper reads "serve"
+    with pytest.raises(ChannelDied, match=r"the helper in the sandbox has no resident mode \(it answered as a "
+                                          r"one-shot helper: request: not valid base64\)"):
+        await ResidentChannel.open(box, one_shot)
+
+
+async def test_many_large_answers_and_frames_at_once_all_arrive(tmp_path):
+    settings = make_settings(tmp_path)
+    box = LocalSandbox(settings, tmp_path / "data")
+    await box.start()
+    from guilds.toolbox.transport import serve_argv
+
+    channel = await ResidentChannel.open(box, serve_argv(box, 64))
+    try:
+        def request(i):  # a 15 KiB frame asking for a 64 KiB answer
+            command = f"yes {i % 10}23456789 | head -c 60000 #" + "x" * 15_000
+            return {"op": "shell", "run_id": "r", "agent_id": settings.id, "call_id": f"c{i}", "home": box.home,
+                    "max_bytes": 65536, "args": {"command": command}}
+
+        answers = await asyncio.wait_for(asyncio.gather(*(channel.call(request(i), 60) for i in range(40))), 120)
+        for i, answer in enumerate(answers):
+            assert answer["ok"] and len(answer["text"]) > 55_000 and answer["text"][0] == str(i % 10)
+    finally:
+        await channel.close()
