@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Mapping
 
 
 def _utc(value: datetime | None) -> datetime | None:
     """SQLite hands datetimes back naive: they were written in UTC."""
-    return value.replace(tzinfo=timezone.utc) if value is not None and value.tzinfo is None else value
+    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+
+def _utc_set(value: datetime) -> datetime:
+    """_utc of a column that is never NULL."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
 @dataclass(frozen=True)
@@ -33,10 +38,10 @@ class RunRecord:
     used_calls: int
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "RunRecord":
+    def from_row(cls, row: Mapping[Any, Any]) -> RunRecord:
         return cls(
-            id=row["id"], agent_id=row["agent_id"], created_at=_utc(row["created_at"]),
-            updated_at=_utc(row["updated_at"]), calls=row["next_seq"], used_calls=row["used_calls"],
+            id=row["id"], agent_id=row["agent_id"], created_at=_utc_set(row["created_at"]),
+            updated_at=_utc_set(row["updated_at"]), calls=row["next_seq"], used_calls=row["used_calls"],
         )
 
 
@@ -60,7 +65,7 @@ class CallRecord:
     row: str | None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "CallRecord":
+    def from_row(cls, row: Mapping[Any, Any]) -> CallRecord:
         values = {name: row[name] for name in cls.__dataclass_fields__}
         values["started_at"] = _utc(values["started_at"])
         values["finished_at"] = _utc(values["finished_at"])

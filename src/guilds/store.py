@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator, Mapping
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from .errors import BadInput
 from .records import CallRecord, RunRecord, Slot
@@ -94,7 +94,8 @@ def _allocate_statement(dialect: Any) -> Any:
     Under ON CONFLICT ... SET the right-hand sides read the row as it was, so
     admitted_seq == next_seq afterwards exactly when this call got a slot.
     """
-    now, budget = sa.bindparam("now"), sa.bindparam("budget")
+    now: Any = sa.bindparam("now")
+    budget: Any = sa.bindparam("budget")
     insert = dialect.insert(runs).values(
         id=sa.bindparam("run_id"), agent_id=sa.bindparam("agent_id"), created_at=now,
         updated_at=now, next_seq=1, used_calls=1, admitted_seq=1,
@@ -144,7 +145,7 @@ class Store:
         self._write_lock = asyncio.Lock() if self.sqlite else None
         self._allocate = _allocate_statement(sqlite if self.sqlite else postgresql)
 
-    async def __aenter__(self) -> "Store":
+    async def __aenter__(self) -> Store:
         await self.setup()
         return self
 
@@ -160,7 +161,7 @@ class Store:
         await self.engine.dispose()
 
     @contextlib.asynccontextmanager
-    async def _writing(self) -> AsyncIterator[sa.ext.asyncio.AsyncConnection]:
+    async def _writing(self) -> AsyncIterator[AsyncConnection]:
         lock = self._write_lock or contextlib.nullcontext()
         async with lock, self.engine.begin() as conn:
             yield conn

@@ -31,7 +31,7 @@ def envelope(argv, handle) -> bytes:
         return protocol.ok_envelope(handle(argv))
     except (protocol.RequestError, protocol.OpError) as exc:
         return protocol.error_envelope(str(exc))
-    except Exception as exc:  # the one place a surprise becomes a result
+    except Exception as exc:  # noqa: BLE001 - the one place a surprise becomes a result
         return protocol.error_envelope(f"internal error: {type(exc).__name__}: {exc}")
 
 

@@ -25,7 +25,7 @@ import errno
 import os
 
 try:  # the C module: `signal` wraps it in enums, whose import alone costs a fast call dearly
-    import _signal as signals
+    import _signal as signals  # type: ignore[import-not-found]  # no stubs for the C module
 except ImportError:  # not CPython
     import signal as signals
 
@@ -65,7 +65,7 @@ class Child:
         """Wait for it to exit; the exit code."""
         if self.returncode is None:
             self._reap(0)
-        return self.returncode
+        return self.returncode  # type: ignore[return-value]  # a blocking _reap always sets it
 
     def _reap(self, options: int) -> None:
         try:

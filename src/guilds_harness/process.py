@@ -168,6 +168,7 @@ class _Pump:
     def __init__(self, proc: subprocess.Popen, on_stdout: Sink, on_stderr: Sink):
         self._sel = selectors.DefaultSelector()
         for pipe, sink in ((proc.stdout, on_stdout), (proc.stderr, on_stderr)):
+            assert pipe is not None  # noqa: S101 - spawned with both pipes
             os.set_blocking(pipe.fileno(), False)
             self._sel.register(pipe.fileno(), selectors.EVENT_READ, sink)
 
@@ -280,8 +281,8 @@ def _supervise(argv, cwd, env, timeout, on_stdout, on_stderr, finished) -> Exit:
             signal.signal(signum, signal.SIG_IGN)
         stop_leftovers(proc.pid, grace, keep=proc.pid)
         pump.close()
-        proc.stdout.close()
-        proc.stderr.close()
+        proc.stdout.close()  # type: ignore[union-attr]  # spawned with both pipes
+        proc.stderr.close()  # type: ignore[union-attr]
         proc.wait()
     return _exit(proc.returncode, stopped)
 
