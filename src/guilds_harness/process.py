@@ -168,9 +168,9 @@ class _Pump:
     def __init__(self, proc: subprocess.Popen, on_stdout: Sink, on_stderr: Sink):
         self._sel = selectors.DefaultSelector()
         for pipe, sink in ((proc.stdout, on_stdout), (proc.stderr, on_stderr)):
-            assert pipe is not None  # noqa: S101 - spawned with both pipes
-            os.set_blocking(pipe.fileno(), False)
-            self._sel.register(pipe.fileno(), selectors.EVENT_READ, sink)
+            fd = pipe.fileno()  # type: ignore[union-attr]  # spawned with both pipes
+            os.set_blocking(fd, False)
+            self._sel.register(fd, selectors.EVENT_READ, sink)
 
     def pump(self, until: float) -> None:
         """Read what comes until the deadline (monotonic); sleep when both pipes closed."""
