@@ -34,6 +34,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from .errors import BadInput
+from .record_migration import migrate
 from .records import CallRecord, RunRecord, Slot
 
 DATABASE_URL_ENV = "GUILDS_DATABASE_URL"
@@ -72,6 +73,7 @@ calls = sa.Table(
     sa.Column("finished_at", _TS),
     sa.Column("duration_ms", sa.Integer),
     sa.Column("row", sa.Text),
+    sa.Column("remaining", sa.Integer),  # the trailer's count; NULL while running
 )
 
 
@@ -153,9 +155,10 @@ class Store:
         await self.close()
 
     async def setup(self) -> None:
-        """Create the tables where missing (idempotent)."""
+        """Create the tables where missing, and bring an older record up to date (idempotent)."""
         async with self.engine.begin() as conn:
             await conn.run_sync(metadata.create_all)
+            await conn.run_sync(migrate)
 
     async def close(self) -> None:
         await self.engine.dispose()
@@ -189,13 +192,17 @@ class Store:
 
     async def finish_call(self, *, run_id: str, seq: int, text: str, is_error: bool, meta: dict,
                           cut: bool, finished_at: datetime, duration_ms: int, row: str,
-                          status: str = "done") -> None:
-        """Record a call's result; status "done", or "cancelled" for a call stopped midway."""
+                          status: str = "done", remaining: int | None = None) -> None:
+        """Record a call's result; status "done", or "cancelled" for a call stopped midway.
+
+        ``text`` is the body, ``remaining`` the trailer's count (None: none), ``meta`` the tool's own
+        metadata: the call's fields are columns already (``records.CALL_FIELDS``).
+        """
         async with self._writing() as conn:
             await conn.execute(_FINISH_CALL, {
                 "k_run_id": run_id, "k_seq": seq, "text": text, "is_error": is_error, "meta": meta,
                 "cut": cut, "status": status, "finished_at": finished_at, "duration_ms": duration_ms,
-                "row": row,
+                "row": row, "remaining": remaining,
             })
 
     async def file_reads(self, run_id: str, before_seq: int) -> list[tuple[int, dict]]:
