@@ -16,6 +16,7 @@ OP_MODULES = {
     "shell_status": "guilds_code.ops.shell_status",
     "file_read": "guilds_code.ops.file_read",
     "code_search": "guilds_code.ops.code_search",
+    "log_read": "guilds_code.ops.log_read",
 }
 
 

@@ -90,6 +90,12 @@ from rg's own threads on a 2-CPU machine."""
 SEARCH_COALESCE_BELOW_BYTES = 16 * 1024
 """...only after a read smaller than this: output coming faster is read at once."""
 
+# --- log_read (the app's Full output log) ---------------------------------
+LOG_HEAD_BYTES = 64 * 1024
+"""The start of a log shown: where a command says what it is doing."""
+LOG_TAIL_BYTES = 64 * 1024
+"""The end of a log shown: where build and test errors are."""
+
 # --- paths ----------------------------------------------------------------
 PATH_MAX_LINKS = 40
 """Links followed while resolving one path, as the kernel's ELOOP limit."""
