@@ -159,3 +159,22 @@ def test_docs_and_code_cite_only_files_the_repository_has():
                 continue
             missing.append(f"{path}: {cited}")
     assert missing == []
+
+
+# --- the two sides' grace times ---------------------------------------------
+
+def test_a_cancelled_helper_stops_its_command_before_the_orchestrator_kills_it():
+    from guilds import limits as orchestrator
+    from guilds_code import limits as sandbox_side
+
+    assert sandbox_side.CANCEL_KILL_GRACE_SECONDS < orchestrator.EXEC_KILL_GRACE_SECONDS
+    assert sandbox_side.SHELL_DRAIN_SECONDS <= orchestrator.EXEC_DRAIN_SECONDS
+
+
+def test_the_harness_names_the_sandbox_sides_grace_times():
+    from guilds_code import limits as sandbox_side
+    from guilds_harness import limits as task
+
+    assert (task.KILL_GRACE_SECONDS, task.FINAL_EXIT_GRACE_SECONDS, task.DRAIN_SECONDS) == (
+        sandbox_side.TASK_KILL_GRACE_SECONDS, sandbox_side.TASK_FINAL_EXIT_GRACE_SECONDS,
+        sandbox_side.TASK_DRAIN_SECONDS)

@@ -31,18 +31,19 @@ import time
 from typing import Mapping, Sequence
 
 from ..errors import SandboxError
+from ..limits import EXEC_DRAIN_SECONDS, EXEC_KILL_GRACE_SECONDS
 from .base import ExecResult
 
 STDOUT_MAX_BYTES = 4 * 1024 * 1024
 """stdout kept: the envelope is one line, already capped by the helper."""
 STDERR_KEEP_BYTES = 64 * 1024
 """stderr kept (its end): enough for the tail quoted in 'code helper failed'."""
-KILL_GRACE_SECONDS = 2.0
-"""SIGTERM to the group, then SIGKILL this much later."""
+KILL_GRACE_SECONDS = EXEC_KILL_GRACE_SECONDS
+"""guilds.limits.EXEC_KILL_GRACE_SECONDS: SIGTERM to the group, then SIGKILL this much later."""
 GROUP_POLL_SECONDS = 0.02
 """While stopping a group: how often to look whether it is empty."""
-DRAIN_SECONDS = 0.5
-"""After the process exited, how long to keep reading pipes a grandchild holds."""
+DRAIN_SECONDS = EXEC_DRAIN_SECONDS
+"""guilds.limits.EXEC_DRAIN_SECONDS: after the process exited, how long to keep reading pipes."""
 _READ = 64 * 1024
 
 
