@@ -178,3 +178,43 @@ def test_the_harness_names_the_sandbox_sides_grace_times():
     assert (task.KILL_GRACE_SECONDS, task.FINAL_EXIT_GRACE_SECONDS, task.DRAIN_SECONDS) == (
         sandbox_side.TASK_KILL_GRACE_SECONDS, sandbox_side.TASK_FINAL_EXIT_GRACE_SECONDS,
         sandbox_side.TASK_DRAIN_SECONDS)
+
+
+def _module_name(path: Path) -> str:
+    name = ".".join(path.relative_to(SRC).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of graph (module -> modules it imports), or []."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt):], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+@pytest.mark.parametrize("package", sorted(HELPER_IMPORTS))
+def test_a_helpers_modules_import_one_another_without_a_circle(package):
+    paths = [p for name in HELPER_IMPORTS[package] for p in _modules(name)]
+    modules = {_module_name(p) for p in paths if p.name != "__init__.py"}
+    graph = {_module_name(p): _imported(p) & modules for p in paths if p.name != "__init__.py"}
+    assert _cycle(graph) == []
+
+
+def test_the_circle_check_finds_a_circle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]

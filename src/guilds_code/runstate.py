@@ -22,7 +22,7 @@ from . import codec, limits, protocol, redact
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Set
+    from typing import Callable, Dict, List, Optional, Set
 
 RUNS_DIR = ".runs"
 CWD_FILE = "cwd"
@@ -73,21 +73,24 @@ def ensure_dir(path: str) -> bool:
     return created
 
 
-def run_dir(request: protocol.Request) -> str:
-    """<home>/.runs/<run id>, made if missing; making one prunes old runs."""
+def run_dir(request: protocol.Request, keep_also: Optional[Callable[[protocol.Request], Set[str]]] = None) -> str:
+    """<home>/.runs/<run id>, made if missing; making one prunes old runs, but
+    for the folders keep_also(request) names (the ops pass
+    ``ops.background.running_run_dirs``: a running command's log is there)."""
     runs = os.path.join(request.home, RUNS_DIR)
     ensure_dir(runs)
     path = os.path.join(runs, request.run_id)
     if ensure_dir(path):
-        prune_runs(runs, keep=limits.RUNS_KEPT, keep_also=lambda: _background_run_dirs(request))
+        kept = None if keep_also is None else (lambda: keep_also(request))
+        prune_runs(runs, keep=limits.RUNS_KEPT, keep_also=kept)
     else:
         _touch(path)
     return path
 
 
-def log_path(request: protocol.Request) -> str:
-    """<run dir>/<call id>.log (absolute): where a shell call's output goes."""
-    return os.path.join(run_dir(request), f"{request.call_id}.log")
+def log_path(request: protocol.Request, keep_also: Optional[Callable[[protocol.Request], Set[str]]] = None) -> str:
+    """<run dir>/<call id>.log (absolute): where a shell call's output goes (keep_also: see run_dir)."""
+    return os.path.join(run_dir(request, keep_also), f"{request.call_id}.log")
 
 
 def prune_runs(runs: str, keep: int, keep_also=None) -> None:
@@ -114,13 +117,6 @@ def prune_runs(runs: str, keep: int, keep_also=None) -> None:
         for _, path in entries[keep:]:
             if path not in kept:
                 shutil.rmtree(path, ignore_errors=True)
-
-
-def _background_run_dirs(request: protocol.Request) -> Set[str]:
-    """The run folders holding a still running background command's log and script."""
-    from .ops import background  # only when a run folder is to be pruned
-
-    return background.running_run_dirs(request)
 
 
 def current_cwd(request: protocol.Request) -> str:
