@@ -25,6 +25,9 @@ COMMAND_ENV = {
     "TERM": "dumb",
     "DEBIAN_FRONTEND": "noninteractive",
 }
+PWD_FD = 87
+"""The descriptor the shell writes its final directory to: high, so a command's own
+`exec 3>...` (or flock's 9) does not take it."""
 _LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 _SHELL_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-")
 
@@ -61,10 +64,12 @@ def command_env(request: protocol.Request, cwd: str, tokens: Dict[str, str]) -> 
     return env
 
 
-def start_bash(argv: List[str], cwd: str, env: Dict[str, str], stdout: int) -> proc.Child:
-    """Start argv (bash) in cwd in its own session, stdin /dev/null, stderr with stdout."""
+def start_bash(argv: List[str], cwd: str, env: Dict[str, str], stdout: int, pwd_fd: Optional[int] = None) -> proc.Child:
+    """Start argv (bash) in cwd in its own session, stdin /dev/null, stderr with
+    stdout, and pwd_fd (when given) as PWD_FD."""
+    passed = None if pwd_fd is None else (pwd_fd, PWD_FD)
     try:
-        return proc.spawn(argv, env, stdout=stdout, stderr=proc.STDOUT, cwd=cwd, session=True)
+        return proc.spawn(argv, env, stdout=stdout, stderr=proc.STDOUT, cwd=cwd, session=True, pass_fd=passed)
     except OSError as exc:
         raise protocol.OpError(f"cannot start bash in {cwd}: {exc.strerror}") from None
 

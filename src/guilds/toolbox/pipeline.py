@@ -1,7 +1,10 @@
 """The platform's result pipeline, run on every result, unchanged, in this order:
 
 1. redaction: every secret value of the agent (its secret environment and its
-   repository tokens, with their base64/URL/JSON encodings) -> ``[REDACTED]``;
+   repository tokens, with their base64/URL/JSON encodings) -> ``[REDACTED]``,
+   also where escape sequences or carriage returns inside the text (a log read
+   back with file_read or found by code_search) split a value as it is shown
+   (``guilds_code.redact``);
 2. the 64 KiB cap (``PLATFORM_CAP_BYTES``): a longer text keeps its start, cut
    at a line where one is near, and ends with ``CUT_MARK``; the result is then
    "cut by the pipeline" and a file_read so cut is never pointed to later;

@@ -1,15 +1,17 @@
 """shell: run `bash -c COMMAND` in the run's working directory, output shaped.
 
-Contract (docs/helper.md, "shell"):
+Contract (code-tools.md "shell", contract.md):
 - stdin is /dev/null; stdout and stderr share one pipe; the command gets its own
   session and process group; the environment is the helper's own plus
   COMMAND_ENV, GUILD_RUN_ID, GUILD_AGENT_ID, and GH_TOKEN set to the token of
   the repository whose folder holds the working directory (unset elsewhere).
 - The shell's final directory (physical) becomes the run's working directory.
-  An EXIT trap prepended on the command's first line writes it to a file (not
-  a pipe a background grandchild could hold), so $0, $@, line numbers and
-  `exit N` behave as in plain `bash -c`. A command that replaces that trap, or
-  ends by exec, keeps the old working directory.
+  An EXIT trap prepended on the command's first line writes it to descriptor
+  PWD_FD, a file the helper made in the run folder and unlinked at once (not a
+  pipe a background grandchild could hold, nor a path the command could swap),
+  so $0, $@, line numbers and `exit N` behave as in plain `bash -c`. A command
+  that replaces that trap, closes PWD_FD, or ends by exec, keeps the old
+  working directory.
 - Past timeout_seconds: SIGTERM to the group, SIGKILL SHELL_KILL_GRACE_SECONDS
   later; exit_code 124. Once bash has exited, the pipe is read for at most
   SHELL_DRAIN_SECONDS more, so a grandchild holding it cannot pin the call.
@@ -19,23 +21,27 @@ Contract (docs/helper.md, "shell"):
   the run folder and sourced (`. FILE`): one argv string holds 128 KiB at most.
 - A helper told to stop (SIGTERM, SIGHUP, SIGINT) mid-command ends the command's
   group first: its own session would otherwise outlive the helper.
+- State that cannot be kept (the run folder, its cwd file, the log: tampered
+  with, or a full disk) never costs the command or its output: a line
+  ``note: ...`` per loss goes before the exit code, and an elided output whose
+  log could not be written says ``full output: not kept (why)``.
 """
 
 from __future__ import annotations
 
 import os
 
-from .. import proc, protocol, runstate, shaping
-from ..command import COMMAND_ENV, command_env, command_script, open_log, quote, repo_token, start_bash
+from .. import limits, proc, protocol, runstate, shaping
+from ..command import PWD_FD, command_env, command_script, open_log, quote, start_bash
 from .supervise import execute
-
-__all__ = ["COMMAND_ENV", "command_env", "command_script", "open_log", "quote", "repo_token", "run", "start_bash"]
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import List, Optional, Set
 
     from .supervise import Outcome
+
+_PWD_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def run(request: protocol.Request) -> protocol.Reply:
@@ -55,50 +61,91 @@ def _running_run_dirs(request: protocol.Request) -> Set[str]:
 
 
 # --- foreground --------------------------------------------------------------
-def cd_capture(pwd_file: str) -> str:
-    """The prefix that records the shell's final directory in pwd_file."""
-    record = f"builtin pwd -P 2>/dev/null >| {quote(pwd_file)}"
+def cd_capture() -> str:
+    """The prefix that records the shell's final directory on PWD_FD."""
+    record = f"builtin pwd -P 2>/dev/null >&{PWD_FD}"
     return f"trap {quote(record)} EXIT; "
 
 
+def open_pwd_file(folder: str, call_id: str) -> Optional[int]:
+    """A new file in folder for the shell's final directory, already unlinked; None
+    when it cannot be made."""
+    name = os.path.join(folder, f".{call_id}.pwd")
+    try:
+        fd = os.open(name, _PWD_FLAGS, 0o600)
+    except OSError:
+        return None
+    runstate.unlink_quietly(name)
+    return fd
+
+
 def run_foreground(request: protocol.Request) -> protocol.Reply:
+    notes: List[str] = []  # state that could not be kept, one line each (runstate)
     cwd = runstate.current_cwd(request)
-    folder = runstate.run_dir(request, _running_run_dirs)
-    log = os.path.join(folder, f"{request.call_id}.log")
-    pwd_file = os.path.join(folder, f".{request.call_id}.pwd")
-    capture, outcome = _run_logged(request, cwd, log, pwd_file)
-    new_cwd = _record_cwd(request, folder, pwd_file)
-    trailers = _trailers(outcome, request.args["timeout_seconds"])
-    text, elided = shaping.render(capture, request.max_bytes, log, trailers)
+    folder = runstate.run_dir(request, notes, keep_also=_running_run_dirs)
+    log = os.path.join(folder, f"{request.call_id}.log") if folder else None
+    pwd_fd = open_pwd_file(folder, request.call_id) if folder else None
+    try:
+        capture, outcome, log_error = _run_logged(request, cwd, log, pwd_fd)
+        new_cwd = _record_cwd(request, folder, pwd_fd, notes) if folder else cwd
+    finally:
+        if pwd_fd is not None:
+            os.close(pwd_fd)
+    trailers = notes + _trailers(outcome, request.args["timeout_seconds"])
+    shown_log = log if log and not log_error else f"not kept ({log_error or 'no run folder'})"
+    text, elided = shaping.render(capture, request.max_bytes, shown_log, trailers)
     meta = {"exit_code": outcome.exit_code, "cwd": new_cwd, "timed_out": outcome.timed_out}
-    if elided:
+    if elided and shown_log == log:
         meta["log_path"] = log
-    else:
+    elif log:
         runstate.unlink_quietly(log)
     return protocol.Reply(text=text, meta=meta)
 
 
-def _run_logged(request: protocol.Request, cwd: str, log: str, pwd_file: str):
-    """Run the command; return its Capture and Outcome (the log is written)."""
+def _run_logged(request: protocol.Request, cwd: str, log: Optional[str], pwd_fd: Optional[int]):
+    """Run the command; return its Capture, Outcome, and why the log could not be
+    written in full (None when it was)."""
     tokens = runstate.load_repo_tokens(request)
     capture = shaping.Capture(request.max_bytes)
-    sink = _Sink(open_log(log), shaping.Shaper(runstate.redactor_for(request, tokens)), capture)
-    spill = pwd_file[: -len(".pwd")] + ".sh"
-    argv = ["bash", "-c", cd_capture(pwd_file) + command_script(request.args["command"], spill)]
+    log_fd, log_error = _open_log_or_why(log)
+    sink = _Sink(log_fd, shaping.Shaper(runstate.redactor_for(request, tokens)), capture)
+    spill = log[: -len(".log")] + ".sh" if log else _private_spill(request)
+    prefix = cd_capture() if pwd_fd is not None else ""
+    argv = ["bash", "-c", prefix + command_script(request.args["command"], spill)]
     try:
-        child = start_bash(argv, cwd, command_env(request, cwd, tokens), proc.PIPE)
+        child = start_bash(argv, cwd, command_env(request, cwd, tokens), proc.PIPE, pwd_fd)
         outcome = execute(child, request.args["timeout_seconds"], sink.write)
     finally:
         sink.close()
         runstate.unlink_quietly(spill)
-    return capture, outcome
+    return capture, outcome, log_error or sink.error
 
 
-def _record_cwd(request: protocol.Request, folder: str, pwd_file: str) -> str:
+def _open_log_or_why(log: Optional[str]):
+    """(descriptor, None), or (None, why) when the log cannot be opened."""
+    if log is None:
+        return None, "no run folder"
+    try:
+        return open_log(log), None
+    except protocol.OpError as exc:
+        return None, str(exc)
+
+
+def _private_spill(request: protocol.Request) -> str:
+    """Where a long command is written when there is no run folder."""
+    folder = os.environ.get("TMPDIR") or "/tmp"
+    return os.path.join(folder, f".guilds-{request.call_id}-{os.urandom(6).hex()}.sh")
+
+
+def _record_cwd(request: protocol.Request, folder: str, pwd_fd: Optional[int], notes: List[str]) -> str:
     """Save the directory the shell ended in; return the run's cwd now."""
-    final = _final_cwd(folder, pwd_file)
+    if pwd_fd is None:
+        notes.append("note: the working directory could not be kept: no file for it could be made"
+                     f"{_full(folder)}")
+        return runstate.current_cwd(request)
+    final = _final_cwd(folder, pwd_fd, notes)
     if final is not None:
-        runstate.save_cwd(request, final)
+        runstate.save_cwd(request, final, notes, keep_also=_running_run_dirs)
     return runstate.current_cwd(request)
 
 
@@ -108,22 +155,33 @@ def _trailers(outcome: Outcome, timeout: int) -> List[str]:
     return [f"exit_code: {outcome.exit_code}"] if outcome.exit_code else []
 
 
-def _final_cwd(folder: str, pwd_file: str) -> Optional[str]:
-    raw = runstate.read_small(folder, [os.path.basename(pwd_file)])
-    runstate.unlink_quietly(pwd_file)
-    if not raw or not raw.endswith(b"\n"):
+def _final_cwd(folder: str, pwd_fd: int, notes: List[str]) -> Optional[str]:
+    raw = os.pread(pwd_fd, limits.STATE_FILE_MAX_BYTES, 0)
+    if not raw and _full(folder):  # else the command replaced the trap or ended by exec
+        notes.append(f"note: the working directory could not be kept: the shell could not write it{_full(folder)}")
+    if not raw.endswith(b"\n"):
         return None
     path = os.fsdecode(raw[:-1])
     return path if path.startswith("/") and os.path.isdir(path) else None
 
 
-class _Sink:
-    """Each chunk: raw to the log (unredacted), shaped into the capture."""
+def _full(folder: str) -> str:
+    """': no space left on the device' when folder's filesystem is full, else ''."""
+    try:
+        return ": no space left on the device" if os.statvfs(folder).f_bavail == 0 else ""
+    except OSError:
+        return ""
 
-    def __init__(self, log_fd: int, shaper: shaping.Shaper, capture: shaping.Capture):
+
+class _Sink:
+    """Each chunk: raw to the log (unredacted), shaped into the capture.
+    error: why the log stopped being written (None while it is whole)."""
+
+    def __init__(self, log_fd: Optional[int], shaper: shaping.Shaper, capture: shaping.Capture):
         self._fd: Optional[int] = log_fd
         self._shaper = shaper
         self._capture = capture
+        self.error: Optional[str] = None
 
     def write(self, data: bytes) -> None:
         self._log(data)
@@ -134,7 +192,8 @@ class _Sink:
         try:
             while view and self._fd is not None:
                 view = view[os.write(self._fd, view) :]
-        except OSError:
+        except OSError as exc:
+            self.error = f"the log could not be written: {exc.strerror}"
             self._close_log()
 
     def _close_log(self) -> None:
