@@ -28,14 +28,26 @@ def _modules(package: str) -> list[Path]:
     return sorted((SRC / package).rglob("*.py"))
 
 
+def _runtime_nodes(tree: ast.AST):
+    """Every node of tree but those under ``if TYPE_CHECKING:`` (never run)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+
+
 def _imported(path: Path, root: Path = SRC) -> set[str]:
-    """Every module path.py (under root) imports, anywhere in it, as a dotted absolute name."""
+    """Every module path.py (under root) imports when it runs, anywhere in it, as a dotted absolute name."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     here = ".".join(path.relative_to(root).with_suffix("").parts)
     if path.name == "__init__.py":
         here = here.rsplit(".", 1)[0] + ".__init__"
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):

@@ -1,6 +1,6 @@
 """The run's state inside the sandbox: folders, the working directory, tokens.
 
-Layout (see contract.md, "State inside the sandbox"):
+Layout (see docs/helper.md, "State"):
 
     <home>/.runs/<run id>/cwd          the run's working directory (atomic writes)
     <home>/.runs/<run id>/<call>.log   a shell call's full output

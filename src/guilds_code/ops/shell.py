@@ -1,6 +1,6 @@
 """shell: run `bash -c COMMAND` in the run's working directory, output shaped.
 
-Contract (code-tools.md "shell", contract.md):
+Contract (docs/helper.md, "shell"):
 - stdin is /dev/null; stdout and stderr share one pipe; the command gets its own
   session and process group; the environment is the helper's own plus
   COMMAND_ENV, GUILD_RUN_ID, GUILD_AGENT_ID, and GH_TOKEN set to the token of
