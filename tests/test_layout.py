@@ -230,3 +230,13 @@ def test_a_helpers_modules_import_one_another_without_a_circle(package):
 
 def test_the_circle_check_finds_a_circle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+
+
+def test_the_orchestrators_waits_leave_room_for_the_helpers_grace():
+    from guilds import limits as orchestrator
+    from guilds_code import limits as sandbox_side
+
+    assert orchestrator.CALL_CANCEL_WAIT_SECONDS > (
+        sandbox_side.CANCEL_KILL_GRACE_SECONDS + orchestrator.EXEC_KILL_GRACE_SECONDS)
+    assert orchestrator.SERVE_CANCEL_WAIT_SECONDS > orchestrator.CALL_CANCEL_WAIT_SECONDS
+    assert orchestrator.STDIO_STOP_WAIT_SECONDS > orchestrator.CALL_CANCEL_WAIT_SECONDS

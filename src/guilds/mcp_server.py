@@ -79,6 +79,7 @@ from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetad
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from . import limits
 from .errors import GuildsError
 from .settings import AgentSettings
 from .toolbox import CallResult, Toolbox
@@ -95,12 +96,10 @@ RUN_PREFIX = "mcp-"
 SESSION_HEADER = "mcp-session-id"
 PROGRESS_SECONDS = 1.0
 """How often a running call reports progress (elapsed seconds)."""
-CANCEL_WAIT_SECONDS = 15.0
-"""How long a cancelled call may take to stop its helper and record itself
-(the helper's own SIGTERM-then-SIGKILL grace, the spawn path's, the write)."""
-STOP_WAIT_SECONDS = CANCEL_WAIT_SECONDS + 5.0
-"""How long a signalled stdio server waits for its connection to end (each
-running call has CANCEL_WAIT_SECONDS of it) before the process ends anyway."""
+CANCEL_WAIT_SECONDS = limits.CALL_CANCEL_WAIT_SECONDS
+"""guilds.limits.CALL_CANCEL_WAIT_SECONDS."""
+STOP_WAIT_SECONDS = limits.STDIO_STOP_WAIT_SECONDS
+"""guilds.limits.STDIO_STOP_WAIT_SECONDS."""
 CODING_OFF = "tool {name!r} is not offered: the agent's coding capability is off (agent.coding)"
 INSTRUCTIONS = (
     "Code tools running inside an agent's sandbox: shell (tests, builds, git), shell_status "

@@ -35,6 +35,7 @@ from starlette.applications import Starlette
 
 from guilds_code.redact import Redactor
 
+from . import limits
 from .auth import Lock, host_names, is_loopback, server_token
 from .errors import ConfigError
 from .private import private_dir
@@ -48,10 +49,10 @@ from .web.logs import HelperLogReader
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
-CANCEL_WAIT_SECONDS = 20.0
-"""At shutdown: how long the cancelled calls may take to stop their commands and be recorded."""
-SHUTDOWN_GRACE_SECONDS = 2.0
-"""On a stop signal: how long open requests may finish before their calls are cancelled."""
+CANCEL_WAIT_SECONDS = limits.SERVE_CANCEL_WAIT_SECONDS
+"""guilds.limits.SERVE_CANCEL_WAIT_SECONDS."""
+SHUTDOWN_GRACE_SECONDS = limits.SERVE_SHUTDOWN_GRACE_SECONDS
+"""guilds.limits.SERVE_SHUTDOWN_GRACE_SECONDS."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 log = logging.getLogger(__name__)
 
