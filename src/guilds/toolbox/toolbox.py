@@ -14,7 +14,9 @@ One call, in order:
    error results here, and only here;
 4. the pipeline: redaction, the 64 KiB cap, the ``remaining_tool_calls`` trailer;
 5. the result is recorded with its metadata (the helper's, plus ``call``,
-   ``tool``, ``run``, ``seq``, ``started_at``, ``duration_ms`` and ``row``).
+   ``tool``, ``run``, ``seq``, ``started_at``, ``duration_ms`` and ``row``);
+   if the record cannot take it (a full disk), the result is still returned,
+   its metadata's ``not_recorded`` saying what could not be written.
 
 Every admitted call counts against the budget, also one that failed.
 """
@@ -34,7 +36,7 @@ from guilds_code.redact import Redactor
 from guilds_harness.request import validate_task
 
 from .._checks import is_safe_name
-from ..errors import BadInput, HelperFailed, SandboxError
+from ..errors import BadInput, HelperFailed, RecordError, SandboxError
 from ..records import call_fields
 from ..rows import row_text
 from ..sandbox.base import Sandbox
@@ -50,6 +52,8 @@ BUDGET_REFUSED = (
     "(max_tool_calls = {n}); nothing was run"
 )
 CANCELLED = "the call was cancelled before it finished"
+NOT_RECORDED = "not_recorded"
+"""Metadata key, only when the record could not take the result (a full disk): what failed."""
 _SPECS = tuple(tool_specs())
 
 
@@ -131,6 +135,8 @@ class Toolbox:
         self._redact_env = sorted(settings.secrets)
         self._started = False
         self._start_lock = asyncio.Lock()
+        self._transport = transport.Transport(sandbox, settings.transport,
+                                              max_in_flight=settings.max_in_flight)
 
     def tools(self) -> list[ToolSpec]:
         """The tools to offer in this generation: all five while coding is on, else none."""
@@ -196,9 +202,7 @@ class Toolbox:
             helper = "guilds-harness"
         try:
             await self._ensure_started()
-            envelope = await transport.call_helper(
-                self.sandbox, request, wait=transport.wait_for(tool, valid), helper=helper
-            )
+            envelope = await self._transport.call(request, wait=transport.wait_for(tool, valid), helper=helper)
         except HelperFailed as exc:
             return _error(exc.message)
         except SandboxError as exc:
@@ -207,6 +211,10 @@ class Toolbox:
             return _error(envelope["error"])
         failed = tool == "code_task" and envelope["meta"].get("status") != "completed"
         return _Outcome(envelope["text"], failed, envelope["meta"])
+
+    async def close(self) -> None:
+        """End the agent's resident helper, if it runs (a later call opens it again)."""
+        await self._transport.close()
 
     def _repo_folders(self) -> dict[str, str]:
         """Each repository's absolute folder as the sandbox sees it."""
@@ -225,10 +233,14 @@ class Toolbox:
         duration_ms = round((time.monotonic() - call.t0) * 1000)
         row = self._redactor.redact(row_text(call.tool, call.args, outcome.meta, outcome.is_error))
         tool_meta = redact_meta(self._redactor, outcome.meta)
-        await self.store.finish_call(
-            run_id=call.run_id, seq=call.seq, text=shaped.body, is_error=outcome.is_error, meta=tool_meta,
-            cut=shaped.cut, finished_at=datetime.now(timezone.utc), duration_ms=duration_ms, row=row,
-            status=status, remaining=shaped.remaining,
-        )
         fields = call_fields(call.call_id, call.recorded_tool, call.run_id, call.seq, call.started_at, duration_ms, row)
-        return CallResult(shaped.text, outcome.is_error, {**tool_meta, **fields})
+        meta = {**tool_meta, **fields}
+        try:
+            await self.store.finish_call(
+                run_id=call.run_id, seq=call.seq, text=shaped.body, is_error=outcome.is_error, meta=tool_meta,
+                cut=shaped.cut, finished_at=datetime.now(timezone.utc), duration_ms=duration_ms, row=row,
+                status=status, remaining=shaped.remaining,
+            )
+        except RecordError as exc:  # a full disk: the result still goes back, saying it is not recorded
+            meta[NOT_RECORDED] = str(exc)
+        return CallResult(shaped.text, outcome.is_error, meta)
