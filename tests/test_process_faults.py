@@ -86,14 +86,8 @@ async def test_a_stop_signal_to_guilds_call_stops_the_command_and_records_it_can
         "cancelled", True, "the call was cancelled before it finished")
 
 
-BWRAP_HELPER_ORPHANED = (
-    "under bwrap the parent-death signal reaches nsenter, not the helper it forked into the pid namespace: "
-    "the helper needs one of its own (setpriv --pdeathsig TERM in enter_argv, or the helper's own prctl)")
-
-
 @pytest.mark.parametrize("sandbox", ["local", pytest.param("bwrap", marks=[
-    pytest.mark.skipif(bool(unavailable()), reason=f"bwrap: {unavailable()}"),
-    pytest.mark.xfail(strict=True, reason=BWRAP_HELPER_ORPHANED)])])
+    pytest.mark.skipif(bool(unavailable()), reason=f"bwrap: {unavailable()}")])])
 async def test_a_killed_guilds_call_leaves_no_command_and_its_call_is_lost(tmp_path, sandbox):
     command, arg = kit.sleep_command()
     proc = start_call(tmp_path, command, "killed", sandbox)
