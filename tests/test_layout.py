@@ -89,6 +89,13 @@ def test_the_app_imports_neither_the_sandboxes_nor_the_toolbox():
             assert not name.startswith(FORBIDDEN_IN_WEB), f"{path.relative_to(SRC)} imports {name}"
 
 
+def test_the_app_sees_no_table_and_no_engine():
+    """Every query the app needs is the store's: no module of guilds.web imports SQLAlchemy."""
+    for path in _modules("guilds/web"):
+        assert not any(name.split(".")[0] == "sqlalchemy" for name in _imported(path)), path.name
+        assert ".engine" not in path.read_text(encoding="utf-8"), path.name
+
+
 def test_importing_the_app_loads_neither_the_sandboxes_nor_the_toolbox():
     """Also what the app's imports import (a fresh interpreter)."""
     code = ("import sys, guilds.web; print(' '.join(m for m in sys.modules "

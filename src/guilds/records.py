@@ -103,7 +103,8 @@ class CallRecord:
         values["finished_at"] = _utc(values["finished_at"])
         values["body"], remaining = values["text"], values["remaining"]
         if remaining is not None:
-            values["text"] = with_trailer(values["text"] or "", remaining)
+            if values["text"] is not None:  # a flow row selects no text but code_task's
+                values["text"] = with_trailer(values["text"], remaining)
             values["meta"] = {**(values["meta"] or {}), **call_fields(
                 values["call_id"], values["tool"], values["run_id"], values["seq"], values["started_at"],
                 values["duration_ms"], values["row"])}
