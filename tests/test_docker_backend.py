@@ -345,3 +345,4 @@ async def test_the_full_output_log_is_read_inside_the_container(make, tmp_path):
         gone = path.replace(".log", "x.log")
         with pytest.raises(LogUnavailable, match="no longer kept"):
             await logs.read(box.agent_id, gone)
+        await toolbox.close()

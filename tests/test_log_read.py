@@ -8,8 +8,12 @@ import contextlib
 import os
 
 import pytest
-from toolbox_kit import local_toolbox
+from toolbox_kit import local_toolbox, make_settings
 
+from guilds.sandbox import get_sandbox
+from guilds.sandbox.bwrap_argv import unavailable
+from guilds.store import Store
+from guilds.toolbox import Toolbox
 from guilds.toolbox.log_read import log_reading
 from guilds.web.logs import LOG_HEAD_BYTES, LOG_TAIL_BYTES, HelperLogReader, LogUnavailable
 from guilds_code.ops.log_read import GONE, log_parts, secret_lines
@@ -148,3 +152,22 @@ async def test_an_agent_not_served_here(home):
     async with reader(home, ()) as (_, logs):
         with pytest.raises(LogUnavailable, match="agent other"):
             await logs.read("other", str(home / ".runs/r1/c1.log"))
+
+
+@pytest.mark.bwrap
+@pytest.mark.skipif(bool(unavailable()), reason=f"bwrap: {unavailable()}")
+async def test_a_log_is_read_inside_the_bwrap_sandbox(tmp_path):
+    """The same reader through bwrap: the helper opens the log in the sandbox, redacted there."""
+    settings = make_settings(tmp_path, agent={"sandbox": "bwrap"}, secrets={"API_KEY": SECRET})
+    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
+        box = Toolbox(settings, get_sandbox(settings, tmp_path / "data"), store)
+        try:
+            result = await box.call("r1", "shell", {"command": 'seq 1 30000; echo "$API_KEY"'})
+            logs = HelperLogReader(log_reading(box))
+            log = await logs.read(settings.id, result.meta["log_path"])
+            assert log.head.startswith("1\n2\n") and log.tail.endswith("30000\n[REDACTED]\n")
+            with pytest.raises(LogUnavailable, match="no longer kept"):
+                await logs.read(settings.id, result.meta["log_path"].replace(".log", "x.log"))
+        finally:
+            await box.close()
+            await box.sandbox.stop()
