@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sqlite3
 from datetime import UTC, datetime
 
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
 from toolbox_kit import local_toolbox
 
 from guilds.record_migration import split_trailer
-from guilds.store import Store
+from guilds.store import Store, calls, metadata, normalize_url, runs
 
 SECRET = "sk-live-7f3a9c2e4b1d"
 
@@ -93,3 +96,39 @@ async def test_an_older_record_is_brought_up_to_date_once(tmp_path):
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT meta FROM calls WHERE seq = 1").fetchone() == ('{"exit_code": 0}',)
     assert done.started_at == datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+PG_URL = os.environ.get("GUILDS_TEST_POSTGRES_URL")
+
+
+def _old_metadata() -> sa.MetaData:
+    """The run record as older versions made it: no ``remaining`` column."""
+    old = sa.MetaData()
+    for table in (runs, calls):
+        table.to_metadata(old)
+    old.tables["calls"]._columns.remove(old.tables["calls"].c.remaining)
+    return old
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+async def test_an_older_record_is_brought_up_to_date_on_either_database(tmp_path, backend):
+    if backend == "postgresql" and not PG_URL:
+        pytest.skip("GUILDS_TEST_POSTGRES_URL is not set")
+    url = normalize_url(PG_URL if backend == "postgresql" else f"sqlite:///{tmp_path}/guilds.db")
+    engine = create_async_engine(url)
+    old, t0 = _old_metadata(), datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.drop_all)
+        await conn.run_sync(old.create_all)
+        await conn.execute(sa.insert(old.tables["runs"]).values(
+            id="r1", agent_id="a1", created_at=t0, updated_at=t0, next_seq=2, used_calls=1, admitted_seq=1))
+        await conn.execute(sa.insert(old.tables["calls"]).values(
+            run_id="r1", seq=1, call_id="c1", tool="shell", args={"command": "echo hi"},
+            text="hi\nremaining_tool_calls: 9", is_error=False, cut=False, counted=True, status="done",
+            meta={"exit_code": 0, "call": "c1", "tool": "shell", "run": "r1", "seq": 1, "row": "Run echo hi"},
+            started_at=t0, finished_at=t0, duration_ms=7, row="Run echo hi"))
+    await engine.dispose()
+    async with Store(url) as store:
+        (done,) = await store.calls("r1")
+    assert (done.body, done.remaining, done.text) == ("hi", 9, "hi\nremaining_tool_calls: 9")
+    assert done.meta["exit_code"] == 0 and done.meta["row"] == "Run echo hi" and done.meta["seq"] == 1
