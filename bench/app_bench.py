@@ -69,7 +69,8 @@ async def record(store: Store, seq_hint: int, agent: str = "agent1", run: str = 
                                   started_at=now, budget=None)
     meta = {"exit_code": 0, "cwd": "/home/agent", "timed_out": False, "call": f"c{seq_hint}", "tool": "shell"}
     await store.finish_call(run_id=run, seq=slot.seq, text=RESULT, is_error=False, meta=meta, cut=False,
-                            finished_at=now, duration_ms=42, row=row_text("shell", args, meta, False))
+                            finished_at=now, duration_ms=42, row=row_text("shell", args, meta, False),
+                            remaining=199)
     return slot.seq
 
 

@@ -75,8 +75,10 @@ class Agent:
         home = root / "homes" / agent_id
         home.mkdir(parents=True)
         (home / "small.txt").write_text(SMALL)
+        # exec: Toolbox.call and the direct call run the same one-process-per-call transport
         self.settings = parse_settings({"agent": {"id": agent_id, "home": str(home), "sandbox": backend,
-                                                  "max_tool_calls": 1_000_000}, "secrets": SECRET},
+                                                  "max_tool_calls": 1_000_000, "transport": "exec"},
+                                        "secrets": SECRET},
                                        root, env={})
         self.sandbox = sandbox or get_sandbox(self.settings, root / "data")
         self.toolbox = Toolbox(self.settings, self.sandbox, store)

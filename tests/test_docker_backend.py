@@ -154,10 +154,10 @@ async def make(tmp_path):
     """make(**docker settings) -> a started docker sandbox of a fresh agent; removed at the end."""
     made = []
 
-    async def _make(idle_seconds=None, agent=None, **docker):
+    async def _make(idle_seconds=None, agent=None, secret_env=None, **docker):
         agent = agent or f"t{secrets.token_hex(4)}"
         settings = AgentSettings(id=agent, home=tmp_path / agent, sandbox="docker",
-                                 repos=(Repo("web", "repos/web", TOKEN),),
+                                 repos=(Repo("web", "repos/web", TOKEN),), secrets=secret_env or {},
                                  docker=replace(DockerSettings(image=IMAGE), **docker))
         box = DockerSandbox(settings, idle_seconds=idle_seconds)
         made.append(box)
@@ -333,3 +333,26 @@ def test_a_call_the_runtime_refused_to_start_is_known_as_such():
     assert spec.not_started(126, b"OCI runtime exec failed: exec failed: cannot exec in a stopped container")
     assert not spec.not_started(126, b"bash: ./x: Permission denied\n")  # the command's own 126
     assert not spec.not_started(0, b"OCI runtime exec failed")
+@needs_engine
+async def test_the_full_output_log_is_read_inside_the_container(make, tmp_path):
+    """The app's reader (as serve hands it) opens a shell call's log where it lives: in the
+    container, through guilds-code's log_read, shaped and redacted there."""
+    from guilds.store import Store
+    from guilds.toolbox import Toolbox
+    from guilds.toolbox.log_read import log_reading
+    from guilds.web.logs import HelperLogReader, LogUnavailable
+
+    secret = "sk-live-docker-5e1f0a"
+    box = await make(secret_env={"API_KEY": secret})
+    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
+        toolbox = Toolbox(box.settings, box, store)
+        result = await toolbox.call("r1", "shell", {"command": "seq 1 30000; echo \"$API_KEY\"; printf '\\e[31mred\\e[0m\\n'"})
+        path = result.meta["log_path"]
+        logs = HelperLogReader(log_reading(toolbox))
+        log = await logs.read(box.agent_id, path)
+        assert log.head.startswith("1\n2\n3\n") and log.tail.endswith("30000\n[REDACTED]\nred\n")
+        assert secret not in log.head + log.tail and log.size > 0
+        gone = path.replace(".log", "x.log")
+        with pytest.raises(LogUnavailable, match="no longer kept"):
+            await logs.read(box.agent_id, gone)
+        await toolbox.close()

@@ -31,7 +31,7 @@ from guilds.sandbox.bwrap_argv import unavailable
 from guilds.lifecycle import HEARTBEAT_SECONDS, LEASE_SECONDS, LOST
 from guilds.store import Store, calls, metadata, normalize_url, owners
 from guilds.web.app import create_app
-from guilds.web.logs import HostLogReader
+from guilds.web.logs import HelperLogReader
 from guilds_code.redact import Redactor
 
 STOP_SIGNALS = ["SIGTERM", "SIGINT", "SIGHUP"]
@@ -139,10 +139,14 @@ async def test_a_server_with_the_record_open_finds_a_killed_calls_owner_gone(tmp
         assert lost(await store.calls("killed"))
 
 
+async def no_logs(agent_id: str, path: str) -> dict:
+    return {"ok": False, "error": "no logs here"}
+
+
 async def app_pages(store: Store, run_id: str, seq: int) -> tuple[str, str]:
     """The run's flow and the call's page as the app serves them."""
     token = "t" * 40
-    app = create_app(store, redactor=Redactor([]), logs=HostLogReader({}, []), lock=Lock(token, host_names("127.0.0.1")))
+    app = create_app(store, redactor=Redactor([]), logs=HelperLogReader(no_logs), lock=Lock(token, host_names("127.0.0.1")))
     async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://127.0.0.1",
                                   headers={"authorization": f"Bearer {token}"}) as c:
         return (await c.get(f"/runs/{run_id}")).text, (await c.get(f"/runs/{run_id}/calls/{seq}")).text

@@ -13,7 +13,7 @@ from test_web_e2e import CHROMIUM, CHROMIUM_ARGS, start_server
 from guilds.auth import Lock, host_names
 from guilds.lifecycle import HEARTBEAT_SECONDS
 from guilds.web.app import create_app
-from guilds.web.logs import HostLogReader
+from guilds.web.logs import HelperLogReader
 from guilds_code.redact import Redactor
 
 pytestmark = [
@@ -25,11 +25,15 @@ expect = playwright_api.expect
 TOKEN = "lost-e2e-token-0123456789abcdefghijklmnop"
 
 
+async def no_logs(agent_id: str, path: str) -> dict:
+    return {"ok": False, "error": "no logs here"}
+
+
 async def test_a_killed_calls_row_turns_lost_live(tmp_path):
     (tmp_path / "data").mkdir()
     command, arg = kit.sleep_command()
     async with record(tmp_path) as store:
-        app = create_app(store, redactor=Redactor([]), logs=HostLogReader({}, []),
+        app = create_app(store, redactor=Redactor([]), logs=HelperLogReader(no_logs),
                          lock=Lock(TOKEN, host_names("127.0.0.1")))
         server, task, base = await start_server(app)
         proc = start_call(tmp_path, command, "doomed")

@@ -23,7 +23,7 @@ from guilds.web.flow import (
     runs_page,
 )
 from guilds.web.logs import LogExcerpt
-from guilds.web.render import json_tree, parse_json, split_trailer
+from guilds.web.render import json_tree, parse_json
 from guilds.web.views import (
     Argument,
     MetaRow,
@@ -34,6 +34,7 @@ from guilds.web.views import (
     metadata_view,
     result_view,
 )
+from guilds.record_migration import split_answer
 from guilds_code.redact import Redactor
 
 T0 = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -41,14 +42,17 @@ T0 = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 def record(tool: str, args=None, meta=None, *, text: str = "ok\nremaining_tool_calls: 9", is_error=False,
            status="done", seq=5, duration_ms=12) -> CallRecord:
-    """A call as the toolbox records it: its row made by guilds.rows when it finished."""
+    """A call as the toolbox records it: its row made by guilds.rows when it finished,
+    its body and the trailer's count apart."""
     args = {} if args is None else args
+    body, remaining = split_answer(text)
     meta = {"call": "c1a2b3", "tool": tool, **(meta or {})}
     done = status == "done"
     return CallRecord(run_id="r1", seq=seq, call_id="c1a2b3", tool=tool, args=args, text=text if done else None,
                       is_error=is_error, meta=meta if done else None, cut=False, counted=True, status=status,
                       started_at=T0, finished_at=T0 if done else None, duration_ms=duration_ms if done else None,
-                      row=row_text(tool, args, meta, is_error) if done else None)
+                      row=row_text(tool, args, meta, is_error) if done else None,
+                      body=body if done else None, remaining=remaining if done else None)
 
 
 # The page's "Row reads" table: each call other than code_task is a row with its summary.
@@ -198,16 +202,6 @@ def test_what_counts_as_a_json_result(text, is_json):
                                          (True, "true"), ("é", '"é"'), (1.5, "1.5")])
 def test_json_tree_labels(value, text):
     assert json_tree(value).text == text
-
-
-@pytest.mark.parametrize("text, split", [
-    ("out\nremaining_tool_calls: 3", ("out", "remaining_tool_calls: 3")),
-    ("out\nremaining_tool_calls: 0\n", ("out", "remaining_tool_calls: 0")),
-    ("remaining_tool_calls: 12", ("", "remaining_tool_calls: 12")),
-    ("remaining_tool_calls: 3 and more", ("remaining_tool_calls: 3 and more", "")),
-])
-def test_the_trailer_is_set_apart(text, split):
-    assert split_trailer(text) == split
 
 
 def test_a_running_call_has_no_result_yet():

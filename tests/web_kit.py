@@ -74,10 +74,11 @@ async def record_code_task(store: Store, run_id: str, agent_id: str = "agent1") 
     slot = await store.begin_call(run_id=run_id, agent_id=agent_id, tool="code_task", args=args, call_id="ctask1",
                                   started_at=now, budget=None)
     text = f"status: completed · claude-code · 3 turns\ndiffstat:\n{TASK_META['diffstat']}\n" \
-           f"final message:\n{TASK_META['final_message']}\nremaining_tool_calls: 180"
+           f"final message:\n{TASK_META['final_message']}"
     meta = {**TASK_META, "call": "ctask1", "tool": "code_task", "seq": slot.seq}
     await store.finish_call(run_id=run_id, seq=slot.seq, text=text, is_error=False, meta=meta, cut=False,
-                            finished_at=now, duration_ms=48_000, row=row_text("code_task", args, meta, False))
+                            finished_at=now, duration_ms=48_000, row=row_text("code_task", args, meta, False),
+                            remaining=180)
     return slot.seq
 
 
@@ -89,7 +90,7 @@ async def fill(store: Store, run_id: str, n: int, *, agent_id: str = "agent1") -
         args = {"command": f"echo step {seq}"}
         meta = {"exit_code": 0, "cwd": "/home/a", "timed_out": False, "call": f"c{seq}", "tool": "shell"}
         rows.append({"run_id": run_id, "seq": seq, "call_id": f"c{seq}", "tool": "shell", "args": args,
-                     "text": f"step {seq}\n" * 40 + "remaining_tool_calls: 1", "is_error": False, "meta": meta,
+                     "text": f"step {seq}\n" * 40, "remaining": 1, "is_error": False, "meta": meta,
                      "cut": False, "counted": True, "status": "done", "started_at": t0 + timedelta(seconds=seq),
                      "finished_at": t0 + timedelta(seconds=seq), "duration_ms": 5,
                      "row": row_text("shell", args, meta, False)})

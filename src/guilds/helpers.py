@@ -147,7 +147,7 @@ def build_helper(dest: Path, name: str = "guilds-code") -> Path:
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".build-")
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
-    os.chmod(tmp, stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+    os.chmod(tmp, stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)  # noqa: S103
     os.replace(tmp, dest)
     return dest
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .sandbox._process import start_time
+from .procfs import start_time
 
 if TYPE_CHECKING:
     from .store import Store

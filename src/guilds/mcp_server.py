@@ -81,6 +81,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from ._checks import is_safe_name
+from . import limits
 from .errors import GuildsError
 from .toolbox import CallResult, Toolbox
 from .toolbox.tools import TOOL_NAMES, ToolSpec, tool_specs
@@ -101,12 +102,10 @@ run continues the agent's current sessionless run until that run has had no
 call for this long; then its next call starts a new run."""
 PROGRESS_SECONDS = 1.0
 """How often a running call reports progress (elapsed seconds)."""
-CANCEL_WAIT_SECONDS = 15.0
-"""How long a cancelled call may take to stop its helper and record itself
-(the helper's own SIGTERM-then-SIGKILL grace, the spawn path's, the write)."""
-STOP_WAIT_SECONDS = CANCEL_WAIT_SECONDS + 5.0
-"""How long a signalled stdio server waits for its connection to end (each
-running call has CANCEL_WAIT_SECONDS of it) before the process ends anyway."""
+CANCEL_WAIT_SECONDS = limits.CALL_CANCEL_WAIT_SECONDS
+"""guilds.limits.CALL_CANCEL_WAIT_SECONDS."""
+STOP_WAIT_SECONDS = limits.STDIO_STOP_WAIT_SECONDS
+"""guilds.limits.STDIO_STOP_WAIT_SECONDS."""
 CODING_OFF = "tool {name!r} is not offered: the agent's coding capability is off (agent.coding)"
 INSTRUCTIONS = (
     "Code tools running inside an agent's sandbox: shell (tests, builds, git), shell_status "

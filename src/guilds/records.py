@@ -1,15 +1,46 @@
-"""The run record's value types, as the store hands them out."""
+"""The run record's value types, as the store hands them out.
+
+The store keeps a call's result in the parts the pipeline made: the body
+(redacted, capped, ending with the cut mark when cut), ``cut``, and
+``remaining``, the trailer's count; and the call's fields (its id, tool, run,
+seq, start, duration and row) once, as columns, apart from the tool's own
+metadata. A ``CallRecord`` read back holds both: ``body`` and ``remaining``
+apart, and ``text`` and ``meta`` joined as the call's answer carried them.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Mapping
+
+TRAILER = "remaining_tool_calls: {n}"
+"""The answer's last line: the run's calls left after this one."""
+CALL_FIELDS = ("call", "tool", "run", "seq", "started_at", "duration_ms", "row")
+"""The metadata keys a call's answer carries beside the tool's own, from the record's columns."""
+
+
+def with_trailer(text: str, remaining: int) -> str:
+    """The text as the model gets it: the trailer on a line of its own after the body."""
+    sep = "" if not text or text.endswith("\n") else "\n"
+    return f"{text}{sep}{TRAILER.format(n=remaining)}"
+
+
+def call_fields(call_id: str, tool: str, run_id: str, seq: int, started_at: datetime,
+                duration_ms: int, row: str) -> dict[str, Any]:
+    """The call's own metadata keys (``CALL_FIELDS``), as its answer carries them."""
+    return {"call": call_id, "tool": tool, "run": run_id, "seq": seq,
+            "started_at": started_at.isoformat(timespec="milliseconds"), "duration_ms": duration_ms, "row": row}
 
 
 def _utc(value: datetime | None) -> datetime | None:
     """SQLite hands datetimes back naive: they were written in UTC."""
-    return value.replace(tzinfo=timezone.utc) if value is not None and value.tzinfo is None else value
+    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+
+def _utc_set(value: datetime) -> datetime:
+    """_utc of a column that is never NULL."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
 @dataclass(frozen=True)
@@ -33,10 +64,10 @@ class RunRecord:
     used_calls: int
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "RunRecord":
+    def from_row(cls, row: Mapping[Any, Any]) -> RunRecord:
         return cls(
-            id=row["id"], agent_id=row["agent_id"], created_at=_utc(row["created_at"]),
-            updated_at=_utc(row["updated_at"]), calls=row["next_seq"], used_calls=row["used_calls"],
+            id=row["id"], agent_id=row["agent_id"], created_at=_utc_set(row["created_at"]),
+            updated_at=_utc_set(row["updated_at"]), calls=row["next_seq"], used_calls=row["used_calls"],
         )
 
 
@@ -59,10 +90,27 @@ class CallRecord:
     finished_at: datetime | None
     duration_ms: int | None
     row: str | None
+    body: str | None = None
+    """The result without its trailer, as the record keeps it; None while running."""
+    remaining: int | None = None
+    """The trailer's count; None while running."""
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "CallRecord":
-        values = {name: row[name] for name in cls.__dataclass_fields__}
+    def from_row(cls, row: Mapping[Any, Any]) -> CallRecord:
+        """A call from its columns: ``text`` is the body column, joined here with the trailer."""
+        values = {name: row[name] for name in cls.__dataclass_fields__ if name != "body"}
         values["started_at"] = _utc(values["started_at"])
         values["finished_at"] = _utc(values["finished_at"])
+        values["body"], remaining = values["text"], values["remaining"]
+        if remaining is not None:
+            if values["text"] is not None:  # a flow row selects no text but code_task's
+                values["text"] = with_trailer(values["text"], remaining)
+            values["meta"] = {**(values["meta"] or {}), **call_fields(
+                values["call_id"], values["tool"], values["run_id"], values["seq"], values["started_at"],
+                values["duration_ms"], values["row"])}
         return cls(**values)
+
+    @property
+    def trailer(self) -> str:
+        """The answer's trailer line; "" while running."""
+        return "" if self.remaining is None else TRAILER.format(n=self.remaining)

@@ -32,44 +32,28 @@ from starlette.applications import Starlette
 
 from guilds_code.redact import Redactor
 
+from . import limits
 from .auth import Lock, host_names, is_loopback, server_token
 from .errors import ConfigError
 from .private import private_dir
 from .sandbox import Sandbox
+from .sandbox import get_sandbox
 from .settings import AgentSettings
 from .store import Store
 from .toolbox import Toolbox
 from .wiring import Wired, open_toolbox
+from .toolbox.log_read import log_reading
 from .web.app import create_app
-from .web.logs import HostLogReader, LogExcerpt, LogReader, LogUnavailable
+from .web.logs import HelperLogReader
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
-CANCEL_WAIT_SECONDS = 20.0
-"""At shutdown: how long the cancelled calls may take to stop their commands and be recorded."""
-SHUTDOWN_GRACE_SECONDS = 2.0
-"""On a stop signal: how long open requests may finish before their calls are cancelled."""
+CANCEL_WAIT_SECONDS = limits.SERVE_CANCEL_WAIT_SECONDS
+"""guilds.limits.SERVE_CANCEL_WAIT_SECONDS."""
+SHUTDOWN_GRACE_SECONDS = limits.SERVE_SHUTDOWN_GRACE_SECONDS
+"""guilds.limits.SERVE_SHUTDOWN_GRACE_SECONDS."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-HOST_FOLDER_SANDBOXES = ("local", "bwrap")
-"""Backends whose home is a folder of this machine, seen inside at the same path."""
 log = logging.getLogger(__name__)
-
-
-class NoLogReader:
-    """For a sandbox whose home is not a folder here: logs are not opened from the app yet."""
-
-    def __init__(self, sandbox_name: str):
-        self.sandbox_name = sandbox_name
-
-    async def read(self, agent_id: str, path: str) -> LogExcerpt:
-        raise LogUnavailable(f"Full output logs in a {self.sandbox_name} sandbox cannot be opened here yet; "
-                             f"read {path} with file_read.")
-
-
-def log_reader(settings: AgentSettings, sandbox: Sandbox) -> LogReader:
-    if sandbox.name in HOST_FOLDER_SANDBOXES:
-        return HostLogReader({settings.id: sandbox.home}, settings.secret_values())
-    return NoLogReader(sandbox.name)
 
 
 def _lifespan(mcp_lifespan: Callable[[], contextlib.AbstractAsyncContextManager[None]], store: Store):
@@ -101,7 +85,7 @@ def build_app(settings: AgentSettings, store: Store, toolbox: Toolbox, *, host: 
     from .mcp_server import http_endpoint  # the MCP SDK: imported only to serve
 
     mcp = http_endpoint(toolbox, path="/mcp", host=host)
-    return create_app(store, redactor=Redactor(settings.secret_values()), logs=log_reader(settings, toolbox.sandbox),
+    return create_app(store, redactor=Redactor(settings.secret_values()), logs=HelperLogReader(log_reading(toolbox)),
                       extra_routes=[mcp.route], lock=lock, lifespan=_lifespan(mcp.lifespan, store))
 
 

@@ -196,7 +196,7 @@ def _agent(table: dict, base: Path, env: Mapping[str, str]) -> dict:
         "max_tool_calls": check.integer(
             table.get("max_tool_calls", DEFAULT_MAX_TOOL_CALLS), "agent.max_tool_calls", 1
         ),
-        "ports": check.ports(table.get("ports", "%d-%d" % DEFAULT_PORTS), "agent.ports"),
+        "ports": check.ports(table.get("ports", "{}-{}".format(*DEFAULT_PORTS)), "agent.ports"),
         "network": check.boolean(table.get("network", False), "agent.network"),
         "result_max_bytes": _result_max_bytes(table, env),
         "harness": check.choice(table.get("harness", DEFAULT_HARNESS), "agent.harness", tuple(HARNESSES)),

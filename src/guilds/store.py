@@ -35,17 +35,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.schema import CreateIndex, CreateTable
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from . import lifecycle
 from .errors import BadInput, RecordError
 from .private import private_file
+from .record_migration import migrate
 from .records import CallRecord, RunRecord, Slot
 from .rows import row_text
 
@@ -101,6 +102,7 @@ calls = sa.Table(
     sa.Column("duration_ms", sa.Integer),
     sa.Column("row", sa.Text),
     sa.Column("owner", sa.String(32), index=True),
+    sa.Column("remaining", sa.Integer),  # the trailer's count; NULL while running
 )
 owners = sa.Table(
     "owners", metadata,
@@ -112,6 +114,11 @@ owners = sa.Table(
 )
 
 
+FLOW_PAGE = 200
+"""Calls per page of a run's flow: the newest first, then "Load earlier"."""
+_FLOW_COLUMNS = [c for c in calls.c if c.name != "text"] + [
+    sa.case((calls.c.tool == "code_task", calls.c.text), else_=None).label("text")
+]
 _INSERT_CALL = sa.insert(calls)
 _FINISH_CALL = sa.update(calls).where(
     calls.c.run_id == sa.bindparam("k_run_id"), calls.c.seq == sa.bindparam("k_seq")
@@ -135,7 +142,8 @@ def _allocate_statement(dialect: Any) -> Any:
     Under ON CONFLICT ... SET the right-hand sides read the row as it was, so
     admitted_seq == next_seq afterwards exactly when this call got a slot.
     """
-    now, budget = sa.bindparam("now"), sa.bindparam("budget")
+    now: Any = sa.bindparam("now")
+    budget: Any = sa.bindparam("budget")
     insert = dialect.insert(runs).values(
         id=sa.bindparam("run_id"), agent_id=sa.bindparam("agent_id"), created_at=now,
         updated_at=now, next_seq=1, used_calls=1, admitted_seq=1,
@@ -182,7 +190,7 @@ def _dialect_module(is_sqlite: bool) -> Any:
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _reason(exc: BaseException) -> str:
@@ -192,17 +200,18 @@ def _reason(exc: BaseException) -> str:
     return " ".join(text.split())[:300]
 
 
-def _utc_row(row: Mapping[str, Any]) -> dict[str, Any]:
+def _utc_row(row: Mapping[Any, Any]) -> dict[str, Any]:
     """An owners row, its heartbeat in UTC (SQLite hands it back naive)."""
     beat = row["heartbeat_at"]
-    return {**row, "heartbeat_at": beat.replace(tzinfo=timezone.utc) if beat.tzinfo is None else beat}
+    return {**row, "heartbeat_at": beat.replace(tzinfo=UTC) if beat.tzinfo is None else beat}
 
 
 def _lost(call: Any, now: datetime) -> dict[str, Any]:
     """The finish of a call whose process is gone: an error, "· lost" on its row."""
-    started = call.started_at if call.started_at.tzinfo else call.started_at.replace(tzinfo=timezone.utc)
+    started = call.started_at if call.started_at.tzinfo else call.started_at.replace(tzinfo=UTC)
     return {"k_run_id": call.run_id, "k_seq": call.seq, "text": lifecycle.LOST, "is_error": True, "meta": None,
-            "cut": False, "status": "lost", "finished_at": now, "owner": None, "row": f"{row_text(call.tool, call.args, {}, False)} · lost",
+            "cut": False, "status": "lost", "finished_at": now, "owner": None,
+            "row": f"{row_text(call.tool, call.args, {}, False)} · lost",
             "duration_ms": max(0, round((now - started).total_seconds() * 1000))}
 
 
@@ -269,7 +278,7 @@ class Store:
         """The record's place for messages: the SQLite file, or host/database (no password)."""
         self._allocate = _allocate_statement(_dialect_module(self.sqlite))
 
-    async def __aenter__(self) -> "Store":
+    async def __aenter__(self) -> Store:
         await self.setup()
         self._lease.start()
         return self
@@ -285,6 +294,7 @@ class Store:
         try:
             async with self.engine.begin() as conn:
                 await conn.run_sync(_create_schema)
+                await conn.run_sync(migrate)  # an older record brought up to date, under the same lock
         except sa.exc.DBAPIError as exc:
             raise RecordError(f"the run record at {self.where} could not be made: {_reason(exc)}") from None
         await self._register()
@@ -318,7 +328,8 @@ class Store:
             rows = (await conn.execute(sa.select(owners).where(owners.c.id != self.owner.id))).mappings().all()
             orphaned = (await conn.execute(_ORPHANED)).scalars().all()
         now, here = _now(), lifecycle.machine_id()
-        gone = [r["id"] for r in rows if lifecycle.is_gone(lifecycle.Owner(**_utc_row(r)), now, here)] + orphaned
+        gone = [r["id"] for r in rows if lifecycle.is_gone(lifecycle.Owner(**_utc_row(r)), now, here)]
+        gone += orphaned
         if not gone:
             return []
         async with self._writing("the lost calls") as conn:
@@ -329,7 +340,7 @@ class Store:
         return [(call.run_id, call.seq) for call in lost]
 
     @contextlib.asynccontextmanager
-    async def _writing(self, what: str = "a call") -> AsyncIterator[sa.ext.asyncio.AsyncConnection]:
+    async def _writing(self, what: str = "a call") -> AsyncIterator[AsyncConnection]:
         """A write transaction; a database failure (a full disk) becomes RecordError naming ``what``."""
         lock = self._write_lock or contextlib.nullcontext()
         try:
@@ -364,14 +375,18 @@ class Store:
 
     async def finish_call(self, *, run_id: str, seq: int, text: str, is_error: bool, meta: dict,
                           cut: bool, finished_at: datetime, duration_ms: int, row: str,
-                          status: str = "done") -> None:
-        """Record a call's result; status "done", or "cancelled" for a call stopped midway."""
+                          status: str = "done", remaining: int | None = None) -> None:
+        """Record a call's result; status "done", or "cancelled" for a call stopped midway.
+
+        ``text`` is the body, ``remaining`` the trailer's count (None: none), ``meta`` the tool's own
+        metadata: the call's fields are columns already (``records.CALL_FIELDS``).
+        """
         try:
             async with self._writing(f"the result of call {seq} of run {run_id}") as conn:
                 await conn.execute(_FINISH_CALL, {
                     "k_run_id": run_id, "k_seq": seq, "text": text, "is_error": is_error, "meta": meta,
                     "cut": cut, "status": status, "finished_at": finished_at, "duration_ms": duration_ms,
-                    "row": row, "owner": None,
+                    "row": row, "owner": None, "remaining": remaining,
                 })
         finally:
             self._in_flight = max(0, self._in_flight - 1)
@@ -412,3 +427,32 @@ class Store:
         async with self.engine.connect() as conn:
             row = (await conn.execute(query)).mappings().first()
         return CallRecord.from_row(row) if row else None
+
+    # --- the app's flow: paged by seq on the primary key, no result text but code_task's
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        """One run, or None."""
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(sa.select(runs).where(runs.c.id == run_id))).mappings().first()
+        return RunRecord.from_row(row) if row else None
+
+    async def flow_before(self, run_id: str, before_seq: int | None = None,
+                          limit: int = FLOW_PAGE) -> list[CallRecord]:
+        """The last ``limit`` calls of a run before ``before_seq`` (all when None), in seq order.
+
+        A flow row needs a call's tool, row, status, arguments and metadata, not its
+        result text: the text (up to 64 KiB a call) is selected only for code_task
+        calls, whose block shows their final message."""
+        query = sa.select(*_FLOW_COLUMNS).where(calls.c.run_id == run_id)
+        if before_seq is not None:
+            query = query.where(calls.c.seq < before_seq)
+        query = query.order_by(calls.c.seq.desc()).limit(limit)
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return [CallRecord.from_row(r) for r in reversed(rows)]
+
+    async def flow_after(self, run_id: str, after_seq: int, limit: int = FLOW_PAGE) -> list[CallRecord]:
+        """The first ``limit`` calls of a run after ``after_seq``, in seq order (for live updates)."""
+        query = (sa.select(*_FLOW_COLUMNS).where(calls.c.run_id == run_id, calls.c.seq > after_seq)
+                 .order_by(calls.c.seq).limit(limit))
+        async with self.engine.connect() as conn:
+            return [CallRecord.from_row(r) for r in (await conn.execute(query)).mappings()]

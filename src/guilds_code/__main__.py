@@ -19,6 +19,7 @@ OP_MODULES = {
     "shell_status": "guilds_code.ops.shell_status",
     "file_read": "guilds_code.ops.file_read",
     "code_search": "guilds_code.ops.code_search",
+    "log_read": "guilds_code.ops.log_read",
 }
 
 
@@ -42,7 +43,7 @@ def envelope(argv, handle) -> bytes:
         return protocol.ok_envelope(handle(argv))
     except (protocol.RequestError, protocol.OpError) as exc:
         return protocol.error_envelope(str(exc))
-    except Exception as exc:  # the one place a surprise becomes a result
+    except Exception as exc:  # noqa: BLE001 - the one place a surprise becomes a result
         return protocol.error_envelope(f"internal error: {type(exc).__name__}: {exc}")
 
 

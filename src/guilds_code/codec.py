@@ -18,7 +18,7 @@ import sys
 try:
     import _json
 except ImportError:  # not CPython: json does it all
-    _json = None
+    _json = None  # type: ignore[assignment]
 
 _WHITESPACE = " \t\n\r"
 """What json skips around a document."""
@@ -48,11 +48,11 @@ def loads(text: str, parse_constant=None):
         try:
             start = len(text) - len(text.lstrip(_WHITESPACE))
             # json's own default maps NaN, Infinity and -Infinity as float() does
-            scan = _json.make_scanner(_Decoding(parse_constant or float))
+            scan = _json.make_scanner(_Decoding(parse_constant or float))  # type: ignore[arg-type]
             value, end = scan(text, start)
             if not text[end:].strip(_WHITESPACE):
                 return value
-        except Exception:  # noqa: BLE001 - json redoes it and raises its own error
+        except Exception:  # noqa: BLE001, S110 - json redoes it and raises its own error
             # (3.9-3.11's scanner cannot even build its error before json.decoder is imported)
             pass
     import json
@@ -69,7 +69,7 @@ def dumps(obj, separators=(",", ":")) -> str:
                 {}, _not_serializable, _json.encode_basestring, None, key, item, False, False, True
             )
             return "".join(encode(obj, 0))
-        except Exception:  # noqa: BLE001 - json redoes it and raises its own error
+        except Exception:  # noqa: BLE001, S110 - json redoes it and raises its own error
             pass
     import json
 

@@ -1,5 +1,9 @@
 """Every number of the product page, named, with the reason beside it.
 
+Every grace and drain time of the in-sandbox side (guilds-code and
+guilds-harness, whose ``guilds_harness.limits`` names them again) is in the
+"process control" section; the orchestrator's own are in ``guilds.limits``.
+
 The orchestrator imports this module too (for tool schemas and its own waits),
 so it must stay standard-library only and free of work at import time.
 """
@@ -29,10 +33,6 @@ STDERR_TAIL_LINES = 5
 SHELL_TIMEOUT_DEFAULT = 120
 SHELL_TIMEOUT_MIN = 1
 SHELL_TIMEOUT_MAX = 600
-SHELL_KILL_GRACE_SECONDS = 2
-"""SIGTERM, then SIGKILL this much later, for the whole process group."""
-SHELL_DRAIN_SECONDS = 0.2
-"""After bash exits, how long to keep reading a pipe that a grandchild holds."""
 TIMEOUT_EXIT_CODE = 124
 """exit_code of a command stopped at its timeout, as timeout(1) reports it."""
 COMMAND_MAX_CHARS = 1024 * 1024
@@ -47,8 +47,6 @@ TAIL_BYTES = 6 * 1024
 # --- background -----------------------------------------------------------
 STATUS_TAIL_LINES = 40
 """shell_status with id shows this many last lines of the log."""
-STOP_KILL_GRACE_SECONDS = 5
-"""stop: SIGTERM to the group, SIGKILL this much later."""
 BACKGROUND_ID_PREFIX = "b"
 
 # --- file_read ------------------------------------------------------------
@@ -90,6 +88,12 @@ from rg's own threads on a 2-CPU machine."""
 SEARCH_COALESCE_BELOW_BYTES = 16 * 1024
 """...only after a read smaller than this: output coming faster is read at once."""
 
+# --- log_read (the app's Full output log) ---------------------------------
+LOG_HEAD_BYTES = 64 * 1024
+"""The start of a log shown: where a command says what it is doing."""
+LOG_TAIL_BYTES = 64 * 1024
+"""The end of a log shown: where build and test errors are."""
+
 # --- paths ----------------------------------------------------------------
 PATH_MAX_LINKS = 40
 """Links followed while resolving one path, as the kernel's ELOOP limit."""
@@ -113,9 +117,6 @@ holding it back longer would let one stray ESC swallow the output."""
 REDRAW_PENDING_MAX = 256 * 1024
 """A line is held (for a carriage-return redraw) until its newline, up to this
 many characters; a longer line is passed on, so one 2 GB line stays bounded."""
-STOP_WAIT_SECONDS = 0.5
-"""stop waits this long for the command to go before it answers 'stopping'
-and leaves the SIGKILL to a detached killer."""
 STATUS_TAIL_MAX_BYTES = 256 * 1024
 """shell_status reads at most this much of the log's end for its last lines."""
 STATUS_COMMAND_MAX_CHARS = 80
@@ -126,8 +127,31 @@ under STATE_FILE_MAX_BYTES; shell_status shows only the first line)."""
 COMMAND_ARGV_MAX = 100 * 1024
 """A shell command longer than this (UTF-8 bytes) is written to a file in the
 run folder and sourced: one argv string is capped at 128 KiB (MAX_ARG_STRLEN)."""
+
+# --- process control: every grace and drain time inside the sandbox --------
+SHELL_KILL_GRACE_SECONDS = 2
+"""shell at its timeout: SIGTERM to the whole process group, SIGKILL this much later."""
+SHELL_DRAIN_SECONDS = 0.2
+"""After bash exits, how long to keep reading a pipe that a grandchild holds."""
+STOP_KILL_GRACE_SECONDS = 5
+"""stop: SIGTERM to the group, SIGKILL this much later."""
+STOP_WAIT_SECONDS = 0.5
+"""stop waits this long for the command to go before it answers 'stopping'
+and leaves the SIGKILL to a detached killer."""
 CANCEL_KILL_GRACE_SECONDS = 1.0
 """A helper told to stop (SIGTERM, SIGHUP, SIGINT) mid-command sends SIGTERM to
 the command's group and SIGKILL this much later: the command runs in its own
-session, so nothing else would end it, and the orchestrator's own SIGKILL of
-the helper follows 2 s after its SIGTERM."""
+session, so nothing else would end it. It must end before the orchestrator's
+own SIGKILL of the helper, guilds.limits.EXEC_KILL_GRACE_SECONDS after its SIGTERM."""
+TASK_KILL_GRACE_SECONDS = 5
+"""code_task at its timeout: SIGTERM to the harness's process group, SIGKILL this
+much later. A harness gets a moment to save its session, so it can be resumed."""
+TASK_FINAL_EXIT_GRACE_SECONDS = 5
+"""After its final event, how long a harness may take to exit before it is
+stopped (a headless CLI that hangs on a leftover child after answering must
+not hold the call until its timeout); its status is then its final event's."""
+TASK_DRAIN_SECONDS = 0.5
+"""After the harness exits, how long to keep reading pipes that a leftover
+child still holds, before the group is stopped."""
+PROCESS_POLL_SECONDS = 0.05
+"""While a grace runs: how often to look whether what was signalled is gone."""

@@ -25,13 +25,13 @@ import errno
 import os
 
 try:  # the C module: `signal` wraps it in enums, whose import alone costs a fast call dearly
-    import _signal as signals
+    import _signal as signals  # type: ignore[import-not-found]  # no stubs for the C module
 except ImportError:  # not CPython
     import signal as signals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Mapping, Optional, Set, Tuple
+    from typing import Dict, List, Mapping, Optional, Set, Tuple
 
 PIPE = -1
 """stdout or stderr: a new pipe, whose read end the Child holds."""
@@ -65,7 +65,7 @@ class Child:
         """Wait for it to exit; the exit code."""
         if self.returncode is None:
             self._reap(0)
-        return self.returncode
+        return self.returncode  # type: ignore[return-value]  # a blocking _reap always sets it
 
     def _reap(self, options: int) -> None:
         try:
@@ -225,12 +225,22 @@ def release(watchdog: Optional[Watchdog]) -> None:
 
 
 # --- process groups, from /proc ------------------------------------------------------
-def signal_group(pgid: int, sig: int) -> None:
-    """Send sig to the process group; nothing when it is gone or not ours."""
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send sig to the process group; False (nothing sent) when it is gone or not ours."""
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
-        pass
+        return False
+    return True
+
+
+def signal_process(pid: int, sig: int) -> bool:
+    """Send sig to one process; False (nothing sent) when it is gone or not ours."""
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def group_alive(pgid: int) -> bool:
@@ -246,35 +256,45 @@ def group_alive(pgid: int) -> bool:
 
 def live_groups() -> Set[int]:
     """The process groups that have a member that is not a zombie."""
-    groups = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            info = proc_stat(int(name))
-            if info is not None and info.state not in "ZX":
-                groups.add(info.pgrp)
-    return groups
+    return {info.pgrp for info in (proc_table() or {}).values() if info.state not in "ZX"}
 
 
 class ProcStat:
-    """A process's state letter, process group, and start time: clock ticks after
-    boot (field 22 of /proc/<pid>/stat); with the pid, it names one process for
-    the life of the machine."""
+    """A process's state letter, parent, process group, and start time: clock ticks
+    after boot (field 22 of /proc/<pid>/stat); with the pid, it names one process
+    for the life of the machine."""
 
-    __slots__ = ("state", "pgrp", "start_time")
+    __slots__ = ("state", "ppid", "pgrp", "start_time")
 
-    def __init__(self, state: str, pgrp: int, start_time: int):
-        self.state, self.pgrp, self.start_time = state, pgrp, start_time
+    def __init__(self, state: str, ppid: int, pgrp: int, start_time: int):
+        self.state, self.ppid, self.pgrp, self.start_time = state, ppid, pgrp, start_time
 
 
 def proc_stat(pid: int) -> Optional[ProcStat]:
-    """The state, group and start time of pid from /proc, or None when gone."""
+    """pid's state, parent, group and start time from /proc/<pid>/stat (the one
+    reader of it inside the sandbox), or None when gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             data = fh.read()
     except OSError:
         return None
-    fields = data.rsplit(b")", 1)[-1].split()
+    fields = data.rsplit(b")", 1)[-1].split()  # the command name may hold ")" and spaces
     try:
-        return ProcStat(fields[0].decode(), int(fields[2]), int(fields[19]))
+        return ProcStat(fields[0].decode("ascii", "replace"), int(fields[1]), int(fields[2]), int(fields[19]))
     except (IndexError, ValueError):
         return None
+
+
+def proc_table() -> Optional[Dict[int, ProcStat]]:
+    """pid -> ProcStat of every process /proc shows; None where there is no /proc."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    table = {}
+    for name in names:
+        if name.isdigit():
+            info = proc_stat(int(name))
+            if info is not None:
+                table[int(name)] = info
+    return table or None

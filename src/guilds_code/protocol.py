@@ -5,7 +5,8 @@ base64 (standard alphabet, validated) of UTF-8 JSON, or the absolute path of a
 request file (``*.json``) under ``<state root>/requests/`` that the helper reads and then
 deletes, also when the request inside it is bad. Fields:
 
-    op          "shell" | "shell_status" | "file_read" | "code_search"
+    op          "shell" | "shell_status" | "file_read" | "code_search" | "log_read"
+                (log_read serves the app's Full output log; no tool of the model)
     args        the tool's arguments as the model gave them (validated here)
     run_id, agent_id, call_id
                 names that become file names: [A-Za-z0-9._-], at most 128, no ".."
@@ -37,7 +38,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
 
-OPS = ("shell", "shell_status", "file_read", "code_search")
+OPS = ("shell", "shell_status", "file_read", "code_search", "log_read")
+"""log_read serves the app's Full output log: it is no tool of the model."""
 _ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 _NAME_CHARS = _ALNUM | frozenset("._-")
 _ENV_NAME_CHARS = _ALNUM | frozenset("_")
@@ -158,6 +160,13 @@ ARG_SPECS: Dict[str, Dict[str, Tuple[str, Any, Any]]] = {
     },
 }
 
+OP_ARG_SPECS: Dict[str, Dict[str, Tuple[str, Any, Any]]] = {
+    "log_read": {
+        "path": ("str", REQUIRED, None),
+    },
+}
+"""The arguments of the ops that are no tool of the model (no schema is made of them)."""
+
 
 def show(value: Any) -> str:
     """value as JSON for an error message, at most 40 characters."""
@@ -209,7 +218,7 @@ def validate_args(op: str, args: Any) -> Dict[str, Any]:
     """
     if not isinstance(args, dict):
         raise RequestError(f"args: must be an object, got {show(args)}")
-    specs = ARG_SPECS[op]
+    specs = ARG_SPECS[op] if op in ARG_SPECS else OP_ARG_SPECS[op]
     for key in args:
         if key not in specs:
             known = ", ".join(specs)

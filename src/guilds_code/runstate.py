@@ -1,6 +1,6 @@
 """The run's state inside the sandbox: folders, the working directory, tokens.
 
-Layout (see contract.md, "State inside the sandbox"):
+Layout (see docs/helper.md, "State"):
 
     <home>/.runs/<run id>/cwd          the run's working directory (atomic writes)
     <home>/.runs/<run id>/<call>.log   a shell call's full output
@@ -29,7 +29,9 @@ from . import codec, limits, protocol, redact
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Set
+    from typing import Callable, Dict, List, Optional, Set
+
+    KeepAlso = Optional[Callable[[protocol.Request], Set[str]]]
 
 RUNS_DIR = ".runs"
 CWD_FILE = "cwd"
@@ -105,36 +107,39 @@ def _kind(st: os.stat_result) -> str:
     return "a file" if stat.S_ISREG(st.st_mode) else "a special file"
 
 
-def run_dir(request: protocol.Request, notes: Optional[List[str]] = None) -> Optional[str]:
-    """<home>/.runs/<run id>, made if missing; making one prunes old runs.
+def run_dir(request: protocol.Request, notes: Optional[List[str]] = None, keep_also: KeepAlso = None) -> Optional[str]:
+    """<home>/.runs/<run id>, made if missing; making one prunes old runs, but for
+    the folders keep_also(request) names (the ops pass
+    ``ops.background.running_run_dirs``: a running command's log is there).
 
     Without notes, OpError when it cannot be had. With notes, whatever is in the
     way is moved aside (noted), and None, with a note, when it still cannot be had.
     """
     if notes is None:
-        return _run_dir(request, [])
+        return _run_dir(request, [], keep_also)
     try:
-        return _run_dir(request, notes)
+        return _run_dir(request, notes, keep_also)
     except protocol.OpError as exc:
         notes.append(f"note: this call's working directory and log could not be kept: {exc}")
         return None
 
 
-def _run_dir(request: protocol.Request, notes: List[str]) -> str:
+def _run_dir(request: protocol.Request, notes: List[str], keep_also: KeepAlso = None) -> str:
     runs = os.path.join(request.home, RUNS_DIR)
     rebuild_dir(runs, notes)
     path = os.path.join(runs, request.run_id)
     if rebuild_dir(path, notes):
-        prune_runs(runs, keep=limits.RUNS_KEPT, keep_also=lambda: _background_run_dirs(request))
+        kept = None if keep_also is None else (lambda: keep_also(request))
+        prune_runs(runs, keep=limits.RUNS_KEPT, keep_also=kept)
     else:
         _touch(path)
     return path
 
 
-def log_path(request: protocol.Request, notes: Optional[List[str]] = None) -> str:
-    """<run dir>/<call id>.log (absolute): where a shell call's output goes.
+def log_path(request: protocol.Request, notes: Optional[List[str]] = None, keep_also: KeepAlso = None) -> str:
+    """<run dir>/<call id>.log (absolute): where a shell call's output goes (keep_also: see run_dir).
     OpError when the run folder cannot be had (things in its way moved aside first)."""
-    return os.path.join(_run_dir(request, [] if notes is None else notes), f"{request.call_id}.log")
+    return os.path.join(_run_dir(request, [] if notes is None else notes, keep_also), f"{request.call_id}.log")
 
 
 def prune_runs(runs: str, keep: int, keep_also=None) -> None:
@@ -163,13 +168,6 @@ def prune_runs(runs: str, keep: int, keep_also=None) -> None:
                 shutil.rmtree(path, ignore_errors=True)
 
 
-def _background_run_dirs(request: protocol.Request) -> Set[str]:
-    """The run folders holding a still running background command's log and script."""
-    from .ops import background  # only when a run folder is to be pruned
-
-    return background.running_run_dirs(request)
-
-
 def current_cwd(request: protocol.Request) -> str:
     """The run's working directory.
 
@@ -186,7 +184,7 @@ def current_cwd(request: protocol.Request) -> str:
     return request.home
 
 
-def save_cwd(request: protocol.Request, path: str, notes: List[str]) -> None:
+def save_cwd(request: protocol.Request, path: str, notes: List[str], keep_also: KeepAlso = None) -> None:
     """Record path (absolute) as the run's working directory, atomically (not
     rewritten when it holds path already).
 
@@ -196,7 +194,7 @@ def save_cwd(request: protocol.Request, path: str, notes: List[str]) -> None:
     """
     if read_small(request.home, [RUNS_DIR, request.run_id, CWD_FILE]) == os.fsencode(path):
         return
-    if run_dir(request, notes) is None:
+    if run_dir(request, notes, keep_also) is None:
         return
     fds: List[int] = []
     try:

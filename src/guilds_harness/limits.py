@@ -1,24 +1,24 @@
 """Every number of code_task, named, with the reason beside it.
 
 The orchestrator may import this module (tool schema, its own wait), so it
-stays standard-library only and free of work at import time.
+stays standard-library only and free of work at import time. The grace and
+drain times are guilds_code.limits' (one module for the sandbox's side), named
+here again for code_task.
 """
+
+from guilds_code import limits as _code_limits
 
 TIMEOUT_MINUTES_DEFAULT = 30
 """A harness working on one change rarely needs longer; the model can resume."""
 TIMEOUT_MINUTES_MIN = 1
 TIMEOUT_MINUTES_MAX = 120
 """Longer than this holds a run (and the orchestrator's wait) for too long."""
-KILL_GRACE_SECONDS = 5
-"""At the timeout: SIGTERM to the harness's process group, SIGKILL this much
-later. A harness gets a moment to save its session, so it can be resumed."""
-FINAL_EXIT_GRACE_SECONDS = 5
-"""After its final event, how long a harness may take to exit before it is
-stopped (a headless CLI that hangs on a leftover child after answering must
-not hold the call until its timeout); its status is then its final event's."""
-DRAIN_SECONDS = 0.5
-"""After the harness exits, how long to keep reading pipes that a leftover
-child still holds, before the group is stopped."""
+KILL_GRACE_SECONDS = _code_limits.TASK_KILL_GRACE_SECONDS
+"""guilds_code.limits.TASK_KILL_GRACE_SECONDS."""
+FINAL_EXIT_GRACE_SECONDS = _code_limits.TASK_FINAL_EXIT_GRACE_SECONDS
+"""guilds_code.limits.TASK_FINAL_EXIT_GRACE_SECONDS."""
+DRAIN_SECONDS = _code_limits.TASK_DRAIN_SECONDS
+"""guilds_code.limits.TASK_DRAIN_SECONDS."""
 WAIT_EXTRA_SECONDS = 180
 """The orchestrator waits timeout_minutes * 60 plus this: the kill grace, the
 drain, and the two repository snapshots of the diffstat (each at most

@@ -24,6 +24,9 @@ init, so even a child that left the group with setsid is found and stopped.
 
 A program that cannot start raises OSError from ``spawn``; the caller checks
 with ``shutil.which`` first and reports "not installed".
+
+Starting, signalling and reading /proc are guilds-code's own (``guilds_code.proc``):
+one core for both helpers; the grace and drain times are ``guilds_code.limits``'.
 """
 
 from __future__ import annotations
@@ -32,19 +35,20 @@ import collections
 import os
 import selectors
 import signal
-import subprocess
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set
 
 from guilds_code import limits as code_limits
+from guilds_code import proc
+from guilds_code.proc import Child, ProcStat, signal_group, signal_process
 
 from . import limits
 
 TIMEOUT_EXIT_CODE = 124
 """exit_code of a harness stopped at its timeout, as timeout(1) reports it."""
 PR_SET_CHILD_SUBREAPER = 36
-POLL_SECONDS = 0.05
+POLL_SECONDS = code_limits.PROCESS_POLL_SECONDS
 
 Sink = Callable[[bytes], None]
 
@@ -68,37 +72,16 @@ def become_subreaper() -> bool:
         return False
 
 
-def spawn(argv: List[str], cwd: str, env: Dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
-    )
+def spawn(argv: List[str], cwd: str, env: Dict[str, str]) -> Child:
+    """argv in cwd, in a session of its own, stdin /dev/null, stdout and stderr piped."""
+    return proc.spawn(argv, env, stdout=proc.PIPE, stderr=proc.PIPE, cwd=cwd, session=True)
 
 
 # --- finding and stopping what is left -----------------------------------------
-def _proc_table() -> Optional[Dict[int, Tuple[str, int, int]]]:
-    """pid -> (state, ppid, pgrp), read from /proc; None where there is none."""
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return None
-    table = {}
-    for name in names:
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", "rb") as fh:
-                    data = fh.read()
-            except OSError:
-                continue
-            fields = data[data.rfind(b")") + 2 :].split()
-            table[int(name)] = (fields[0].decode("ascii", "replace"), int(fields[1]), int(fields[2]))
-    return table or None
-
-
-def _below(table: Dict[int, Tuple[str, int, int]], root: int) -> Set[int]:
+def _below(table: Dict[int, ProcStat], root: int) -> Set[int]:
     children = collections.defaultdict(list)
-    for pid, (_, ppid, _) in table.items():
-        children[ppid].append(pid)
+    for pid, info in table.items():
+        children[info.ppid].append(pid)
     found, todo = set(), [root]
     while todo:
         for child in children[todo.pop()]:
@@ -110,18 +93,18 @@ def _below(table: Dict[int, Tuple[str, int, int]], root: int) -> Set[int]:
 
 def leftovers(pgid: int, keep: int = -1) -> List[int]:
     """Live processes of the group pgid and below this helper; reaps orphans
-    that died (our children as subreaper), but not keep (Popen's to reap)."""
-    table = _proc_table()
+    that died (our children as subreaper), but not keep (the Child's to reap)."""
+    table = proc.proc_table()
     me = os.getpid()
     if table is None:
-        return [pgid] if _signal(pgid, 0, group=True) else []
-    for pid, (state, ppid, _) in table.items():
-        if ppid == me and state == "Z" and pid != keep:
+        return [pgid] if signal_group(pgid, 0) else []
+    for pid, info in table.items():
+        if info.ppid == me and info.state == "Z" and pid != keep:
             _reap(pid)
     below = _below(table, me)
     return [
-        pid for pid, (state, _, pgrp) in table.items()
-        if state not in ("Z", "X") and pid != me and (pgrp == pgid or pid in below)
+        pid for pid, info in table.items()
+        if info.state not in ("Z", "X") and pid != me and (info.pgrp == pgid or pid in below)
     ]
 
 
@@ -132,32 +115,24 @@ def _reap(pid: int) -> None:
         pass
 
 
-def _signal(pid: int, sig: int, group: bool = False) -> bool:
-    try:
-        (os.killpg if group else os.kill)(pid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
 def stop_leftovers(pgid: int, grace: float, keep: int = -1) -> None:
     """SIGTERM the group and every leftover; SIGKILL what is still alive after grace.
 
-    keep: a child not to reap here (the harness, when Popen has not reaped it).
+    keep: a child not to reap here (the harness, when its Child has not reaped it).
     """
     pids = leftovers(pgid, keep)
     if not pids:
         return
-    _signal(pgid, signal.SIGTERM, group=True)
+    signal_group(pgid, signal.SIGTERM)
     for pid in pids:
-        _signal(pid, signal.SIGTERM)
+        signal_process(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while pids and time.monotonic() < deadline:
         time.sleep(POLL_SECONDS)
         pids = leftovers(pgid, keep)
-    _signal(pgid, signal.SIGKILL, group=True)
+    signal_group(pgid, signal.SIGKILL)
     for pid in pids:
-        _signal(pid, signal.SIGKILL)
+        signal_process(pid, signal.SIGKILL)
     leftovers(pgid, keep)  # reap what just died
 
 
@@ -165,11 +140,13 @@ def stop_leftovers(pgid: int, grace: float, keep: int = -1) -> None:
 class _Pump:
     """Reads the two pipes into their sinks until both close or a deadline."""
 
-    def __init__(self, proc: subprocess.Popen, on_stdout: Sink, on_stderr: Sink):
+    def __init__(self, child: Child, on_stdout: Sink, on_stderr: Sink):
         self._sel = selectors.DefaultSelector()
-        for pipe, sink in ((proc.stdout, on_stdout), (proc.stderr, on_stderr)):
-            os.set_blocking(pipe.fileno(), False)
-            self._sel.register(pipe.fileno(), selectors.EVENT_READ, sink)
+        for fd, sink in ((child.stdout, on_stdout), (child.stderr, on_stderr)):
+            if fd is None:  # not piped
+                continue
+            os.set_blocking(fd, False)
+            self._sel.register(fd, selectors.EVENT_READ, sink)
 
     def pump(self, until: float) -> None:
         """Read what comes until the deadline (monotonic); sleep when both pipes closed."""
@@ -254,19 +231,19 @@ def run_process(
 
 
 def _supervise(argv, cwd, env, timeout, on_stdout, on_stderr, finished) -> Exit:
-    proc = spawn(argv, cwd, env)
-    pump = _Pump(proc, on_stdout, on_stderr)
+    child = spawn(argv, cwd, env)
+    pump = _Pump(child, on_stdout, on_stderr)
     deadline = time.monotonic() + timeout
     stopped, why = None, "timeout"
     grace: float = limits.KILL_GRACE_SECONDS
     try:
-        while proc.poll() is None:
+        while child.poll() is None:
             if why == "timeout" and finished():
                 why = "linger"
                 deadline = min(deadline, time.monotonic() + limits.FINAL_EXIT_GRACE_SECONDS)
             if time.monotonic() >= deadline:
                 stopped = why
-                _terminate(proc, pump)
+                _terminate(child, pump)
             else:
                 pump.pump(min(deadline, time.monotonic() + 0.25))
         drain_end = time.monotonic() + limits.DRAIN_SECONDS
@@ -278,19 +255,20 @@ def _supervise(argv, cwd, env, timeout, on_stdout, on_stderr, finished) -> Exit:
     finally:
         for signum in CANCEL_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
-        stop_leftovers(proc.pid, grace, keep=proc.pid)
+        stop_leftovers(child.pid, grace, keep=child.pid)
         pump.close()
-        proc.stdout.close()
-        proc.stderr.close()
-        proc.wait()
-    return _exit(proc.returncode, stopped)
+        for fd in (child.stdout, child.stderr):
+            if fd is not None:
+                os.close(fd)
+        child.wait()
+    return _exit(child.wait(), stopped)
 
 
-def _terminate(proc: subprocess.Popen, pump: _Pump) -> None:
+def _terminate(child: Child, pump: _Pump) -> None:
     """The timeout: SIGTERM the group, keep reading through the grace, SIGKILL."""
-    _signal(proc.pid, signal.SIGTERM, group=True)
+    signal_group(child.pid, signal.SIGTERM)
     grace_end = time.monotonic() + limits.KILL_GRACE_SECONDS
-    while proc.poll() is None and time.monotonic() < grace_end:
+    while child.poll() is None and time.monotonic() < grace_end:
         pump.pump(min(grace_end, time.monotonic() + 0.1))
-    _signal(proc.pid, signal.SIGKILL, group=True)
-    proc.wait()
+    signal_group(child.pid, signal.SIGKILL)
+    child.wait()

@@ -25,7 +25,8 @@ import shutil
 from typing import Deque, Dict
 
 from guilds_code import protocol, runstate
-from guilds_code.ops.shell import command_env
+from guilds_code.command import command_env
+from guilds_code.ops.background import running_run_dirs
 
 from . import adapters, diffstat, limits, process, report
 from .request import HarnessRequest, TaskArgs, resolve_repo
@@ -83,7 +84,7 @@ def run(request: HarnessRequest) -> protocol.Reply:
     tokens = runstate.load_repo_tokens(request)
     env = command_env(request, repo, tokens)  # what a shell command there would get
     env.update(adapter.environ())
-    log = EventLog(runstate.log_path(request))
+    log = EventLog(runstate.log_path(request, running_run_dirs))
     rep = report.Report(status="crashed", harness=adapter.name, repo=name, cwd=repo, log_path=log.path)
     try:
         _execute(rep, adapter, task, env, log)

@@ -47,7 +47,7 @@ class LineFramer:
         self._size = 0
 
     def feed(self, data: bytes) -> List[Line]:
-        lines = []
+        lines: List[Line] = []
         start = 0
         while True:
             end = data.find(b"\n", start)

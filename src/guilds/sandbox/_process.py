@@ -36,18 +36,20 @@ import time
 from typing import Callable, Mapping, Sequence
 
 from ..errors import SandboxError
+from ..limits import EXEC_DRAIN_SECONDS, EXEC_KILL_GRACE_SECONDS
+from ..procfs import parent_pid, raw_stat, start_time  # noqa: F401 - parent_pid: the backends import it from here
 from .base import ExecResult
 
 STDOUT_MAX_BYTES = 4 * 1024 * 1024
 """stdout kept: the envelope is one line, already capped by the helper."""
 STDERR_KEEP_BYTES = 64 * 1024
 """stderr kept (its end): enough for the tail quoted in 'code helper failed'."""
-KILL_GRACE_SECONDS = 2.0
-"""SIGTERM to the group, then SIGKILL this much later."""
+KILL_GRACE_SECONDS = EXEC_KILL_GRACE_SECONDS
+"""guilds.limits.EXEC_KILL_GRACE_SECONDS: SIGTERM to the group, then SIGKILL this much later."""
 GROUP_POLL_SECONDS = 0.02
 """While stopping a group: how often to look whether it is empty."""
-DRAIN_SECONDS = 0.5
-"""After the process exited, how long to keep reading pipes a grandchild holds."""
+DRAIN_SECONDS = EXEC_DRAIN_SECONDS
+"""guilds.limits.EXEC_DRAIN_SECONDS: after the process exited, how long to keep reading pipes."""
 _READ = 64 * 1024
 
 
@@ -250,37 +252,6 @@ def spawn_detached(
             os.close(fd)
 
 
-_PF_EXITING = 0x4
-
-
-def _raw_stat(pid: int) -> list[bytes] | None:
-    """/proc/<pid>/stat's fields after the command name (state first); None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _stat(pid: int) -> list[bytes] | None:
-    """/proc/<pid>/stat's fields after the command name; None if gone, exiting or a zombie."""
-    fields = _raw_stat(pid)
-    if fields is None or fields[0] in (b"Z", b"X") or int(fields[6]) & _PF_EXITING:
-        return None
-    return fields
-
-
-def start_time(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot), None if it is gone or a zombie."""
-    fields = _stat(pid)
-    return None if fields is None else int(fields[19])
-
-
-def parent_pid(pid: int) -> int | None:
-    fields = _stat(pid)
-    return None if fields is None else int(fields[1])
-
-
 def kill_and_wait(pid: int, started: int, *, timeout: float = 5) -> None:
     """SIGKILL pid if it is still the process that started at ``started``; wait until it has exited.
 
@@ -300,5 +271,5 @@ def kill_and_wait(pid: int, started: int, *, timeout: float = 5) -> None:
 
 def _still_running(pid: int, started: int) -> bool:
     """True while pid is the process started at ``started`` and not yet a zombie (exiting counts)."""
-    fields = _raw_stat(pid)
+    fields = raw_stat(pid)
     return fields is not None and fields[0] not in (b"Z", b"X") and int(fields[19]) == started

@@ -37,6 +37,7 @@ from guilds_harness.request import validate_task
 
 from .._checks import is_safe_name
 from ..errors import BadInput, HelperFailed, RecordError, SandboxError
+from ..records import call_fields
 from ..rows import row_text
 from ..sandbox.base import Sandbox
 from ..settings import AgentSettings
@@ -86,6 +87,8 @@ class _Call:
     """time.monotonic() at the start, for duration_ms."""
     remaining: int
     """The run's calls left after this one: the trailer's N."""
+    recorded_tool: str = ""
+    """The tool's name as recorded: redacted once, at the call's start."""
 
 
 def _error(text: str) -> _Outcome:
@@ -168,7 +171,7 @@ class Toolbox:
         recorded_tool, recorded_args = redact_meta(self._redactor, [tool, args])
         slot = await self.store.begin_call(run_id=run_id, agent_id=self.settings.id, tool=recorded_tool,
                                            args=recorded_args, call_id=call_id, started_at=started_at, budget=budget)
-        call = _Call(run_id, tool, args, slot.seq, call_id, started_at, t0, max(0, budget - slot.used))
+        call = _Call(run_id, tool, args, slot.seq, call_id, started_at, t0, max(0, budget - slot.used), recorded_tool)
         try:
             if slot.admitted:
                 outcome = await self._run(call)
@@ -234,17 +237,14 @@ class Toolbox:
         shaped = run_pipeline(self._redactor, outcome.text, call.remaining)
         duration_ms = round((time.monotonic() - call.t0) * 1000)
         row = self._redactor.redact(row_text(call.tool, call.args, outcome.meta, outcome.is_error))
-        meta = {
-            **redact_meta(self._redactor, outcome.meta),
-            "call": call.call_id, "tool": redact_meta(self._redactor, call.tool), "run": call.run_id, "seq": call.seq,
-            "started_at": call.started_at.isoformat(timespec="milliseconds"),
-            "duration_ms": duration_ms, "row": row,
-        }
+        tool_meta = redact_meta(self._redactor, outcome.meta)
+        fields = call_fields(call.call_id, call.recorded_tool, call.run_id, call.seq, call.started_at, duration_ms, row)
+        meta = {**tool_meta, **fields}
         try:
             await self.store.finish_call(
-                run_id=call.run_id, seq=call.seq, text=shaped.text, is_error=outcome.is_error, meta=meta,
+                run_id=call.run_id, seq=call.seq, text=shaped.body, is_error=outcome.is_error, meta=tool_meta,
                 cut=shaped.cut, finished_at=datetime.now(timezone.utc), duration_ms=duration_ms, row=row,
-                status=status,
+                status=status, remaining=shaped.remaining,
             )
         except RecordError as exc:  # a full disk: the result still goes back, saying it is not recorded
             meta[NOT_RECORDED] = str(exc)

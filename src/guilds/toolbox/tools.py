@@ -18,7 +18,6 @@ from typing import Any, Callable
 
 from guilds_code import limits
 from guilds_code.protocol import ARG_SPECS, REQUIRED
-
 from guilds_harness import limits as task_limits
 
 

@@ -10,9 +10,11 @@ Where the page is silent: the code_task block reads ``status``, ``diffstat``
 and ``final_message`` from the call's metadata; a call without them (one
 refused, say) shows its result text as the message.
 
-Every record reaching these functions has been through ``redact_call``: the
-run record keeps arguments as the model gave them, so a secret the model typed
-would otherwise reach the page.
+Every record reaching these functions has been through ``redact_call``. The
+toolbox redacts a call's tool, arguments, text and metadata once, when it
+writes them; ``redact_call`` is a guard for what that could not cover: a call
+recorded before a secret was added to the agent's settings, and records
+written by versions that kept arguments as the model gave them.
 """
 
 from __future__ import annotations
@@ -24,9 +26,8 @@ from typing import Any
 from guilds_code.redact import Redactor
 
 from ..records import CallRecord, RunRecord
+from ..redaction import redact_meta
 from ..rows import row_text
-from ..toolbox.pipeline import redact_meta
-from .render import split_trailer
 
 
 def run_path(run_id: str) -> str:
@@ -51,6 +52,7 @@ def redact_call(call: CallRecord, redactor: Redactor) -> CallRecord:
     return replace(call, tool=redactor.redact(call.tool),
                    args=redact_meta(redactor, call.args), meta=redact_meta(redactor, call.meta),
                    text=None if call.text is None else redactor.redact(call.text),
+                   body=None if call.body is None else redactor.redact(call.body),
                    row=None if call.row is None else redactor.redact(call.row))
 
 
@@ -110,7 +112,7 @@ def duration_text(ms: int | None) -> str:
 
 def code_task_block(call: CallRecord) -> CodeTaskBlock:
     meta = call.meta or {}
-    message = text_of(meta.get("final_message")) or split_trailer(call.text or "")[0]
+    message = text_of(meta.get("final_message")) or (call.body or "")
     log_href = f"{call_path(call.run_id, call.seq)}/log" if meta.get("log_path") else ""
     return CodeTaskBlock(status=text_of(meta.get("status")) or state_of(call),
                          diffstat=text_of(meta.get("diffstat")), message=message, log_href=log_href)

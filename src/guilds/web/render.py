@@ -10,30 +10,18 @@ and the app's Content-Security-Policy keeps images to the app itself.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
-from ..toolbox.pipeline import TRAILER
-
 _MD = MarkdownIt("commonmark", {"html": False, "breaks": True}).enable(["table", "strikethrough"])
-_TRAILER_RE = re.compile("\n?" + re.escape(TRAILER).replace(r"\{n\}", r"\d+") + r"\n?\Z")
 
 
 def markdown_html(text: str) -> Markup:
     """Text as Markdown, rendered to HTML in which raw HTML stays text."""
-    return Markup(_MD.render(text))
-
-
-def split_trailer(text: str) -> tuple[str, str]:
-    """(body, trailer): the pipeline's ``remaining_tool_calls: N`` last line apart."""
-    match = _TRAILER_RE.search(text)
-    if not match:
-        return text, ""
-    return text[: match.start()], match.group().strip("\n")
+    return Markup(_MD.render(text))  # noqa: S704 - raw HTML is off: the renderer escapes it
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from markupsafe import Markup
 from ..records import CallRecord
 from .flow import FlowItem, call_path, flow_item, log_url, running, text_of
 from .logs import LOG_HEAD_BYTES, LOG_TAIL_BYTES, LogExcerpt
-from .render import JsonNode, json_tree, markdown_html, parse_json, split_trailer
+from .render import JsonNode, json_tree, markdown_html, parse_json
 
 VIEWS = {"arguments": "Arguments", "result": "Result", "metadata": "Metadata"}
 DEFAULT_VIEW = "result"
@@ -73,8 +73,7 @@ class ResultView:
 
 def result_view(call: CallRecord, fmt: str | None = None) -> ResultView:
     """The text as Markdown, or a JSON text as a tree; with ``fmt="raw"`` the text as returned."""
-    raw = call.text or ""
-    body, trailer = split_trailer(raw)
+    raw, body, trailer = call.text or "", call.body or "", call.trailer
     value = parse_json(body)
     rendered = "markdown" if value is None else "tree"
     shown = RAW if fmt == RAW else rendered

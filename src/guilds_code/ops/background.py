@@ -75,7 +75,7 @@ def start(request: protocol.Request) -> protocol.Reply:
     """Start args.command in the background and return at once."""
     notes: List[str] = []  # what was in the way of the state folders, moved aside
     folder = background_dir(request, create=True, notes=notes)
-    log = runstate.log_path(request, notes)
+    log = runstate.log_path(request, notes, keep_also=running_run_dirs)
     record = _launch(request, folder, log)
     bid = _allocate(folder, record)
     text = "\n".join([
@@ -88,17 +88,17 @@ def start(request: protocol.Request) -> protocol.Reply:
 
 def _launch(request: protocol.Request, folder: str, log: str) -> Dict[str, Any]:
     """Spawn the wrapper; return the command's record (without its id)."""
-    from . import shell  # a start only: shell_status needs none of it
+    from ..command import command_env, command_script, open_log, start_bash  # a start only
 
     cwd = runstate.current_cwd(request)
-    env = shell.command_env(request, cwd, runstate.load_repo_tokens(request))
+    env = command_env(request, cwd, runstate.load_repo_tokens(request))
     exit_file = os.path.join(folder, f".exit-{os.urandom(8).hex()}")
     command = request.args["command"]
-    script = shell.command_script(command, log[: -len(".log")] + ".sh")
+    script = command_script(command, log[: -len(".log")] + ".sh")
     started_at = time.time()
-    log_fd = shell.open_log(log)
+    log_fd = open_log(log)
     try:
-        child = shell.start_bash(["bash", "-c", WRAPPER, "guilds-bg", exit_file, script], cwd, env, log_fd)
+        child = start_bash(["bash", "-c", WRAPPER, "guilds-bg", exit_file, script], cwd, env, log_fd)
     finally:
         os.close(log_fd)
     info = proc.proc_stat(child.pid)  # not waited for: it outlives this helper

@@ -49,7 +49,9 @@ def rg_argv(program: str, args: Dict[str, Any], root: str) -> List[str]:
     return argv + [f"--regexp={args['pattern']}", "--", root]
 
 
-def run_rg(argv: List[str], stdin: Optional[int], timeout: float, sink: Callable[[bytes], None]) -> Tuple[int, bytes, bool]:
+def run_rg(
+    argv: List[str], stdin: Optional[int], timeout: float, sink: Callable[[bytes], None]
+) -> Tuple[int, bytes, bool]:
     """Run argv, feeding its stdout to sink as it comes; (exit code, stderr start, timed out).
 
     stdin is a descriptor to read from, or None for /dev/null. Runs in the

@@ -1,6 +1,6 @@
 """shell: run `bash -c COMMAND` in the run's working directory, output shaped.
 
-Contract (code-tools.md "shell", contract.md):
+Contract (docs/helper.md, "shell"):
 - stdin is /dev/null; stdout and stderr share one pipe; the command gets its own
   session and process group; the environment is the helper's own plus
   COMMAND_ENV, GUILD_RUN_ID, GUILD_AGENT_ID, and GH_TOKEN set to the token of
@@ -32,28 +32,16 @@ from __future__ import annotations
 import os
 
 from .. import limits, proc, protocol, runstate, shaping
+from ..command import PWD_FD, command_env, command_script, open_log, quote, start_bash
 from .supervise import execute
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional
+    from typing import List, Optional, Set
 
     from .supervise import Outcome
 
-COMMAND_ENV = {
-    "PAGER": "cat",
-    "GIT_PAGER": "cat",
-    "GIT_TERMINAL_PROMPT": "0",
-    "NO_COLOR": "1",
-    "TERM": "dumb",
-    "DEBIAN_FRONTEND": "noninteractive",
-}
-PWD_FD = 87
-"""The descriptor the shell writes its final directory to: high, so a command's own
-`exec 3>...` (or flock's 9) does not take it."""
 _PWD_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-_SHELL_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-")
 
 
 def run(request: protocol.Request) -> protocol.Reply:
@@ -65,77 +53,11 @@ def run(request: protocol.Request) -> protocol.Reply:
     return run_foreground(request)
 
 
-# --- environment -----------------------------------------------------------
-def repo_token(cwd: str, tokens: Dict[str, str]) -> Optional[str]:
-    """The token of the deepest repository folder holding cwd (whole path
-    components compared, each folder also as its links resolve), or None."""
-    best, best_len = None, -1
-    for folder, token in tokens.items():
-        for candidate in {folder, os.path.realpath(folder)}:
-            if _holds(candidate, cwd) and len(candidate) > best_len:
-                best, best_len = token, len(candidate)
-    return best
+def _running_run_dirs(request: protocol.Request) -> Set[str]:
+    """The run folders a running background command still uses (asked only when pruning)."""
+    from .background import running_run_dirs
 
-
-def _holds(folder: str, path: str) -> bool:
-    try:
-        return os.path.commonpath([folder, path]) == folder
-    except ValueError:
-        return False
-
-
-def command_env(request: protocol.Request, cwd: str, tokens: Dict[str, str]) -> Dict[str, str]:
-    """The environment a command runs with (see the module docstring)."""
-    env = dict(os.environ)
-    env.update(COMMAND_ENV)
-    env["GUILD_RUN_ID"] = request.run_id
-    env["GUILD_AGENT_ID"] = request.agent_id
-    token = repo_token(cwd, tokens)
-    if token is None:
-        env.pop("GH_TOKEN", None)
-    else:
-        env["GH_TOKEN"] = token
-    return env
-
-
-def start_bash(argv: List[str], cwd: str, env: Dict[str, str], stdout: int, pwd_fd: Optional[int] = None) -> proc.Child:
-    """Start argv (bash) in cwd in its own session, stdin /dev/null, stderr with
-    stdout, and pwd_fd (when given) as PWD_FD."""
-    passed = None if pwd_fd is None else (pwd_fd, PWD_FD)
-    try:
-        return proc.spawn(argv, env, stdout=stdout, stderr=proc.STDOUT, cwd=cwd, session=True, pass_fd=passed)
-    except OSError as exc:
-        raise protocol.OpError(f"cannot start bash in {cwd}: {exc.strerror}") from None
-
-
-def open_log(path: str) -> int:
-    """Open (truncate) a log for writing, refusing a link in its place."""
-    try:
-        return os.open(path, _LOG_FLAGS, 0o600)
-    except OSError as exc:
-        raise protocol.OpError(f"cannot write the log {path}: {exc.strerror}") from None
-
-
-def quote(word: str) -> str:
-    """word as one bash word: shlex.quote, without importing shlex (and re)."""
-    if not word:
-        return "''"
-    if _SHELL_SAFE.issuperset(word):
-        return word
-    return "'" + word.replace("'", "'\"'\"'") + "'"
-
-
-def command_script(command: str, spill_path: str) -> str:
-    """What to give `bash -c`: the command itself, or, when it would not fit in
-    one argv string, `. FILE` after writing it to spill_path."""
-    data = command.encode("utf-8", "surrogateescape")
-    if len(data) <= limits.COMMAND_ARGV_MAX:
-        return command
-    try:
-        runstate.atomic_write(spill_path, data)
-    except OSError as exc:
-        raise protocol.OpError(f"cannot write the command to {spill_path}: {exc.strerror}") from None
-    return f". {quote(spill_path)}"
+    return running_run_dirs(request)
 
 
 # --- foreground --------------------------------------------------------------
@@ -160,7 +82,7 @@ def open_pwd_file(folder: str, call_id: str) -> Optional[int]:
 def run_foreground(request: protocol.Request) -> protocol.Reply:
     notes: List[str] = []  # state that could not be kept, one line each (runstate)
     cwd = runstate.current_cwd(request)
-    folder = runstate.run_dir(request, notes)
+    folder = runstate.run_dir(request, notes, keep_also=_running_run_dirs)
     log = os.path.join(folder, f"{request.call_id}.log") if folder else None
     pwd_fd = open_pwd_file(folder, request.call_id) if folder else None
     try:
@@ -223,7 +145,7 @@ def _record_cwd(request: protocol.Request, folder: str, pwd_fd: Optional[int], n
         return runstate.current_cwd(request)
     final = _final_cwd(folder, pwd_fd, notes)
     if final is not None:
-        runstate.save_cwd(request, final, notes)
+        runstate.save_cwd(request, final, notes, keep_also=_running_run_dirs)
     return runstate.current_cwd(request)
 
 

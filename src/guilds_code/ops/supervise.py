@@ -60,7 +60,7 @@ def execute(child: Child, timeout: float, sink: Callable[[bytes], None]) -> Outc
         release(watchdog)
     if loop.timed_out:
         return Outcome(limits.TIMEOUT_EXIT_CODE, True)
-    return Outcome(exit_status(child.returncode), False)
+    return Outcome(exit_status(child.returncode), False)  # type: ignore[arg-type]  # reaped by run()
 
 
 def _raise_malloc_thresholds() -> None:
@@ -179,7 +179,7 @@ class _Loop:
         for fd in (self.pidfd, self.wake_r, self.wake_w):
             if fd is not None:
                 os.close(fd)
-        os.close(self.child.stdout)
+        os.close(self.child.stdout)  # type: ignore[arg-type]  # spawned with stdout=PIPE
         if self.child.returncode is None:
             signal_group(self.child.pid, signals.SIGKILL)
             self.child.wait()

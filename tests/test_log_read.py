@@ -1,20 +1,23 @@
-"""The Full output log read back: bounded, redacted at every cut, confined to the home's run logs."""
+"""The Full output log read back through the agent's sandbox (guilds-code's log_read,
+the built helper under python3 -I in the local sandbox): bounded, redacted at every
+cut, confined to the home's run logs. tests/test_docker_backend.py reads one in docker."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
+from toolbox_kit import local_toolbox, make_settings
 
-from guilds.web.logs import (
-    GONE,
-    LOG_HEAD_BYTES,
-    LOG_TAIL_BYTES,
-    HostLogReader,
-    LogUnavailable,
-    log_parts,
-    secret_lines,
-)
+from guilds.sandbox import get_sandbox
+from guilds.sandbox.bwrap_argv import unavailable
+from guilds.store import Store
+from guilds.toolbox import Toolbox
+from guilds.toolbox.log_read import log_reading
+from guilds.web.logs import LOG_HEAD_BYTES, LOG_TAIL_BYTES, HelperLogReader, LogUnavailable
+from guilds_code.ops.log_read import GONE, log_parts, secret_lines
+from guilds_code.protocol import OpError
 
 SECRET = "sk-live-0123456789abcdef"
 PEM = "-----BEGIN KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\nBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj\n-----END KEY-----"
@@ -32,8 +35,16 @@ def write_log(home, data: bytes, name: str = "c1.log") -> str:
     return str(path)
 
 
+@contextlib.asynccontextmanager
+async def reader(home, secrets=(SECRET,)):
+    """The app's reader, as serve hands it, over a toolbox of the local sandbox whose home is ``home``."""
+    async with local_toolbox(home.parent, secrets={f"SECRET_{i}": s for i, s in enumerate(secrets)}) as box:
+        yield box.settings.id, HelperLogReader(log_reading(box))
+
+
 async def read(home, path: str, secrets=(SECRET,)):
-    return await HostLogReader({"agent1": str(home)}, secrets).read("agent1", path)
+    async with reader(home, secrets) as (agent_id, logs):
+        return await logs.read(agent_id, path)
 
 
 async def test_a_short_log_whole_and_redacted(home):
@@ -128,10 +139,35 @@ def test_only_run_logs_under_the_home(path):
     if path == "/h/.runs/../.runs/r1/c1.log":
         assert log_parts("/h", path) == (".runs", "r1", "c1.log")  # normalised, still inside
         return
-    with pytest.raises(LogUnavailable, match="not a log of this agent"):
+    with pytest.raises(OpError, match="not a log of this agent"):
         log_parts("/h", path)
 
 
+async def test_a_path_outside_the_run_logs_is_refused_by_the_helper(home):
+    with pytest.raises(LogUnavailable, match="not a log of this agent"):
+        await read(home, "/etc/passwd")
+
+
 async def test_an_agent_not_served_here(home):
-    with pytest.raises(LogUnavailable, match="agent other"):
-        await HostLogReader({"agent1": str(home)}, []).read("other", str(home / ".runs/r1/c1.log"))
+    async with reader(home, ()) as (_, logs):
+        with pytest.raises(LogUnavailable, match="agent other"):
+            await logs.read("other", str(home / ".runs/r1/c1.log"))
+
+
+@pytest.mark.bwrap
+@pytest.mark.skipif(bool(unavailable()), reason=f"bwrap: {unavailable()}")
+async def test_a_log_is_read_inside_the_bwrap_sandbox(tmp_path):
+    """The same reader through bwrap: the helper opens the log in the sandbox, redacted there."""
+    settings = make_settings(tmp_path, agent={"sandbox": "bwrap"}, secrets={"API_KEY": SECRET})
+    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
+        box = Toolbox(settings, get_sandbox(settings, tmp_path / "data"), store)
+        try:
+            result = await box.call("r1", "shell", {"command": 'seq 1 30000; echo "$API_KEY"'})
+            logs = HelperLogReader(log_reading(box))
+            log = await logs.read(settings.id, result.meta["log_path"])
+            assert log.head.startswith("1\n2\n") and log.tail.endswith("30000\n[REDACTED]\n")
+            with pytest.raises(LogUnavailable, match="no longer kept"):
+                await logs.read(settings.id, result.meta["log_path"].replace(".log", "x.log"))
+        finally:
+            await box.close()
+            await box.sandbox.stop()

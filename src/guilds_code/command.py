@@ -1,0 +1,104 @@
+"""How a shell command is started, for the foreground shell op and a background start alike.
+
+The environment (the helper's own plus COMMAND_ENV, GUILD_RUN_ID,
+GUILD_AGENT_ID, and GH_TOKEN set to the token of the repository whose folder
+holds the working directory, unset elsewhere), bash started in its own session
+with stdin /dev/null and stderr with stdout, the log opened without following a
+link, and a command too long for one argv string written to a file and sourced.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import limits, proc, protocol, runstate
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional
+
+COMMAND_ENV = {
+    "PAGER": "cat",
+    "GIT_PAGER": "cat",
+    "GIT_TERMINAL_PROMPT": "0",
+    "NO_COLOR": "1",
+    "TERM": "dumb",
+    "DEBIAN_FRONTEND": "noninteractive",
+}
+PWD_FD = 87
+"""The descriptor the shell writes its final directory to: high, so a command's own
+`exec 3>...` (or flock's 9) does not take it."""
+_LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+_SHELL_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-")
+
+
+def repo_token(cwd: str, tokens: Dict[str, str]) -> Optional[str]:
+    """The token of the deepest repository folder holding cwd (whole path
+    components compared, each folder also as its links resolve), or None."""
+    best, best_len = None, -1
+    for folder, token in tokens.items():
+        for candidate in {folder, os.path.realpath(folder)}:
+            if _holds(candidate, cwd) and len(candidate) > best_len:
+                best, best_len = token, len(candidate)
+    return best
+
+
+def _holds(folder: str, path: str) -> bool:
+    try:
+        return os.path.commonpath([folder, path]) == folder
+    except ValueError:
+        return False
+
+
+def command_env(request: protocol.Request, cwd: str, tokens: Dict[str, str]) -> Dict[str, str]:
+    """The environment a command runs with (see the module docstring)."""
+    env = dict(os.environ)
+    env.update(COMMAND_ENV)
+    env["GUILD_RUN_ID"] = request.run_id
+    env["GUILD_AGENT_ID"] = request.agent_id
+    token = repo_token(cwd, tokens)
+    if token is None:
+        env.pop("GH_TOKEN", None)
+    else:
+        env["GH_TOKEN"] = token
+    return env
+
+
+def start_bash(argv: List[str], cwd: str, env: Dict[str, str], stdout: int, pwd_fd: Optional[int] = None) -> proc.Child:
+    """Start argv (bash) in cwd in its own session, stdin /dev/null, stderr with
+    stdout, and pwd_fd (when given) as PWD_FD."""
+    passed = None if pwd_fd is None else (pwd_fd, PWD_FD)
+    try:
+        return proc.spawn(argv, env, stdout=stdout, stderr=proc.STDOUT, cwd=cwd, session=True, pass_fd=passed)
+    except OSError as exc:
+        raise protocol.OpError(f"cannot start bash in {cwd}: {exc.strerror}") from None
+
+
+def open_log(path: str) -> int:
+    """Open (truncate) a log for writing, refusing a link in its place."""
+    try:
+        return os.open(path, _LOG_FLAGS, 0o600)
+    except OSError as exc:
+        raise protocol.OpError(f"cannot write the log {path}: {exc.strerror}") from None
+
+
+def quote(word: str) -> str:
+    """word as one bash word: shlex.quote, without importing shlex (and re)."""
+    if not word:
+        return "''"
+    if _SHELL_SAFE.issuperset(word):
+        return word
+    return "'" + word.replace("'", "'\"'\"'") + "'"
+
+
+def command_script(command: str, spill_path: str) -> str:
+    """What to give `bash -c`: the command itself, or, when it would not fit in
+    one argv string, `. FILE` after writing it to spill_path."""
+    data = command.encode("utf-8", "surrogateescape")
+    if len(data) <= limits.COMMAND_ARGV_MAX:
+        return command
+    try:
+        runstate.atomic_write(spill_path, data)
+    except OSError as exc:
+        raise protocol.OpError(f"cannot write the command to {spill_path}: {exc.strerror}") from None
+    return f". {quote(spill_path)}"

@@ -1,0 +1,249 @@
+"""The tree's own rules, checked on its files: what each side may import, that
+the docs' limit tables state what the limits modules hold, and that the docs
+and the code cite only files the repository has."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
+
+HELPER_IMPORTS = {
+    "guilds_code": {"guilds_code"},
+    "guilds_harness": {"guilds_harness", "guilds_code"},
+}
+"""What each in-sandbox helper may import besides the standard library: the
+harness bundles guilds_code; guilds_code stands alone."""
+
+
+def _modules(package: str) -> list[Path]:
+    return sorted((SRC / package).rglob("*.py"))
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of tree but those under ``if TYPE_CHECKING:`` (never run)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def _imported(path: Path, root: Path = SRC) -> set[str]:
+    """Every module path.py (under root) imports when it runs, anywhere in it, as a dotted absolute name."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    here = ".".join(path.relative_to(root).with_suffix("").parts)
+    if path.name == "__init__.py":
+        here = here.rsplit(".", 1)[0] + ".__init__"
+    names: set[str] = set()
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = here.rsplit(".", node.level)[0]
+                base = f"{parent}.{base}" if base else parent
+                names.update(f"{base}.{alias.name}" for alias in node.names)
+            names.add(base)
+    return names
+
+
+@pytest.mark.parametrize("package", sorted(HELPER_IMPORTS))
+def test_a_helper_imports_only_the_standard_library(package):
+    allowed = HELPER_IMPORTS[package]
+    for path in _modules(package):
+        for name in _imported(path):
+            top = name.split(".")[0]
+            assert top in sys.stdlib_module_names or top in allowed, f"{path.relative_to(SRC)} imports {name}"
+
+
+def test_the_rule_catches_a_third_party_import(tmp_path):
+    """The check above fails for an import it must refuse (not vacuous)."""
+    package = tmp_path / "guilds_code"
+    package.mkdir()
+    module = package / "bad.py"
+    module.write_text("def f():\n    import sqlalchemy\n    from guilds import cli\n")
+    names = {name.split(".")[0] for name in _imported(module, tmp_path)}
+    assert names - sys.stdlib_module_names == {"sqlalchemy", "guilds"}
+
+
+FORBIDDEN_IN_WEB = ("guilds.sandbox", "guilds.toolbox")
+"""The app reads the run record; it reaches a sandbox only through what serve hands it."""
+
+
+def test_the_app_imports_neither_the_sandboxes_nor_the_toolbox():
+    for path in _modules("guilds/web"):
+        for name in _imported(path):
+            assert not name.startswith(FORBIDDEN_IN_WEB), f"{path.relative_to(SRC)} imports {name}"
+
+
+def test_the_app_sees_no_table_and_no_engine():
+    """Every query the app needs is the store's: no module of guilds.web imports SQLAlchemy."""
+    for path in _modules("guilds/web"):
+        assert not any(name.split(".")[0] == "sqlalchemy" for name in _imported(path)), path.name
+        assert ".engine" not in path.read_text(encoding="utf-8"), path.name
+
+
+def test_importing_the_app_loads_neither_the_sandboxes_nor_the_toolbox():
+    """Also what the app's imports import (a fresh interpreter)."""
+    code = ("import sys, guilds.web; print(' '.join(m for m in sys.modules "
+            f"if m.startswith({FORBIDDEN_IN_WEB!r})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == []
+
+
+# --- the docs' limit tables -----------------------------------------------
+
+_TABLE_SOURCE = re.compile(r"All in `src/(guilds_code|guilds_harness)/limits\.py`")
+_NUMBER = re.compile(r"(?<![\w.])(\d[\d,]*(?:\.\d+)?)(?:\s*(KiB|MiB))?(?![\w.])")
+_UNITS = {"": 1, "KiB": 1024, "MiB": 1024 * 1024}
+
+
+def _limit_tables() -> list[tuple[str, str, list[list[str]]]]:
+    """(doc, limits module, rows) of every table headed `| limit | value | where |`."""
+    found = []
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        text = doc.read_text(encoding="utf-8")
+        for block in re.split(r"\n(?=\| limit \| value \| where \|)", text)[1:]:
+            lines = block.split("\n")
+            rows = []
+            for line in lines[2:]:
+                if not line.startswith("|"):
+                    break
+                rows.append([cell.strip() for cell in line.strip("|").split("|")])
+            source = _TABLE_SOURCE.search("\n".join(lines[len(rows) + 2:len(rows) + 6]))
+            assert source, f"{doc.name}: a limit table is followed by 'All in `src/<package>/limits.py`'"
+            found.append((doc.name, f"{source.group(1)}.limits", rows))
+    return found
+
+
+def _numbers(cell: str) -> set[float]:
+    return {float(n.replace(",", "")) * _UNITS[unit] for n, unit in _NUMBER.findall(cell)}
+
+
+def _constants(module, where: str) -> dict[str, float]:
+    names = re.findall(r"`([A-Z0-9_]+\*?)`", where)
+    assert names, f"no constant named in {where!r}"
+    values = {}
+    for name in names:
+        matched = [n for n in vars(module) if n == name or (name.endswith("*") and n.startswith(name[:-1]))]
+        assert matched, f"{module.__name__} has no {name}"
+        values.update({n: float(getattr(module, n)) for n in matched})
+    return values
+
+
+def test_the_docs_have_limit_tables():
+    assert {module for _, module, _ in _limit_tables()} == {"guilds_code.limits", "guilds_harness.limits"}
+
+
+@pytest.mark.parametrize("doc, module_name, rows", _limit_tables(), ids=lambda v: v if isinstance(v, str) else "")
+def test_a_limit_table_states_what_limits_holds(doc, module_name, rows):
+    module = importlib.import_module(module_name)
+    for limit, value, where in rows:
+        constants = _constants(module, where)
+        assert _numbers(value) == set(constants.values()), f"{doc}: {limit!r} says {value!r}; {constants}"
+
+
+# --- files cited ----------------------------------------------------------
+
+_CITED = re.compile(r"(?<![\w/.<-])((?:[\w-]+/)*[\w-]+\.(?:py|md|sh))\b")
+EXAMPLE_FILES = {"src/app.py", "NOTES.md"}
+"""Names a text shows as an example of a repository's files (a diffstat), not citations."""
+
+
+def _tracked() -> list[str]:
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def test_docs_and_code_cite_only_files_the_repository_has():
+    tracked = _tracked()
+    texts = [p for p in tracked if p.endswith(".md") or (p.startswith("src/") and p.endswith(".py"))]
+    missing = []
+    for path in texts:
+        for cited in _CITED.findall((ROOT / path).read_text(encoding="utf-8")):
+            if cited in EXAMPLE_FILES or any(f == cited or f.endswith("/" + cited) for f in tracked):
+                continue
+            missing.append(f"{path}: {cited}")
+    assert missing == []
+
+
+# --- the two sides' grace times ---------------------------------------------
+
+def test_a_cancelled_helper_stops_its_command_before_the_orchestrator_kills_it():
+    from guilds import limits as orchestrator
+    from guilds_code import limits as sandbox_side
+
+    assert sandbox_side.CANCEL_KILL_GRACE_SECONDS < orchestrator.EXEC_KILL_GRACE_SECONDS
+    assert sandbox_side.SHELL_DRAIN_SECONDS <= orchestrator.EXEC_DRAIN_SECONDS
+
+
+def test_the_harness_names_the_sandbox_sides_grace_times():
+    from guilds_code import limits as sandbox_side
+    from guilds_harness import limits as task
+
+    assert (task.KILL_GRACE_SECONDS, task.FINAL_EXIT_GRACE_SECONDS, task.DRAIN_SECONDS) == (
+        sandbox_side.TASK_KILL_GRACE_SECONDS, sandbox_side.TASK_FINAL_EXIT_GRACE_SECONDS,
+        sandbox_side.TASK_DRAIN_SECONDS)
+
+
+def _module_name(path: Path) -> str:
+    name = ".".join(path.relative_to(SRC).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of graph (module -> modules it imports), or []."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt):], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+@pytest.mark.parametrize("package", sorted(HELPER_IMPORTS))
+def test_a_helpers_modules_import_one_another_without_a_circle(package):
+    paths = [p for name in HELPER_IMPORTS[package] for p in _modules(name)]
+    modules = {_module_name(p) for p in paths if p.name != "__init__.py"}
+    graph = {_module_name(p): _imported(p) & modules for p in paths if p.name != "__init__.py"}
+    assert _cycle(graph) == []
+
+
+def test_the_circle_check_finds_a_circle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+
+
+def test_the_orchestrators_waits_leave_room_for_the_helpers_grace():
+    from guilds import limits as orchestrator
+    from guilds_code import limits as sandbox_side
+
+    assert orchestrator.CALL_CANCEL_WAIT_SECONDS > (
+        sandbox_side.CANCEL_KILL_GRACE_SECONDS + orchestrator.EXEC_KILL_GRACE_SECONDS)
+    assert orchestrator.SERVE_CANCEL_WAIT_SECONDS > orchestrator.CALL_CANCEL_WAIT_SECONDS
+    assert orchestrator.STDIO_STOP_WAIT_SECONDS > orchestrator.CALL_CANCEL_WAIT_SECONDS

@@ -1,0 +1,134 @@
+"""A call's result as the run record keeps it: body, trailer count and cut apart;
+the call's fields once; no secret value anywhere; older records brought up to date."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sqlite3
+from datetime import UTC, datetime
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+from toolbox_kit import local_toolbox
+
+from guilds.record_migration import split_trailer
+from guilds.store import Store, calls, metadata, normalize_url, runs
+
+SECRET = "sk-live-7f3a9c2e4b1d"
+
+
+def raw_rows(db: str) -> list[tuple]:
+    """Every cell of every table, as SQLite holds them (no code of ours in between)."""
+    with sqlite3.connect(db) as conn:
+        return [row for table in ("runs", "calls") for row in conn.execute(f"SELECT * FROM {table}")]
+
+
+async def test_the_record_never_holds_a_secret_value(tmp_path):
+    """A secret in the tool's name, the arguments, the output, the working directory
+    (metadata) and the row: the record keeps none of it, the answer neither."""
+    async with local_toolbox(tmp_path, secrets={"API_KEY": SECRET}) as box:
+        (tmp_path / "home" / f"d-{SECRET}").mkdir(parents=True)
+        answers = [
+            await box.call("r1", "shell", {"command": f"cd d-{SECRET} && echo {SECRET} && echo $API_KEY"}),
+            await box.call("r1", "file_read", {"path": f"d-{SECRET}/none.txt"}),
+            await box.call("r1", f"tool-{SECRET}", {"x": SECRET}),
+        ]
+    cells = repr(raw_rows(f"{tmp_path}/guilds.db"))
+    assert "[REDACTED]" in cells
+    for value in (SECRET, base64.b64encode(SECRET.encode()).decode().rstrip("=")):
+        assert value not in cells
+        assert all(value not in answer.text and value not in repr(answer.meta) for answer in answers)
+
+
+async def test_the_record_keeps_body_trailer_count_and_fields_apart(tmp_path):
+    async with local_toolbox(tmp_path) as box:
+        answer = await box.call("r1", "shell", {"command": "echo hello"})
+        record = await box.store.call("r1", 1)
+    assert answer.text == "hello\nremaining_tool_calls: 199"
+    (text, remaining, meta), = [(r[5], r[-1], r[7]) for r in raw_rows(f"{tmp_path}/guilds.db") if len(r) > 7]
+    assert (text, remaining) == ("hello", 199)
+    assert not {"call", "tool", "run", "seq", "started_at", "duration_ms", "row"} & set(json.loads(meta))
+    assert (record.body, record.remaining, record.trailer) == ("hello", 199, "remaining_tool_calls: 199")
+    assert record.text == answer.text and record.meta == answer.meta
+
+
+@pytest.mark.parametrize("text, split", [
+    ("out\nremaining_tool_calls: 3", ("out", "remaining_tool_calls: 3")),
+    ("out\nremaining_tool_calls: 0\n", ("out", "remaining_tool_calls: 0")),
+    ("remaining_tool_calls: 12", ("", "remaining_tool_calls: 12")),
+    ("remaining_tool_calls: 3 and more", ("remaining_tool_calls: 3 and more", "")),
+])
+def test_the_trailer_is_set_apart(text, split):
+    assert split_trailer(text) == split
+
+
+OLD_SCHEMA = """
+CREATE TABLE runs (id VARCHAR(128) PRIMARY KEY, agent_id VARCHAR(128) NOT NULL, created_at DATETIME NOT NULL,
+  updated_at DATETIME NOT NULL, next_seq INTEGER NOT NULL, used_calls INTEGER NOT NULL, admitted_seq INTEGER NOT NULL);
+CREATE TABLE calls (run_id VARCHAR(128) NOT NULL REFERENCES runs (id), seq INTEGER NOT NULL,
+  call_id VARCHAR(128) NOT NULL, tool TEXT NOT NULL, args JSON NOT NULL, text TEXT, is_error BOOLEAN NOT NULL,
+  meta JSON, cut BOOLEAN NOT NULL, counted BOOLEAN NOT NULL, status VARCHAR(16) NOT NULL,
+  started_at DATETIME NOT NULL, finished_at DATETIME, duration_ms INTEGER, row TEXT, PRIMARY KEY (run_id, seq));
+INSERT INTO runs VALUES ('r1', 'a1', '2025-01-02 03:04:05.000000', '2025-01-02 03:04:06.000000', 3, 3, 3);
+INSERT INTO calls VALUES ('r1', 1, 'c1', 'shell', '{"command": "echo hi"}', 'hi
+remaining_tool_calls: 9', 0, '{"exit_code": 0, "call": "c1", "tool": "shell", "run": "r1", "seq": 1,
+  "started_at": "2025-01-02T03:04:05.000+00:00", "duration_ms": 7, "row": "Run echo hi"}', 0, 1, 'done',
+  '2025-01-02 03:04:05.000000', '2025-01-02 03:04:05.007000', 7, 'Run echo hi');
+INSERT INTO calls VALUES ('r1', 2, 'c2', 'shell', '{"command": "sleep 9"}', NULL, 0, NULL, 0, 1, 'running',
+  '2025-01-02 03:04:06.000000', NULL, NULL, NULL);
+"""
+
+
+async def test_an_older_record_is_brought_up_to_date_once(tmp_path):
+    db = tmp_path / "guilds.db"
+    with sqlite3.connect(db) as conn:
+        conn.executescript(OLD_SCHEMA)
+    for _ in range(2):  # a second setup finds nothing left to do
+        async with Store(f"sqlite:///{db}") as store:
+            done, running = await store.calls("r1")
+    assert (done.body, done.remaining, done.text) == ("hi", 9, "hi\nremaining_tool_calls: 9")
+    assert done.meta == {"exit_code": 0, "call": "c1", "tool": "shell", "run": "r1", "seq": 1,
+                         "started_at": "2025-01-02T03:04:05.000+00:00", "duration_ms": 7, "row": "Run echo hi"}
+    assert (running.body, running.remaining, running.meta, running.text) == (None, None, None, None)
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT meta FROM calls WHERE seq = 1").fetchone() == ('{"exit_code": 0}',)
+    assert done.started_at == datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+PG_URL = os.environ.get("GUILDS_TEST_POSTGRES_URL")
+
+
+def _old_metadata() -> sa.MetaData:
+    """The run record as older versions made it: no ``remaining`` column."""
+    old = sa.MetaData()
+    for table in (runs, calls):
+        table.to_metadata(old)
+    old.tables["calls"]._columns.remove(old.tables["calls"].c.remaining)
+    return old
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+async def test_an_older_record_is_brought_up_to_date_on_either_database(tmp_path, backend):
+    if backend == "postgresql" and not PG_URL:
+        pytest.skip("GUILDS_TEST_POSTGRES_URL is not set")
+    url = normalize_url(PG_URL if backend == "postgresql" else f"sqlite:///{tmp_path}/guilds.db")
+    engine = create_async_engine(url)
+    old, t0 = _old_metadata(), datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.drop_all)
+        await conn.run_sync(old.create_all)
+        await conn.execute(sa.insert(old.tables["runs"]).values(
+            id="r1", agent_id="a1", created_at=t0, updated_at=t0, next_seq=2, used_calls=1, admitted_seq=1))
+        await conn.execute(sa.insert(old.tables["calls"]).values(
+            run_id="r1", seq=1, call_id="c1", tool="shell", args={"command": "echo hi"},
+            text="hi\nremaining_tool_calls: 9", is_error=False, cut=False, counted=True, status="done",
+            meta={"exit_code": 0, "call": "c1", "tool": "shell", "run": "r1", "seq": 1, "row": "Run echo hi"},
+            started_at=t0, finished_at=t0, duration_ms=7, row="Run echo hi"))
+    await engine.dispose()
+    async with Store(url) as store:
+        (done,) = await store.calls("r1")
+    assert (done.body, done.remaining, done.text) == ("hi", 9, "hi\nremaining_tool_calls: 9")
+    assert done.meta["exit_code"] == 0 and done.meta["row"] == "Run echo hi" and done.meta["seq"] == 1
