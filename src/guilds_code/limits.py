@@ -131,3 +131,7 @@ CANCEL_KILL_GRACE_SECONDS = 1.0
 the command's group and SIGKILL this much later: the command runs in its own
 session, so nothing else would end it, and the orchestrator's own SIGKILL of
 the helper follows 2 s after its SIGTERM."""
+
+# --- notes on a shell result -------------------------------------------------
+PROMPT_MAX_CHARS = 120
+"""A prompt quoted in '[it seemed to wait for input: ...]' is clipped to this."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 
-from .. import limits, proc, protocol, runstate, shaping
+from .. import limits, notes, proc, protocol, runstate, shaping
 from .supervise import execute
 
 TYPE_CHECKING = False
@@ -41,6 +41,17 @@ COMMAND_ENV = {
     "NO_COLOR": "1",
     "TERM": "dumb",
     "DEBIAN_FRONTEND": "noninteractive",
+    # Nothing may stop to ask: stdin is closed and there is no terminal, so a
+    # prompt would only sit until the timeout. Each names the non-asking answer.
+    "GIT_EDITOR": "true",  # commit, merge, tag messages: keep git's default message
+    "GIT_SEQUENCE_EDITOR": "true",  # rebase -i: run the todo list as written
+    "EDITOR": "true",  # crontab -e, gh, anything else that opens $EDITOR
+    "VISUAL": "true",  # the same, for programs that ask $VISUAL first
+    "GIT_ASKPASS": "echo",  # a git credential prompt gets an empty answer and fails
+    "SSH_ASKPASS": "echo",  # the same for ssh, when it would use askpass at all...
+    "SSH_ASKPASS_REQUIRE": "never",  # ...which it never does: it fails instead of asking
+    "PIP_NO_INPUT": "1",  # pip fails rather than asking (credentials, confirmations)
+    "npm_config_yes": "true",  # npx and npm init install or proceed without asking
 }
 _LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 _SHELL_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-")
@@ -141,7 +152,8 @@ def run_foreground(request: protocol.Request) -> protocol.Reply:
     capture, outcome = _run_logged(request, cwd, log, pwd_file)
     new_cwd = _record_cwd(request, folder, pwd_file)
     trailers = _trailers(outcome, request.args["timeout_seconds"])
-    text, elided = shaping.render(capture, request.max_bytes, log, trailers)
+    trailers[-1:-1] = notes.after_run(capture, outcome.timed_out, request.home, cwd, new_cwd)
+    text, elided = shaping.render(capture, request.max_bytes, log, [t for t in trailers if t])
     meta = {"exit_code": outcome.exit_code, "cwd": new_cwd, "timed_out": outcome.timed_out}
     if elided:
         meta["log_path"] = log
@@ -175,9 +187,10 @@ def _record_cwd(request: protocol.Request, folder: str, pwd_file: str) -> str:
 
 
 def _trailers(outcome: Outcome, timeout: int) -> List[str]:
+    """The closing lines; the last is the exit code line, or "" when none (dropped)."""
     if outcome.timed_out:
         return [f"[timed out after {timeout}s; the command was stopped]", f"exit_code: {outcome.exit_code}"]
-    return [f"exit_code: {outcome.exit_code}"] if outcome.exit_code else []
+    return [f"exit_code: {outcome.exit_code}" if outcome.exit_code else ""]
 
 
 def _final_cwd(folder: str, pwd_file: str) -> Optional[str]:
