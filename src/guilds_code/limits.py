@@ -135,3 +135,17 @@ the helper follows 2 s after its SIGTERM."""
 # --- notes on a shell result -------------------------------------------------
 PROMPT_MAX_CHARS = 120
 """A prompt quoted in '[it seemed to wait for input: ...]' is clipped to this."""
+
+# --- error lines in an elided part -------------------------------------------
+ERROR_LINES_MAX = 5
+"""An elision lists at most this many error lines of what it left out, the first first."""
+ERROR_LINE_MAX_CHARS = 160
+"""Each listed error line is clipped to this many characters."""
+ERROR_SCAN_MAX_BYTES = 64 * 1024 * 1024
+"""At most this much of a log is read looking for error lines: bounds the time
+an elided result of gigabytes spends on it (measured in docs/benchmarks.md)."""
+ERROR_SCAN_SECONDS = 1.0
+"""...and for at most this long: a log whose every line holds a near miss
+("0 errors") is read at about 4 MB/s, one without any at about 150 MB/s."""
+ERROR_LINE_SCAN_BYTES = 1024 * 1024
+"""A line without a newline longer than this is matched in pieces of this size."""

@@ -153,13 +153,28 @@ def run_foreground(request: protocol.Request) -> protocol.Reply:
     new_cwd = _record_cwd(request, folder, pwd_file)
     trailers = _trailers(outcome, request.args["timeout_seconds"])
     trailers[-1:-1] = notes.after_run(capture, outcome.timed_out, request.home, cwd, new_cwd)
-    text, elided = shaping.render(capture, request.max_bytes, log, [t for t in trailers if t])
+    out = shaping.render_full(capture, request.max_bytes, log, [t for t in trailers if t],
+                              find_errors=_error_finder(request, log))
     meta = {"exit_code": outcome.exit_code, "cwd": new_cwd, "timed_out": outcome.timed_out}
-    if elided:
+    if out.elided:
         meta["log_path"] = log
+        meta["bytes_elided"] = out.elided_bytes
+        if out.error_lines:
+            meta["error_lines"] = out.error_lines
     else:
         runstate.unlink_quietly(log)
-    return protocol.Reply(text=text, meta=meta)
+    return protocol.Reply(text=out.text, meta=meta)
+
+
+def _error_finder(request: protocol.Request, log: str):
+    """find_errors for render_full: the log's first error lines from a line on."""
+
+    def find(first_line: int):
+        from .. import errorlines  # only when output was elided
+
+        return errorlines.scan(log, first_line, runstate.redactor_for(request))
+
+    return find
 
 
 def _run_logged(request: protocol.Request, cwd: str, log: str, pwd_file: str):

@@ -24,7 +24,7 @@ from .background import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional
+    from typing import Any, Dict, List, Optional, Tuple
 
     from ..redact import Redactor
 
@@ -93,7 +93,9 @@ def _check(request: protocol.Request, folder: str, st: Status) -> protocol.Reply
     redactor = runstate.redactor_for(request)
     log = str(st.record.get("log_path", ""))
     header = f"{_summary(st, redactor)}\nlog: {log}"
-    tail = _log_tail(log, redactor)
+    tail, window = _log_tail(log, redactor)
+    errors = _errors_before(log, window, redactor)
+    header += "".join("\n" + line for line in errors)
     budget = request.max_bytes - shaping.utf8_len(header) - 1
     if tail is None:
         body = "the log is missing"
@@ -104,7 +106,23 @@ def _check(request: protocol.Request, folder: str, st: Status) -> protocol.Reply
             tail, max(0, budget - 40), log, [], head_max=0
         )[0]
     text = shaping.cap_text(f"{header}\n{body}", request.max_bytes)
-    return protocol.Reply(text=text, meta=_meta(st))
+    meta = _meta(st)
+    if errors:
+        meta["error_lines"] = [int(line.split(":", 1)[0]) for line in errors[1:]]
+    return protocol.Reply(text=text, meta=meta)
+
+
+BEFORE_TAIL_HEADER = f"[error lines before the last {limits.STATUS_TAIL_LINES} lines, by line number in the log:]"
+
+
+def _errors_before(log: str, window: int, redactor: Redactor) -> List[str]:
+    """The lines listing the log's first error lines before byte `window` ([] if none)."""
+    if window <= 0:
+        return []
+    from .. import errorlines  # only for a log longer than its last lines
+
+    found = errorlines.scan(log, 1, redactor, stop_offset=window)
+    return [BEFORE_TAIL_HEADER] + [f"{line}: {text}" for line, text in found] if found else []
 
 
 def _meta(st: Status) -> Dict[str, Any]:
@@ -114,21 +132,36 @@ def _meta(st: Status) -> Dict[str, Any]:
     return meta
 
 
-def _log_tail(path: str, redactor: Redactor) -> Optional[shaping.Capture]:
-    """The last STATUS_TAIL_LINES lines of the log, shaped, in a Capture."""
-    raw = read_tail(path, limits.STATUS_TAIL_LINES, limits.STATUS_TAIL_MAX_BYTES)
-    if raw is None:
-        return None
+def _log_tail(path: str, redactor: Redactor) -> Tuple[Optional[shaping.Capture], int]:
+    """The last STATUS_TAIL_LINES lines of the log, shaped, in a Capture; and the
+    log's byte offset where those lines start (0: the view shows all of it)."""
+    read = read_tail(path, limits.STATUS_TAIL_LINES, limits.STATUS_TAIL_MAX_BYTES, with_end=True)
+    if read is None:
+        return None, 0
+    raw, end = read
     shaped = shaping.shape_bytes(raw, redactor).rstrip(b"\n")
     lines = shaped.split(b"\n")[-limits.STATUS_TAIL_LINES :]
     capture = shaping.Capture(limits.PLATFORM_CAP_BYTES)
     capture.add(b"\n".join(lines))
-    return capture
+    return capture, end - len(raw) + _window_start(raw, len(lines))
 
 
-def read_tail(path: str, lines: int, cap: int) -> Optional[bytes]:
+def _window_start(raw: bytes, count: int) -> int:
+    """Where the last `count` lines of raw start (raw's lines map one for one to
+    the shaped ones; trailing empty lines are not shown)."""
+    body = raw.rstrip(b"\n")
+    pos = len(body)
+    for _ in range(count):
+        pos = body.rfind(b"\n", 0, pos)
+        if pos < 0:
+            return 0
+    return pos + 1
+
+
+def read_tail(path: str, lines: int, cap: int, with_end: bool = False):
     """The end of a file holding at least `lines` lines (or all of it), read
-    backwards in READ_CHUNK blocks, at most cap bytes; None if unreadable."""
+    backwards in READ_CHUNK blocks, at most cap bytes; None if unreadable.
+    with_end: (those bytes, the file's size when read)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -142,7 +175,7 @@ def read_tail(path: str, lines: int, cap: int) -> Optional[bytes]:
             size = min(limits.READ_CHUNK, pos, cap - (end - pos))
             pos -= size
             data = os.pread(fd, size, pos) + data
-        return data
+        return (data, end) if with_end else data
     finally:
         os.close(fd)
 
