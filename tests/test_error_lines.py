@@ -136,9 +136,12 @@ def test_a_scan_reads_at_most_its_limit(tmp_path):
     log = tmp_path / "big.log"
     filler = b"ok\n" * (limits.ERROR_SCAN_MAX_BYTES // 3)
     log.write_bytes(filler + b"error: past the limit\n")
-    assert errorlines.scan(str(log), 1, None) == []
+    assert errorlines.scan(str(log), 1, None, seconds=120) == []
     log.write_bytes(filler[: -6] + b"error\n")
-    assert errorlines.scan(str(log), 1, None) == [(len(filler) // 3 - 1, "error")]
+    assert errorlines.scan(str(log), 1, None, seconds=120) == [(len(filler) // 3 - 1, "error")]
+    began = time.monotonic()
+    assert errorlines.scan(str(log), 1, None, seconds=0.05) == []  # the clock stops it first
+    assert time.monotonic() - began < 0.05 + 1.0
 
 
 def test_a_scan_starts_at_its_first_line_and_stops_before_its_offset(tmp_path):

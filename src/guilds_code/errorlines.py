@@ -58,14 +58,15 @@ _ANSI_BYTES = re.compile(
 )
 
 def scan(path: str, first_line: int, redactor: Optional[Redactor], stop_offset: Optional[int] = None,
-         want: int = limits.ERROR_LINES_MAX) -> List[Tuple[int, str]]:
+         want: int = limits.ERROR_LINES_MAX, seconds: float = limits.ERROR_SCAN_SECONDS) -> List[Tuple[int, str]]:
     """The first `want` error lines of the log from line first_line (1-based) on,
-    before byte stop_offset when given; [] when the log cannot be read."""
+    before byte stop_offset when given, found within `seconds`; [] when the log
+    cannot be read."""
     fd = _open_log(path)
     if fd is None:
         return []
     try:
-        return _Scanner(first_line, redactor, want).run(fd, _read_limit(fd, stop_offset))
+        return _Scanner(first_line, redactor, want).run(fd, _read_limit(fd, stop_offset), seconds)
     except OSError:
         return []
     finally:
@@ -96,9 +97,9 @@ class _Scanner:
         self.line = 1  # the number of the line the pending bytes start
         self.found: List[Tuple[int, str]] = []
 
-    def run(self, fd: int, limit: int) -> List[Tuple[int, str]]:
+    def run(self, fd: int, limit: int, seconds: float) -> List[Tuple[int, str]]:
         carry, offset = b"", 0
-        deadline = time.monotonic() + limits.ERROR_SCAN_SECONDS
+        deadline = time.monotonic() + seconds
         while offset < limit and len(self.found) < self.want and time.monotonic() < deadline:
             chunk = os.pread(fd, min(limits.READ_CHUNK, limit - offset), offset)
             if not chunk:
