@@ -149,3 +149,23 @@ ERROR_SCAN_SECONDS = 1.0
 ("0 errors") is read at about 4 MB/s, one without any at about 150 MB/s."""
 ERROR_LINE_SCAN_BYTES = 1024 * 1024
 """A line without a newline longer than this is matched in pieces of this size."""
+
+# --- shell_status wait and until -----------------------------------------------
+STATUS_WAIT_MIN = 1
+STATUS_WAIT_MAX = 600
+"""shell_status wait: 1 to 600 seconds, as a shell timeout."""
+STATUS_UNTIL_WAIT_DEFAULT = 60
+"""How long an until without a wait waits at most."""
+UNTIL_MAX_CHARS = 1000
+"""An until pattern longer than this is refused."""
+UNTIL_LINE_MAX_CHARS = 200
+"""The line quoted in 'matched: <line>' (and meta matched) is clipped to this."""
+UNTIL_LINE_SCAN_BYTES = 64 * 1024
+"""A new log line longer than this without a newline is matched in pieces of this size."""
+WAIT_POLL_MIN_SECONDS = 0.05
+WAIT_POLL_MAX_SECONDS = 0.5
+"""Looking for new log lines (until), the helper sleeps between looks from the
+first to the second, doubling while the log does not grow and back to the first
+when it does: one fstat a look, so a 10-minute wait costs a few ms of CPU. A
+command's end wakes it at once through a pidfd (without one, it is seen at the
+next look)."""

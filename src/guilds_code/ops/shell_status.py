@@ -44,14 +44,42 @@ def run(request: protocol.Request) -> protocol.Reply:
     """shell_status: list, check one (id), or stop one (id, stop)."""
     folder = background_dir(request)
     bid = request.args["id"]
+    waits = request.args["wait"] is not None or request.args["until"] is not None
     if bid is None:
-        return _list(request, folder)
+        return _wait_any(request, folder) if waits else _list(request, folder)
     record = load_record(folder, bid)
     if record is None:
         raise protocol.OpError(f"id: no background command {bid}")
     if request.args["stop"]:
         return _stop(request, folder, bid, record)
+    if waits:
+        return _wait_check(request, folder, bid, record)
     return _check(request, folder, status(folder, bid, record, proc.live_groups()))
+
+
+def _wait_check(request: protocol.Request, folder: str, bid: str, record: Dict[str, Any]) -> protocol.Reply:
+    """Check one command after waiting on it (ops/waiting.py); what ended the wait first."""
+    from . import waiting
+
+    before = status(folder, bid, record, proc.live_groups())
+    waited = waiting.wait_one(request, record, before.state in ("running", "stopping"))
+    reply = _check(request, folder, status(folder, bid, record, proc.live_groups()), lead=waited.line)
+    reply.meta["waited_ms"] = waited.waited_ms
+    if request.args["until"] is not None:
+        reply.meta["matched"] = waited.matched
+    return reply
+
+
+def _wait_any(request: protocol.Request, folder: str) -> protocol.Reply:
+    """List the commands after waiting for any running one to end."""
+    from . import waiting
+
+    live = proc.live_groups()
+    running = waiting.running_records(folder, lambda bid, record: status(folder, bid, record, live).state)
+    waited = waiting.wait_any(request, folder, running)
+    reply = _list(request, folder, lead=waited.line)
+    reply.meta["waited_ms"] = waited.waited_ms
+    return reply
 
 
 def _summary(st: Status, redactor: Redactor) -> str:
@@ -61,7 +89,8 @@ def _summary(st: Status, redactor: Redactor) -> str:
     return f"{st.bid} {st.state} {shaping.elapsed(st.elapsed)} {first}"
 
 
-def _list(request: protocol.Request, folder: str) -> protocol.Reply:
+def _list(request: protocol.Request, folder: str, lead: Optional[str] = None) -> protocol.Reply:
+    """Every command's line; after a lead line (what ended a wait) when given."""
     redactor = runstate.redactor_for(request)
     live = proc.live_groups()
     lines = []
@@ -70,9 +99,11 @@ def _list(request: protocol.Request, folder: str) -> protocol.Reply:
         record = load_record(folder, bid)
         if record is not None:
             lines.append(_summary(status(folder, bid, record, live), redactor))
+    first = "" if lead is None else lead + "\n"
     if not lines:
-        return protocol.Reply(text="no background commands", meta={})
-    return protocol.Reply(text=_fit_newest(lines, request.max_bytes), meta={})
+        return protocol.Reply(text=first + "no background commands", meta={})
+    room = request.max_bytes - shaping.utf8_len(first)
+    return protocol.Reply(text=first + _fit_newest(lines, room), meta={})
 
 
 def _fit_newest(lines: List[str], max_bytes: int) -> str:
@@ -89,10 +120,14 @@ def _fit_newest(lines: List[str], max_bytes: int) -> str:
     return shaping.cap_text("\n".join(head + kept[::-1]), max_bytes)
 
 
-def _check(request: protocol.Request, folder: str, st: Status) -> protocol.Reply:
+def _check(request: protocol.Request, folder: str, st: Status, lead: Optional[str] = None) -> protocol.Reply:
+    """The command's line, its log, error lines before its last lines, its last lines;
+    after a lead line (what ended a wait) when given."""
     redactor = runstate.redactor_for(request)
     log = str(st.record.get("log_path", ""))
     header = f"{_summary(st, redactor)}\nlog: {log}"
+    if lead is not None:
+        header = f"{lead}\n{header}"
     tail, window = _log_tail(log, redactor)
     errors = _errors_before(log, window, redactor)
     header += "".join("\n" + line for line in errors)
