@@ -1,6 +1,6 @@
 """`guilds`: the user's commands. Fronts only translate; the toolbox does the work.
 
-    guilds call TOOL 'JSON ARGS' [--home DIR] [--run ID] [--config FILE] [--json]
+    guilds call TOOL 'JSON ARGS' [--home DIR] [--run ID] [--config FILE] [--json] [--context-reset]
     guilds tools [--format anthropic|openai|mcp]
     guilds serve [--home DIR] [--port N] [--sandbox NAME] [--config FILE]
     guilds mcp [--home DIR] [--sandbox NAME] [--config FILE]
@@ -43,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("--run", help="the run id (default: a new run)")
     call.add_argument("--config", help="the settings file (default: <data folder>/settings.toml)")
     call.add_argument("--json", action="store_true", help='print {"text", "is_error", "meta"}')
+    call.add_argument("--context-reset", action="store_true",
+                      help="the model's context was compacted or rewound: no file_read points before this call")
     tools = sub.add_parser("tools", help="print the tool definitions as JSON")
     tools.add_argument("--format", choices=sorted(FORMATS), default="anthropic")
     helps = {"serve": "the app at http://127.0.0.1:PORT/ and the MCP endpoint at /mcp",
@@ -103,7 +105,8 @@ async def _call(opts: argparse.Namespace, env: Mapping[str, str]) -> dict[str, A
     settings = _settings(opts, data, env)
     sandbox = get_sandbox(settings, data)
     async with Store(database_url(data, env)) as store:
-        result = await Toolbox(settings, sandbox, store).call(opts.run or new_run_id(), opts.tool, args)
+        result = await Toolbox(settings, sandbox, store).call(opts.run or new_run_id(), opts.tool, args,
+                                                             context_reset=opts.context_reset)
     return {"text": result.text, "is_error": result.is_error, "meta": result.meta}
 
 

@@ -43,6 +43,9 @@ Contract:
   handshake era): derived from that id. A client may name the run itself
   with ``_meta["guilds/run"]`` on the call (the 2026-07-28 era's HTTP has no
   session: without that key each call there is a run of its own).
+- Context resets: ``_meta["guilds/context_reset"]: true`` on a call says the
+  model's context was compacted or rewound before it (``Toolbox.context_reset``):
+  no file_read points to a result from before that call.
 - Progress: while a call runs, ``notifications/progress`` every
   PROGRESS_SECONDS with the elapsed seconds, when the client sent a token.
 - Cancel: the client's cancel, its disconnect, or the server's shutdown
@@ -91,6 +94,9 @@ META_KEY = "guilds/meta"
 """Where a result's metadata travels: ``_meta["guilds/meta"]``."""
 RUN_KEY = "guilds/run"
 """A request ``_meta`` key naming the run a call belongs to."""
+CONTEXT_RESET_KEY = "guilds/context_reset"
+"""A request ``_meta`` key: true when the model's context was compacted or
+rewound before this call (Toolbox.context_reset): no read points before it."""
 RUN_PREFIX = "mcp-"
 SESSION_HEADER = "mcp-session-id"
 PROGRESS_SECONDS = 1.0
@@ -223,7 +229,8 @@ class _Front:
         try:
             if not self.toolbox.tools():
                 return error_result(CODING_OFF.format(name=name))
-            result = await run_call(self.toolbox.call(self.run_for(request), name, arguments),
+            reset = (request.meta or {}).get(CONTEXT_RESET_KEY) is True if request is not None else False
+            result = await run_call(self.toolbox.call(self.run_for(request), name, arguments, context_reset=reset),
                                     functools.partial(_progress, request, name))
         except GuildsError as exc:
             return error_result(str(exc))

@@ -13,6 +13,8 @@ Tables:
            pipeline's cap), counted (against the budget), status (running, done,
            or cancelled),
            started_at, finished_at, duration_ms, row
+    context_marks  run_id, after_seq, at: the run's model context was compacted
+           or rewound after its call after_seq
 
 Seqs and budget slots are given out by one ``INSERT INTO runs ... ON CONFLICT DO
 UPDATE ... RETURNING`` in the transaction that inserts the call: atomic on PostgreSQL (a row lock) and on
@@ -73,6 +75,15 @@ calls = sa.Table(
     sa.Column("duration_ms", sa.Integer),
     sa.Column("row", sa.Text),
 )
+context_marks = sa.Table(
+    "context_marks", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_id", sa.String(128), nullable=False, index=True),
+    sa.Column("after_seq", sa.Integer, nullable=False),
+    sa.Column("at", _TS, nullable=False),
+)
+"""Where a run's model context was compacted or rewound: no file_read points to
+a call at or before after_seq (toolbox/ledger.py)."""
 
 
 _INSERT_CALL = sa.insert(calls)
@@ -202,6 +213,20 @@ class Store:
         params = {"run_id": run_id, "before_seq": before_seq}
         async with self.engine.connect() as conn:
             return [(seq, meta) for seq, meta in (await conn.execute(_FILE_READS, params)).all()]
+
+    async def mark_context_reset(self, run_id: str, at: datetime) -> int:
+        """Record that the run's model context was compacted or rewound now; the
+        run's last seq given out (0 for a run with no call yet)."""
+        async with self._writing() as conn:
+            last = (await conn.execute(sa.select(runs.c.next_seq).where(runs.c.id == run_id))).scalar()
+            await conn.execute(sa.insert(context_marks), {"run_id": run_id, "after_seq": last or 0, "at": at})
+        return last or 0
+
+    async def context_reset_seq(self, run_id: str) -> int:
+        """The seq after which the run's latest context reset came (0: none)."""
+        query = sa.select(sa.func.max(context_marks.c.after_seq)).where(context_marks.c.run_id == run_id)
+        async with self.engine.connect() as conn:
+            return (await conn.execute(query)).scalar() or 0
 
     async def list_runs(self, agent_id: str | None = None, *, limit: int = DEFAULT_PAGE,
                         offset: int = 0) -> list[RunRecord]:

@@ -146,14 +146,30 @@ class Toolbox:
                 await self.sandbox.start()
                 self._started = True
 
-    async def call(self, run_id: str, tool: str, args: Any) -> CallResult:
-        """Run one tool call of a run through the whole pipeline, and record it.
+    async def context_reset(self, run_id: str) -> int:
+        """Say that the model's context for run_id was compacted or rewound.
 
-        A call cancelled while it runs is recorded as ``cancelled`` (an error),
-        then the cancellation goes on; any other surprise is recorded as
-        ``internal error: <type>`` and raised.
+        From now on no file_read of the run is answered with a pointer to a
+        result from before this point: the model may no longer hold that text,
+        so the first read of a file after it returns content. Recorded in the
+        run record, so every process serving the run follows it. Returns the
+        run's last seq before the reset (0 for a run with no call yet).
         """
         check_run_id(run_id)
+        return await self.store.mark_context_reset(run_id, datetime.now(timezone.utc))
+
+    async def call(self, run_id: str, tool: str, args: Any, *, context_reset: bool = False) -> CallResult:
+        """Run one tool call of a run through the whole pipeline, and record it.
+
+        context_reset: the model's context was compacted or rewound just
+        before this call (``context_reset`` first). A call cancelled while it
+        runs is recorded as ``cancelled`` (an error), then the cancellation
+        goes on; any other surprise is recorded as ``internal error: <type>``
+        and raised.
+        """
+        check_run_id(run_id)
+        if context_reset:
+            await self.context_reset(run_id)
         if not isinstance(tool, str):
             raise BadInput(f"tool: must be a string, got {tool!r}")
         started_at, t0 = datetime.now(timezone.utc), time.monotonic()
