@@ -14,7 +14,9 @@ One call, in order:
    error results here, and only here;
 4. the pipeline: redaction, the 64 KiB cap, the ``remaining_tool_calls`` trailer;
 5. the result is recorded with its metadata (the helper's, plus ``call``,
-   ``tool``, ``run``, ``seq``, ``started_at``, ``duration_ms`` and ``row``).
+   ``tool``, ``run``, ``seq``, ``started_at``, ``duration_ms`` and ``row``,
+   and what shaping saved: ``secrets_redacted``, ``pointer_bytes_saved``, see
+   savings.py).
 
 Every admitted call counts against the budget, also one that failed.
 """
@@ -42,6 +44,7 @@ from ..store import Store
 from . import transport
 from .ledger import earlier_reads
 from .pipeline import redact_meta, run_pipeline
+from .savings import savings_meta
 from .tools import TOOL_NAMES, ToolSpec, tool_specs
 
 BUDGET_REFUSED = (
@@ -239,6 +242,7 @@ class Toolbox:
         row = self._redactor.redact(row_text(call.tool, call.args, outcome.meta, outcome.is_error))
         meta = {
             **redact_meta(self._redactor, outcome.meta),
+            **await savings_meta(self.store, call.run_id, call.tool, outcome.meta, shaped.text),
             "call": call.call_id, "tool": redact_meta(self._redactor, call.tool), "run": call.run_id, "seq": call.seq,
             "started_at": call.started_at.isoformat(timespec="milliseconds"),
             "duration_ms": duration_ms, "row": row,

@@ -38,6 +38,7 @@ from . import queries
 from .events import RETRY_MS, call_updates, sse_message
 from .flow import FlowPage, flow_item, flow_page, redact_call, runs_page
 from .logs import LogReader, LogUnavailable
+from .savings import run_savings_of
 from .views import CallPage, call_page, log_view
 
 HERE = Path(__file__).parent
@@ -101,7 +102,8 @@ class WebApp:
 
     async def run(self, request: Request, opened: CallPage | None = None) -> Response:
         run = await self._run(request)
-        return self.page("run.html", run=run, flow=await self._flow(run.id, None), opened=opened)
+        return self.page("run.html", run=run, flow=await self._flow(run.id, None), opened=opened,
+                         savings=await run_savings_of(self.store, run.id))
 
     async def earlier(self, request: Request) -> Response:
         run = await self._run(request)
