@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import httpx2
 import uvicorn
 
+from guilds.auth import Lock, host_names
 from guilds.rows import row_text
 from guilds.sandbox.local import LocalSandbox
 from guilds.serve import build_app
@@ -56,6 +57,8 @@ SMALL_CALLS, PAGE_CALLS = 10, 200
 RESULT = "".join(f"line {i:04d} of a test run: ok\n" for i in range(140))[:4096]
 STATIC = "/static/app.css"
 HX = {"HX-Request": "true"}
+TOKEN = "bench-token-0123456789abcdefghijklmnopqrstu"
+"""The served app's token: every request carries it, as a client of `guilds serve` does."""
 
 
 async def record(store: Store, seq_hint: int, agent: str = "agent1", run: str = RUN) -> int:
@@ -156,14 +159,16 @@ async def main(n: int, repeat: int) -> None:
             for run, count in ((SMALL, SMALL_CALLS), (PAGE, PAGE_CALLS)):
                 for i in range(1, count + 1):
                     await record(store, i, run=run)
-            app = build_app(settings, store, Toolbox(settings, LocalSandbox(settings, f"{tmp}/data"), store))
+            lock = Lock(TOKEN, host_names("127.0.0.1"))
+            app = build_app(settings, store, Toolbox(settings, LocalSandbox(settings, f"{tmp}/data"), store), lock=lock)
             server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
             task = asyncio.create_task(server.serve())
             while not server.started:
                 await asyncio.sleep(0.02)
             port = server.servers[0].sockets[0].getsockname()[1]
             try:
-                async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+                async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30,
+                                              headers={"Authorization": f"Bearer {TOKEN}"}) as client:
                     t = await interleaved(client, requests(n), repeat)
                     live = await live_latency(client, store, n, min(repeat, 20))
             finally:

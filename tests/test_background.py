@@ -254,3 +254,57 @@ def test_run_folder_of_a_running_command_outlives_pruning(bg):
     os.utime(runs / "run1", (past, past))
     ok_text(bg.call("shell", {"command": "true"}, run_id="after-stop"))
     assert "run1" not in os.listdir(runs)
+
+
+def _victim_group(leader_exits: bool) -> subprocess.Popen:
+    """A real process group this sandbox did not start (its leader gone when leader_exits)."""
+    script = "sleep 60 & exit 0" if leader_exits else "sleep 60; :"
+    victim = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    if leader_exits:
+        victim.wait()
+    return victim
+
+
+def _forge(sandbox, bid: str, pid: int) -> None:
+    """The agent's own command rewrites record bid to name group pid, with its real start time."""
+    folder = sandbox.state / sandbox.agent_id / "background"
+    command = (
+        f"f={folder}/{bid}.json; st=$(cut -d' ' -f22 /proc/{pid}/stat 2>/dev/null || echo 0); "
+        f"sed -E -i \"s/\\\"pid\\\": [0-9]+/\\\"pid\\\": {pid}/; s/\\\"start_time\\\": [0-9]+/\\\"start_time\\\": ${{st:-0}}/\" $f; cat $f"
+    )
+    text = ok_text(sandbox.call("shell", {"command": command}))
+    assert f'"pid": {pid}' in text
+
+
+@pytest.mark.parametrize("leader_exits", [False, True])
+def test_forged_record_never_steers_stop_at_another_group(bg, leader_exits):
+    bid, _, _ = start(bg, "sleep 0.2")
+    wait_state(bg, bid, "exited")
+    for name in os.listdir(bg.state / "agent1" / "background"):
+        if name.startswith(".exit-"):
+            os.unlink(bg.state / "agent1" / "background" / name)  # no exit status: looks live
+    victim = _victim_group(leader_exits)
+    try:
+        _forge(bg, bid, victim.pid)
+        text = ok_text(status(bg, id=bid, stop=True))
+        assert text.startswith((f"{bid} is not running", f"not stopped {bid}: its process group is not verified")), text
+        time.sleep(0.3)
+        os.killpg(victim.pid, 0)  # the group still lives: it was not signalled
+        assert not (bg.state / "agent1" / "background" / f"{bid}.stop").exists()
+    finally:
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait()
+
+
+def test_forged_record_of_a_live_own_command_cannot_be_redirected(bg):
+    bid, pid, _ = start(bg, "sleep 30")
+    victim = _victim_group(False)
+    try:
+        _forge(bg, bid, victim.pid)
+        assert ok_text(status(bg, id=bid, stop=True)).startswith(f"{bid} is not running")
+        os.killpg(victim.pid, 0)
+        assert _state(pid) not in (None, "Z")  # and the real command was not touched either
+    finally:
+        os.killpg(victim.pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)
+        victim.wait()

@@ -93,9 +93,11 @@ async def test_cancel_kills_the_command_and_is_recorded(tmp_path, sandbox):
     assert calls[1].status == "done"
 
 
-@pytest.mark.parametrize("leave", ["close stdin", pytest.param("SIGTERM", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("leave", ["close stdin", pytest.param("SIGTERM", marks=pytest.mark.slow),
+                                   pytest.param("SIGHUP", marks=pytest.mark.slow), "SIGKILL"])
 async def test_a_client_gone_mid_call_leaves_nothing_running(tmp_path, leave):
-    """A raw 2025-protocol client (no courtesy cancel) starts a long command, then goes away."""
+    """A raw 2025-protocol client (no courtesy cancel) starts a long command, then goes away
+    (or the server is stopped by a signal; killed, it leaves its call ``lost``)."""
     command, arg = kit.sleep_command()
     params = server_params(tmp_path)
     proc = await asyncio.create_subprocess_exec(params.command, *params.args, env=params.env,
@@ -105,20 +107,20 @@ async def test_a_client_gone_mid_call_leaves_nothing_running(tmp_path, leave):
             proc.stdin.write(json.dumps(message).encode() + b"\n")
         await proc.stdin.drain()
         assert await kit.wait_for(lambda: kit.processes("sleep", arg), 20)
-        if leave == "SIGTERM":
-            proc.send_signal(signal.SIGTERM)
+        if leave.startswith("SIG"):
+            proc.send_signal(getattr(signal, leave))
         else:
             proc.stdin.close()
-        ended = -signal.SIGTERM if leave == "SIGTERM" else 0  # the calls stopped, a SIGTERM ends it
+        ended = -getattr(signal, leave) if leave.startswith("SIG") else 0  # the calls stopped, the signal ends it
         assert await asyncio.wait_for(proc.wait(), 2 * kit.SETTLE_SECONDS) == ended
     finally:
         if proc.returncode is None:
             proc.kill()
-    assert not kit.processes("sleep", arg)
+    assert not await kit.left_running(arg)
     async with Store(f"sqlite:///{tmp_path / 'data' / 'guilds.db'}") as store:
         (run,) = await store.list_runs()
         (call,) = await store.calls(run.id)
-    assert call.status == "cancelled" and run.id.startswith("mcp-")
+    assert call.status == ("lost" if leave == "SIGKILL" else "cancelled") and run.id.startswith("mcp-")
 
 
 def handshake_and_call(command: str) -> list[dict]:

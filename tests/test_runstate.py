@@ -37,20 +37,46 @@ def test_atomic_write_replaces_a_link_instead_of_following_it(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state", "victim"]
 
 
-def test_run_dir_is_made_private_and_refuses_links(req, tmp_path):
+def test_run_dir_is_made_private_and_moves_a_link_aside(req, tmp_path):
     path = runstate.run_dir(req)
     assert path == os.path.join(req.home, ".runs", "run1")
     assert os.stat(path).st_mode & 0o777 == 0o700
     req.run_id = "run2"
-    os.symlink(tmp_path, os.path.join(req.home, ".runs", "run2"))
-    with pytest.raises(OpError, match="run2 is a link"):
-        runstate.run_dir(req)
+    link = os.path.join(req.home, ".runs", "run2")
+    os.symlink(tmp_path, link)
+    notes = []
+    assert runstate.run_dir(req, notes) == link
+    assert os.path.isdir(link) and not os.path.islink(link)
+    [note] = notes
+    aside = note.split(" moved it to ")[1].split(" and ")[0]
+    assert note == f"note: {link} was a link; moved it to {aside} and made the state anew"
+    assert os.readlink(aside) == str(tmp_path)  # kept, not followed, not deleted
 
 
-def test_runs_link_refused(req, tmp_path):
-    os.symlink(tmp_path, os.path.join(req.home, ".runs"))
-    with pytest.raises(OpError, match=r"\.runs is a link"):
-        runstate.run_dir(req)
+@pytest.mark.parametrize("kind", ["link", "file"])
+def test_runs_link_or_file_moved_aside(req, tmp_path, kind):
+    runs = os.path.join(req.home, ".runs")
+    if kind == "link":
+        os.symlink(tmp_path, runs)
+    else:
+        with open(runs, "wb") as fh:
+            fh.write(b"mine")
+    notes = []
+    assert runstate.run_dir(req, notes) == os.path.join(runs, "run1")
+    assert len(notes) == 1 and f"{runs} was a {kind}; moved it to {runs}.aside-" in notes[0]
+    assert sorted(os.listdir(tmp_path)) == ["home", "state"]
+
+
+def test_run_dir_that_cannot_be_had_is_a_note(req):
+    os.chmod(req.home, 0o500)
+    try:
+        if os.access(req.home, os.W_OK):
+            pytest.skip("root writes anywhere")
+        notes = []
+        assert runstate.run_dir(req, notes) is None
+        assert notes[0].startswith("note: this call's working directory and log could not be kept: ")
+    finally:
+        os.chmod(req.home, 0o700)
 
 
 def test_new_run_prunes_to_the_most_recent(req, tmp_path):
@@ -78,8 +104,9 @@ def test_cwd_round_trip_and_fallbacks(req, tmp_path):
     assert runstate.current_cwd(req) == req.home
     sub = tmp_path / "home" / "sub"
     sub.mkdir()
-    runstate.save_cwd(req, str(sub))
-    assert runstate.current_cwd(req) == str(sub)
+    notes = []
+    runstate.save_cwd(req, str(sub), notes)
+    assert runstate.current_cwd(req) == str(sub) and notes == []
     sub.rmdir()
     assert runstate.current_cwd(req) == req.home
     req.cwd = str(tmp_path)

@@ -227,7 +227,7 @@ async def test_only_the_home_is_writable(jail, tmp_path):
         ls -A "{tmp_path / 'data'}" | wc -l
         ls -A /run
     """)
-    assert out.split() == ["home-ok", "usr-ro", "var-ro", "local-bin-ro", "helper-ro", "0", "guilds"]
+    assert out.split() == ["home-ok", "usr-ro", "var-ro", "local-bin-ro", "helper-ro", "0", "guilds", "guilds-clock"]
     assert (tmp_path / "home" / "mine").exists()
 
 

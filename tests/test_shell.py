@@ -89,7 +89,7 @@ def test_own_session_and_group(sandbox):
 
 
 def test_no_other_descriptor_reaches_the_command(sandbox):
-    """Only 0, 1 and 2, also when the helper itself inherited more."""
+    """Only 0, 1 and 2 (and the shell's cwd file, PWD_FD), also when the helper itself inherited more."""
     read, write = os.pipe()
     req = sandbox.request("shell", {"command": "ls /proc/$$/fd"})
     try:
@@ -101,7 +101,7 @@ def test_no_other_descriptor_reaches_the_command(sandbox):
     finally:
         os.close(read)
         os.close(write)
-    assert ok_text(decode_envelope(proc.stdout.strip())).split() == ["0", "1", "2"]
+    assert ok_text(decode_envelope(proc.stdout.strip())).split() == ["0", "1", "2", "87"]
 
 
 def test_sigpipe_is_the_default_in_the_command(sandbox):
@@ -142,9 +142,14 @@ def test_cd_outside_home_is_recorded(sandbox, tmp_path):
     assert ok_text(sh(sandbox, "pwd")) == str(tmp_path)
 
 
-def test_runs_link_is_refused(sandbox, tmp_path):
-    (sandbox.home / ".runs").symlink_to(tmp_path)
-    assert ".runs is a link or not a folder" in error_text(sh(sandbox, "true"))
+def test_runs_link_is_moved_aside_not_followed(sandbox, tmp_path):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (sandbox.home / ".runs").symlink_to(target)
+    text = ok_text(sh(sandbox, "echo ran"))
+    assert text.startswith("ran\nnote: ") and " was a link; moved it to " in text
+    assert (sandbox.home / ".runs").is_dir() and not (sandbox.home / ".runs").is_symlink()
+    assert list(target.iterdir()) == []
 
 
 # --- environment ----------------------------------------------------------------

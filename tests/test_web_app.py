@@ -10,7 +10,7 @@ import httpx2
 import pytest
 import pytest_asyncio
 import uvicorn
-from web_kit import FLOW, SECRET, fill, record_code_task, served
+from web_kit import AUTH, FLOW, SECRET, fill, record_code_task, served
 
 from guilds.web.queries import FLOW_PAGE
 
@@ -38,7 +38,8 @@ async def app(tmp_path_factory):
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def client(app):
-    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app.app), base_url="http://127.0.0.1") as c:
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app.app), base_url="http://127.0.0.1",
+                                headers=AUTH) as c:
         yield c
 
 
@@ -170,7 +171,7 @@ async def test_new_calls_arrive_live(app):
     port = server.servers[0].sockets[0].getsockname()[1]
     events: list[str] = []
     try:
-        async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=20) as c:
+        async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=20, headers=AUTH) as c:
             assert (await c.get("/mcp")).status_code not in (404, 500)  # the MCP endpoint is routed, and runs
             async with c.stream("GET", "/runs/run1/events?after=11") as r:
                 assert r.headers["content-type"].startswith("text/event-stream")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-from web_kit import SECRET, record_code_task, served
+from web_kit import SECRET, TOKEN, record_code_task, served
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -53,7 +53,8 @@ async def test_the_flow_live_and_a_calls_views(tmp_path):
                 page.on("response", lambda r: problems.append(f"{r.status} {r.url}") if r.status >= 400 else None)
 
                 await record_code_task(s.store, "demo")
-                await page.goto(base + "/")
+                await page.goto(f"{base}/?token={TOKEN}")  # the one-time URL: a cookie, then a clean URL
+                assert page.url == base + "/"
                 await page.get_by_role("link", name="demo").click()
                 await expect(page.locator("#call-11 .text")).to_have_text("Run sleep 5 · timed out")
                 await expect(page.locator("#call-10")).to_contain_text("the agent has no repository")

@@ -12,12 +12,17 @@ from pathlib import Path
 import sqlalchemy as sa
 from toolbox_kit import local_toolbox
 
+from guilds.auth import Lock, host_names
 from guilds.rows import row_text
 from guilds.serve import build_app
 from guilds.store import Store, calls, runs
 from guilds.toolbox import Toolbox
 
 SECRET = "sk-live-0123456789abcdef"
+TOKEN = "test-token-0123456789abcdefghijklmnopqrstuv"
+"""The served app's token: every request carries it (AUTH), the browser logs in with ?token=."""
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+LOCK = Lock(TOKEN, host_names("127.0.0.1"))
 NOTES = "# Notes\n\n- first\n- <script>alert(1)</script>\n"
 # (tool, args): the flow the app tests look at, seq by seq from 1.
 FLOW = [
@@ -44,15 +49,15 @@ class Served:
 
 @contextlib.asynccontextmanager
 async def served(tmp_path: Path, run_id: str = "run1") -> AsyncIterator[Served]:
-    """A toolbox whose agent has SECRET, FLOW made in run_id, and the whole app (its lifespan,
-    the MCP session manager, is left to a server that runs it)."""
+    """A toolbox whose agent has SECRET, FLOW made in run_id, and the whole app behind LOCK (its
+    lifespan, the MCP session manager, is left to a server that runs it)."""
     async with local_toolbox(tmp_path, secrets={"API_KEY": SECRET}) as toolbox:
         home = Path(toolbox.sandbox.home)
         home.mkdir(parents=True, exist_ok=True)
         (home / "notes.md").write_text(NOTES)
         for tool, args in FLOW:
             await toolbox.call(run_id, tool, args)
-        yield Served(toolbox, toolbox.store, build_app(toolbox.settings, toolbox.store, toolbox))
+        yield Served(toolbox, toolbox.store, build_app(toolbox.settings, toolbox.store, toolbox, lock=LOCK))
 
 
 TASK_META = {  # a finished code_task's metadata, as guilds_harness.report makes it

@@ -2,14 +2,16 @@
 
     guilds call TOOL 'JSON ARGS' [--home DIR] [--run ID] [--config FILE] [--json] [--context-reset]
     guilds tools [--format anthropic|openai|mcp]
-    guilds serve [--home DIR] [--port N] [--sandbox NAME] [--config FILE]
+    guilds serve [--home DIR] [--port N] [--host H] [--allow-host NAME] [--no-token] [--sandbox NAME] [--config FILE]
     guilds mcp [--home DIR] [--sandbox NAME] [--config FILE]
     guilds sandbox image [--tag T] [--base B] [--rootfs TAR] [--no-install]
 
 Exit codes: 0 when the call was made (its result printed, also an error
 result: a failed command, a missing file, an exhausted budget); 2 for bad
 input (usage, JSON arguments, a run id, the settings file); 1 for any other
-failure of guilds itself.
+failure of guilds itself (one line: a full disk names what it could not
+write); 128 + N when signal N (SIGTERM, SIGINT, SIGHUP) stopped the call: its
+command's group stopped, the call recorded as cancelled.
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .errors import BadInput, ConfigError, GuildsError
+from .private import private_dir
 from .settings import AgentSettings, coding_flag, data_dir, default_settings_file, load_settings
 from .toolbox.tools import FORMATS, TOOL_NAMES, export, tool_specs
 
 SERVERS = ("serve", "mcp")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_SIGNAL = 128
+"""Stopped by signal N: exit 128 + N, as a shell reports it."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,6 +62,10 @@ def _parser() -> argparse.ArgumentParser:
         if name == "serve":
             server.add_argument("--port", type=int, default=8765, help="default 8765")
             server.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1")
+            server.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                                help="also answer this Host name (a name this machine is reached by)")
+            server.add_argument("--no-token", action="store_true",
+                                help="serve without the token (a loopback --host only)")
     box = sub.add_parser("sandbox", help="sandbox images")
     box.add_argument("action", choices=["image"], help="image: build the docker sandbox image")
     box.add_argument("rest", nargs=argparse.REMAINDER, help="the image builder's options (--help)")
@@ -100,8 +109,7 @@ async def _call(opts: argparse.Namespace, env: Mapping[str, str]) -> dict[str, A
     from .toolbox import Toolbox
 
     args = parse_args_json(opts.args)
-    data = data_dir(env)
-    data.mkdir(parents=True, exist_ok=True)
+    data = private_dir(data_dir(env))
     settings = _settings(opts, data, env)
     sandbox = get_sandbox(settings, data)
     async with Store(database_url(data, env)) as store:
@@ -111,7 +119,14 @@ async def _call(opts: argparse.Namespace, env: Mapping[str, str]) -> dict[str, A
 
 
 def _run_call(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
-    result = asyncio.run(_call(opts, env))
+    from .lifecycle import Stopped, until_stopped
+
+    try:
+        result = asyncio.run(until_stopped(_call(opts, env)))
+    except Stopped as stop:
+        print(f"guilds: stopped by {stop.name}; the call's command was stopped and the call recorded as cancelled",
+              file=sys.stderr)
+        return EXIT_SIGNAL + stop.signum
     if opts.json:
         print(json.dumps(result, ensure_ascii=False, indent=2))
     else:
@@ -120,8 +135,7 @@ def _run_call(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 
 def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
-    data = data_dir(env)
-    data.mkdir(parents=True, exist_ok=True)
+    data = private_dir(data_dir(env))
     settings = _settings(opts, data, env)
     coding = coding_flag(_settings_path(opts, data))
     if opts.command == "mcp":
@@ -132,7 +146,8 @@ def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
     from .serve import serve
 
     try:
-        asyncio.run(serve(settings, data, opts.host, opts.port, opts.sandbox, coding=coding, env=env))
+        asyncio.run(serve(settings, data, opts.host, opts.port, opts.sandbox, coding=coding, env=env,
+                          no_token=opts.no_token, allow_hosts=tuple(opts.allow_host)))
     except KeyboardInterrupt:
         pass
     return EXIT_OK

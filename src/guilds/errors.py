@@ -7,8 +7,10 @@
     │                     and the last lines of its stderr
     ├── SandboxError      the sandbox could not start, run or write
     ├── BudgetExhausted   the run has made all the tool calls it may make
-    └── BadInput          a caller's input refused before any call (a run id
-                          that is not a safe file name, ...)
+    ├── BadInput          a caller's input refused before any call (a run id
+    │                     that is not a safe file name, ...)
+    └── RecordError       the run record or the data folder could not be
+                          written (a full disk): one line saying what
 
 A toolbox call turns HelperFailed and SandboxError into an error result in
 exactly one place (``guilds.toolbox.toolbox``); fronts turn the others into a
@@ -44,3 +46,8 @@ class BudgetExhausted(GuildsError):
 
 class BadInput(GuildsError):
     """A caller's input refused before any call was made (e.g. a bad run id)."""
+
+
+class RecordError(GuildsError):
+    """The run record, the data folder or a file in it could not be written or read
+    (a full disk, a folder not ours): the message names what, in one line."""

@@ -340,7 +340,7 @@ def run_stdio(settings: AgentSettings, data_dir: str | os.PathLike, *, sandbox: 
     Like ``serve.serve``: ``sandbox`` overrides ``agent.sandbox``; ``coding`` is
     the live coding flag (``settings.coding_flag(file)``); ``env`` (default
     os.environ) is read for $GUILDS_DATABASE_URL. The data folder is made if
-    missing. SIGTERM and SIGINT end the server as a closed stdin does: running
+    missing. SIGTERM, SIGINT and SIGHUP end the server as a closed stdin does: running
     calls are cancelled, their commands stopped and the calls recorded.
     Nothing but MCP messages is written to stdout.
     """
@@ -363,7 +363,7 @@ async def serve_stdio(settings: AgentSettings, data_dir: Path, *, sandbox: str |
 
 
 async def serve_streams(server: GuildsServer) -> None:
-    """Run server on this process's stdio (MCPServer's runner) until EOF, SIGTERM or SIGINT.
+    """Run server on this process's stdio (MCPServer's runner) until EOF, SIGTERM, SIGINT or SIGHUP.
 
     On a signal the server is cancelled; once its lifespan has ended (its
     running calls stopped and recorded) the process ends by that signal: the
@@ -377,7 +377,7 @@ async def serve_streams(server: GuildsServer) -> None:
 
 
 async def _end_on_signal(scope: anyio.CancelScope, ended: asyncio.Event) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         signum = await anext(signals)
     scope.cancel()
     with anyio.move_on_after(STOP_WAIT_SECONDS, shield=True):

@@ -53,7 +53,8 @@ class CallRecord:
     cut: bool
     counted: bool
     status: str
-    """running (no result yet), done, or cancelled (stopped midway; an error result)."""
+    """running (no result yet), done, cancelled (stopped midway; an error result), or lost
+    (its process ended before it finished; an error result)."""
     started_at: datetime
     finished_at: datetime | None
     duration_ms: int | None

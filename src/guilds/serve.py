@@ -9,13 +9,24 @@ else local). ``build_app`` makes the same ASGI app without running a server.
 
 The MCP endpoint is ``guilds.mcp_server.http_endpoint``: its route goes first,
 and its lifespan (the SDK's session manager) runs inside this app's.
+
+Both sit behind ``guilds.auth.EndpointLock``: the token (``<data>/serve.token``,
+made on first run) is printed with the URLs once the server listens; Host and
+Origin are checked on every bind. ``no_token`` serves without the token, on a
+loopback address only. SIGTERM, SIGINT and SIGHUP stop the server: running
+calls are cancelled after SHUTDOWN_GRACE_SECONDS, their commands stopped and
+the calls recorded as cancelled.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
+import signal
+import socket
+import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +35,9 @@ from starlette.applications import Starlette
 
 from guilds_code.redact import Redactor
 
+from .auth import Lock, host_names, is_loopback, server_token
+from .errors import ConfigError
+from .private import private_dir
 from .sandbox import Sandbox, get_sandbox
 from .settings import AgentSettings
 from .store import Store, database_url
@@ -33,7 +47,11 @@ from .web.logs import HostLogReader, LogExcerpt, LogReader, LogUnavailable
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+CANCEL_WAIT_SECONDS = 20.0
+"""At shutdown: how long the cancelled calls may take to stop their commands and be recorded."""
+SHUTDOWN_GRACE_SECONDS = 2.0
+"""On a stop signal: how long open requests may finish before their calls are cancelled."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 HOST_FOLDER_SANDBOXES = ("local", "bwrap")
 """Backends whose home is a folder of this machine, seen inside at the same path."""
 log = logging.getLogger(__name__)
@@ -56,45 +74,83 @@ def log_reader(settings: AgentSettings, sandbox: Sandbox) -> LogReader:
     return NoLogReader(sandbox.name)
 
 
-def _lifespan(mcp_lifespan: Callable[[], contextlib.AbstractAsyncContextManager[None]]):
-    """This app's lifespan: the MCP endpoint's session manager runs inside it."""
+def _lifespan(mcp_lifespan: Callable[[], contextlib.AbstractAsyncContextManager[None]], store: Store):
+    """This app's lifespan: the MCP endpoint's session manager runs inside it; at its end,
+    the calls cancelled by the shutdown are waited for until they are recorded."""
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with mcp_lifespan():
-            yield
+        try:
+            async with mcp_lifespan():
+                yield
+        finally:
+            await store.settled(CANCEL_WAIT_SECONDS)
 
     return lifespan
 
 
-def allowed_hosts(host: str) -> list[str] | None:
-    """Served on a loopback address: only loopback Host headers (no DNS rebinding); else any."""
-    return ["127.0.0.1", "localhost", "[::1]"] if host in LOCAL_HOSTS else None
+def endpoint_lock(data_dir: Path, host: str, *, no_token: bool = False, allow_hosts: tuple[str, ...] = ()) -> Lock:
+    """The lock of a server on ``host``: its token (made on first run) unless ``no_token``,
+    which only a loopback address may have; the Host names it answers."""
+    if no_token and not is_loopback(host):
+        raise ConfigError(f"--no-token: serving on {host} (not a loopback address) needs the token")
+    return Lock(None if no_token else server_token(data_dir), host_names(host, allow_hosts))
 
 
-def build_app(settings: AgentSettings, store: Store, toolbox: Toolbox, *, host: str = DEFAULT_HOST) -> Starlette:
-    """The whole ASGI app: the MCP endpoint at /mcp, the app at /."""
+def build_app(settings: AgentSettings, store: Store, toolbox: Toolbox, *, host: str = DEFAULT_HOST,
+              lock: Lock | None) -> Starlette:
+    """The whole ASGI app: the MCP endpoint at /mcp, the app at /, behind ``lock``
+    (``endpoint_lock``; None: no lock at all, for an app that is not served)."""
     from .mcp_server import http_endpoint  # the MCP SDK: imported only to serve
 
     mcp = http_endpoint(toolbox, path="/mcp", host=host)
     return create_app(store, redactor=Redactor(settings.secret_values()), logs=log_reader(settings, toolbox.sandbox),
-                      extra_routes=[mcp.route], allowed_hosts=allowed_hosts(host), lifespan=_lifespan(mcp.lifespan))
+                      extra_routes=[mcp.route], lock=lock, lifespan=_lifespan(mcp.lifespan, store))
+
+
+def served_urls(host: str, port: int, token: str | None) -> list[str]:
+    """The lines printed once the server listens: the app's URL with its one-time token, /mcp's."""
+    name = socket.gethostname() if host in ("0.0.0.0", "::") else host
+    base = f"http://{'[' + name + ']' if ':' in name else name}:{port}"
+    if token is None:
+        return [f"guilds serve: the app at {base}/ and MCP at {base}/mcp (no token: loopback only)"]
+    return [f"guilds serve: the app at {base}/?token={token}",
+            f"guilds serve: MCP at {base}/mcp with the header \"Authorization: Bearer {token}\""]
+
+
+async def _run_server(server, host: str, lock: Lock) -> None:
+    """Run uvicorn; print the URLs once it listens; SIGHUP stops it as SIGTERM does."""
+    previous = signal.signal(signal.SIGHUP, server.handle_exit)
+    try:
+        task = asyncio.ensure_future(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.02)
+        if server.started:
+            port = server.servers[0].sockets[0].getsockname()[1]
+            print("\n".join(served_urls(host, port, lock.token)), file=sys.stderr, flush=True)
+        await task
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 async def serve(settings: AgentSettings, data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                 sandbox: str | None = None, *, coding: Callable[[], bool] | None = None,
-                env: Mapping[str, str] | None = None) -> None:
-    """Serve until interrupted. ``coding``: the live coding flag (``settings.coding_flag(file)``)."""
+                env: Mapping[str, str] | None = None, no_token: bool = False,
+                allow_hosts: tuple[str, ...] = ()) -> None:
+    """Serve until a stop signal. ``coding``: the live coding flag (``settings.coding_flag(file)``);
+    ``allow_hosts``: more Host names to answer (the names this machine is reached by)."""
     import uvicorn
 
     if sandbox is not None:
         settings = replace(settings, sandbox=sandbox)
-    data_dir = Path(data_dir)
-    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    data_dir = private_dir(Path(data_dir))
+    lock = endpoint_lock(data_dir, host, no_token=no_token, allow_hosts=allow_hosts)
     box = get_sandbox(settings, data_dir)
     async with Store(database_url(data_dir, os.environ if env is None else env)) as store:
         toolbox = Toolbox(settings, box, store, coding=coding)
-        app = build_app(settings, store, toolbox, host=host)
-        if allowed_hosts(host) is None:
-            log.warning("serving on %s: the app has no login; whoever reaches it sees every run", host)
-        config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info")
-        await uvicorn.Server(config).serve()
+        app = build_app(settings, store, toolbox, host=host, lock=lock)
+        if not is_loopback(host):
+            log.warning("serving on %s: whoever has the token runs commands as the agent and reads every "
+                        "run; Host names answered: %s", host, ", ".join(lock.hosts))
+        config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info",
+                                timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS)
+        await _run_server(uvicorn.Server(config), host, lock)

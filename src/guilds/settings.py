@@ -26,6 +26,13 @@ pids_limit = 512
 idle_minutes = 30             # stopped after this long without a call
 network = "bridge"            # the Docker network joined when agent.network is true
 
+[bwrap]                       # sandbox = "bwrap" (docs/sandboxes.md)
+uid = 0                       # the commands' host uid when the orchestrator is root; 0: one
+                              # derived from the agent id (1500000000 + a hash, one per agent)
+memory = "2g"                 # the sandbox's memory (a cgroup; else per process, RLIMIT_AS)
+pids_limit = 512              # processes at once (a cgroup and RLIMIT_NPROC)
+tmp_size = "1g"               # /tmp, a tmpfs of at most this much
+
 [kubernetes]                  # sandbox = "kubernetes": one pod per agent (docs/sandboxes.md)
 namespace = "guilds"
 image = "guilds-sandbox:latest"
@@ -97,6 +104,21 @@ class DockerSettings:
     network: str = "bridge"
 
 
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+MIN_SIZE_BYTES = 1 << 20
+"""The smallest memory or tmpfs size bwrap accepts from the settings (1 MiB)."""
+
+
+@dataclass(frozen=True)
+class BwrapSettings:
+    """[bwrap]: the agent's bubblewrap sandbox (see the module docstring for each key)."""
+
+    uid: int = 0
+    memory: int = 2 << 30
+    pids_limit: int = 512
+    tmp_size: int = 1 << 30
+
+
 @dataclass(frozen=True)
 class KubernetesSettings:
     """[kubernetes]: the agent's pod (see the module docstring for each key)."""
@@ -126,6 +148,7 @@ class AgentSettings:
     harness: str = DEFAULT_HARNESS
     """The coding harness code_task drives: claude-code or codex."""
     docker: DockerSettings = field(default_factory=DockerSettings)
+    bwrap: BwrapSettings = field(default_factory=BwrapSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
 
     def secret_values(self) -> list[str]:
@@ -204,10 +227,25 @@ def _minutes(value: Any, key: str) -> int:
     return check.integer(value, key, 1)
 
 
+def _size(value: Any, key: str) -> int:
+    """A size such as "512m" or "2g" (k, m, g: binary units) -> bytes, at least MIN_SIZE_BYTES."""
+    text = check.string(value, key).strip().lower().removesuffix("b")
+    number, unit = text.rstrip("kmg"), text[len(text.rstrip("kmg")):]
+    if not number.isdigit() or unit not in _SIZE_UNITS:
+        raise ConfigError(f"{key}: must be a size such as \"512m\" or \"2g\", got {value!r}")
+    size = int(number) * _SIZE_UNITS[unit]
+    if size < MIN_SIZE_BYTES:
+        raise ConfigError(f"{key}: must be at least 1m, got {value!r}")
+    return size
+
+
 _SECTIONS: dict[str, tuple[type, dict[str, Callable[[Any, str], Any]]]] = {
     "docker": (DockerSettings, {"image": check.string, "memory": check.string,
                                 "pids_limit": lambda v, k: check.integer(v, k, 16),
                                 "idle_minutes": _minutes, "network": check.string}),
+    "bwrap": (BwrapSettings, {"uid": lambda v, k: check.integer(v, k, 0, 2**31 - 2),
+                              "memory": _size, "pids_limit": lambda v, k: check.integer(v, k, 16),
+                              "tmp_size": _size}),
     "kubernetes": (KubernetesSettings, {
         "namespace": check.string, "image": check.string, "runtime_class": check.string,
         "cpu": check.string, "memory": check.string, "service_account": check.string,

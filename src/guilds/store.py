@@ -11,10 +11,19 @@ Tables:
            the budget), admitted_seq (the last seq admitted within the budget)
     calls  run_id + seq, call_id, tool, args, text, is_error, meta, cut (by the
            pipeline's cap), counted (against the budget), status (running, done,
-           or cancelled),
-           started_at, finished_at, duration_ms, row
+           cancelled, or lost: its process ended first), started_at,
+           finished_at, duration_ms, row
+    owners the processes that have the record open (``guilds.lifecycle``): id,
+           machine, pid, pid_start, heartbeat_at
+    call_owners  run_id + seq of each running call, and the owner running it
     context_marks  run_id, after_seq, at: the run's model context was compacted
            or rewound after its call after_seq
+
+The schema is made once, whichever process comes first (``_create_schema``).
+Opening a Store registers its process as an owner and records as ``lost`` the
+running calls of owners known to be gone; its lease task repeats that every
+``lifecycle.HEARTBEAT_SECONDS``. A write that fails (a full disk) raises
+RecordError, one line saying what could not be written.
 
 Seqs and budget slots are given out by one ``INSERT INTO runs ... ON CONFLICT DO
 UPDATE ... RETURNING`` in the transaction that inserts the call: atomic on PostgreSQL (a row lock) and on
@@ -27,22 +36,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from datetime import datetime
+import os
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from .errors import BadInput
+from . import lifecycle
+from .errors import BadInput, RecordError
+from .private import private_file
 from .records import CallRecord, RunRecord, Slot
+from .rows import row_text
 
 DATABASE_URL_ENV = "GUILDS_DATABASE_URL"
 DB_FILE = "guilds.db"
 DEFAULT_PAGE = 100
 SQLITE_BUSY_MS = 10_000
 """Another process writing the same SQLite file: wait this long for it."""
+SCHEMA_LOCK_KEY = 0x6775_696C_6473
+"""The PostgreSQL advisory lock held while the schema is made ("guilds" in ASCII)."""
 
 _JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 _TS = sa.DateTime(timezone=True)
@@ -75,6 +91,20 @@ calls = sa.Table(
     sa.Column("duration_ms", sa.Integer),
     sa.Column("row", sa.Text),
 )
+owners = sa.Table(
+    "owners", metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("machine", sa.String(160), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("pid_start", sa.BigInteger, nullable=False),
+    sa.Column("heartbeat_at", _TS, nullable=False),
+)
+call_owners = sa.Table(
+    "call_owners", metadata,
+    sa.Column("run_id", sa.String(128), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True),
+    sa.Column("owner", sa.String(32), nullable=False, index=True),
+)
 context_marks = sa.Table(
     "context_marks", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
@@ -90,6 +120,12 @@ _INSERT_CALL = sa.insert(calls)
 _FINISH_CALL = sa.update(calls).where(
     calls.c.run_id == sa.bindparam("k_run_id"), calls.c.seq == sa.bindparam("k_seq")
 )
+_INSERT_OWNER = sa.insert(call_owners)
+_DELETE_OWNER = sa.delete(call_owners).where(
+    call_owners.c.run_id == sa.bindparam("run_id"), call_owners.c.seq == sa.bindparam("seq")
+)
+_ORPHANED = sa.select(call_owners.c.owner).distinct().where(call_owners.c.owner.not_in(sa.select(owners.c.id)))
+"""Owners of running calls that are no longer registered (closed while a call ran)."""
 _FILE_READS = (
     sa.select(calls.c.seq, calls.c.meta)
     .where(calls.c.run_id == sa.bindparam("run_id"), calls.c.tool == "file_read", calls.c.status == "done",
@@ -135,15 +171,68 @@ def normalize_url(url: str) -> str:
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
-    for pragma in ("journal_mode=WAL", "synchronous=NORMAL", f"busy_timeout={SQLITE_BUSY_MS}", "foreign_keys=ON"):
+    for pragma in (f"busy_timeout={SQLITE_BUSY_MS}", "journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON"):
         cur.execute(f"PRAGMA {pragma}")
     cur.close()
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _reason(exc: BaseException) -> str:
+    """The driver's own words, on one line: "database or disk is full"."""
+    orig = getattr(exc, "orig", None) or exc
+    text = getattr(orig, "strerror", None) or str(orig) or type(orig).__name__
+    return " ".join(text.split())[:300]
+
+
+def _utc_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """An owners row, its heartbeat in UTC (SQLite hands it back naive)."""
+    beat = row["heartbeat_at"]
+    return {**row, "heartbeat_at": beat.replace(tzinfo=timezone.utc) if beat.tzinfo is None else beat}
+
+
+def _lost(call: Any, now: datetime) -> dict[str, Any]:
+    """The finish of a call whose process is gone: an error, "· lost" on its row."""
+    started = call.started_at if call.started_at.tzinfo else call.started_at.replace(tzinfo=timezone.utc)
+    return {"k_run_id": call.run_id, "k_seq": call.seq, "text": lifecycle.LOST, "is_error": True, "meta": None,
+            "cut": False, "status": "lost", "finished_at": now, "row": f"{row_text(call.tool, call.args, {}, False)} · lost",
+            "duration_ms": max(0, round((now - started).total_seconds() * 1000))}
+
+
+def _create_schema(conn: sa.Connection) -> None:
+    """Make the missing tables and indexes, once, whichever process comes first.
+
+    PostgreSQL: under a transaction-level advisory lock (its CREATE TABLE IF NOT
+    EXISTS still fails when two run at once). SQLite: each CREATE ... IF NOT
+    EXISTS is atomic under its one writer.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
+        metadata.create_all(conn)
+        return
+    for table in metadata.sorted_tables:
+        conn.execute(CreateTable(table, if_not_exists=True))
+        for index in table.indexes:
+            conn.execute(CreateIndex(index, if_not_exists=True))
+
+
+def _private_record(database: str | None) -> None:
+    """Make the SQLite file 0600 before SQLite does (its -wal and -shm files take its mode)."""
+    if database and database != ":memory:" and not database.startswith("file:"):
+        os.close(private_file(Path(database)))
 
 
 class Store:
     """The run record. ``async with Store(url) as store`` makes the tables and disposes the engine."""
 
     def __init__(self, url: str):
+        self.owner = lifecycle.Owner.of_this_process()
+        self._lease = lifecycle.Lease(self)
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
         url = normalize_url(url)
         self.sqlite = url.startswith("sqlite")
         # SQLite: every write commits in engine.begin() and a read opens no
@@ -153,28 +242,84 @@ class Store:
         if self.sqlite:
             sa.event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
         self._write_lock = asyncio.Lock() if self.sqlite else None
+        where = self.engine.url
+        self.where = where.database if self.sqlite else f"{where.host}/{where.database}"
+        """The record's place for messages: the SQLite file, or host/database (no password)."""
         self._allocate = _allocate_statement(sqlite if self.sqlite else postgresql)
 
     async def __aenter__(self) -> "Store":
         await self.setup()
+        self._lease.start()
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
     async def setup(self) -> None:
-        """Create the tables where missing (idempotent)."""
-        async with self.engine.begin() as conn:
-            await conn.run_sync(metadata.create_all)
+        """Create the tables where missing (idempotent, and safe when processes race:
+        ``_create_schema``); a SQLite record file is made 0600."""
+        if self.sqlite:
+            _private_record(self.engine.url.database)
+        try:
+            async with self.engine.begin() as conn:
+                await conn.run_sync(_create_schema)
+        except sa.exc.DBAPIError as exc:
+            raise RecordError(f"the run record at {self.where} could not be made: {_reason(exc)}") from None
+        await self._register()
+        await self.sweep_lost()
 
     async def close(self) -> None:
+        await self._lease.stop()
+        with contextlib.suppress(RecordError):  # a full disk: the owner is found gone later
+            async with self._writing("the owner's end") as conn:
+                await conn.execute(sa.delete(owners).where(owners.c.id == self.owner.id))
         await self.engine.dispose()
 
+    async def _register(self) -> None:
+        me = self.owner
+        async with self._writing("this process's owner entry") as conn:
+            await conn.execute(sa.insert(owners).values(id=me.id, machine=me.machine, pid=me.pid,
+                                                        pid_start=me.pid_start, heartbeat_at=_now()))
+
+    async def heartbeat(self) -> None:
+        """Refresh this process's heartbeat (register again if another process forgot it)."""
+        async with self._writing("the heartbeat") as conn:
+            done = await conn.execute(sa.update(owners).where(owners.c.id == self.owner.id)
+                                      .values(heartbeat_at=_now()))
+        if done.rowcount == 0:
+            await self._register()
+
+    async def sweep_lost(self) -> list[tuple[str, int]]:
+        """Record as ``lost`` the running calls of every owner known to be gone (or no longer
+        registered); their (run, seq)."""
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(sa.select(owners).where(owners.c.id != self.owner.id))).mappings().all()
+            orphaned = (await conn.execute(_ORPHANED)).scalars().all()
+        now, here = _now(), lifecycle.machine_id()
+        gone = [r["id"] for r in rows if lifecycle.is_gone(lifecycle.Owner(**_utc_row(r)), now, here)] + orphaned
+        if not gone:
+            return []
+        async with self._writing("the lost calls") as conn:
+            lost = (await conn.execute(
+                sa.select(calls.c.run_id, calls.c.seq, calls.c.tool, calls.c.args, calls.c.started_at)
+                .join(call_owners, sa.and_(call_owners.c.run_id == calls.c.run_id, call_owners.c.seq == calls.c.seq))
+                .where(call_owners.c.owner.in_(gone), calls.c.status == "running"))).all()
+            if lost:
+                await conn.execute(_FINISH_CALL, [_lost(call, now) for call in lost])
+            await conn.execute(sa.delete(call_owners).where(call_owners.c.owner.in_(gone)))
+            await conn.execute(sa.delete(owners).where(owners.c.id.in_(gone)))
+        return [(call.run_id, call.seq) for call in lost]
+
     @contextlib.asynccontextmanager
-    async def _writing(self) -> AsyncIterator[sa.ext.asyncio.AsyncConnection]:
+    async def _writing(self, what: str = "a call") -> AsyncIterator[sa.ext.asyncio.AsyncConnection]:
+        """A write transaction; a database failure (a full disk) becomes RecordError naming ``what``."""
         lock = self._write_lock or contextlib.nullcontext()
-        async with lock, self.engine.begin() as conn:
-            yield conn
+        try:
+            async with lock, self.engine.begin() as conn:
+                yield conn
+        except (sa.exc.DBAPIError, OSError) as exc:
+            raise RecordError(f"the run record at {self.where} could not be written ({what}): "
+                              f"{_reason(exc)}") from None
 
     async def begin_call(self, *, run_id: str, agent_id: str, tool: str, args: Any, call_id: str,
                          started_at: datetime, budget: int) -> Slot:
@@ -182,7 +327,7 @@ class Store:
 
         A call past the budget gets ``admitted=False``: it is recorded, not counted.
         """
-        async with self._writing() as conn:
+        async with self._writing(f"the start of a {tool[:40]!r} call") as conn:
             allocated = await conn.execute(self._allocate, {
                 "run_id": run_id, "agent_id": agent_id, "now": started_at, "budget": budget,
             })
@@ -195,18 +340,34 @@ class Store:
                 "counted": admitted, "status": "running", "started_at": started_at,
                 "is_error": False, "cut": False,
             })
+            await conn.execute(_INSERT_OWNER, {"run_id": run_id, "seq": seq, "owner": self.owner.id})
+        self._in_flight += 1
+        self._idle.clear()
         return Slot(seq=seq, used=used, admitted=admitted)
 
     async def finish_call(self, *, run_id: str, seq: int, text: str, is_error: bool, meta: dict,
                           cut: bool, finished_at: datetime, duration_ms: int, row: str,
                           status: str = "done") -> None:
         """Record a call's result; status "done", or "cancelled" for a call stopped midway."""
-        async with self._writing() as conn:
-            await conn.execute(_FINISH_CALL, {
-                "k_run_id": run_id, "k_seq": seq, "text": text, "is_error": is_error, "meta": meta,
-                "cut": cut, "status": status, "finished_at": finished_at, "duration_ms": duration_ms,
-                "row": row,
-            })
+        try:
+            async with self._writing(f"the result of call {seq} of run {run_id}") as conn:
+                await conn.execute(_FINISH_CALL, {
+                    "k_run_id": run_id, "k_seq": seq, "text": text, "is_error": is_error, "meta": meta,
+                    "cut": cut, "status": status, "finished_at": finished_at, "duration_ms": duration_ms,
+                    "row": row,
+                })
+                await conn.execute(_DELETE_OWNER, {"run_id": run_id, "seq": seq})
+        finally:
+            self._in_flight = max(0, self._in_flight - 1)
+            if not self._in_flight:
+                self._idle.set()
+
+    async def settled(self, timeout: float) -> bool:
+        """Wait up to timeout until every call this Store began has its end recorded; True if so.
+        A server's shutdown waits here for its cancelled calls before the record closes."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        return self._idle.is_set()
 
     async def file_reads(self, run_id: str, before_seq: int) -> list[tuple[int, dict]]:
         """(seq, meta) of the run's finished file_read calls that did not fail and were not cut."""
@@ -217,7 +378,7 @@ class Store:
     async def mark_context_reset(self, run_id: str, at: datetime) -> int:
         """Record that the run's model context was compacted or rewound now; the
         run's last seq given out (0 for a run with no call yet)."""
-        async with self._writing() as conn:
+        async with self._writing(f"a context reset of run {run_id}") as conn:
             last = (await conn.execute(sa.select(runs.c.next_seq).where(runs.c.id == run_id))).scalar()
             await conn.execute(sa.insert(context_marks), {"run_id": run_id, "after_seq": last or 0, "at": at})
         return last or 0

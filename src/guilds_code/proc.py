@@ -5,7 +5,7 @@ whose import (selectors, threading, locale...) costs more than a whole shell
 call of ``true``. What the child gets, as ``subprocess.Popen`` would give it
 with close_fds and restore_signals:
 
-- descriptors 0, 1 and 2 only: stdin a descriptor or /dev/null; stdout a
+- descriptors 0, 1 and 2 only (and ``pass_fd``): stdin a descriptor or /dev/null; stdout a
   descriptor, a new pipe (PIPE) or /dev/null; stderr a new pipe, the same as
   stdout (STDOUT) or /dev/null. Every other descriptor is close-on-exec
   (Python's own are; one the helper inherited is marked so before the spawn);
@@ -31,7 +31,7 @@ except ImportError:  # not CPython
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Mapping, Optional, Set
+    from typing import List, Mapping, Optional, Set, Tuple
 
 PIPE = -1
 """stdout or stderr: a new pipe, whose read end the Child holds."""
@@ -95,8 +95,12 @@ def spawn(
     stderr: Optional[int] = None,
     cwd: Optional[str] = None,
     session: bool = False,
+    pass_fd: Optional[Tuple[int, int]] = None,
 ) -> Child:
-    """Start argv (see the module docstring); the Child. OSError when it cannot start."""
+    """Start argv (see the module docstring); the Child. OSError when it cannot start.
+
+    pass_fd (descriptor, number): the child also gets that descriptor as that number.
+    """
     program = argv[0] if "/" in argv[0] else find_program(argv[0], env)
     if program is None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
@@ -110,6 +114,8 @@ def spawn(
             (os.POSIX_SPAWN_DUP2, out_w, 1),
             (os.POSIX_SPAWN_DUP2, err_w, 2),
         ]
+        if pass_fd is not None:
+            actions.append((os.POSIX_SPAWN_DUP2, pass_fd[0], pass_fd[1]))
         _close_on_exec_inherited()
         back = _chdir(cwd)
         try:
@@ -170,6 +176,52 @@ def _chdir_back(back: Optional[int]) -> None:
             os.fchdir(back)
         finally:
             os.close(back)
+
+
+# --- a group that dies with the helper ----------------------------------------------
+_WATCHDOG = 'IFS= read -r word; [ "$word" = done ] || kill -KILL -- "-$1" 2>/dev/null'
+"""Reads its stdin until the helper says ``done``; EOF first means the helper died."""
+
+
+def watch_group(pgid: int) -> Optional[Watchdog]:
+    """Start a watchdog that SIGKILLs group pgid if this helper dies (even by SIGKILL)
+    before ``release``; None when none could start.
+
+    The watchdog is a bash in its own session reading a pipe whose only write end
+    the helper holds: the helper's death closes it. A parent-death signal would
+    reach only the command's bash, not the processes it started.
+    """
+    read, write = os.pipe()
+    try:
+        child = spawn(["bash", "-c", _WATCHDOG, "guilds-watch", str(pgid)], os.environ,
+                      stdin=read, stdout=None, session=True)
+    except OSError:
+        os.close(write)
+        return None
+    finally:
+        os.close(read)
+    return Watchdog(child, write)
+
+
+class Watchdog:
+    """A started watchdog (watch_group) and the write end of its pipe."""
+
+    __slots__ = ("child", "fd")
+
+    def __init__(self, child: Child, fd: int):
+        self.child, self.fd = child, fd
+
+
+def release(watchdog: Optional[Watchdog]) -> None:
+    """Tell the watchdog the helper is done with the group; it exits signalling nothing."""
+    if watchdog is None:
+        return
+    try:
+        os.write(watchdog.fd, b"done\n")
+    except OSError:
+        pass
+    os.close(watchdog.fd)
+    watchdog.child.wait()
 
 
 # --- process groups, from /proc ------------------------------------------------------

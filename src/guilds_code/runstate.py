@@ -10,7 +10,14 @@ Layout (see contract.md, "State inside the sandbox"):
 Everything under the home can be rewritten by the agent's own commands, so it
 is read defensively: one component at a time without following links, regular
 files only, at most limits.STATE_FILE_MAX_BYTES. A bad state file counts as
-absent; a bad state folder is an OpError naming it.
+absent.
+
+State that cannot be kept never costs a shell call its command or its output:
+the functions taking ``notes`` add one line there saying what was not kept, and
+the op returns it with the output. Something of the wrong kind where a state
+folder or file belongs (a link, a file where a folder goes, a folder where a
+file goes) is never followed and never deleted: it is renamed beside itself to
+``<name>.aside-<hex>`` (said in a note) and the state is made anew.
 """
 
 from __future__ import annotations
@@ -39,20 +46,11 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
     replaced, not followed. Raises OSError.
     """
     folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name}.{os.urandom(6).hex()}.tmp")
-    fd = os.open(tmp, _NEW_FILE_FLAGS, 0o600)
+    dir_fd = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fchmod(fd, mode)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        unlink_quietly(tmp)
-        raise
+        atomic_write_at(dir_fd, name, data, mode)
+    finally:
+        os.close(dir_fd)
 
 
 def ensure_dir(path: str) -> bool:
@@ -73,21 +71,70 @@ def ensure_dir(path: str) -> bool:
     return created
 
 
-def run_dir(request: protocol.Request) -> str:
-    """<home>/.runs/<run id>, made if missing; making one prunes old runs."""
+def move_aside(path: str, what: str) -> str:
+    """Rename what is at path (a `what`: 'a link', 'a file'...) beside it, unfollowed;
+    the note saying so. OpError when it cannot be moved."""
+    aside = f"{path}.aside-{os.urandom(4).hex()}"
+    try:
+        os.rename(path, aside)
+    except OSError as exc:
+        raise protocol.OpError(f"{path} is {what} and could not be moved aside: {exc.strerror}") from None
+    return f"note: {path} was {what}; moved it to {aside} and made the state anew"
+
+
+def rebuild_dir(path: str, notes: List[str]) -> bool:
+    """ensure_dir, but something else at path is moved aside first (a note says so)."""
+    try:
+        return ensure_dir(path)
+    except protocol.OpError:
+        pass
+    try:
+        st = os.lstat(path)
+    except OSError:
+        st = None
+    if st is not None:
+        notes.append(move_aside(path, _kind(st)))
+    return ensure_dir(path)
+
+
+def _kind(st: os.stat_result) -> str:
+    if stat.S_ISLNK(st.st_mode):
+        return "a link"
+    if stat.S_ISDIR(st.st_mode):
+        return "a folder"
+    return "a file" if stat.S_ISREG(st.st_mode) else "a special file"
+
+
+def run_dir(request: protocol.Request, notes: Optional[List[str]] = None) -> Optional[str]:
+    """<home>/.runs/<run id>, made if missing; making one prunes old runs.
+
+    Without notes, OpError when it cannot be had. With notes, whatever is in the
+    way is moved aside (noted), and None, with a note, when it still cannot be had.
+    """
+    if notes is None:
+        return _run_dir(request, [])
+    try:
+        return _run_dir(request, notes)
+    except protocol.OpError as exc:
+        notes.append(f"note: this call's working directory and log could not be kept: {exc}")
+        return None
+
+
+def _run_dir(request: protocol.Request, notes: List[str]) -> str:
     runs = os.path.join(request.home, RUNS_DIR)
-    ensure_dir(runs)
+    rebuild_dir(runs, notes)
     path = os.path.join(runs, request.run_id)
-    if ensure_dir(path):
+    if rebuild_dir(path, notes):
         prune_runs(runs, keep=limits.RUNS_KEPT, keep_also=lambda: _background_run_dirs(request))
     else:
         _touch(path)
     return path
 
 
-def log_path(request: protocol.Request) -> str:
-    """<run dir>/<call id>.log (absolute): where a shell call's output goes."""
-    return os.path.join(run_dir(request), f"{request.call_id}.log")
+def log_path(request: protocol.Request, notes: Optional[List[str]] = None) -> str:
+    """<run dir>/<call id>.log (absolute): where a shell call's output goes.
+    OpError when the run folder cannot be had (things in its way moved aside first)."""
+    return os.path.join(_run_dir(request, [] if notes is None else notes), f"{request.call_id}.log")
 
 
 def prune_runs(runs: str, keep: int, keep_also=None) -> None:
@@ -139,16 +186,69 @@ def current_cwd(request: protocol.Request) -> str:
     return request.home
 
 
-def save_cwd(request: protocol.Request, path: str) -> None:
+def save_cwd(request: protocol.Request, path: str, notes: List[str]) -> None:
     """Record path (absolute) as the run's working directory, atomically (not
-    rewritten when it holds path already)."""
-    target = os.path.join(run_dir(request), CWD_FILE)
+    rewritten when it holds path already).
+
+    The run folder is had again (what the command put in its way is moved aside)
+    and written beneath descriptors opened without following links; what is not
+    a regular file at cwd is moved aside. A failure is a note.
+    """
     if read_small(request.home, [RUNS_DIR, request.run_id, CWD_FILE]) == os.fsencode(path):
         return
+    if run_dir(request, notes) is None:
+        return
+    fds: List[int] = []
     try:
-        atomic_write(target, os.fsencode(path))
-    except OSError as exc:
-        raise protocol.OpError(f"cannot save the working directory: {exc.strerror}") from None
+        fds.append(os.open(request.home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        for name in (RUNS_DIR, request.run_id):
+            fds.append(os.open(name, _DIR_FLAGS, dir_fd=fds[-1]))
+        _clear_for_file(fds[-1], CWD_FILE, os.path.join(request.home, RUNS_DIR, request.run_id), notes)
+        atomic_write_at(fds[-1], CWD_FILE, os.fsencode(path))
+    except (OSError, protocol.OpError) as exc:
+        notes.append(f"note: the working directory {path} could not be kept: {_reason(exc)}")
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _clear_for_file(dir_fd: int, name: str, folder: str, notes: List[str]) -> None:
+    """Move aside (noted) what is at folder/name (open as dir_fd) when it is not a regular file."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(st.st_mode):
+        return
+    aside = f"{name}.aside-{os.urandom(4).hex()}"
+    os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    notes.append(f"note: {os.path.join(folder, name)} was {_kind(st)}; moved it to "
+                 f"{os.path.join(folder, aside)} and made the state anew")
+
+
+def atomic_write_at(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
+    """atomic_write of name in the folder open as dir_fd. Raises OSError."""
+    tmp = f".{name}.{os.urandom(6).hex()}.tmp"
+    fd = os.open(tmp, _NEW_FILE_FLAGS, 0o600, dir_fd=dir_fd)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
 def state_dir() -> str:

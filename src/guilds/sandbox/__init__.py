@@ -1,6 +1,6 @@
 """Sandbox backends, chosen by the short name in ``agent.sandbox``.
 
-    local       a folder on this machine; no isolation          (local.py)
+    local       a folder on this machine; isolates nothing       (local.py)
     bwrap       one long-lived bubblewrap sandbox per agent      (bubblewrap.py)
     auto        bwrap where it works here, else local with a one-line warning
     docker      one container per agent, Docker SDK              (docker.py)
@@ -53,7 +53,8 @@ def get_sandbox(
             return _bwrap(settings, data_dir, idle_seconds)
         if name == "bwrap":
             raise SandboxError(f"agent.sandbox = 'bwrap': bubblewrap does not work here: {reason}")
-        log.warning("sandbox: bubblewrap does not work here (%s); using local, with no isolation", reason)
+        log.warning("sandbox: bubblewrap does not work here (%s); using local, which isolates "
+                    "nothing: commands run as this user, with all its files and the network", reason)
     from .local import LocalSandbox
 
     return LocalSandbox(settings, data_dir)

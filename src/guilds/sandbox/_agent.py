@@ -56,7 +56,8 @@ def agent_env(settings: AgentSettings, *, home: str, state_dir: str, path: str |
     }
 
 
-def write_repos(settings: AgentSettings, *, state_root: str, home: str) -> None:
+def write_repos(settings: AgentSettings, *, state_root: str, home: str,
+                owner: tuple[int, int] | None = None) -> None:
     """``<state root>/<agent id>/repos.json`` (0600): each repository's absolute
     folder, as the sandbox sees it under ``home``, -> its token (tokenless ones left out).
 
@@ -64,7 +65,7 @@ def write_repos(settings: AgentSettings, *, state_root: str, home: str) -> None:
     """
     tokens = {posixpath.join(home, r.path): r.token for r in settings.repos if r.token}
     data = json.dumps(tokens, indent=1, sort_keys=True).encode()
-    write_beneath(state_root, f"{checked_id(settings)}/repos.json", data)
+    write_beneath(state_root, f"{checked_id(settings)}/repos.json", data, owner=owner)
 
 
 def locate(path: str, roots: Mapping[str, str]) -> tuple[str, str]:
@@ -83,17 +84,21 @@ def locate(path: str, roots: Mapping[str, str]) -> tuple[str, str]:
     raise SandboxError(f"write_file: {path} is outside the home and the state root")
 
 
-def _enter(dir_fd: int, name: str) -> int:
+def _enter(dir_fd: int, name: str, owner: tuple[int, int] | None) -> int:
     """Open (making it if missing) the folder name under dir_fd, refusing links."""
+    made = True
     try:
         os.mkdir(name, _DIR_MODE, dir_fd=dir_fd)
     except FileExistsError:
-        pass
+        made = False
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    return os.open(name, flags, dir_fd=dir_fd)
+    fd = os.open(name, flags, dir_fd=dir_fd)
+    if made and owner is not None:
+        os.fchown(fd, *owner)
+    return fd
 
 
-def _write_at(dir_fd: int, name: str, data: bytes) -> None:
+def _write_at(dir_fd: int, name: str, data: bytes, owner: tuple[int, int] | None) -> None:
     tmp = f".{name}.{secrets.token_hex(6)}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(tmp, flags, _FILE_MODE, dir_fd=dir_fd)
@@ -101,14 +106,17 @@ def _write_at(dir_fd: int, name: str, data: bytes) -> None:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             os.fchmod(fh.fileno(), _FILE_MODE)
+            if owner is not None:
+                os.fchown(fh.fileno(), *owner)
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         os.unlink(tmp, dir_fd=dir_fd)
         raise
 
 
-def write_beneath(root: str, rel: str, data: bytes) -> None:
-    """Write root/rel atomically (temp file + rename), mode 0600, folders made 0700.
+def write_beneath(root: str, rel: str, data: bytes, *, owner: tuple[int, int] | None = None) -> None:
+    """Write root/rel atomically (temp file + rename), mode 0600, folders made 0700,
+    what it makes owned by ``owner`` (uid, gid) when given (the sandbox's uid).
 
     rel is walked one component at a time from a handle on root, never
     following a link: the sandbox's folders are the agent's to rewrite, and a
@@ -121,10 +129,26 @@ def write_beneath(root: str, rel: str, data: bytes) -> None:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             for part in parts[:-1]:
-                fd, old = _enter(fd, part), fd
+                fd, old = _enter(fd, part, owner), fd
                 os.close(old)
-            _write_at(fd, parts[-1], data)
+            _write_at(fd, parts[-1], data, owner)
         finally:
             os.close(fd)
     except OSError as exc:
         raise SandboxError(f"write_file: cannot write {rel} under {root}: {exc.strerror}") from exc
+
+
+def own_tree(root: str, owner: tuple[int, int]) -> None:
+    """Give root and everything beneath it to owner (uid, gid), root itself mode 0700.
+
+    Links are changed themselves, never followed. Done when root is not owner's
+    yet (a home made or written by root before the sandbox's uid was set).
+    """
+    info = os.lstat(root)
+    if (info.st_uid, info.st_gid) == owner:
+        return
+    for folder, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            os.chown(os.path.join(folder, name), *owner, follow_symlinks=False)
+    os.chown(root, *owner, follow_symlinks=False)
+    os.chmod(root, _DIR_MODE)

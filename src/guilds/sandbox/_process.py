@@ -13,7 +13,10 @@
   (SIGTERM first, so a helper can end what it started in sessions of its own),
   and the cancellation goes on once that is done; cancelled again meanwhile,
   it goes on at once and the stop finishes in the background;
-- a process killed by signal N reports ``exit_code`` -N, never 0.
+- a process killed by signal N reports ``exit_code`` -N, never 0;
+- the process gets SIGTERM when this orchestrator process dies (Linux's
+  parent-death signal): a killed ``guilds call`` or server leaves no helper
+  behind, and a helper told to stop ends its command's group.
 
 ``spawn_detached`` starts a long-lived process (a sandbox's init) that outlives
 us; ``succeeds`` runs a quick probe. The /proc helpers identify a process by pid
@@ -23,6 +26,8 @@ us; ``succeeds`` runs a quick probe. The /proc helpers identify a process by pid
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import functools
 import os
 import select
 import signal
@@ -123,7 +128,7 @@ async def run_process(
         transport, proto = await loop.subprocess_exec(
             lambda: _Collector(loop), *argv, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(env), cwd=cwd,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_dies_with_us(),
         )
     except OSError as exc:
         where = f" in {cwd}" if cwd else ""
@@ -140,6 +145,27 @@ async def run_process(
     transport.close()
     stderr = bytes(proto.stderr[-STDERR_KEEP_BYTES:])
     return ExecResult(transport.get_returncode(), bytes(proto.stdout), stderr, timed_out)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+@functools.cache
+def _prctl():
+    """libc's prctl, loaded before any fork (loading a library in a forked child is unsafe)."""
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _dies_with_us():
+    """A preexec_fn: the child gets SIGTERM when this process dies (also if it already has)."""
+    prctl, parent = _prctl(), os.getpid()
+
+    def in_child() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_child
 
 
 async def _stop_and_close(transport: asyncio.SubprocessTransport, pgid: int, exited: asyncio.Future) -> None:

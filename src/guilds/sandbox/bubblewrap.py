@@ -8,26 +8,37 @@ Host files, under the data folder::
                                  init, and the fingerprint of its config
     sandboxes/<agent id>.lock    held (flock) while a process finds or starts it
     sandboxes/<agent id>.log     bwrap's stderr
+    sandboxes/<agent id>.clock   the idle clock: its mtime, moved by each call;
+                                 read-only inside (the agent cannot keep the sandbox alive)
     sandboxes/<agent id>/state/  the state root; emptied when a sandbox starts,
                                  so background ids begin again at b1
 
+Who runs inside: the agent's uid (``sandbox_owner``). With a root orchestrator
+it is ``bwrap.uid``, else one derived from the agent id (AGENT_UID_BASE plus a
+hash: one per agent, so agents cannot read each other's files and the process
+limit is the agent's own); the home and the state root are given to that uid
+(``own_tree``) and every file the sandbox file API writes too. With an
+orchestrator that is not root it is the orchestrator's own uid, in a user
+namespace. Limits: ``bwrap.pids_limit`` and ``bwrap.memory`` as a cgroup
+where one can be made (``_cgroup``), RLIMIT_NPROC always, RLIMIT_AS per
+process where no cgroup could be made; ``bwrap.tmp_size`` for /tmp.
+
 Lifecycle:
 
-- start: ``setsid --fork bwrap ... python3 -c INIT``. INIT sleeps until the
-  state root's mtime is older than the idle time, then exits; bwrap, pid 1 of
-  the namespace, reaps orphans meanwhile and ends with INIT, and the kernel then
+- start: ``setsid --fork sh LIMITS bwrap ... python3 -c INIT``. INIT sleeps until the
+  idle clock's mtime is older than the idle time, then exits; the kernel then
   kills every process left in the namespace (setsid daemons included).
 - found again: any orchestrator process reads the record. Its pid counts while
   that pid's start time matches and the config fingerprint is unchanged;
   otherwise the old sandbox is killed and a new one started.
-- exec: ``nsenter`` into the namespaces (it forks into the pid namespace), then
-  ``setpriv`` drops every capability, then argv; the agent's environment is
-  nsenter's environment, never its argv. Each exec touches the state root: that
-  mtime is the idle clock.
+- exec: ``sh LIMITS nsenter ...`` into the namespaces (it forks into the pid
+  namespace), then ``setpriv`` (the agent's uid, no capabilities), then argv;
+  the agent's environment is nsenter's environment, never its argv. Each exec
+  moves the idle clock.
 - stop: SIGKILL to the init; the kernel ends the rest.
 
-Needs root (nsenter into the namespaces), bwrap, and util-linux's nsenter,
-setpriv and setsid.
+Needs bwrap, and util-linux's nsenter, setpriv and setsid; as root, or where
+the kernel lets unprivileged users make user namespaces.
 """
 
 from __future__ import annotations
@@ -46,16 +57,36 @@ from typing import Iterator, Mapping, Sequence
 from ..errors import SandboxError
 from ..helpers import HELPER_PACKAGES, cached_helper
 from ..settings import AgentSettings
-from ._agent import agent_env, checked_id, locate, real_python, write_beneath, write_repos
+from . import _cgroup
+from ._agent import agent_env, checked_id, locate, own_tree, real_python, write_beneath, write_repos
 from ._process import kill_and_wait, parent_pid, read_until, run_process, spawn_detached, start_time
 from .base import ExecResult
 from .bwrap_argv import (
-    DEFAULT_IDLE_SECONDS, HELPER_DIR, READY, STATE_INSIDE, BwrapConfig, bwrap_argv, enter_argv,
-    host_local_bin, keep_run,
+    DEFAULT_IDLE_SECONDS, HELPER_DIR, READY, STATE_INSIDE, BwrapConfig, Limits, bwrap_argv,
+    enter_argv, host_local_bin, host_system, keep_run, limited_argv, sandbox_python,
 )
 
 START_SECONDS = 10
 """How long a starting sandbox may take to say it is ready."""
+AGENT_UID_BASE = 1_500_000_000
+AGENT_UID_SPAN = 100_000_000
+"""A root orchestrator's default uid for an agent: AGENT_UID_BASE + (sha256 of the
+id mod AGENT_UID_SPAN), far above the uids of users, of subordinate-id ranges
+(100000 + 65536 per user) and of systemd's dynamic users."""
+
+
+def agent_uid(agent_id: str) -> int:
+    """The default host uid (and gid) of the agent's commands under a root orchestrator."""
+    digest = hashlib.sha256(agent_id.encode()).digest()
+    return AGENT_UID_BASE + int.from_bytes(digest[:8], "big") % AGENT_UID_SPAN
+
+
+def sandbox_owner(settings: AgentSettings) -> tuple[int, int, bool]:
+    """(uid, gid, user namespace?) of the agent's processes."""
+    if os.geteuid() != 0:
+        return os.getuid(), os.getgid(), True
+    uid = settings.bwrap.uid or agent_uid(settings.id)
+    return uid, uid, False
 
 
 class BwrapSandbox:
@@ -69,12 +100,17 @@ class BwrapSandbox:
         """idle_seconds: the idle stop; path: the agent's PATH (default: this process's)."""
         self.settings = settings
         self.home = str(settings.home)
-        self.python = real_python()
+        self.python = sandbox_python() or real_python()
         self.idle_seconds = idle_seconds
+        self.uid, self.gid, self._userns = sandbox_owner(settings)
+        self._owner = None if self._userns else (self.uid, self.gid)
         self._data = os.path.realpath(data_dir)
         base = os.path.join(self._data, "sandboxes", checked_id(settings))
-        self._record, self._lock, self._log = (f"{base}.{ext}" for ext in ("json", "lock", "log"))
+        self._record, self._lock, self._log, self._clock = (
+            f"{base}.{ext}" for ext in ("json", "lock", "log", "clock"))
         self._state = os.path.join(base, "state")
+        self._cgroup_name = f"{settings.id}-{hashlib.sha256(base.encode()).hexdigest()[:8]}"
+        self._limits: Limits | None = None
         self._env = agent_env(settings, home=self.home, state_dir=STATE_INSIDE,
                               path=path or os.environ.get("PATH"))
         self._helpers: tuple[tuple[str, str], ...] = ()
@@ -97,8 +133,8 @@ class BwrapSandbox:
         pid = await asyncio.to_thread(self._ensure)
         keep_alive = asyncio.create_task(self._keep_alive())
         try:
-            return await run_process(enter_argv(pid, self.home, argv),
-                                     env={**self._env, **(env or {})}, cwd="/", timeout=timeout)
+            argv = limited_argv(self._process_limits(), enter_argv(pid, self.home, argv, self._config()))
+            return await run_process(argv, env={**self._env, **(env or {})}, cwd="/", timeout=timeout)
         finally:
             keep_alive.cancel()
             self._touch()
@@ -114,7 +150,7 @@ class BwrapSandbox:
 
         def write() -> None:
             self._ensure()  # first: a sandbox started now empties the state root
-            write_beneath(root, rel, data)
+            write_beneath(root, rel, data, owner=self._owner)
 
         await asyncio.to_thread(write)
 
@@ -139,11 +175,16 @@ class BwrapSandbox:
             if record:
                 _end(record)
             Path(self._record).unlink(missing_ok=True)
+            _cgroup.remove_cgroup(self._cgroup_name)
 
     def _create(self, fingerprint: str) -> int:
         shutil.rmtree(self._state, ignore_errors=True)
         os.makedirs(self._state, mode=0o700)
         os.makedirs(self.home, exist_ok=True)
+        if self._owner is not None:
+            os.chown(self._state, *self._owner)
+            own_tree(self.home, self._owner)
+        Path(self._clock).touch(mode=0o644)
         self._write_repos()
         pid = self._launch()
         outer = parent_pid(pid) or 0
@@ -161,7 +202,8 @@ class BwrapSandbox:
         try:
             argv = bwrap_argv(self._config(info_fd=info_w, ready_fd=ready_w))
             launch_env = {"PATH": self._env["PATH"], "LANG": self._env["LANG"]}
-            spawn_detached(argv, env=launch_env, log_path=self._log, pass_fds=(info_w, ready_w))
+            spawn_detached(limited_argv(self._process_limits(), argv), env=launch_env,
+                           log_path=self._log, pass_fds=(info_w, ready_w))
             pid = _child_pid(read_until(info_r, timeout=START_SECONDS))
             ready = READY in read_until(ready_r, timeout=START_SECONDS, stop=READY)
         finally:
@@ -178,16 +220,29 @@ class BwrapSandbox:
             cache = Path(self._data, "helpers")
             self._helpers = tuple((n, str(cached_helper(cache, n))) for n in HELPER_PACKAGES)
         return BwrapConfig(
-            home=self.home, state=self._state, helpers=self._helpers,
+            home=self.home, state=self._state, clock=self._clock, helpers=self._helpers,
+            uid=self.uid, gid=self.gid, userns=self._userns, system=host_system(),
             local_bin=host_local_bin(skip=HELPER_PACKAGES), hidden=(self._data,),
             keep_run=keep_run() if self.settings.network else (), network=self.settings.network,
-            python=self.python, idle_seconds=self.idle_seconds, info_fd=info_fd, ready_fd=ready_fd,
+            tmp_bytes=self.settings.bwrap.tmp_size, python=self.python,
+            idle_seconds=self.idle_seconds, info_fd=info_fd, ready_fd=ready_fd,
         )
+
+    def _process_limits(self) -> Limits:
+        """The limits every process of the sandbox starts under (the cgroup made
+        again when a stop, maybe another process's, removed it)."""
+        if self._limits is None or not all(map(os.path.exists, self._limits.cgroup_procs)):
+            cfg = self.settings.bwrap
+            procs = _cgroup.make_cgroup(self._cgroup_name, memory_bytes=cfg.memory, pids=cfg.pids_limit)
+            self._limits = Limits(pids=cfg.pids_limit, memory_bytes=0 if procs else cfg.memory,
+                                  cgroup_procs=procs)
+        return self._limits
 
     def _fingerprint(self) -> str:
         """What makes a running sandbox still the right one (host /usr/local/bin aside)."""
         stable = replace(self._config(), local_bin=())
-        return hashlib.sha256(json.dumps(bwrap_argv(stable)).encode()).hexdigest()
+        cfg = self.settings.bwrap
+        return hashlib.sha256(json.dumps([bwrap_argv(stable), cfg.pids_limit, cfg.memory]).encode()).hexdigest()
 
     def _read_record(self) -> dict | None:
         try:
@@ -207,12 +262,12 @@ class BwrapSandbox:
 
     def _touch(self) -> None:
         try:
-            os.utime(self._state)
+            os.utime(self._clock)
         except OSError:
             pass
 
     def _write_repos(self) -> None:
-        write_repos(self.settings, state_root=self._state, home=self.home)
+        write_repos(self.settings, state_root=self._state, home=self.home, owner=self._owner)
 
     def _log_tail(self) -> str:
         try:

@@ -1,22 +1,39 @@
 """The bwrap sandbox's argv, built as pure functions of a config.
 
-Inside: the host's ``/`` read-only; the home bound writable at its own path;
-fresh ``/proc``, ``/dev``, and empty ``/tmp`` and ``/run`` (no host sockets);
-the state root, a host folder, bound at ``/run/guilds``; the helpers bound
-read-only at ``/usr/local/bin/<name>`` (a tmpfs there re-exposes the host's
-entries, since a read-only ``/usr`` takes no new mount point); the data folder
-hidden behind an empty tmpfs; own pid, ipc and uts namespaces; the network off
-(``--unshare-net``) unless ``agent.network``; no capabilities.
+Inside (each with its reason in docs/sandboxes.md):
 
+- only what a toolchain needs of the host, read-only: ``/usr``, ``/etc``,
+  ``/opt`` and ``/nix`` where they exist, and ``/bin``, ``/sbin``, ``/lib*``
+  (links into ``/usr`` on a merged-/usr host); not ``/root``, ``/home``,
+  ``/var``, ``/srv``, ``/mnt``, ``/tmp`` nor ``/run`` of the host, so no data
+  folder, no other agent and no host socket is there to be reached;
+- the home bound writable at its own path; the state root, a host folder, at
+  ``/run/guilds``; the idle clock, a host file, read-only at ``/run/guilds-clock``;
+- fresh ``/proc`` with ``/proc/sys`` (and ``/proc/sysrq-trigger``) bound
+  read-only over it; ``/dev`` with the usual device nodes; sized tmpfs
+  ``/tmp`` and ``/dev/shm``; ``/``, ``/dev`` and ``/run`` remounted read-only;
+- the helpers read-only at ``/usr/local/bin/<name>`` (a tmpfs there
+  re-exposes the host's entries);
+- own pid, ipc and uts namespaces; the network off (``--unshare-net``) unless
+  ``agent.network``;
+- every process runs as ``uid``/``gid`` on the host, with no capabilities and
+  no new privileges. Two ways, by who the orchestrator is:
+  *root*: bwrap runs privileged (no user namespace) and ``setpriv`` drops to
+  the agent's own uid before INIT and before each command;
+  *not root* (``userns``): bwrap makes a user namespace mapping only the
+  orchestrator's uid, and every process inside is that uid.
+
+``limited_argv`` puts a command under the sandbox's limits: RLIMIT_NPROC
+(and RLIMIT_AS where no memory cgroup exists), then into its cgroups.
 ``enter_argv`` runs a command in the running sandbox: ``nsenter`` into its
-namespaces (it forks into the pid namespace), then ``setpriv`` drops every
-capability and forbids new privileges.
+namespaces (it forks into the pid namespace), then ``setpriv``.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import posixpath
 import shutil
 from dataclasses import dataclass
 from typing import Sequence
@@ -24,12 +41,26 @@ from typing import Sequence
 from ._process import succeeds
 
 STATE_INSIDE = "/run/guilds"
+CLOCK_INSIDE = "/run/guilds-clock"
+"""The idle clock inside: a host file bound read-only, so the agent cannot move it."""
 HELPER_DIR = "/usr/local/bin"
 DEFAULT_IDLE_SECONDS = 30 * 60
 """The sandbox ends after this long without a call (``shell`` background commands with it)."""
+SYSTEM_DIRS = ("/usr", "/etc", "/opt", "/nix")
+"""Host folders a toolchain needs, bound read-only where they exist."""
+SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+"""Bound as they are on the host: a link (merged /usr) or a folder."""
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+"""Device nodes of the user-namespace sandbox's /dev (bwrap's --dev needs a
+second user namespace there, which nsenter could not enter whole)."""
+SHM_BYTES = 64 << 20
+"""/dev/shm: as much as Docker gives a container."""
+SMALL_TMPFS_BYTES = 1 << 20
+"""/run and /dev hold only mount points and nodes; read-only once made."""
 INIT = (
-    "import os,signal,sys,time\n"
-    "stamp,idle,ready=sys.argv[1],float(sys.argv[2]),int(sys.argv[3])\n"
+    "import ctypes,os,signal,sys,time\n"
+    "clock,idle,ready=sys.argv[1],float(sys.argv[2]),int(sys.argv[3])\n"
+    "ctypes.CDLL(None).prctl(4,0,0,0,0)\n"
     "def reap(*_):\n"
     " try:\n"
     "  while os.waitpid(-1,os.WNOHANG)[0]:pass\n"
@@ -37,18 +68,25 @@ INIT = (
     "signal.signal(signal.SIGCHLD,reap)\n"
     "os.write(ready,b'ready\\n')\n"
     "os.close(ready)\n"
-    "while time.time()-os.stat(stamp).st_mtime<idle:\n"
+    "while time.time()-os.stat(clock).st_mtime<idle:\n"
     " reap()\n"
     " time.sleep(min(idle/4,30))\n"
 )
-"""The sandbox's init, pid 1 of its namespace (``--as-pid-1``): reaps every
-orphan as it ends, says "ready" on an fd (the mounts are then in place), and
-lives while the stamp's mtime is younger than idle seconds. When it exits the
-kernel kills every process left in the namespace."""
+"""The sandbox's init, pid 1 of its namespace (``--as-pid-1``): made
+undumpable (prctl PR_SET_DUMPABLE 0: the agent's processes, of the same uid,
+cannot ptrace it), reaps every orphan as it ends, says "ready" on an fd (the
+mounts are then in place), and lives while the clock's mtime is younger than
+idle seconds. When it exits the kernel kills every process left in the namespace."""
 READY = b"ready"
 NAMESPACES = ("--unshare-pid", "--unshare-ipc", "--unshare-uts")
-PROBE = ["bwrap", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", *NAMESPACES,
-         "--unshare-net", "--cap-drop", "ALL", "true"]
+ROOT_CAPS = ("--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+             "--cap-add", "CAP_SETPCAP")
+"""What INIT keeps as root, only to become the agent's uid at once (setpriv)."""
+LIMITS_SCRIPT = (
+    'ulimit -p "$1" || exit 125; [ "$2" = 0 ] || ulimit -v "$2" || exit 125; shift 2; '
+    'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+)
+"""sh: RLIMIT_NPROC, RLIMIT_AS (KiB; 0: none), join each cgroup.procs given, exec the rest."""
 _TOOLS = ("bwrap", "nsenter", "setpriv", "setsid")
 
 
@@ -60,22 +98,45 @@ class BwrapConfig:
     """Host folder of the home, bound writable at the same path."""
     state: str
     """Host folder of the state root, bound at /run/guilds."""
+    clock: str
+    """Host file of the idle clock, bound read-only at /run/guilds-clock."""
     helpers: tuple[tuple[str, str], ...]
     """(name, host file) bound read-only at /usr/local/bin/<name>."""
     python: str
     """The python3 that runs INIT (and the helpers) inside."""
+    uid: int
+    gid: int
+    """The host uid and gid of every process inside."""
+    userns: bool = False
+    """True when the orchestrator is not root: a user namespace maps only uid."""
+    system: tuple[tuple[str, str | None], ...] = ()
+    """The host's SYSTEM_DIRS and SYSTEM_LINKS that exist: (path, link target or None)."""
     local_bin: tuple[tuple[str, str | None], ...] = ()
     """The host's /usr/local/bin entries: (name, link target, or None for a file)."""
     hidden: tuple[str, ...] = ()
-    """Host folders hidden behind an empty tmpfs (the data folder)."""
+    """Host folders hidden behind an empty tmpfs where a bound folder holds them (the data folder)."""
     keep_run: tuple[str, ...] = ()
     """Host paths under /run bound back read-only (resolv.conf's target)."""
     network: bool = False
+    tmp_bytes: int = 1 << 30
+    """The size of /tmp."""
     idle_seconds: float = DEFAULT_IDLE_SECONDS
     info_fd: int = 3
     """The fd bwrap reports its child's pid on (--info-fd)."""
     ready_fd: int = 4
     """The fd INIT says "ready" on."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What ``limited_argv`` puts a command under."""
+
+    pids: int
+    """RLIMIT_NPROC: processes of the uid (per agent: its uid or its user namespace is its own)."""
+    memory_bytes: int = 0
+    """RLIMIT_AS per process; 0 where a memory cgroup bounds the whole sandbox instead."""
+    cgroup_procs: tuple[str, ...] = ()
+    """cgroup.procs files the command joins (pids and memory), when they could be made."""
 
 
 def _within(path: str, folder: str) -> bool:
@@ -84,6 +145,48 @@ def _within(path: str, folder: str) -> bool:
 
 def _tmpfs(folders: Sequence[str]) -> list[str]:
     return [arg for folder in folders for arg in ("--tmpfs", folder)]
+
+
+def _sized(path: str, size: int, perms: str = "0755") -> list[str]:
+    return ["--perms", perms, "--size", str(size), "--tmpfs", path]
+
+
+def _system(c: BwrapConfig) -> list[str]:
+    argv: list[str] = []
+    for path, target in c.system:
+        argv += ["--ro-bind", path, path] if target is None else ["--symlink", target, path]
+    return argv
+
+
+def _dev(c: BwrapConfig) -> list[str]:
+    if not c.userns:
+        return ["--dev", "/dev"]
+    argv = _sized("/dev", SMALL_TMPFS_BYTES)
+    for name in DEVICES:
+        argv += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        argv += ["--symlink", target, f"/dev/{name}"]
+    return argv
+
+
+def _kernel(c: BwrapConfig) -> list[str]:
+    """Fresh /proc; its knobs read-only (the uid alone already cannot write them)."""
+    return ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
+            "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger"]
+
+
+_MOUNTED = ("/", "/tmp", "/run", "/dev", "/dev/shm", "/proc", HELPER_DIR)
+
+
+def _parents(c: BwrapConfig) -> list[str]:
+    """The home's parent folders made 0755 (bwrap would copy the host's modes,
+    and a 0700 parent of root's would shut the agent's uid out of its home)."""
+    parents, path = [], posixpath.dirname(c.home.rstrip("/"))
+    while path not in _MOUNTED and not any(_within(path, p) for p, _ in c.system):
+        parents.insert(0, path)
+        path = posixpath.dirname(path)
+    return [arg for p in parents for arg in ("--perms", "0755", "--dir", p)]
 
 
 def _local_bin(c: BwrapConfig) -> list[str]:
@@ -96,39 +199,78 @@ def _local_bin(c: BwrapConfig) -> list[str]:
     return argv + ["--remount-ro", HELPER_DIR]
 
 
+def drop_argv(c: BwrapConfig) -> list[str]:
+    """setpriv: to the agent's uid (as root), no capabilities, no new privileges."""
+    if c.userns:  # the uid is already the agent's; an exec as it drops every capability
+        return ["setpriv", "--no-new-privs", "--inh-caps=-all", "--"]
+    return ["setpriv", f"--reuid={c.uid}", f"--regid={c.gid}", "--clear-groups",
+            "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--"]
+
+
 def bwrap_argv(c: BwrapConfig) -> list[str]:
     """The argv that starts the agent's sandbox (pure)."""
-    argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--tmpfs", "/tmp", "--tmpfs", "/run"]
+    argv = ["bwrap", *(["--unshare-user"] if c.userns else []), *_system(c), *_dev(c),
+            *_sized("/dev/shm", SHM_BYTES, "1777"), *_kernel(c),
+            *_sized("/tmp", c.tmp_bytes, "1777"), *_sized("/run", SMALL_TMPFS_BYTES)]
     for path in c.keep_run:
         argv += ["--ro-bind-try", path, path]
     argv += _local_bin(c)
     holding_home = [h for h in c.hidden if _within(c.home, h)]  # hidden before the home's bind
-    argv += _tmpfs(holding_home) + ["--bind", c.home, c.home, "--bind", c.state, STATE_INSIDE]
+    argv += _tmpfs(holding_home) + _parents(c) + [
+        "--bind", c.home, c.home, "--bind", c.state, STATE_INSIDE,
+                                    "--ro-bind", c.clock, CLOCK_INSIDE]
     argv += _tmpfs([h for h in c.hidden if h not in holding_home])
-    argv += [*NAMESPACES, *([] if c.network else ["--unshare-net"]), "--as-pid-1", "--cap-drop", "ALL",
-             "--info-fd", str(c.info_fd), "--chdir", "/", "--",
-             c.python, "-I", "-S", "-c", INIT, STATE_INSIDE, f"{c.idle_seconds:g}", str(c.ready_fd)]
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/run", "--remount-ro", "/"]
+    argv += [*NAMESPACES, *([] if c.network else ["--unshare-net"]), "--as-pid-1",
+             *(["--cap-drop", "ALL"] if c.userns else ROOT_CAPS),
+             "--info-fd", str(c.info_fd), "--chdir", "/", "--", *drop_argv(c),
+             c.python, "-I", "-S", "-c", INIT, CLOCK_INSIDE, f"{c.idle_seconds:g}", str(c.ready_fd)]
     return argv
 
 
-def enter_argv(pid: int, wd: str, argv: Sequence[str]) -> list[str]:
+def limited_argv(limits: Limits, argv: Sequence[str]) -> list[str]:
+    """argv under the limits: ``sh`` sets the rlimits, joins the cgroups, then execs argv (pure)."""
+    return ["/bin/sh", "-c", LIMITS_SCRIPT, "guilds-limits", str(limits.pids),
+            str(limits.memory_bytes // 1024), *limits.cgroup_procs, "--", *argv]
+
+
+def enter_argv(pid: int, wd: str, argv: Sequence[str], c: BwrapConfig) -> list[str]:
     """The argv that runs argv inside the sandbox whose init is pid, in wd (pure)."""
-    return ["nsenter", f"--target={pid}", "--mount", "--uts", "--ipc", "--net", "--pid",
-            "--root", f"--wd={wd}", "--",
-            "setpriv", "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--",
-            *argv]
+    user = ["--user", "--preserve-credentials"] if c.userns else []
+    return ["nsenter", f"--target={pid}", *user, "--mount", "--uts", "--ipc", "--net", "--pid",
+            "--root", f"--wdns={wd}", "--", *drop_argv(c), *argv]
 
 
 @functools.cache
 def unavailable() -> str | None:
-    """Why this backend cannot run here, or None when it can (probed once)."""
-    if os.geteuid() != 0:
-        return "it needs root to enter the sandbox (nsenter)"
+    """Why this backend cannot run here, or None when it can (probed once).
+
+    As root, privileged bwrap; otherwise bwrap in a user namespace, which the
+    kernel must allow to unprivileged users.
+    """
     missing = [tool for tool in _TOOLS if not shutil.which(tool)]
     if missing:
         return f"{', '.join(missing)} not found"
-    return None if succeeds(PROBE) else "bwrap cannot make namespaces here"
+    if not succeeds(probe_argv(userns=os.geteuid() != 0)):
+        return "bwrap cannot make namespaces here" + (
+            "" if os.geteuid() == 0 else " (unprivileged user namespaces are off)")
+    return None
+
+
+def probe_argv(*, userns: bool) -> list[str]:
+    return ["bwrap", *(["--unshare-user"] if userns else []), "--ro-bind", "/", "/",
+            "--proc", "/proc", *NAMESPACES, "--unshare-net", "--cap-drop", "ALL", "true"]
+
+
+def host_system() -> tuple[tuple[str, str | None], ...]:
+    """BwrapConfig.system for this host: which of SYSTEM_DIRS and SYSTEM_LINKS exist, and how."""
+    found: list[tuple[str, str | None]] = []
+    for path in (*SYSTEM_DIRS, *SYSTEM_LINKS):
+        if os.path.islink(path):
+            found.append((path, os.readlink(path)))
+        elif os.path.isdir(path):
+            found.append((path, None))
+    return tuple(found)
 
 
 def host_local_bin(skip: Sequence[str]) -> tuple[tuple[str, str | None], ...]:
@@ -148,3 +290,13 @@ def keep_run() -> tuple[str, ...]:
     """BwrapConfig.keep_run for this host: resolv.conf's target when it lies in /run."""
     resolv = os.path.realpath("/etc/resolv.conf")
     return (resolv,) if _within(resolv, "/run") else ()
+
+
+def sandbox_python(candidates: Sequence[str] = ("/usr/bin/python3", "/usr/local/bin/python3")) -> str | None:
+    """A python3 under the bound system folders (the orchestrator's own may live in a
+    home the agent's uid cannot enter), as a path that resolves inside; None if none."""
+    for path in candidates:
+        real = os.path.realpath(path)
+        if os.access(real, os.X_OK) and any(_within(real, d) for d in SYSTEM_DIRS):
+            return path
+    return None

@@ -1,4 +1,7 @@
-"""The ``local`` backend: a folder on this machine is the home; no isolation.
+"""The ``local`` backend: a folder on this machine is the home. It isolates nothing:
+commands run as the orchestrator's own user, read and write whatever that user
+can (its other files, other agents' homes, the data folder and run record),
+reach the network, and are bounded by no limit but the call's timeout.
 
 Layout under the data folder::
 

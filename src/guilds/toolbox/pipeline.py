@@ -1,7 +1,10 @@
 """The platform's result pipeline, run on every result, unchanged, in this order:
 
 1. redaction: every secret value of the agent (its secret environment and its
-   repository tokens, with their base64/URL/JSON encodings) -> ``[REDACTED]``;
+   repository tokens, with their base64/URL/JSON encodings) -> ``[REDACTED]``,
+   also where escape sequences or carriage returns inside the text (a log read
+   back with file_read or found by code_search) split a value as it is shown
+   (``guilds_code.redact``);
 2. the 64 KiB cap (``PLATFORM_CAP_BYTES``): a longer text keeps its start, cut
    at a line where one is near, and ends with ``CUT_MARK``; the result is then
    "cut by the pipeline" and a file_read so cut is never pointed to later;
@@ -55,13 +58,14 @@ def with_trailer(text: str, remaining: int) -> str:
 
 
 def redact_meta(redactor: Redactor, value: Any) -> Any:
-    """The metadata with every string redacted (keys kept)."""
+    """The metadata (or recorded arguments) with every string redacted, keys too:
+    a secret used as an argument's name is a secret all the same."""
     if not redactor:
         return value
     if isinstance(value, str):
         return redactor.redact(value)
     if isinstance(value, dict):
-        return {k: redact_meta(redactor, v) for k, v in value.items()}
+        return {redact_meta(redactor, k): redact_meta(redactor, v) for k, v in value.items()}
     if isinstance(value, list):
         return [redact_meta(redactor, v) for v in value]
     return value

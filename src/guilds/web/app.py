@@ -24,7 +24,6 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
@@ -32,6 +31,7 @@ from starlette.staticfiles import StaticFiles
 
 from guilds_code.redact import Redactor
 
+from ..auth import EndpointLock, Lock
 from ..records import CallRecord, RunRecord
 from ..store import Store
 from . import queries
@@ -177,14 +177,14 @@ class SecurityHeaders:
 
 
 def create_app(store: Store, *, redactor: Redactor, logs: LogReader, extra_routes: Sequence[BaseRoute] = (),
-               allowed_hosts: Sequence[str] | None = None,
+               lock: Lock | None = None,
                lifespan: Callable[[Starlette], contextlib.AbstractAsyncContextManager] | None = None) -> Starlette:
     """The app over a run record. ``redactor`` holds the secret values of every agent whose
-    runs it shows; ``extra_routes`` (the MCP endpoint) come first; ``allowed_hosts``, when
-    given, refuses other Host headers (DNS rebinding)."""
+    runs it shows; ``extra_routes`` (the MCP endpoint) come first; ``lock`` puts every route, the
+    extra ones too, behind ``guilds.auth.EndpointLock`` (Host, Origin, token)."""
     web = WebApp(store, redactor, logs)
     middleware = [Middleware(SecurityHeaders)]
-    if allowed_hosts is not None:
-        middleware.insert(0, Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))
+    if lock is not None:
+        middleware.append(Middleware(EndpointLock, lock=lock))
     return Starlette(routes=[*extra_routes, *web.routes()], middleware=middleware, lifespan=lifespan,
                      exception_handlers={HTTPException: web.not_found})

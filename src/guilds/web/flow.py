@@ -75,7 +75,7 @@ class FlowItem:
     text: str
     """The row; "Code task" for a code_task block."""
     state: str
-    """running, done, error or cancelled."""
+    """running, done, error, cancelled or lost."""
     duration: str
     href: str
     task: CodeTaskBlock | None = None
@@ -96,8 +96,8 @@ def running(call: CallRecord) -> bool:
 
 
 def state_of(call: CallRecord) -> str:
-    """running, done, error, or cancelled."""
-    if running(call) or call.status == "cancelled":
+    """running, done, error, cancelled, or lost (its process ended before it finished)."""
+    if running(call) or call.status in ("cancelled", "lost"):
         return call.status
     return "error" if call.is_error else "done"
 

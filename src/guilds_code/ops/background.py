@@ -18,7 +18,12 @@ Under <state root>/<agent id>/background/, per command, nothing rewritten:
 States: running, exited N, stopping (stop sent, still alive), stopped (stopped
 and gone), ended (gone without an exit code). A record's pid names its process
 only with the same start time (/proc/<pid>/stat field 22): a reused pid is gone.
-shell_status (ops/shell_status.py) reads them.
+The agent can rewrite a record, start time included, so a record is trusted to
+name a group this sandbox started (``owned``) only while that group's leader
+is the wrapper the helper started for it: the same start time, leading its own
+group, with the record's own exit file on its command line. Nothing is ever
+signalled for a record that is not owned. shell_status (ops/shell_status.py)
+reads them.
 """
 
 from __future__ import annotations
@@ -54,14 +59,15 @@ def background_dir(request: protocol.Request, create: bool = False) -> str:
 def start(request: protocol.Request) -> protocol.Reply:
     """Start args.command in the background and return at once."""
     folder = background_dir(request, create=True)
-    log = runstate.log_path(request)
+    notes: List[str] = []  # what was in the run folder's way, moved aside
+    log = runstate.log_path(request, notes)
     record = _launch(request, folder, log)
     bid = _allocate(folder, record)
-    text = (
-        f"started {bid} in the background (pid {record['pid']})\n"
-        f"log: {log}\n"
-        f"check it with shell_status id={bid}; stop it with shell_status id={bid} stop=true"
-    )
+    text = "\n".join([
+        f"started {bid} in the background (pid {record['pid']})",
+        f"log: {log}",
+        f"check it with shell_status id={bid}; stop it with shell_status id={bid} stop=true",
+    ] + notes)
     return protocol.Reply(text=shaping.cap_text(text, request.max_bytes), meta={"background_id": bid, "log_path": log})
 
 
@@ -169,7 +175,29 @@ def _alive(record: Dict[str, Any], live: Set[int]) -> bool:
     info = proc.proc_stat(pid)
     if info is not None and info.start_time != record.get("start_time"):
         return False  # the pid is reused: its number is no longer our group's
+    if info is not None and info.state not in "ZX" and not owned(record):
+        return False  # the record names a group this sandbox did not start
     return pid in live
+
+
+def owned(record: Dict[str, Any]) -> bool:
+    """True when the record's pid is, now, the wrapper this helper started for
+    it (see the module docstring): the only case where its group may be signalled."""
+    pid, exit_file = record["pid"], record.get("exit_file")
+    info = proc.proc_stat(pid)
+    if info is None or info.pgrp != pid or info.start_time != record.get("start_time"):
+        return False
+    return isinstance(exit_file, str) and _command_line(pid)[2:5] == [WRAPPER, "guilds-bg", exit_file]
+
+
+def _command_line(pid: int) -> List[str]:
+    """The arguments of pid (/proc/<pid>/cmdline), [] when unreadable."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            raw = fh.read(limits.STATE_FILE_MAX_BYTES)
+    except OSError:
+        return []
+    return [os.fsdecode(arg) for arg in raw.split(b"\0")]
 
 
 def _exit_code(folder: str, record: Dict[str, Any]):

@@ -18,6 +18,7 @@ from .background import (
     list_ids,
     load_record,
     mtime,
+    owned,
     status,
     touch_new,
 )
@@ -217,22 +218,26 @@ def read_tail(path: str, lines: int, cap: int, with_end: bool = False):
 
 def _stop(request: protocol.Request, folder: str, bid: str, record: Dict[str, Any]) -> protocol.Reply:
     """SIGTERM to the group; SIGKILL STOP_KILL_GRACE_SECONDS later by a detached
-    killer unless it is gone within STOP_WAIT_SECONDS."""
+    killer unless it is gone within STOP_WAIT_SECONDS. Only a group the record
+    is verified to name (background.owned) is ever signalled."""
     before = status(folder, bid, record, proc.live_groups())
     if before.state not in ("running", "stopping"):
         return protocol.Reply(text=f"{bid} is not running: {before.state}", meta=_meta(before))
     pgid = record["pid"]
-    if before.state == "running":
+    signalled = before.state == "running" and owned(record)
+    if signalled:
         touch_new(os.path.join(folder, f"{bid}.stop"))
         proc.signal_group(pgid, proc.signals.SIGTERM)
     deadline = time.monotonic() + limits.STOP_WAIT_SECONDS
-    while time.monotonic() < deadline and proc.group_alive(pgid):
+    while signalled and time.monotonic() < deadline and proc.group_alive(pgid):
         time.sleep(0.05)
-    if proc.group_alive(pgid):
+    if signalled and proc.group_alive(pgid):
         stop_time = mtime(os.path.join(folder, f"{bid}.stop")) or time.time()
         _spawn_killer(pgid, stop_time + limits.STOP_KILL_GRACE_SECONDS - time.time())
     after = status(folder, bid, record, proc.live_groups())
-    if after.state == "stopping":
+    if before.state == "running" and not signalled:
+        head = f"not stopped {bid}: its process group is not verified as the one started for it"
+    elif after.state == "stopping":
         head = f"sent SIGTERM to {bid}; SIGKILL follows {limits.STOP_KILL_GRACE_SECONDS}s later if it is still running"
     else:
         head = f"stopped {bid}"

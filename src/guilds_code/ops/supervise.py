@@ -12,7 +12,7 @@ import select
 import time
 
 from .. import limits
-from ..proc import group_alive, signal_group, signals
+from ..proc import group_alive, release, signal_group, signals, watch_group
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -52,10 +52,12 @@ def execute(child: Child, timeout: float, sink: Callable[[bytes], None]) -> Outc
     """
     _raise_malloc_thresholds()
     loop = _Loop(child, timeout, sink)
+    watchdog = watch_group(child.pid)  # the command dies with the helper, even by SIGKILL
     try:
         loop.run()
     finally:
         loop.close()
+        release(watchdog)
     if loop.timed_out:
         return Outcome(limits.TIMEOUT_EXIT_CODE, True)
     return Outcome(exit_status(child.returncode), False)

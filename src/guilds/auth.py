@@ -1,0 +1,206 @@
+"""The endpoint's lock: `guilds serve` answers only whoever holds its token.
+
+    server_token(data_dir) -> str          the token, made on first run (0600 file)
+    EndpointLock(app, lock)                ASGI middleware in front of /mcp and the app
+    Lock(token, hosts)                     what the middleware checks
+    host_names(host, extra) -> names       the Host header names a bind accepts
+
+Every HTTP request, in order:
+
+1. **Host**: the Host header's name (port aside) must be one of ``lock.hosts``
+   (else 400): a page of another site that rebinds its DNS name to this
+   address is refused (DNS rebinding).
+2. **Origin**: a request that carries an Origin must come from this very
+   origin, ``http(s)://<its Host header>`` (else 403): another site's page
+   cannot drive the endpoint from a visitor's browser.
+3. **Token** (when ``lock.token`` is set), one of:
+   - ``Authorization: Bearer <token>`` (MCP clients, scripts);
+   - the cookie ``guilds-token-<port>`` (the browser);
+   - a one-time ``?token=<token>`` on a GET: answered by a redirect to the
+     same URL without it, setting that cookie (HttpOnly, SameSite=Strict), so
+     the token does not stay in the address bar or the history.
+   Else 401. Tokens are compared in constant time.
+
+The token file is ``<data folder>/serve.token``, 0600, made once with
+O_EXCL (two servers starting at once share one token). Whoever has the token
+runs commands as the agent and reads every run.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import os
+import secrets
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from http.cookies import SimpleCookie
+from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from .errors import RecordError
+from .private import FILE_MODE, read_private
+
+TOKEN_FILE = "serve.token"
+TOKEN_BYTES = 32
+"""256 random bits, as 43 URL-safe characters."""
+MIN_TOKEN_CHARS = 32
+"""A token file holding fewer characters is refused (an edited or truncated file)."""
+COOKIE_PREFIX = "guilds-token-"
+"""The cookie's name ends with the server's port: two servers on one machine keep apart."""
+TOKEN_PARAM = "token"
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: only this machine can connect."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def host_names(host: str, extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """The Host header names accepted when serving on ``host``: the loopback names,
+    the address served on, and for any other bind the machine's own names, plus extra."""
+    names = [*LOOPBACK_NAMES, host.strip("[]")]
+    if not is_loopback(host):
+        names += [socket.gethostname(), socket.getfqdn()]
+    names += extra
+    return tuple(dict.fromkeys(n.lower() for n in names if n and n not in ("0.0.0.0", "::")))
+
+
+def server_token(data_dir: Path) -> str:
+    """The server's token: read from the token file, or made there on first run (0600)."""
+    path = Path(data_dir) / TOKEN_FILE
+    token = secrets.token_urlsafe(TOKEN_BYTES)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    except FileExistsError:
+        return _read_token(path)
+    except OSError as exc:
+        raise RecordError(f"cannot make the token file {path}: {exc.strerror or exc}") from None
+    try:
+        os.write(fd, token.encode() + b"\n")
+    except OSError as exc:
+        os.unlink(path)
+        raise RecordError(f"cannot write the token file {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    return token
+
+
+def _read_token(path: Path) -> str:
+    token = read_private(path).strip()
+    if len(token) < MIN_TOKEN_CHARS or not token.isprintable() or " " in token:
+        raise RecordError(f"the token file {path} does not hold a token; remove it to make a new one")
+    return token
+
+
+@dataclass(frozen=True)
+class Lock:
+    """What EndpointLock checks: ``token`` (None: no token asked, loopback only) and the
+    Host header names accepted."""
+
+    token: str | None
+    hosts: tuple[str, ...]
+
+
+def _host_name(host_header: str) -> str:
+    """The name of a Host header value, without its port: ``[::1]:80`` -> ``::1``."""
+    if host_header.startswith("["):
+        return host_header[1:].split("]", 1)[0]
+    return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
+
+
+def _same(given: str | None, token: str) -> bool:
+    return given is not None and hmac.compare_digest(given.encode(), token.encode())
+
+
+class EndpointLock:
+    """ASGI middleware: the Host, Origin and token checks of the module docstring."""
+
+    def __init__(self, app: Callable, lock: Lock):
+        self.app, self.lock = app, lock
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "websocket":  # none is served: refused before any check
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        refusal = self._refusal(scope, headers)
+        if refusal is None:
+            await self.app(scope, receive, send)
+        else:
+            await _respond(send, *refusal)
+
+    def _refusal(self, scope: dict, headers: dict[str, str]) -> tuple[int, str, list] | None:
+        host = headers.get("host", "")
+        if _host_name(host).lower() not in self.lock.hosts:
+            return 400, "Invalid host header", []
+        origin = headers.get("origin")
+        if origin is not None and not _same_origin(origin, host):
+            return 403, "Cross-origin request refused", []
+        token = self.lock.token
+        if token is None:
+            return None
+        cookie = _cookie_name(scope)
+        query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        offered = [v for k, v in query if k == TOKEN_PARAM]
+        if offered and scope.get("method") in ("GET", "HEAD"):
+            if not _same(offered[0], token):
+                return _unauthorized()
+            rest = urlencode([(k, v) for k, v in query if k != TOKEN_PARAM])
+            location = scope.get("root_path", "") + scope["path"] + (f"?{rest}" if rest else "")
+            set_cookie = f"{cookie}={token}; Path=/; HttpOnly; SameSite=Strict"
+            return 303, "Logged in", [(b"location", location.encode()), (b"set-cookie", set_cookie.encode())]
+        if _same(_bearer(headers.get("authorization")), token) or _same(_cookie(headers, cookie), token):
+            return None
+        return _unauthorized()
+
+
+def _unauthorized() -> tuple[int, str, list]:
+    return (401, "This server needs its token: open the URL `guilds serve` printed (it ends in ?token=...), "
+                 "or send the header Authorization: Bearer <token> (the token is in the data folder's "
+                 f"{TOKEN_FILE}).", [(b"www-authenticate", b"Bearer")])
+
+
+def _same_origin(origin: str, host: str) -> bool:
+    parts = urlsplit(origin)
+    return parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower() and not parts.path
+
+
+def _cookie_name(scope: dict) -> str:
+    server = scope.get("server") or (None, None)
+    return f"{COOKIE_PREFIX}{server[1] or 0}"
+
+
+def _bearer(value: str | None) -> str | None:
+    if value is None:
+        return None
+    scheme, _, credentials = value.partition(" ")
+    return credentials.strip() if scheme.lower() == "bearer" else None
+
+
+def _cookie(headers: dict[str, str], name: str) -> str | None:
+    jar = SimpleCookie()
+    try:
+        jar.load(headers.get("cookie", ""))
+    except Exception:  # http.cookies raises CookieError and others on a malformed header
+        return None
+    morsel = jar.get(name)
+    return morsel.value if morsel is not None else None
+
+
+async def _respond(send: Callable, status: int, text: str, headers: list) -> None:
+    body = (text + "\n").encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode()),
+        (b"cache-control", b"no-store"), (b"referrer-policy", b"no-referrer"), *headers]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,161 @@
+"""The orchestrator process's life: stop signals, and calls left behind by a process that died.
+
+    until_stopped(awaitable)       run it; SIGTERM, SIGINT or SIGHUP cancels it -> Stopped(signum)
+    Owner.of_this_process()        who records a call: this process, on this machine
+    is_gone(owner, now, here)      whether a recorded owner is known to have ended
+    Lease(store).start()/stop()    the heartbeat and sweep task of an open Store
+
+**Stop signals.** A cancelled toolbox call stops its helper (SIGTERM, then SIGKILL
+to the helper's group; the helper stops its command's group) and records the call
+``cancelled``; ``until_stopped`` turns a stop signal into that cancellation, once.
+
+**Lost calls.** Every process that opens the run record registers itself as an
+owner (a random id, the machine, its pid and the pid's start time) and refreshes
+its ``heartbeat_at`` every HEARTBEAT_SECONDS; every call it begins names it. An
+owner is gone when, on this machine (same boot and pid namespace), its pid is no
+longer the process that started at ``pid_start``; from elsewhere, when its
+heartbeat is older than LEASE_SECONDS (a crash, a power loss). At every open and
+every heartbeat, the calls still ``running`` under a gone owner are recorded
+``lost`` (an error, "· lost" on their row) and the owner is forgotten. Their
+commands do not outlive the owner: its helpers get SIGTERM when it dies
+(PR_SET_PDEATHSIG in the spawn path) and stop their commands' groups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import uuid
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .sandbox._process import start_time
+
+if TYPE_CHECKING:
+    from .store import Store
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+HEARTBEAT_SECONDS = 5.0
+"""How often an open Store refreshes its owner's heartbeat and sweeps for lost calls."""
+LEASE_SECONDS = 60.0
+"""An owner on another machine whose heartbeat is older than this is gone: twelve missed
+beats, room for a loaded machine and some clock skew between machines."""
+LOST = "the process running this call ended before the call finished (it was killed or its machine stopped)"
+"""The result text of a lost call."""
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Stopped(Exception):
+    """A stop signal arrived; what ran was cancelled (and its call recorded so)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+
+
+async def until_stopped(awaitable: Awaitable[T]) -> T:
+    """Await it; the first SIGTERM, SIGINT or SIGHUP cancels it once (later ones are
+    ignored: the stop is under way) and, once it has ended, raises Stopped."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(awaitable)
+    got: list[int] = []
+
+    def stop(signum: int) -> None:
+        if not got:
+            got.append(signum)
+            task.cancel()
+
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, stop, signum)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if got:
+            raise Stopped(got[0]) from None
+        raise
+    finally:
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
+
+
+def machine_id() -> str:
+    """This machine's boot, host name and pid namespace: where a pid names the same process."""
+    try:
+        with open(BOOT_ID) as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = "no-boot-id"
+    try:
+        pid_ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pid_ns = "no-pid-ns"
+    return f"{socket.gethostname()}/{boot}/{pid_ns}"[:160]
+
+
+@dataclass(frozen=True)
+class Owner:
+    """One process that records calls."""
+
+    id: str
+    machine: str
+    pid: int
+    pid_start: int
+    heartbeat_at: datetime | None = None
+
+    @classmethod
+    def of_this_process(cls) -> "Owner":
+        pid = os.getpid()
+        return cls(uuid.uuid4().hex, machine_id(), pid, start_time(pid) or 0)
+
+
+def is_gone(owner: Owner, now: datetime, here: str) -> bool:
+    """Known to have ended: on this machine, its pid is another process or none; else, a stale heartbeat."""
+    if owner.machine == here:
+        return start_time(owner.pid) != owner.pid_start
+    return owner.heartbeat_at is None or now - owner.heartbeat_at > timedelta(seconds=LEASE_SECONDS)
+
+
+class Lease:
+    """The background task of an open Store: a heartbeat, then a sweep, every HEARTBEAT_SECONDS.
+
+    A failing write (a full disk, the database away) is logged once per kind of
+    failure and tried again at the next beat; it never ends the process.
+    """
+
+    def __init__(self, store: "Store", every: float = HEARTBEAT_SECONDS):
+        self.store, self.every = store, every
+        self._task: asyncio.Task | None = None
+        self._reported: set[str] = set()
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._beat())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.every)
+            try:
+                await self.store.heartbeat()
+                await self.store.sweep_lost()
+            except Exception as exc:  # any database failure: the next beat tries again
+                self._report(exc)
+
+    def _report(self, exc: Any) -> None:
+        kind = type(exc).__name__
+        if kind not in self._reported:
+            self._reported.add(kind)
+            log.warning("the run record's heartbeat could not be written: %s", exc)

@@ -1,0 +1,249 @@
+"""The endpoint's lock: /mcp and the app answer only the token's holder, from this origin.
+
+In process over the real app (httpx's ASGI transport), then as an attacker would
+meet it: a real `guilds serve` process on a loopback and on a non-loopback bind,
+the official MCP SDK client over HTTP, and the modes of what the data folder holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx2
+import pytest
+import pytest_asyncio
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from test_mcp_http import serving
+from toolbox_kit import local_toolbox
+from web_kit import AUTH, LOCK, TOKEN
+
+from guilds.auth import TOKEN_FILE, Lock, host_names, server_token
+from guilds.errors import RecordError
+from guilds.serve import build_app
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+PAGES = ["/", "/runs/r1", "/runs/r1/calls/1", "/runs/r1/calls/1/log", "/runs/r1/events", "/static/app.css", "/mcp"]
+WIDE = Lock(TOKEN, host_names("0.0.0.0"))
+"""The lock of a server bound to every address."""
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "0"}}}
+MCP_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def toolbox(tmp_path_factory):
+    async with local_toolbox(tmp_path_factory.mktemp("lock")) as box:
+        await box.call("r1", "shell", {"command": "echo secret-output-7"})
+        yield box
+
+
+@contextlib.asynccontextmanager
+async def client_of(toolbox, lock: Lock, host: str = "127.0.0.1") -> AsyncIterator[httpx2.AsyncClient]:
+    app = build_app(toolbox.settings, toolbox.store, toolbox, host=host, lock=lock)
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://127.0.0.1:8765") as c:
+        yield c
+
+
+async def test_every_route_refuses_a_request_without_the_token(toolbox):
+    async with client_of(toolbox, LOCK) as c:
+        for path in PAGES:
+            for headers in ({}, {"authorization": "Bearer wrong"}, {"cookie": "guilds-token-8765=wrong"},
+                            {"authorization": f"Basic {TOKEN}"}):
+                r = await c.get(path, headers=headers)
+                assert r.status_code == 401, (path, headers, r.status_code)
+                assert r.headers["www-authenticate"] == "Bearer" and "secret-output-7" not in r.text
+        r = await c.post("/mcp", json=INITIALIZE, headers=MCP_HEADERS)
+        assert r.status_code == 401 and "Authorization: Bearer" in r.text
+
+
+async def test_the_token_lets_in(toolbox):
+    async with client_of(toolbox, LOCK) as c:
+        for path in ("/", "/runs/r1", "/runs/r1/calls/1", "/static/app.css"):
+            assert (await c.get(path, headers=AUTH)).status_code == 200, path
+
+
+async def test_the_one_time_url_sets_a_strict_cookie_and_leaves_a_clean_url(toolbox):
+    async with client_of(toolbox, LOCK) as c:
+        r = await c.get(f"/runs/r1/calls/1?view=metadata&token={TOKEN}")
+        assert r.status_code == 303 and r.headers["location"] == "/runs/r1/calls/1?view=metadata"
+        cookie = r.headers["set-cookie"]
+        assert cookie.startswith(f"guilds-token-8765={TOKEN};")
+        assert {"HttpOnly", "SameSite=Strict", "Path=/"} <= {p.strip() for p in cookie.split(";")}
+        page = await c.get("/runs/r1/calls/1?view=metadata")  # the client keeps the cookie, as a browser does
+        assert page.status_code == 200 and "Exit code" in page.text
+        c.cookies.clear()
+        assert (await c.get("/")).status_code == 401
+        bad = await c.get("/?token=" + TOKEN[:-1] + "x")
+        assert bad.status_code == 401 and "set-cookie" not in bad.headers
+        posted = await c.post(f"/mcp?token={TOKEN}", json=INITIALIZE, headers=MCP_HEADERS)
+        assert posted.status_code == 401 and "set-cookie" not in posted.headers
+
+
+@pytest.mark.parametrize("lock,host", [(LOCK, "127.0.0.1"), (WIDE, "0.0.0.0")], ids=["loopback", "any-address"])
+async def test_a_rebinding_host_is_refused_even_with_the_token(toolbox, lock, host):
+    async with client_of(toolbox, lock, host) as c:
+        for path in ("/", "/mcp"):
+            r = await c.get(path, headers={**AUTH, "host": "evil.example"})
+            assert r.status_code == 400, path
+        assert (await c.get("/", headers={**AUTH, "host": "localhost:8765"})).status_code == 200
+
+
+@pytest.mark.parametrize("lock,host", [(LOCK, "127.0.0.1"), (WIDE, "0.0.0.0")], ids=["loopback", "any-address"])
+async def test_another_origin_is_refused_on_every_bind(toolbox, lock, host):
+    async with client_of(toolbox, lock, host) as c:
+        for origin in ("http://evil.example", "null", "http://127.0.0.1:9999", "https://127.0.0.1.evil.example"):
+            r = await c.post("/mcp", json=INITIALIZE, headers={**MCP_HEADERS, **AUTH, "origin": origin})
+            assert r.status_code == 403, origin
+            assert (await c.get("/", headers={**AUTH, "origin": origin})).status_code == 403, origin
+        same = await c.get("/", headers={**AUTH, "origin": "http://127.0.0.1:8765"})
+        assert same.status_code == 200
+
+
+async def test_an_mcp_client_with_the_bearer_header_calls_a_tool(toolbox):
+    """The official client over HTTP: refused without the header, served with it."""
+    lock = Lock(TOKEN, host_names("0.0.0.0"))  # the non-loopback lock: the SDK's own checks are off
+    app = build_app(toolbox.settings, toolbox.store, toolbox, host="0.0.0.0", lock=lock)
+    async with serving(app) as url:
+        async with create_mcp_http_client() as http:
+            assert (await http.post(url, json=INITIALIZE, headers=MCP_HEADERS)).status_code == 401
+            evil = await http.post(url, json=INITIALIZE, headers={**MCP_HEADERS, **AUTH, "origin": "http://evil.example"})
+            assert evil.status_code == 403
+        async with create_mcp_http_client(headers=AUTH) as http:
+            async with Client(streamable_http_client(url, http_client=http), mode="legacy") as c:
+                result = await c.call_tool("shell", {"command": "echo through the lock"})
+        assert result.content[0].text.startswith("through the lock")
+
+
+async def test_the_token_file_is_made_once_and_private(tmp_path):
+    token = server_token(tmp_path)
+    path = tmp_path / TOKEN_FILE
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and len(token) >= 40
+    assert server_token(tmp_path) == token
+    path.chmod(0o644)
+    assert server_token(tmp_path) == token and stat.S_IMODE(path.stat().st_mode) == 0o600
+    path.write_text("short\n")
+    with pytest.raises(RecordError, match="does not hold a token"):
+        server_token(tmp_path)
+    path.unlink()
+    path.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(RecordError, match=TOKEN_FILE):
+        server_token(tmp_path)
+    assert not (tmp_path / "elsewhere").exists()
+
+
+# --- a real `guilds serve` -----------------------------------------------------------
+def _serve(data: Path, *args: str) -> subprocess.Popen:
+    (data.parent / "agent.toml").write_text(f'[agent]\nhome = "{data.parent / "home"}"\nsandbox = "local"\n')
+    env = {**os.environ, "GUILDS_DATA": str(data)}
+    env.pop("GUILDS_DATABASE_URL", None)
+    return subprocess.Popen([sys.executable, "-m", "guilds.cli", "serve", "--port", "0", "--config",
+                             str(data.parent / "agent.toml"), *args], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _printed_urls(proc: subprocess.Popen, timeout: float = 60) -> list[str]:
+    """The lines `guilds serve` printed up to its MCP line (or its end)."""
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith("guilds serve: MCP at"):
+            break
+    return lines
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    finally:
+        proc.stderr.close()
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+async def test_guilds_serve_prints_its_url_and_keeps_the_data_folder_private(tmp_path):
+    data = tmp_path / "data"
+    proc = _serve(data)
+    try:
+        lines = _printed_urls(proc)
+        app_line = next(line for line in lines if "?token=" in line)
+        url = re.search(r"http://127\.0\.0\.1:\d+/\?token=(\S+)", app_line)
+        assert url and url.group(1) == (data / TOKEN_FILE).read_text().strip()
+        token, base = url.group(1), url.group(0).split("/?")[0]
+        assert f'{base}/mcp with the header "Authorization: Bearer {token}"' in lines[-1]
+        async with httpx2.AsyncClient(base_url=base) as c:
+            assert (await c.get("/")).status_code == 401
+            assert (await c.post("/mcp", json=INITIALIZE, headers=MCP_HEADERS)).status_code == 401
+            login = await c.get(f"/?token={token}")
+            assert login.status_code == 303 and login.headers["location"] == "/"
+            assert (await c.get("/")).status_code == 200  # the cookie
+            c.cookies.clear()
+            assert (await c.get("/", headers={"authorization": f"Bearer {token}"})).status_code == 200
+            assert (await c.get("/", headers={"authorization": f"Bearer {token}", "host": "evil.example"})).status_code == 400
+    finally:
+        _stop(proc)
+    assert _mode(data) == 0o700 and _mode(data / TOKEN_FILE) == 0o600 and _mode(data / "guilds.db") == 0o600
+    assert all(_mode(p) & 0o077 == 0 for p in data.glob("guilds.db*"))
+
+
+async def test_a_non_loopback_bind_without_the_token_is_refused(tmp_path):
+    proc = _serve(tmp_path / "data", "--host", "0.0.0.0", "--no-token")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert err == "guilds: --no-token: serving on 0.0.0.0 (not a loopback address) needs the token\n"
+
+
+async def test_a_non_loopback_bind_keeps_the_host_and_origin_checks(tmp_path):
+    proc = _serve(tmp_path / "data", "--host", "0.0.0.0")
+    try:
+        lines = _printed_urls(proc)
+        assert any("whoever has the token runs commands as the agent" in line for line in lines)
+        port = re.search(r":(\d+)/\?token=", "".join(lines)).group(1)
+        token = (tmp_path / "data" / TOKEN_FILE).read_text().strip()
+        auth = {"authorization": f"Bearer {token}"}
+        async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}") as c:
+            assert (await c.get("/")).status_code == 401
+            assert (await c.get("/", headers=auth)).status_code == 200
+            assert (await c.get("/", headers={**auth, "host": f"evil.example:{port}"})).status_code == 400
+            evil = await c.post("/mcp", json=INITIALIZE, headers={**MCP_HEADERS, **auth, "origin": "http://evil.example"})
+            assert evil.status_code == 403
+            ok = await c.post("/mcp", json=INITIALIZE, headers={**MCP_HEADERS, **auth})
+            assert ok.status_code == 200
+    finally:
+        _stop(proc)
+
+
+async def test_guilds_call_makes_the_data_folder_and_the_record_private(tmp_path):
+    config = tmp_path / "agent.toml"
+    config.write_text(f'[agent]\nhome = "{tmp_path / "home"}"\nsandbox = "local"\n')
+    env = {**os.environ, "GUILDS_DATA": str(tmp_path / "data")}
+    env.pop("GUILDS_DATABASE_URL", None)
+    old = tmp_path / "old"
+    old.mkdir(mode=0o755)
+    (old / "guilds.db").touch(mode=0o644)
+    for data in (tmp_path / "data", old):
+        done = subprocess.run([sys.executable, "-m", "guilds.cli", "call", "shell", '{"command": "true"}', "--config",
+                               str(config)], env={**env, "GUILDS_DATA": str(data)}, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert _mode(data) == 0o700 and _mode(data / "guilds.db") == 0o600, data
+        assert all(_mode(p) & 0o077 == 0 for p in data.glob("guilds.db*"))

@@ -1,0 +1,245 @@
+"""Faults of the orchestrator's processes, caused for real: `guilds call` and `guilds serve`
+stopped by a signal or killed (SIGKILL) while a command runs, an owner on another
+machine that stopped beating, and a full disk under the record (a tmpfs mounted here).
+
+The known point: the call's `sleep` is seen in /proc before the fault is caused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx2
+import mcp_kit as kit
+import pytest
+import sqlalchemy as sa
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from guilds.auth import TOKEN_FILE, Lock, host_names
+from guilds.lifecycle import LEASE_SECONDS, LOST
+from guilds.store import Store, call_owners, owners
+from guilds.web.app import create_app
+from guilds.web.logs import HostLogReader
+from guilds_code.redact import Redactor
+
+STOP_SIGNALS = ["SIGTERM", "SIGINT", "SIGHUP"]
+
+
+def agent(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A settings file (local sandbox, home under tmp_path) and the environment of a CLI process."""
+    config = tmp_path / "agent.toml"
+    config.write_text(f'[agent]\nhome = "{tmp_path / "home"}"\nsandbox = "local"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GUILDS_")}
+    return config, {**env, "GUILDS_DATA": str(tmp_path / "data")}
+
+
+def start_call(tmp_path: Path, command: str, run: str) -> subprocess.Popen:
+    config, env = agent(tmp_path)
+    return subprocess.Popen([sys.executable, "-m", "guilds.cli", "call", "shell", f'{{"command": "{command}"}}',
+                             "--config", str(config), "--run", run], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def record(tmp_path: Path) -> Store:
+    return Store(f"sqlite:///{tmp_path / 'data' / 'guilds.db'}")
+
+
+async def running_sleep(proc: subprocess.Popen, arg: str) -> None:
+    """Wait for the call's sleep to show in /proc: the known point."""
+    assert await kit.wait_for(lambda: kit.processes("sleep", arg) or proc.poll() is not None, 60)
+    assert proc.poll() is None and kit.processes("sleep", arg)
+
+
+@pytest.mark.parametrize("name", STOP_SIGNALS)
+async def test_a_stop_signal_to_guilds_call_stops_the_command_and_records_it_cancelled(tmp_path, name):
+    command, arg = kit.sleep_command()
+    proc = start_call(tmp_path, command, "stopped")
+    try:
+        await running_sleep(proc, arg)
+        proc.send_signal(getattr(signal, name))
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    signum = getattr(signal, name)
+    assert proc.returncode == 128 + signum
+    assert err == f"guilds: stopped by {name}; the call's command was stopped and the call recorded as cancelled\n"
+    assert out == "" and not await kit.left_running(arg)
+    async with record(tmp_path) as store:
+        (call,) = await store.calls("stopped")
+    assert (call.status, call.is_error, call.text.splitlines()[0]) == (
+        "cancelled", True, "the call was cancelled before it finished")
+
+
+async def test_a_killed_guilds_call_leaves_no_command_and_its_call_is_lost(tmp_path):
+    command, arg = kit.sleep_command()
+    proc = start_call(tmp_path, command, "killed")
+    try:
+        await running_sleep(proc, arg)
+        proc.kill()
+        proc.wait(10)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert not await kit.left_running(arg)  # the helper got its parent-death signal and stopped the command
+    async with record(tmp_path) as store:  # opening the record finds the owner gone
+        (call,) = await store.calls("killed")
+        flow, page = await app_pages(store, "killed", call.seq)
+    assert (call.status, call.is_error, call.text) == ("lost", True, LOST)
+    assert call.row == f"Run {command} · lost" and call.finished_at is not None
+    assert f'<li id="call-{call.seq}" class="item row lost"' in flow and f"Run {command} · lost" in flow
+    assert "Running: the result is not in yet" not in page and "ended before the call finished" in page
+
+
+async def app_pages(store: Store, run_id: str, seq: int) -> tuple[str, str]:
+    """The run's flow and the call's page as the app serves them."""
+    token = "t" * 40
+    app = create_app(store, redactor=Redactor([]), logs=HostLogReader({}, []), lock=Lock(token, host_names("127.0.0.1")))
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://127.0.0.1",
+                                  headers={"authorization": f"Bearer {token}"}) as c:
+        return (await c.get(f"/runs/{run_id}")).text, (await c.get(f"/runs/{run_id}/calls/{seq}")).text
+
+
+async def test_a_call_of_an_owner_elsewhere_is_lost_once_its_lease_has_passed(tmp_path):
+    """A process on another machine (a power loss there): only its heartbeat tells; past the lease it is gone."""
+    (tmp_path / "data").mkdir()
+    async with record(tmp_path) as store:
+        for run, age in (("stale", LEASE_SECONDS + 5), ("fresh", LEASE_SECONDS - 20)):
+            slot = await store.begin_call(run_id=run, agent_id="a", tool="shell", args={"command": "make"},
+                                          call_id=run, started_at=datetime.now(UTC), budget=10)
+            async with store.engine.begin() as conn:
+                await conn.execute(sa.insert(owners).values(id=f"far-{run}", machine="another/boot/pid:[1]", pid=1,
+                                                            pid_start=1, heartbeat_at=datetime.now(UTC) - timedelta(seconds=age)))
+                await conn.execute(sa.update(call_owners).where(call_owners.c.run_id == run, call_owners.c.seq == slot.seq)
+                                   .values(owner=f"far-{run}"))
+    async with record(tmp_path) as store:
+        stale, fresh = (await store.calls("stale"))[0], (await store.calls("fresh"))[0]
+        assert (stale.status, stale.row) == ("lost", "Run make · lost")
+        assert fresh.status == "running"
+        assert await store.sweep_lost() == []
+
+
+# --- `guilds serve` --------------------------------------------------------------------
+def start_serve(tmp_path: Path) -> tuple[subprocess.Popen, str, str]:
+    """A real `guilds serve` on a free loopback port: (process, /mcp's URL, token)."""
+    config, env = agent(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "guilds.cli", "serve", "--port", "0", "--config", str(config)],
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    for line in proc.stderr:
+        if found := re.search(r"(http://127\.0\.0\.1:\d+)/\?token=", line):
+            return proc, found.group(1) + "/mcp", (tmp_path / "data" / TOKEN_FILE).read_text().strip()
+    raise AssertionError(f"guilds serve ended: {proc.wait()}")
+
+
+async def call_in_background(url: str, token: str, command: str, run: str) -> asyncio.Task:
+    async def call() -> None:
+        async with create_mcp_http_client(headers={"authorization": f"Bearer {token}"}) as http:
+            async with Client(streamable_http_client(url, http_client=http), read_timeout_seconds=60) as c:
+                await c.call_tool("shell", {"command": command}, meta={"guilds/run": run})
+
+    return asyncio.create_task(call())
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+async def test_a_stop_signal_to_guilds_serve_stops_the_running_calls(tmp_path, name):
+    proc, url, token = start_serve(tmp_path)
+    command, arg = kit.sleep_command()
+    task = await call_in_background(url, token, command, "served")
+    try:
+        await running_sleep(proc, arg)
+        proc.send_signal(getattr(signal, name))
+        proc.wait(30)
+    finally:
+        proc.kill()
+        proc.stderr.close()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert not await kit.left_running(arg)
+    async with record(tmp_path) as store:
+        (call,) = await store.calls("served")
+    assert call.status == "cancelled" and call.is_error
+
+
+async def test_a_killed_guilds_serve_leaves_no_command_and_its_call_is_lost(tmp_path):
+    proc, url, token = start_serve(tmp_path)
+    command, arg = kit.sleep_command()
+    task = await call_in_background(url, token, command, "served")
+    try:
+        await running_sleep(proc, arg)
+        proc.kill()
+        proc.wait(10)
+    finally:
+        proc.kill()
+        proc.stderr.close()
+        await asyncio.gather(task, return_exceptions=True)
+    assert not await kit.left_running(arg)
+    proc, url, token = start_serve(tmp_path)  # the restarted server finds the call lost
+    try:
+        async with record(tmp_path) as store:
+            (call,) = await store.calls("served")
+        assert call.status == "lost"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        proc.stderr.close()
+
+
+# --- a full disk -------------------------------------------------------------------------
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs mounted at tmp_path/data (root only), unmounted after."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a tmpfs needs root")
+    data = tmp_path / "data"
+    data.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(data)], check=True)
+    try:
+        yield data
+    finally:
+        subprocess.run(["umount", "-l", str(data)], check=True)
+
+
+def fill(folder: Path) -> None:
+    """Write a file until the disk is full."""
+    with open(folder / "filler", "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError:
+            pass
+
+
+async def test_a_full_disk_under_the_record_gives_one_line(tmp_path, small_disk):
+    first = start_call(tmp_path, "echo before", "disk")
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0 and out.startswith("before"), err
+    fill(small_disk)
+    for _ in range(3):
+        proc = start_call(tmp_path, "echo after", "disk")
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 1 and "Traceback" not in err, err
+        assert re.fullmatch(rf"guilds: the run record at {small_disk}/guilds.db could not be "
+                            r"(made|written \(.+\)): (database or disk is full|disk I/O error)\n", err), err
+    os.unlink(small_disk / "filler")
+    proc = start_call(tmp_path, "echo again", "disk")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and out.startswith("again"), err
+
+
+async def test_a_full_disk_for_a_fresh_data_folder_gives_one_line(tmp_path, small_disk):
+    fill(small_disk)
+    proc = start_call(tmp_path, "echo hi", "fresh")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert "No space left on device" in err or "database or disk is full" in err

@@ -1,0 +1,88 @@
+"""The record's schema made once, whichever process comes first: real processes, started
+together on a fresh record (SQLite in a fresh folder, a fresh PostgreSQL schema), many rounds."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from guilds.store import Store, metadata, normalize_url
+
+PROCESSES = 4
+ROUNDS = 10
+RACER = r"""
+import asyncio, os, sys
+from datetime import datetime, timezone
+from guilds.store import Store
+
+async def main(url, name):
+    print("ready", flush=True)
+    os.read(int(sys.argv[3]), 1)  # every racer waits here; the test closes the pipe's other end to start them at once
+    async with Store(url) as store:
+        now = datetime.now(timezone.utc)
+        slot = await store.begin_call(run_id="race", agent_id="a", tool="shell", args={}, call_id=name,
+                                      started_at=now, budget=1000)
+        await store.finish_call(run_id="race", seq=slot.seq, text="ok", is_error=False, meta={}, cut=False,
+                                finished_at=now, duration_ms=1, row="Run")
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+def race(url: str, n: int) -> list[tuple[int, str]]:
+    """Start n processes that open a Store on url at the same moment; their (exit code, stderr)."""
+    start_r, start_w = os.pipe()
+    procs = []
+    try:
+        for i in range(n):
+            procs.append(subprocess.Popen([sys.executable, "-c", RACER, url, f"p{i}", str(start_r)], stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, pass_fds=(start_r,)))
+        for proc in procs:
+            assert proc.stdout.readline() == "ready\n"
+    finally:
+        os.close(start_w)
+        os.close(start_r)
+    results = []
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        results.append((proc.returncode, err))
+    return results
+
+
+async def _count(url: str) -> int:
+    async with Store(url) as store:
+        return len(await store.calls("race"))
+
+
+def test_sqlite_processes_starting_together_on_a_fresh_folder(tmp_path):
+    for round_ in range(ROUNDS):
+        folder = tmp_path / f"round{round_}"
+        folder.mkdir()
+        url = f"sqlite:///{folder / 'guilds.db'}"
+        results = race(url, PROCESSES)
+        assert results == [(0, "")] * PROCESSES, (round_, results)
+        assert asyncio.run(_count(url)) == PROCESSES
+
+
+async def _drop_all(url: str) -> None:
+    engine = create_async_engine(normalize_url(url))
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.drop_all)
+    await engine.dispose()
+
+
+@pytest.mark.skipif(not os.environ.get("GUILDS_TEST_POSTGRES_URL"), reason="GUILDS_TEST_POSTGRES_URL is not set")
+def test_postgresql_processes_starting_together_on_a_fresh_schema():
+    url = os.environ["GUILDS_TEST_POSTGRES_URL"]
+    for round_ in range(ROUNDS):
+        asyncio.run(_drop_all(url))
+        results = race(url, PROCESSES)
+        assert results == [(0, "")] * PROCESSES, (round_, results)
+        assert asyncio.run(_count(url)) == PROCESSES
+    asyncio.run(_drop_all(url))
