@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import httpx2
 import pytest
 from toolbox_kit import local_toolbox
-from web_kit import SECRET, served
+from web_kit import AUTH, SECRET, served
 
 from guilds.records import CallRecord
 from guilds.web.savings import BAR_WIDTH, metadata_rows, row_savings, run_savings, size, tokens
@@ -81,7 +81,8 @@ async def test_call_metadata_says_what_shaping_did(tmp_path):
 
 async def test_the_app_shows_savings_on_rows_and_the_run(tmp_path):
     async with served(tmp_path) as s:
-        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=s.app), base_url="http://127.0.0.1") as c:
+        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=s.app), base_url="http://127.0.0.1",
+                                     headers=AUTH) as c:
             page = (await c.get("/runs/run1")).text
             notes = re.findall(r'<span class="saved">(.*?)</span>', page)
             elided = re.fullmatch(r"\d+ KB elided · (\d+) secrets redacted", notes[0])
