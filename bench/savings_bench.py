@@ -21,7 +21,10 @@ taking turns round by round in a rotating order:
 
 Counted for each: calls (model turns), the bytes the model reads (result texts)
 and writes (tool arguments as JSON), and tokens estimated as bytes / 4; the
-wall time of the task. Prints a Markdown table (docs/benchmarks.md, "Savings").
+wall time of the task. Then what a wait costs: the CPU time of the helper
+processes (RUSAGE_CHILDREN) for a check without wait, a 10 s wait, and a 10 s
+wait with an until that never matches, on a command that sleeps. Prints
+Markdown tables (docs/benchmarks.md, "Savings").
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -116,6 +120,24 @@ async def build_listed(tb: Toolbox, run: str) -> Tally:
 WAYS = {"dev server": (server_polled, server_until), "failing build": (build_log_read, build_listed)}
 
 
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def wait_cpu(tb: Toolbox) -> list[tuple[str, float, float]]:
+    """(way, CPU seconds of the helper, wall seconds) for a check and two 10 s waits."""
+    bid = (await tb.call("cpu", "shell", {"command": "sleep 60", "background": True})).meta["background_id"]
+    rows = []
+    for name, extra in (("check, no wait", {}), ("wait=10", {"wait": 10}),
+                        ("wait=10, until (no match)", {"wait": 10, "until": "never matches"})):
+        cpu, began = _children_cpu(), time.monotonic()
+        await tb.call("cpu", "shell_status", {"id": bid, **extra})
+        rows.append((name, _children_cpu() - cpu, time.monotonic() - began))
+    await tb.call("cpu", "shell_status", {"id": bid, "stop": True})
+    return rows
+
+
 async def main(rounds: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -129,6 +151,7 @@ async def main(rounds: int) -> None:
                     order = [0, 1] if r % 2 == 0 else [1, 0]
                     for i in order:
                         results.setdefault((task, i), []).append(await ways[i](tb, f"bench-{r}-{task[:3]}-{i}"))
+            cpu_rows = await wait_cpu(tb)
     print(f"Medians of {rounds} rounds; tokens = bytes / {TOKEN_BYTES}, an estimate.\n")
     print("| task | way | calls | bytes read | bytes written | tokens | wall | tokens vs today |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -141,6 +164,10 @@ async def main(rounds: int) -> None:
                   f"{med(lambda t: t.read):,.0f} | {med(lambda t: t.written):,.0f} | "
                   f"{med(lambda t: t.tokens):,.0f} | {med(lambda t: t.seconds):.1f} s | "
                   f"{med(lambda t: t.tokens) / base:.2f}x |")
+    print("\n| shell_status | helper CPU | wall |")
+    print("| --- | ---: | ---: |")
+    for name, cpu, wall in cpu_rows:
+        print(f"| {name} | {cpu * 1000:.0f} ms | {wall:.1f} s |")
 
 
 if __name__ == "__main__":
