@@ -37,9 +37,10 @@ DESCRIPTIONS = {
     "shell": (
         "Run a bash command in the agent's sandbox: tests, builds, git, gh. Returns combined "
         "stdout and stderr, then exit_code: N when not 0. A long output keeps its start and its "
-        "end and names a log file holding all of it (read it with file_read). A cd carries over "
-        "to the next call; environment changes do not. Stdin is closed: pass non-interactive "
-        f"flags. Default timeout {limits.SHELL_TIMEOUT_DEFAULT} s, "
+        "end, lists the first error lines of the part it leaves out with their line numbers, and "
+        "names a log file holding all of it (read it with file_read). A cd carries over to the "
+        "next call (the result says where); environment changes do not. Stdin is closed and "
+        f"nothing can prompt: pass non-interactive flags. Default timeout {limits.SHELL_TIMEOUT_DEFAULT} s, "
         f"{limits.SHELL_TIMEOUT_MIN} to {limits.SHELL_TIMEOUT_MAX}. Set background for a "
         "long-running process such as a dev server (listen on $PORT), then follow it with "
         "shell_status."
