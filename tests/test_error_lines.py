@@ -180,3 +180,16 @@ def test_status_without_earlier_errors_is_as_before(sandbox):
     env = _wait_exit(sandbox, start["meta"]["background_id"])
     assert "error lines before" not in ok_text(env) and "error_lines" not in env["meta"]
     assert ok_text(env).endswith("step 60 ok\nError: in the last lines")
+
+
+@pytest.mark.parametrize("max_bytes, shown", [(limits.MIN_MAX_BYTES, 2), (8192, 5)])
+def test_status_errors_stay_inside_the_cap(sandbox, max_bytes, shown):
+    zs = "z" * 150
+    errors = "; ".join(f"echo 'Error: {zs} {i}'" for i in range(1, 6))
+    start = sh(sandbox, f"{errors}; {NOISE.format(n=60)}", background=True)
+    bid = start["meta"]["background_id"]
+    _wait_exit(sandbox, bid)
+    env = sandbox.call("shell_status", {"id": bid}, max_bytes=max_bytes)
+    text = ok_text(env)
+    assert len(text.encode()) <= max_bytes and env["meta"]["error_lines"] == list(range(1, shown + 1))
+    assert f"last {limits.STATUS_TAIL_LINES} lines of the log:" in text and text.endswith("step 60 ok")

@@ -130,7 +130,7 @@ def _check(request: protocol.Request, folder: str, st: Status, lead: Optional[st
     if lead is not None:
         header = f"{lead}\n{header}"
     tail, window = _log_tail(log, redactor)
-    errors = _errors_before(log, window, redactor)
+    errors = _errors_before(log, window, redactor, (request.max_bytes - shaping.utf8_len(header)) // 2)
     header += "".join("\n" + line for line in errors)
     budget = request.max_bytes - shaping.utf8_len(header) - 1
     if tail is None:
@@ -151,14 +151,23 @@ def _check(request: protocol.Request, folder: str, st: Status, lead: Optional[st
 BEFORE_TAIL_HEADER = f"[error lines before the last {limits.STATUS_TAIL_LINES} lines, by line number in the log:]"
 
 
-def _errors_before(log: str, window: int, redactor: Redactor) -> List[str]:
-    """The lines listing the log's first error lines before byte `window` ([] if none)."""
+def _errors_before(log: str, window: int, redactor: Redactor, room: int) -> List[str]:
+    """The lines listing the log's first error lines before byte `window`, in at
+    most `room` bytes (half what the header leaves: the last lines keep the rest);
+    [] when there are none."""
     if window <= 0:
         return []
     from .. import errorlines  # only for a log longer than its last lines
 
-    found = errorlines.scan(log, 1, redactor, stop_offset=window)
-    return [BEFORE_TAIL_HEADER] + [f"{line}: {text}" for line, text in found] if found else []
+    lines = [BEFORE_TAIL_HEADER]
+    size = shaping.utf8_len(BEFORE_TAIL_HEADER)
+    for line, text in errorlines.scan(log, 1, redactor, stop_offset=window):
+        entry = f"{line}: {text}"
+        size += shaping.utf8_len(entry) + 1
+        if size > room:
+            break
+        lines.append(entry)
+    return lines if len(lines) > 1 else []
 
 
 def _meta(st: Status) -> Dict[str, Any]:
