@@ -1,4 +1,9 @@
-"""Shared fixtures: the built one-file helper, run as the orchestrator runs it."""
+"""Shared fixtures: the built one-file helper, run as the orchestrator runs it.
+
+The ``sandbox`` fixture runs each test on both transports: ``exec`` (one helper
+process per call) and ``resident`` (one ``guilds-code serve`` per test, its
+calls as frames). ``run_raw`` is the one-shot process on either.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import pytest
 
 from guilds.helpers import build_helper
 from guilds_code.protocol import decode_envelope
+from resident_kit import ResidentServer
 
 PYTHON = os.path.realpath(sys.executable)
 
@@ -35,7 +41,9 @@ class Sandbox:
     run_id: str = "run1"
     agent_id: str = "agent1"
     env: Dict[str, str] = field(default_factory=dict)
+    transport: str = "exec"
     _calls: int = 0
+    _server: Optional[ResidentServer] = None
 
     def request(self, op: str, args: Dict[str, Any], **extra: Any) -> Dict[str, Any]:
         self._calls += 1
@@ -72,7 +80,23 @@ class Sandbox:
             timeout=timeout,
         )
 
+    def server(self) -> ResidentServer:
+        """The resident helper, started with the current helper and environment."""
+        env = self.process_env()
+        if self._server is not None and self._server.env != env:
+            self.close()
+        if self._server is None:
+            self._server = ResidentServer(PYTHON, str(self.helper), env)
+        return self._server
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
     def call_request(self, req: Dict[str, Any], timeout: float = 60) -> Dict[str, Any]:
+        if self.transport == "resident":
+            return self.server().call(req, timeout)
         arg = base64.b64encode(json.dumps(req).encode()).decode()
         proc = self.run_raw(arg, timeout=timeout)
         assert proc.returncode == 0, proc.stderr.decode(errors="replace")
@@ -84,13 +108,15 @@ class Sandbox:
         return self.call_request(self.request(op, args, **extra), timeout=timeout)
 
 
-@pytest.fixture
-def sandbox(helper_path, tmp_path) -> Sandbox:
+@pytest.fixture(params=["exec", "resident"])
+def sandbox(request, helper_path, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     state = tmp_path / "state"
     state.mkdir()
-    return Sandbox(helper=helper_path, home=home, state=state)
+    box = Sandbox(helper=helper_path, home=home, state=state, transport=request.param)
+    yield box
+    box.close()
 
 
 def ok_text(envelope: Dict[str, Any]) -> str:

@@ -43,11 +43,12 @@ needs_engine = pytest.mark.skipif(WHY is not None, reason=f"docker: {WHY}")
 # --- pure builders ----------------------------------------------------------
 def test_container_spec():
     cfg = DockerSettings(image="img:1", memory="1g", pids_limit=64, network="host")
-    kwargs = dict(agent_id="a1", home="/h/a1", idle_seconds=90, base_env={"HOME": "/h/a1"})
+    kwargs = dict(agent_id="a1", home="/h/a1", idle_seconds=90, base_env={"HOME": "/h/a1"},
+                  user=(65532, 65532))
     got = spec.container_spec(cfg, network=False, **kwargs)
     assert got == {
         "image": "img:1",
-        "command": ["python3", "-I", "-S", "-c", box_lib.INIT, "/run/guilds/.active", "90"],
+        "command": ["python3", "-I", "-S", "-c", box_lib.INIT, "/run/guilds-clock/active", "90"],
         "name": "guilds-a1",
         "labels": {"guilds.agent": "a1"},
         "environment": {"HOME": "/h/a1"},
@@ -59,6 +60,8 @@ def test_container_spec():
         "memswap_limit": "1g",
         "pids_limit": 64,
         "network_mode": "none",
+        "user": "65532:65532",
+        "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
     }
     assert spec.container_spec(cfg, network=True, **kwargs)["network_mode"] == "host"
@@ -68,7 +71,7 @@ def test_exec_spec_wraps_the_call():
     got = spec.exec_spec("cid", ["python3", "-c", "x"], env={"A": "1"}, home="/h", timeout=150)
     assert got == {
         "container": "cid",
-        "cmd": ["/bin/sh", "-c", 'true 2>/dev/null >/run/guilds/.active; exec timeout -k 2 150 "$@"',
+        "cmd": ["/bin/sh", "-c", 'exec timeout -k 2 150 "$@"',
                 "sh", "python3", "-c", "x"],
         "environment": {"A": "1"}, "workdir": "/h", "stdin": False, "stdout": True,
         "stderr": True, "tty": False,

@@ -84,6 +84,9 @@ async def test_the_one_time_url_sets_a_strict_cookie_and_leaves_a_clean_url(tool
         assert page.status_code == 200 and "Exit code" in page.text
         c.cookies.clear()
         assert (await c.get("/")).status_code == 401
+        away = await c.get(f"/%2Fevil.example/x?token={TOKEN}")  # the path is //evil.example/x
+        assert away.status_code == 303 and away.headers["location"] == "/evil.example/x"
+        c.cookies.clear()
         bad = await c.get("/?token=" + TOKEN[:-1] + "x")
         assert bad.status_code == 401 and "set-cookie" not in bad.headers
         posted = await c.post(f"/mcp?token={TOKEN}", json=INITIALIZE, headers=MCP_HEADERS)

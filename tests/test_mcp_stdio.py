@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import sys
 from asyncio.subprocess import DEVNULL, PIPE
 from collections.abc import AsyncIterator
@@ -49,6 +50,10 @@ async def test_tools_each_call_and_the_record(tmp_path):
     assert [c.tool for c in calls[:5]] == ["shell", "file_read", "code_search", "shell_status", "code_task"]
     assert all(c.status == "done" for c in calls)
     assert calls[0].row == "Run echo hi"
+    data = tmp_path / "data"  # the record is the user's alone
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in data.glob("guilds.db*"))
+    assert stat.S_IMODE((data / "guilds.db").stat().st_mode) == 0o600
 
 
 async def test_a_session_is_one_run_with_progress_and_the_live_coding_flag(tmp_path):

@@ -30,11 +30,12 @@ def make_settings(tmp_path: Path, *, agent: Mapping[str, Any] | None = None,
 async def local_toolbox(tmp_path: Path, store: Store | None = None, **kw: Any) -> AsyncIterator[Toolbox]:
     """A Toolbox over the real local sandbox (the built helper, real bash) and real SQLite."""
     settings = make_settings(tmp_path, **kw)
-    if store is not None:
-        yield Toolbox(settings, LocalSandbox(settings, tmp_path / "data"), store)
-        return
-    async with Store(f"sqlite:///{tmp_path}/guilds.db") as own:
-        yield Toolbox(settings, LocalSandbox(settings, tmp_path / "data"), own)
+    async with contextlib.AsyncExitStack() as stack:
+        if store is None:
+            store = await stack.enter_async_context(Store(f"sqlite:///{tmp_path}/guilds.db"))
+        toolbox = Toolbox(settings, LocalSandbox(settings, tmp_path / "data"), store)
+        stack.push_async_callback(toolbox.close)
+        yield toolbox
 
 
 Answer = Callable[[dict], ExecResult]

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http.cookies import SimpleCookie
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from .errors import RecordError
 from .private import FILE_MODE, read_private
@@ -157,7 +157,8 @@ class EndpointLock:
             if not _same(offered[0], token):
                 return _unauthorized()
             rest = urlencode([(k, v) for k, v in query if k != TOKEN_PARAM])
-            location = scope.get("root_path", "") + scope["path"] + (f"?{rest}" if rest else "")
+            path = "/" + quote(scope.get("root_path", "") + scope["path"]).lstrip("/")  # never //other.host
+            location = path + (f"?{rest}" if rest else "")
             set_cookie = f"{cookie}={token}; Path=/; HttpOnly; SameSite=Strict"
             return 303, "Logged in", [(b"location", location.encode()), (b"set-cookie", set_cookie.encode())]
         if _same(_bearer(headers.get("authorization")), token) or _same(_cookie(headers, cookie), token):

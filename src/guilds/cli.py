@@ -131,6 +131,9 @@ def _run_call(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
         print(json.dumps(result, ensure_ascii=False, indent=2))
     else:
         print(result["text"])
+    if "not_recorded" in result["meta"]:  # the output is above; the record did not take it
+        print(f"guilds: {result['meta']['not_recorded']}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 

@@ -350,12 +350,13 @@ def run_stdio(settings: AgentSettings, data_dir: str | os.PathLike, *, sandbox: 
 
 async def serve_stdio(settings: AgentSettings, data_dir: Path, *, sandbox: str | None,
                       coding: Callable[[], bool] | None, env: Mapping[str, str]) -> None:
+    from .private import private_dir
     from .sandbox import get_sandbox
     from .store import Store, database_url
 
     if sandbox is not None:
         settings = replace(settings, sandbox=sandbox)
-    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dir(data_dir)
     box = get_sandbox(settings, data_dir)
     async with Store(database_url(data_dir, env)) as store:
         toolbox = Toolbox(settings, box, store, coding=coding)

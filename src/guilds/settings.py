@@ -11,6 +11,8 @@ ports = "20000-20099"         # the port block; PORT is its first port
 network = false               # bwrap: may commands reach the network
 result_max_bytes = 8192       # the helper's cap (else $CODE_RESULT_MAX_BYTES, else 8192)
 harness = "claude-code"       # code_task's harness: claude-code | codex
+transport = "auto"            # how calls reach the helper: auto | resident | exec (docs/helper.md)
+max_in_flight = 64            # resident: requests of this agent running at once; the next is refused
 
 [secrets]                     # put into every command's environment; redacted from every result
 OPENAI_API_KEY = "..."
@@ -70,6 +72,11 @@ DEFAULT_MAX_TOOL_CALLS = 200
 DEFAULT_PORTS = (20000, 20099)
 DEFAULT_HOME = "home"
 DEFAULT_HARNESS = "claude-code"
+DEFAULT_TRANSPORT = "auto"
+TRANSPORTS = ("auto", "resident", "exec")
+DEFAULT_MAX_IN_FLIGHT = 64
+MAX_IN_FLIGHT_LIMIT = 4096
+"""The most agent.max_in_flight may be: each request in flight is a process in the sandbox."""
 """The home when the file names none: a folder beside the settings file."""
 SANDBOXES = ("auto", "local", "bwrap", "docker", "kubernetes")
 SETTINGS_FILE = "settings.toml"
@@ -147,6 +154,10 @@ class AgentSettings:
     result_max_bytes: int = limits.DEFAULT_MAX_BYTES
     harness: str = DEFAULT_HARNESS
     """The coding harness code_task drives: claude-code or codex."""
+    transport: str = DEFAULT_TRANSPORT
+    """auto: the resident helper when it opens, else a process per call; resident; exec."""
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    """The resident helper's bound on this agent's requests running at once."""
     docker: DockerSettings = field(default_factory=DockerSettings)
     bwrap: BwrapSettings = field(default_factory=BwrapSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
@@ -157,7 +168,7 @@ class AgentSettings:
 
 
 _AGENT_KEYS = ("id", "home", "sandbox", "coding", "max_tool_calls", "ports", "network",
-               "result_max_bytes", "harness")
+               "result_max_bytes", "harness", "transport", "max_in_flight")
 
 
 def _result_max_bytes(table: dict, env: Mapping[str, str]) -> int:
@@ -189,6 +200,9 @@ def _agent(table: dict, base: Path, env: Mapping[str, str]) -> dict:
         "network": check.boolean(table.get("network", False), "agent.network"),
         "result_max_bytes": _result_max_bytes(table, env),
         "harness": check.choice(table.get("harness", DEFAULT_HARNESS), "agent.harness", tuple(HARNESSES)),
+        "transport": check.choice(table.get("transport", DEFAULT_TRANSPORT), "agent.transport", TRANSPORTS),
+        "max_in_flight": check.integer(table.get("max_in_flight", DEFAULT_MAX_IN_FLIGHT),
+                                       "agent.max_in_flight", 1, MAX_IN_FLIGHT_LIMIT),
     }
 
 

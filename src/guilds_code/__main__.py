@@ -1,5 +1,8 @@
 """argv -> request -> op -> exactly one envelope line on stdout; exit 0.
 
+``guilds-code serve`` instead runs the helper resident (``serve.py``): the same
+requests and envelopes, framed, over stdin and stdout.
+
 ``serve`` is the helper's only catch-all (guilds-harness runs its own op
 through it too): whatever goes wrong becomes ``{"ok": false, "error": one
 line}``, never a traceback on stdout. Each op's module is imported only when
@@ -21,8 +24,16 @@ OP_MODULES = {
 
 def dispatch(argv) -> protocol.Reply:
     """Decode the request and run its op."""
-    request = protocol.decode_request(argv)
+    return run_request(protocol.decode_request(argv))
+
+
+def run_request(request: protocol.Request) -> protocol.Reply:
     return __import__(OP_MODULES[request.op], fromlist=("run",)).run(request)  # importlib costs an import
+
+
+def dispatch_object(data) -> protocol.Reply:
+    """A request object already decoded from JSON (a resident request): validate, run."""
+    return run_request(protocol.parse_request(data))
 
 
 def envelope(argv, handle) -> bytes:
@@ -44,7 +55,13 @@ def serve(argv, handle) -> int:
 
 
 def main(argv=None) -> int:
-    return serve(sys.argv[1:] if argv is None else argv, dispatch)
+    """One request from argv; or ``serve [options]``, the resident helper (``serve.py``)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:  # "serve" is not base64 (5 characters): never a request
+        from . import serve as resident
+
+        return resident.main(argv[1:], lambda data: envelope(data, dispatch_object))
+    return serve(argv, dispatch)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,20 @@ Inside every agent container:
   the idle STAMP is younger than the idle time, then exits (the idle stop);
   the container's init (docker's ``--init``, the pod's shared pid namespace)
   reaps orphans meanwhile;
-- each call runs as ``exec_argv(argv, timeout, token)``: ``sh`` refreshes the
-  idle STAMP, then ``timeout`` runs argv in a process group of its own, sends
+- the idle clock: in docker, CLOCK, a root-owned file the engine rewrites
+  (``put_archive``) as calls come, which the agent's uid cannot touch; in
+  kubernetes, whose writes go through an exec as the agent, STAMP in the
+  state root, refreshed by each call's ``sh`` (the agent can touch it too);
+- each call runs as ``exec_argv(argv, timeout, stamp)``: ``sh`` (refreshes
+  STAMP when asked, then) ``timeout`` runs argv in a process group of its own, sends
   that group SIGTERM at ``timeout`` seconds and SIGKILL KILL_GRACE_SECONDS
   later. The call's environment carries ``EXEC_ENV=token``, so
   ``kill_argv(token)`` finds every process of the call, setsid escapees too;
 - files reach the container as a tar archive (``tar_bytes``): the helpers
-  (``helper_files``) and repos.json (``repos_json``) when it is created.
+  (``helper_files``, root's, read-only to the agent) and repos.json
+  (``repos_json``, the agent's) when it is created;
+- every process of the agent runs as CONTAINER_UID (``container_owner``), never
+  root: the home and the state root are given to that uid.
 
 The container SDKs block: ``blocking`` runs their calls in a thread of a pool
 of POOL_THREADS, so that many agents' calls proceed at once.
@@ -29,6 +36,7 @@ import functools
 import hashlib
 import io
 import json
+import os
 import posixpath
 import signal
 import tarfile
@@ -52,8 +60,33 @@ def helper_path(name: str) -> str:
 
         raise SandboxError(f"no helper named {name}")
     return f"{HELPER_DIR}/{name}"
+CONTAINER_UID = 65532
+"""The agent's uid and gid in a container under a root orchestrator: a high uid
+no distribution gives a user (distroless images call it "nonroot")."""
+
+
+def container_owner() -> tuple[int, int]:
+    """(uid, gid) of the agent's processes in a container: CONTAINER_UID under a root
+    orchestrator, else the orchestrator's own (so that the home it made stays writable)."""
+    if os.geteuid() == 0:
+        return CONTAINER_UID, CONTAINER_UID
+    return os.getuid(), os.getgid()
+
+
+def folders_of(path: str, root: str) -> list[str]:
+    """The folders from root (included) down to path's parent, as tar names (pure)."""
+    rel = posixpath.relpath(posixpath.dirname(path), root)
+    names, at = [root], root
+    for part in ([] if rel == "." else rel.split("/")):
+        at = posixpath.join(at, part)
+        names.append(at)
+    return names
+
+
 STAMP = f"{STATE_INSIDE}/.active"
-"""Its mtime is the idle clock: refreshed by every call."""
+"""kubernetes: its mtime is the idle clock, refreshed by every call."""
+CLOCK = "/run/guilds-clock/active"
+"""docker: its mtime is the idle clock, a root-owned file rewritten through the engine."""
 EXEC_ENV = "GUILDS_EXEC_ID"
 POOL_THREADS = 64
 """Container calls in flight at once across all sandboxes of this process."""
@@ -74,15 +107,18 @@ INIT = (
     "def age():\n"
     " try:return time.time()-os.stat(stamp).st_mtime\n"
     " except OSError:return 0\n"
-    "os.makedirs(os.path.dirname(stamp),0o700,exist_ok=True)\n"
-    "open(stamp,'a').close()\n"
-    "os.utime(stamp)\n"
+    "try:\n"
+    " open(stamp,'a').close()\n"
+    " os.utime(stamp)\n"
+    "except OSError:pass\n"
     "while busy() or age()<idle:\n"
     " time.sleep(min(idle/4,30))\n"
 )
 """The container's main process. A call is a process whose parent is outside
 the container (ppid 0: an exec), so a call longer than the idle time is never
-cut; orphans and background commands have a parent inside and do not count."""
+cut; orphans and background commands have a parent inside and do not count.
+The stamp is made by the first call when the state root is not the agent's yet
+(its age counts as 0 while it is missing)."""
 _KILL = (
     'pids() { for d in /proc/[0-9]*; do grep -qxzF -- "$0" "$d/environ" 2>/dev/null '
     '&& echo "${d#/proc/}"; done; }; '
@@ -98,15 +134,15 @@ def seconds(value: float) -> str:
     return f"{value:.3f}".rstrip("0").rstrip(".")
 
 
-def init_argv(python: str, idle_seconds: float) -> list[str]:
-    """The container's command: INIT with the stamp and the idle time."""
-    return [python, "-I", "-S", "-c", INIT, STAMP, seconds(idle_seconds)]
+def init_argv(python: str, idle_seconds: float, clock: str = STAMP) -> list[str]:
+    """The container's command: INIT with the idle clock's file and the idle time."""
+    return [python, "-I", "-S", "-c", INIT, clock, seconds(idle_seconds)]
 
 
-def exec_argv(argv: Sequence[str], timeout: float) -> list[str]:
-    """argv wrapped for one call: refresh the idle stamp, then run under ``timeout``."""
-    script = (f'true 2>/dev/null >{STAMP}; '
-              f'exec timeout -k {seconds(KILL_GRACE_SECONDS)} {seconds(timeout)} "$@"')
+def exec_argv(argv: Sequence[str], timeout: float, *, stamp: bool = True) -> list[str]:
+    """argv wrapped for one call: refresh STAMP (when stamp), then run under ``timeout``."""
+    script = (f'true 2>/dev/null >{STAMP}; ' if stamp else "") + (
+        f'exec timeout -k {seconds(KILL_GRACE_SECONDS)} {seconds(timeout)} "$@"')
     return ["/bin/sh", "-c", script, "sh", *argv]
 
 
@@ -125,14 +161,22 @@ def exec_status(raw: int | None, *, elapsed: float, timeout: float) -> tuple[int
     return (-signal.SIGTERM if code == TIMEOUT_EXIT and timed_out else code), timed_out
 
 
-def tar_bytes(files: Sequence[tuple[str, bytes, int]], *, mtime: int) -> bytes:
-    """A tar of (name relative to /, data, mode) files, root-owned; no folder entries
-    (missing folders are made by the extracting side)."""
+def tar_bytes(files: Sequence[tuple[str, bytes, int]], *, mtime: int,
+              owner: tuple[int, int] = (0, 0), folders: Sequence[str] = ()) -> bytes:
+    """A tar of (name relative to /, data, mode) files owned by owner (uid, gid),
+    after an entry (mode 0700, same owner) for each of folders; other missing
+    folders are made by the extracting side."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name in folders:
+            info = tarfile.TarInfo(name.lstrip("/"))
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o700, mtime
+            info.uid, info.gid = owner
+            tar.addfile(info)
         for name, data, mode in files:
             info = tarfile.TarInfo(name.lstrip("/"))
             info.size, info.mode, info.mtime = len(data), mode, mtime
+            info.uid, info.gid = owner
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 

@@ -18,6 +18,11 @@ Contract every backend keeps (the conformance suite in tests/ checks it):
 - ``write_file(path, data)`` writes a file inside the sandbox (path as the
   sandbox sees it), atomically, mode 0600: the "sandbox file API".
   Only paths under the home or the state root; a link inside is never followed.
+- ``open_process(argv)`` starts argv as one long-lived process inside the
+  sandbox, in the home, with the agent's environment, and returns its channel
+  (``sandbox.channel.ProcessChannel``: bytes to its stdin, from its stdout).
+  No timeout: the process lives until its stdin ends or the sandbox stops. The
+  resident helper (``guilds-code serve``) is run this way.
 - ``stop()`` ends everything inside the sandbox (a backend without isolation,
   ``local``, cannot: it documents what it leaves running).
 """
@@ -25,7 +30,10 @@ Contract every backend keeps (the conformance suite in tests/ checks it):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from .channel import ProcessChannel
 
 
 @dataclass(frozen=True)
@@ -60,5 +68,7 @@ class Sandbox(Protocol):
     ) -> ExecResult: ...
 
     async def write_file(self, path: str, data: bytes) -> None: ...
+
+    async def open_process(self, argv: Sequence[str]) -> ProcessChannel: ...
 
     async def stop(self) -> None: ...

@@ -61,6 +61,7 @@ from . import _cgroup
 from ._agent import agent_env, checked_id, locate, own_tree, real_python, write_beneath, write_repos
 from ._process import kill_and_wait, parent_pid, read_until, run_process, spawn_detached, start_time
 from .base import ExecResult
+from .channel import LocalProcess
 from .bwrap_argv import (
     DEFAULT_IDLE_SECONDS, HELPER_DIR, READY, STATE_INSIDE, BwrapConfig, Limits, bwrap_argv,
     enter_argv, host_local_bin, host_system, keep_run, limited_argv, sandbox_python,
@@ -138,6 +139,11 @@ class BwrapSandbox:
         finally:
             keep_alive.cancel()
             self._touch()
+
+    async def open_process(self, argv: Sequence[str]) -> LocalProcess:
+        """argv entered like exec's; the sandbox's idle clock is its own to refresh."""
+        pid = await asyncio.to_thread(self._ensure)
+        return LocalProcess(enter_argv(pid, self.home, argv), env=self._env, cwd="/")
 
     async def _keep_alive(self) -> None:
         """While a call runs, the idle clock stays at zero."""

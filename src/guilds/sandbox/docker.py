@@ -9,8 +9,14 @@ Lifecycle:
 - found again by name (``guilds-<agent id>``): a running container whose
   fingerprint label matches the spec (and the helpers' build) is used as it is;
   one with another fingerprint is replaced;
-- created on first use: ``containers.create`` + ``start``, then the helpers
-  (0755, /usr/local/bin) and repos.json (0600) go in with one ``put_archive``;
+- created on first use: ``containers.create``, the helpers (root's, 0755,
+  /usr/local/bin) and repos.json (the agent's, 0600) put in, then ``start``:
+  a running container is a ready one. Any number of orchestrator processes
+  may do this at once: a create refused with 409 means another made it, and the
+  container is waited for until it runs (one left created and not started for
+  CREATED_GRACE_SECONDS is taken as abandoned, removed and made again);
+  containers are removed by id, never by name, so a process never removes the
+  one another has just made;
 - a container found ended by its idle stop is replaced silently; one found
   killed (SIGKILL, out of memory, ``docker stop``) fails that call with
   SandboxError saying so, and is removed: the next call starts a new one. The
@@ -43,18 +49,31 @@ from ..errors import SandboxError
 from ..settings import AgentSettings
 from . import docker_engine as engine
 from . import docker_spec as spec
-from ._agent import DEFAULT_PATH, agent_env, checked_id, locate
+from ._agent import DEFAULT_PATH, agent_env, checked_id, locate, own_tree
 from ._container import (
-    EXEC_ENV, HELPER_DIR, STATE_INSIDE, blocking, exec_status, fingerprint, helper_files,
-    ContainerSandbox,
+    CLOCK, EXEC_ENV, HELPER_DIR, STATE_INSIDE, blocking, container_owner, exec_status, fingerprint,
+    folders_of, helper_files, ContainerSandbox,
     helpers_digest, kill_argv, repos_file, repos_json, tar_bytes,
 )
 from ._process import KILL_GRACE_SECONDS
 from .base import ExecResult
+from .channel import DockerProcess
 
 DEADLINE_SLACK_SECONDS = 5.0
 """How long past timeout + grace an exec may stay silent before it is killed from outside."""
 KILL_WAIT_SECONDS = 30
+START_SLACK_SECONDS = 30.0
+"""Past CREATED_GRACE_SECONDS, how long making the container again may take."""
+CREATED_GRACE_SECONDS = 30.0
+"""How long a container made by another process may stay created and not started
+before it is taken as abandoned (its maker died) and made again."""
+ADOPT_POLL_SECONDS = 0.05
+"""While another process sets up the container: how often to look again."""
+REQUESTS_DIR = "requests"
+"""Where the transport writes request files under the state root (toolbox/transport.py)."""
+CLOCK_REFRESH_FRACTION = 4
+"""The idle clock is rewritten when a call comes and it is older than idle / this
+(so an idle stop is at most that much early), beside the call, not before it."""
 T = TypeVar("T")
 
 
@@ -76,6 +95,8 @@ class DockerSandbox(ContainerSandbox):
         self._base_url = base_url
         self._client: docker.DockerClient | None = None
         self._cid: str | None = None
+        self._owner = container_owner()
+        self._clock_at = 0.0
         self._lock = threading.Lock()
 
     async def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
@@ -83,10 +104,30 @@ class DockerSandbox(ContainerSandbox):
         token = secrets.token_hex(8)
         full_env = {**self._env, **(env or {}), EXEC_ENV: token}
         try:
-            return await blocking(self._exec, list(argv), full_env, timeout, token)
+            if time.monotonic() - self._clock_at < self.idle_seconds / CLOCK_REFRESH_FRACTION:
+                return await blocking(self._exec, list(argv), full_env, timeout, token)
+            result, _ = await asyncio.gather(blocking(self._exec, list(argv), full_env, timeout, token),
+                                             blocking(self._move_clock))
+            return result
         except asyncio.CancelledError:
             await asyncio.shield(blocking(self._kill, token))
             raise
+
+    async def open_process(self, argv: Sequence[str]) -> DockerProcess:
+        """One exec with stdin attached; closing it also kills what it started (by token)."""
+        token = secrets.token_hex(8)
+        return await blocking(self._open_process, list(argv), {**self._env, EXEC_ENV: token}, token)
+
+    def _open_process(self, argv: list[str], env: dict[str, str], token: str) -> DockerProcess:
+        def create(cid: str) -> str:
+            kwargs = spec.exec_spec(cid, argv, env=env, home=self.home, timeout=0)
+            kwargs.update(cmd=argv, stdin=True)  # no timeout: it lives until its stdin ends
+            return self.client.api.exec_create(**kwargs)["Id"]
+
+        exec_id = self._in_container("exec", create)
+        with self._engine("exec"):
+            response = engine.attach(self.client.api, exec_id)
+        return DockerProcess(response, spec.split_frames, lambda: self._kill(token))
 
     async def write_file(self, path: str, data: bytes) -> None:
         root, rel = locate(path, {STATE_INSIDE: STATE_INSIDE, self.home: self.home})
@@ -97,13 +138,22 @@ class DockerSandbox(ContainerSandbox):
 
     # --- blocking steps (run in the pool) -------------------------------------
     def _start(self) -> None:
-        if not self._ensure_created():  # a new container got them when it was made
-            self._put(self._setup_files(helpers=False), "write repos.json")
+        if not self._ensure_created():  # a new container got it when it was made
+            self._put(*self._repos_files(), "write repos.json")
 
-    def _setup_files(self, *, helpers: bool) -> list[tuple[str, bytes, int]]:
-        """The helpers (0755) and repos.json (0600), as ``tar_bytes`` takes them."""
-        files = [(f"{HELPER_DIR}/{n}", data, 0o755) for n, data in helper_files()] if helpers else []
-        return files + [(repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600)]
+    def _move_clock(self) -> None:
+        """Rewrite the idle clock through the engine (root's: the agent cannot touch it)."""
+        self._clock_at = time.monotonic()
+        with contextlib.suppress(SandboxError):
+            self._in_container("move the idle clock", lambda cid: self.client.api.put_archive(
+                cid, "/", tar_bytes([(CLOCK, b"", 0o644)], mtime=int(time.time()))))
+
+    def _repos_files(self) -> tuple[list[tuple[str, bytes, int]], list[str]]:
+        """repos.json (0600), the state folders above it and the requests folder
+        (a missing folder would be made root's by the engine), as ``_put`` takes them."""
+        name = repos_file(self.agent_id)
+        folders = [*folders_of(name, STATE_INSIDE), f"{STATE_INSIDE}/{REQUESTS_DIR}"]
+        return [(name, repos_json(self.settings, self.home), 0o600)], folders
 
     def _exec(self, argv: list[str], env: dict[str, str], timeout: float, token: str) -> ExecResult:
         exec_id = self._exec_create(argv, env, timeout)
@@ -160,8 +210,9 @@ class DockerSandbox(ContainerSandbox):
             exec_id = self.client.api.exec_create(self._cid or self.container, kill_argv(token))["Id"]
             self._stream(exec_id, time.monotonic() + KILL_WAIT_SECONDS)
 
-    def _put(self, files: list[tuple[str, bytes, int]], what: str) -> None:
-        archive = tar_bytes(files, mtime=int(time.time()))
+    def _put(self, files: list[tuple[str, bytes, int]], what: str, folders: Sequence[str] = ()) -> None:
+        """Files (and folders) the agent's, written through the engine."""
+        archive = tar_bytes(files, mtime=int(time.time()), owner=self._owner, folders=folders)
         if not self._in_container(what, lambda cid: self.client.api.put_archive(cid, "/", archive)):
             raise SandboxError(f"docker: {what}: the engine refused the archive")
 
@@ -183,26 +234,54 @@ class DockerSandbox(ContainerSandbox):
         return self._cid
 
     def _ensure_created(self) -> bool:
-        """Find the running container or make it; True when it was made now."""
+        """Find the running container or make it; True when it was made now (by this process)."""
         with self._lock:
             kwargs = self._spec()
-            found = self._find()
-            if found and found["State"].get("Running") and spec.our_labels(found) == kwargs["labels"]:
-                self._cid = found["Id"]
-                return False
-            if found:
-                with self._engine("remove"):
-                    self.client.api.remove_container(found["Id"], force=True)
-                if not found["State"].get("Running") and not spec.idle_stopped(found["State"]):
-                    raise SandboxError(spec.ended_text(self.container, found["State"], self.config))
-            self._cid = self._create(kwargs)
+            deadline = time.monotonic() + CREATED_GRACE_SECONDS + START_SLACK_SECONDS
+            while time.monotonic() < deadline:
+                found = self._find()
+                if found is None:
+                    made = self._create(kwargs)
+                    if made is not None:
+                        self._cid = made
+                        return True
+                    continue  # another process made it meanwhile: adopt it
+                if self._adopt(found, kwargs["labels"]):
+                    return False
+            raise SandboxError(f"docker: the container {self.container} did not start in "
+                               f"{CREATED_GRACE_SECONDS + START_SLACK_SECONDS:g} s")
+
+    def _adopt(self, found: dict[str, Any], labels: dict[str, str]) -> bool:
+        """Take the found container if it runs with our spec; wait while another process
+        sets it up; remove it (by id) when it ended, is stale or was abandoned."""
+        state = found["State"]
+        same = spec.our_labels(found) == labels
+        if same and state.get("Running"):
+            self._cid = found["Id"]
             return True
+        if same and spec.being_set_up(found, CREATED_GRACE_SECONDS):
+            time.sleep(ADOPT_POLL_SECONDS)
+            return False
+        self._remove(found["Id"])
+        ended = found["State"].get("Status") == "exited" and not spec.idle_stopped(state)
+        if ended and same:
+            raise SandboxError(spec.ended_text(self.container, state, self.config))
+        return False
+
+    def _remove(self, cid: str) -> None:
+        """Remove a container by id; one already gone or being removed is no error."""
+        with self._engine("remove"):
+            try:
+                self.client.api.remove_container(cid, force=True)
+            except docker.errors.APIError as exc:
+                if exc.status_code not in (404, 409):
+                    raise
 
     def _spec(self) -> dict[str, Any]:
         base_env = {k: v for k, v in self._env.items() if k not in self.settings.secrets}
         kwargs = spec.container_spec(self.config, agent_id=self.agent_id, home=self.home,
-                                     network=self.settings.network,
-                                     idle_seconds=self.idle_seconds, base_env=base_env)
+                                     network=self.settings.network, idle_seconds=self.idle_seconds,
+                                     base_env=base_env, user=self._owner)
         stamp = fingerprint([kwargs, helpers_digest()])
         kwargs["labels"][spec.LABEL_FINGERPRINT] = stamp
         return kwargs
@@ -214,19 +293,31 @@ class DockerSandbox(ContainerSandbox):
             except docker.errors.NotFound:
                 return None
 
-    def _create(self, kwargs: dict[str, Any]) -> str:
+    def _create(self, kwargs: dict[str, Any]) -> str | None:
+        """Create, fill and start the container; None when another process created it first."""
         os.makedirs(self.home, exist_ok=True)
+        if os.geteuid() == 0:
+            own_tree(self.home, self._owner)
         with self._engine("create the container"):
             try:
-                container = self.client.containers.create(**kwargs)
+                cid = self.client.containers.create(**kwargs).id
             except docker.errors.ImageNotFound:
                 raise SandboxError(
                     f"docker: image {self.config.image!r} not found: build it with "
                     "`guilds sandbox image` (or pull it), or set docker.image") from None
-            container.start()
-            archive = tar_bytes(self._setup_files(helpers=True), mtime=int(time.time()))
-            self.client.api.put_archive(container.id, "/", archive)
-        return container.id
+            except docker.errors.APIError as exc:
+                if exc.status_code == 409:
+                    return None
+                raise
+            helpers = [(f"{HELPER_DIR}/{n}", data, 0o755) for n, data in helper_files()]
+            helpers.append((CLOCK, b"", 0o644))
+            self.client.api.put_archive(cid, "/", tar_bytes(helpers, mtime=int(time.time())))
+            files, folders = self._repos_files()
+            self.client.api.put_archive(cid, "/", tar_bytes(
+                files, mtime=int(time.time()), owner=self._owner, folders=folders))
+            self.client.api.start(cid)
+        self._clock_at = time.monotonic()
+        return cid
 
     # --- the engine -------------------------------------------------------------
     @property

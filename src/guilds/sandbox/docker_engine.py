@@ -110,6 +110,15 @@ def exec_stream(api: Any, exec_id: str, deadline: float, exited: Callable[[], bo
         response.close()
 
 
+def attach(api: Any, exec_id: str) -> Any:
+    """Start the exec with its stdin attached; the streamed response (the caller closes it)."""
+    response = api._post_json(api._url("/exec/{0}/start", exec_id),
+                              data={"Tty": False, "Detach": False}, stream=True,
+                              headers={"Connection": "Upgrade", "Upgrade": "tcp"})
+    api._raise_for_status(response)
+    return response
+
+
 def read_frames(reader: Any, deadline: float, exited: Callable[[], bool]
                 ) -> tuple[bytes, bytes, bool]:
     """Read the exec's stream until EOF or the deadline: (stdout head, stderr tail, complete).

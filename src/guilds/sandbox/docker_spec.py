@@ -7,7 +7,8 @@ host folder, bound at its own path; the state root a named volume
 ``guilds-<agent id>-state`` at /run/guilds, so background records outlive a
 container (a command that was running in a killed container shows ``ended``);
 the memory and pids limits; ``network_mode`` "none" unless ``agent.network``,
-then the configured Docker network; no new privileges. Its environment holds no
+then the configured Docker network; the agent's uid (``user``, never root), no
+capabilities, no new privileges. Its environment holds no
 secret: the agent's environment travels with each exec (``exec_spec``).
 
 ``split_frames`` reads the exec API's multiplexed stream: frames of an 8-byte
@@ -18,10 +19,12 @@ the payload.
 from __future__ import annotations
 
 import struct
+import time
+from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
 from ..settings import DockerSettings
-from ._container import STATE_INSIDE, exec_argv, init_argv
+from ._container import CLOCK, STATE_INSIDE, exec_argv, init_argv
 
 LABEL_AGENT = "guilds.agent"
 LABEL_FINGERPRINT = "guilds.fingerprint"
@@ -43,15 +46,15 @@ def state_volume(agent_id: str) -> str:
 
 def container_spec(
     cfg: DockerSettings, *, agent_id: str, home: str, network: bool, idle_seconds: float,
-    base_env: Mapping[str, str],
+    base_env: Mapping[str, str], user: tuple[int, int],
 ) -> dict[str, Any]:
     """``containers.create`` keyword arguments for the agent's container (pure).
 
-    base_env: the environment without secrets (PATH, LANG, HOME, ...).
+    base_env: the environment without secrets (PATH, LANG, HOME, ...); user: (uid, gid).
     """
     return {
         "image": cfg.image,
-        "command": init_argv(PYTHON, idle_seconds),
+        "command": init_argv(PYTHON, idle_seconds, CLOCK),
         "name": container_name(agent_id),
         "labels": {LABEL_AGENT: agent_id},
         "environment": dict(base_env),
@@ -63,6 +66,8 @@ def container_spec(
         "memswap_limit": cfg.memory,
         "pids_limit": cfg.pids_limit,
         "network_mode": cfg.network if network else "none",
+        "user": f"{user[0]}:{user[1]}",
+        "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
     }
 
@@ -70,7 +75,7 @@ def container_spec(
 def exec_spec(container: str, argv: Sequence[str], *, env: Mapping[str, str], home: str,
               timeout: float) -> dict[str, Any]:
     """``api.exec_create`` keyword arguments for one call (pure): no stdin, no tty."""
-    return {"container": container, "cmd": exec_argv(argv, timeout), "environment": dict(env),
+    return {"container": container, "cmd": exec_argv(argv, timeout, stamp=False), "environment": dict(env),
             "workdir": home, "stdin": False, "stdout": True, "stderr": True, "tty": False}
 
 
@@ -95,6 +100,26 @@ def split_frames(buf: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
 def idle_stopped(state: Mapping[str, Any]) -> bool:
     """A container that ended by its idle stop (not killed, not out of memory)."""
     return not state.get("OOMKilled") and state.get("ExitCode") == IDLE_EXIT
+
+
+def being_set_up(inspected: Mapping[str, Any], grace_seconds: float, now: float | None = None) -> bool:
+    """A container created and not started yet, less than grace_seconds ago: another
+    process is putting its files in and will start it (pure but for the clock)."""
+    state = inspected.get("State") or {}
+    if state.get("Status") != "created":
+        return False
+    made = _parse_time(str(inspected.get("Created", "")))
+    return made is not None and (time.time() if now is None else now) - made < grace_seconds
+
+
+def _parse_time(text: str) -> float | None:
+    """Docker's RFC 3339 time with nanoseconds -> seconds since the epoch."""
+    head, _, frac = text.rstrip("Z").partition(".")
+    try:
+        whole = datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+    return whole.timestamp() + float(f"0.{frac or 0}")
 
 
 def ended_text(name: str, state: Mapping[str, Any], cfg: DockerSettings) -> str:

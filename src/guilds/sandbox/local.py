@@ -28,6 +28,7 @@ from ..settings import AgentSettings
 from ._agent import agent_env, checked_id, locate, real_python, write_beneath, write_repos
 from ._process import run_process
 from .base import ExecResult
+from .channel import LocalProcess
 
 
 class LocalSandbox:
@@ -65,6 +66,9 @@ class LocalSandbox:
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float
     ) -> ExecResult:
         return await run_process(argv, env={**self._env, **(env or {})}, cwd=self.home, timeout=timeout)
+
+    async def open_process(self, argv: Sequence[str]) -> LocalProcess:
+        return LocalProcess(argv, env=self._env, cwd=self.home)
 
     async def write_file(self, path: str, data: bytes) -> None:
         root, rel = locate(path, {self.state_dir: self.state_dir, self.home: self.home})

@@ -16,7 +16,9 @@ One call, in order:
 5. the result is recorded with its metadata (the helper's, plus ``call``,
    ``tool``, ``run``, ``seq``, ``started_at``, ``duration_ms`` and ``row``,
    and what shaping saved: ``secrets_redacted``, ``pointer_bytes_saved``, see
-   savings.py).
+   savings.py);
+   if the record cannot take it (a full disk), the result is still returned,
+   its metadata's ``not_recorded`` saying what could not be written.
 
 Every admitted call counts against the budget, also one that failed.
 """
@@ -36,7 +38,7 @@ from guilds_code.redact import Redactor
 from guilds_harness.request import validate_task
 
 from .._checks import is_safe_name
-from ..errors import BadInput, HelperFailed, SandboxError
+from ..errors import BadInput, HelperFailed, RecordError, SandboxError
 from ..rows import row_text
 from ..sandbox.base import Sandbox
 from ..settings import AgentSettings
@@ -52,6 +54,8 @@ BUDGET_REFUSED = (
     "(max_tool_calls = {n}); nothing was run"
 )
 CANCELLED = "the call was cancelled before it finished"
+NOT_RECORDED = "not_recorded"
+"""Metadata key, only when the record could not take the result (a full disk): what failed."""
 _SPECS = tuple(tool_specs())
 
 
@@ -131,6 +135,8 @@ class Toolbox:
         self._redact_env = sorted(settings.secrets)
         self._started = False
         self._start_lock = asyncio.Lock()
+        self._transport = transport.Transport(sandbox, settings.transport,
+                                              max_in_flight=settings.max_in_flight)
 
     def tools(self) -> list[ToolSpec]:
         """The tools to offer in this generation: all five while coding is on, else none."""
@@ -212,9 +218,7 @@ class Toolbox:
             helper = "guilds-harness"
         try:
             await self._ensure_started()
-            envelope = await transport.call_helper(
-                self.sandbox, request, wait=transport.wait_for(tool, valid), helper=helper
-            )
+            envelope = await self._transport.call(request, wait=transport.wait_for(tool, valid), helper=helper)
         except HelperFailed as exc:
             return _error(exc.message)
         except SandboxError as exc:
@@ -223,6 +227,10 @@ class Toolbox:
             return _error(envelope["error"])
         failed = tool == "code_task" and envelope["meta"].get("status") != "completed"
         return _Outcome(envelope["text"], failed, envelope["meta"])
+
+    async def close(self) -> None:
+        """End the agent's resident helper, if it runs (a later call opens it again)."""
+        await self._transport.close()
 
     def _repo_folders(self) -> dict[str, str]:
         """Each repository's absolute folder as the sandbox sees it."""
@@ -247,9 +255,12 @@ class Toolbox:
             "started_at": call.started_at.isoformat(timespec="milliseconds"),
             "duration_ms": duration_ms, "row": row,
         }
-        await self.store.finish_call(
-            run_id=call.run_id, seq=call.seq, text=shaped.text, is_error=outcome.is_error, meta=meta,
-            cut=shaped.cut, finished_at=datetime.now(timezone.utc), duration_ms=duration_ms, row=row,
-            status=status,
-        )
+        try:
+            await self.store.finish_call(
+                run_id=call.run_id, seq=call.seq, text=shaped.text, is_error=outcome.is_error, meta=meta,
+                cut=shaped.cut, finished_at=datetime.now(timezone.utc), duration_ms=duration_ms, row=row,
+                status=status,
+            )
+        except RecordError as exc:  # a full disk: the result still goes back, saying it is not recorded
+            meta[NOT_RECORDED] = str(exc)
         return CallResult(shaped.text, outcome.is_error, meta)

@@ -1,5 +1,8 @@
 """Run the guilds-code helper in a sandbox: a request in, its envelope out.
 
+Two transports: ``call_helper`` runs one helper process per call (below);
+``Transport`` picks between it and the resident helper (``channel``).
+
 The argv is ``[sandbox.python, "-I", "-S", sandbox.helper_path("guilds-code"), ARG]``.
 ARG is the request as base64 JSON when that is at most REQUEST_ARGV_MAX
 characters; a longer one is written through the sandbox file API to
@@ -14,7 +17,9 @@ reported as "code helper failed: no answer within N s".
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import Any, Mapping
 
 from guilds_code import limits
@@ -22,7 +27,7 @@ from guilds_code.protocol import decode_envelope, encode_request
 from guilds_harness import limits as task_limits
 
 from .._checks import is_safe_name
-from ..errors import BadInput, HelperFailed
+from ..errors import BadInput, HelperFailed, SandboxError
 from ..sandbox.base import ExecResult, Sandbox
 
 HELPER = "guilds-code"
@@ -112,3 +117,100 @@ def _failure(headline: str, result: ExecResult) -> str:
     if not tail and result.exit_code not in (0, None):
         tail = [f"(exit {result.exit_code}, nothing on stderr)"]
     return "\n".join([headline, *tail])
+
+
+# --- the resident transport ---------------------------------------------------
+TRANSPORTS = ("auto", "resident", "exec")
+REOPEN_AFTER_SECONDS = 30.0
+"""auto: after the channel failed to open, calls go by exec this long before it is tried again."""
+SERVE_IDLE_EXIT_DEFAULT = 1800
+"""A resident helper with nothing to do exits after this long (a sandbox's own idle time when it has one)."""
+
+
+def rerunnable(request: Mapping[str, Any]) -> bool:
+    """True for a call that may run once more when its channel died under it: one
+    that changes nothing (shell_status without stop, file_read, code_search)."""
+    op, args = request.get("op"), request.get("args")
+    if op in ("file_read", "code_search"):
+        return True
+    return op == "shell_status" and not (isinstance(args, Mapping) and args.get("stop"))
+
+
+def serve_argv(sandbox: Sandbox, max_in_flight: int) -> list[str]:
+    """How the resident helper is started inside the sandbox."""
+    idle = getattr(sandbox, "idle_seconds", None) or SERVE_IDLE_EXIT_DEFAULT
+    return [sandbox.python, "-I", "-S", sandbox.helper_path(HELPER), "serve",
+            "--max-in-flight", str(max_in_flight), "--idle-exit", str(max(1, round(idle)))]
+
+
+class Transport:
+    """How one agent's requests reach guilds-code: ``exec`` (a process per call),
+    ``resident`` (the channel; an error when it cannot open), or ``auto`` (the
+    channel when it opens, else exec, trying the channel again after
+    REOPEN_AFTER_SECONDS). guilds-harness always goes by exec.
+
+    The channel is opened by the first call that needs it and reopened by the
+    first call after it died. A call in flight when it died is run once more
+    (on a new channel, or by exec under ``auto``) if ``rerunnable``; otherwise
+    it fails with HelperFailed saying so.
+    """
+
+    def __init__(self, sandbox: Sandbox, mode: str = "auto", *, max_in_flight: int = 64):
+        if mode not in TRANSPORTS:
+            raise ValueError(f"transport: must be one of {', '.join(TRANSPORTS)}, got {mode!r}")
+        self.sandbox, self.mode, self.max_in_flight = sandbox, mode, max_in_flight
+        self._channel: Any = None
+        self._lock = asyncio.Lock()
+        self._failed_at: float | None = None
+
+    async def call(self, request: dict[str, Any], *, wait: float, helper: str = HELPER) -> dict[str, Any]:
+        if helper != HELPER or self.mode == "exec":
+            return await call_helper(self.sandbox, request, wait=wait, helper=helper)
+        from .channel import ChannelDied
+
+        for attempt in (1, 2):
+            channel = await self._open()
+            if channel is None:
+                return await call_helper(self.sandbox, request, wait=wait)
+            try:
+                return await channel.call(request, wait)
+            except ChannelDied as exc:
+                if attempt == 2 or not rerunnable(request):
+                    raise HelperFailed(f"{FAILED}: the resident helper ended while the call ran "
+                                       f"({exc.message}); the call may have run in part") from None
+        raise AssertionError("unreachable")
+
+    async def _open(self) -> Any:
+        """The live channel, opened now if needed; None when auto falls back to exec."""
+        from .channel import ChannelDied, ResidentChannel
+
+        if not hasattr(self.sandbox, "open_process"):
+            if self.mode == "resident":
+                raise SandboxError(f"the {self.sandbox.name} sandbox cannot run the resident helper")
+            return None
+        channel = self._channel
+        if channel is not None and not channel.dead:
+            return channel
+        async with self._lock:
+            if self._channel is not None and not self._channel.dead:
+                return self._channel
+            await self.close()
+            if self.mode == "auto" and self._failed_at is not None \
+                    and time.monotonic() - self._failed_at < REOPEN_AFTER_SECONDS:
+                return None
+            try:
+                self._channel = await ResidentChannel.open(
+                    self.sandbox, serve_argv(self.sandbox, self.max_in_flight))
+            except (ChannelDied, SandboxError) as exc:
+                if self.mode == "resident":
+                    raise SandboxError(f"cannot open the resident helper: {exc}") from exc
+                self._failed_at = time.monotonic()
+                return None
+            self._failed_at = None
+            return self._channel
+
+    async def close(self) -> None:
+        """End the channel, if one is open (the next call opens another)."""
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await channel.close()

@@ -1,0 +1,203 @@
+"""The orchestrator's end of the resident helper: one ``guilds-code serve`` per
+agent, opened with ``Sandbox.open_process``, its frames (``guilds_code.frames``)
+shared by all of the agent's calls.
+
+- ``ResidentChannel.open(sandbox, argv)`` starts the server and waits up to
+  HELLO_SECONDS for its hello; a server of another protocol version is
+  refused (ChannelDied naming both versions) and closed.
+- ``call(request, wait)`` sends one request frame and waits for its answer:
+  the decoded envelope. Past ``wait`` seconds a cancel frame is sent and the
+  call fails with HelperFailed "no answer within N s"; a call cancelled by its
+  caller sends a cancel frame too and waits (at most CANCEL_WAIT_SECONDS) for
+  the server to answer it before the cancellation goes on. A request whose
+  JSON passes REQUEST_FILE_MAX is refused before anything is sent.
+- One reader thread reads the answers and hands each to its call's event
+  loop; an answer is handed over once, to the call still waiting for it.
+- When the server's stdout ends (killed, the sandbox stopped, the container
+  restarted), every call in flight fails with ChannelDied, and so does every
+  later call: the owner opens a new channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import threading
+from typing import Any
+
+from guilds_code import frames, limits
+from guilds_code.protocol import decode_envelope
+
+from ..errors import HelperFailed
+from ..sandbox.base import Sandbox
+from ..sandbox.channel import ChannelClosed, ProcessChannel
+
+HELLO_SECONDS = 30.0
+"""How long a new server may take to say hello (a container's first exec included)."""
+CANCEL_WAIT_SECONDS = 5.0
+"""After a cancel frame, how long a call waits for the server's answer to it."""
+DIRECT_SEND_BYTES = 16 * 1024
+"""A frame up to this size is written from the event loop (a pipe takes it at
+once); a larger one from a worker thread, so a slow reader cannot stall the loop."""
+
+
+class ChannelDied(HelperFailed):
+    """The resident helper ended (or never started) while a call needed it."""
+
+
+class ResidentChannel:
+    """One server's frames, multiplexed (see the module docstring)."""
+
+    def __init__(self, process: ProcessChannel):
+        self._process = process
+        self._ids = itertools.count(1)
+        self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self._lock = threading.Lock()
+        self._hello: dict[str, Any] | None = None
+        self._hello_seen = threading.Event()
+        self.dead: str | None = None
+        """Why the channel can no longer be used; None while it can."""
+        threading.Thread(target=self._read, daemon=True, name="guilds-resident").start()
+
+    @classmethod
+    async def open(cls, sandbox: Sandbox, argv: list[str]) -> ResidentChannel:
+        channel = cls(await sandbox.open_process(argv))
+        seen = await asyncio.to_thread(channel._hello_seen.wait, HELLO_SECONDS)
+        if channel.dead or not seen:
+            reason = channel.dead or f"no hello within {HELLO_SECONDS:g} s"
+            await channel.close()
+            raise ChannelDied(f"the resident helper did not start: {reason}")
+        return channel
+
+    @property
+    def max_in_flight(self) -> int:
+        return int((self._hello or {}).get("max_in_flight", frames.MAX_IN_FLIGHT_DEFAULT))
+
+    async def call(self, request: dict[str, Any], wait: float) -> dict[str, Any]:
+        """Run one request on the server; its decoded envelope (see the module docstring)."""
+        body = json.dumps(request, ensure_ascii=False).encode("utf-8", "surrogateescape")
+        if len(body) > limits.REQUEST_FILE_MAX:
+            raise HelperFailed(f"request: larger than {limits.REQUEST_FILE_MAX} bytes; not sent")
+        frame_id = f"q{next(self._ids)}"
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self._lock:
+            if self.dead:
+                raise ChannelDied(self.dead)
+            self._pending[frame_id] = (loop, future)
+        try:
+            await self._send(frames.request_frame(frame_id, body))
+            return await self._answer(frame_id, future, wait)
+        finally:
+            with self._lock:
+                self._pending.pop(frame_id, None)
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved: a failure already raised is not logged again
+
+    async def _answer(self, frame_id: str, future: asyncio.Future, wait: float) -> dict[str, Any]:
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), wait)
+        except TimeoutError:
+            await self._cancel(frame_id, future)
+            raise HelperFailed(f"code helper failed: no answer within {wait:g} s") from None
+        except asyncio.CancelledError:
+            await self._cancel(frame_id, future)
+            raise
+
+    async def _cancel(self, frame_id: str, future: asyncio.Future) -> None:
+        """A cancel frame, then the server's answer to it (or CANCEL_WAIT_SECONDS)."""
+        try:
+            await asyncio.shield(self._send(frames.cancel_frame(frame_id)))
+            await asyncio.wait({asyncio.shield(future)}, timeout=CANCEL_WAIT_SECONDS)
+        except (ChannelDied, asyncio.CancelledError):
+            pass
+
+    async def _send(self, data: bytes) -> None:
+        try:
+            if len(data) <= DIRECT_SEND_BYTES:
+                with self._lock:
+                    self._process.send(data)
+            else:
+                await asyncio.to_thread(self._send_locked, data)
+        except ChannelClosed as exc:
+            self._die(f"the resident helper is gone ({exc})")
+            raise ChannelDied(self.dead or str(exc)) from exc
+
+    def _send_locked(self, data: bytes) -> None:
+        with self._lock:
+            self._process.send(data)
+
+    async def close(self) -> None:
+        """End the server (its running requests are cancelled) and the reader."""
+        self._die("the resident helper was closed")
+        await asyncio.to_thread(self._process.close)
+
+    # --- the reader thread --------------------------------------------------
+    def _read(self) -> None:
+        buffer = b""
+        while chunk := self._process.receive():
+            *lines, buffer = (buffer + chunk).split(b"\n")
+            for line in lines:
+                self._on_line(line)
+        tail = self._process.stderr_tail()
+        self._die("the resident helper ended" + (f": {tail}" if tail else ""))
+
+    def _on_line(self, line: bytes) -> None:
+        try:
+            frame = json.loads(line)
+        except ValueError:
+            self._die(f"the resident helper wrote something not a frame: {line[:80]!r}")
+            return
+        if self._hello is None:
+            self._on_hello(frame)
+            return
+        with self._lock:
+            entry = self._pending.pop(frame.get("id"), None) if isinstance(frame, dict) else None
+        if entry is not None:
+            loop, future = entry
+            _hand_over(loop, _settle, future, frame.get("envelope"))
+
+    def _on_hello(self, frame: Any) -> None:
+        version = frame.get("v") if isinstance(frame, dict) else None
+        if not isinstance(frame, dict) or frame.get("hello") != frames.HELLO:
+            self._die("the resident helper did not say hello")
+        elif version != frames.VERSION:
+            self._die(f"the resident helper speaks protocol {version}; this orchestrator "
+                      f"speaks {frames.VERSION}")
+        else:
+            self._hello = frame
+        self._hello_seen.set()
+
+    def _die(self, reason: str) -> None:
+        """Mark the channel dead; fail every call in flight with ChannelDied(reason)."""
+        with self._lock:
+            if self.dead is None:
+                self.dead = reason
+            pending, self._pending = self._pending, {}
+        self._hello_seen.set()
+        for loop, future in pending.values():
+            _hand_over(loop, _fail, future, ChannelDied(reason))
+
+
+def _hand_over(loop: asyncio.AbstractEventLoop, *callback: Any) -> None:
+    """callback in loop's thread; nothing when that loop has closed (its call is gone)."""
+    try:
+        loop.call_soon_threadsafe(*callback)
+    except RuntimeError:
+        pass
+
+
+def _settle(future: asyncio.Future, envelope: Any) -> None:
+    if future.done():
+        return
+    try:
+        future.set_result(decode_envelope(envelope.encode("ascii")))
+    except (ValueError, AttributeError, UnicodeEncodeError):
+        future.set_exception(HelperFailed("code helper failed: the resident helper's answer "
+                                          "is not an envelope"))
+
+
+def _fail(future: asyncio.Future, exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
