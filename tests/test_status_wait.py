@@ -248,3 +248,10 @@ async def test_toolbox_refuses_a_bad_until_without_running_anything(tmp_path):
     async with local_toolbox(tmp_path) as tb:
         result = await tb.call("r", "shell_status", {"until": "x"})
         assert result.is_error and result.text.startswith("until: needs an id\n")
+
+
+def test_until_sees_the_first_4096_characters_of_a_line(bg):
+    n = limits.UNTIL_MATCH_MAX_CHARS
+    bid, _ = start(bg, f"sleep 0.3; printf 'a%.0s' $(seq {n}); echo LATE; printf 'b%.0s' $(seq {n - 4}); echo EDGE; sleep 30")
+    env = status(bg, id=bid, until="LATE|EDGE", wait=10)
+    assert first_line(env).startswith("matched: bbbb") and first_line(env).endswith(" chars]")

@@ -160,6 +160,9 @@ UNTIL_MAX_CHARS = 1000
 """An until pattern longer than this is refused."""
 UNTIL_LINE_MAX_CHARS = 200
 """The line quoted in 'matched: <line>' (and meta matched) is clipped to this."""
+UNTIL_MATCH_MAX_CHARS = 4096
+"""until sees at most this much of each line: a pattern that backtracks badly
+stays bounded by the line, not by what a command printed without a newline."""
 UNTIL_LINE_SCAN_BYTES = 64 * 1024
 """A new log line longer than this without a newline is matched in pieces of this size."""
 WAIT_POLL_MIN_SECONDS = 0.05

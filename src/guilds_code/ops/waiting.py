@@ -219,7 +219,7 @@ class _Follower:
             return None
         text = shaping.shape_bytes(block, self.redactor).decode("utf-8", "replace")
         for line in text.split("\n"):
-            if line and self.pattern.search(line):
+            if line and self.pattern.search(line[: limits.UNTIL_MATCH_MAX_CHARS]):
                 return shaping.clip_line(line.strip(), limits.UNTIL_LINE_MAX_CHARS)
         return None
 
