@@ -39,7 +39,7 @@ def test_call_prints_the_result_and_a_run_carries_its_directory(capsys, tmp_path
     cfg = str(config(tmp_path))
     (tmp_path / "home/sub").mkdir(parents=True)
     code, out, _ = run(capsys, tmp_path, "call", "shell", '{"command": "cd sub && echo in"}', "--config", cfg, "--run", "r1")
-    assert (code, out) == (0, "in\nremaining_tool_calls: 199\n")
+    assert (code, out) == (0, "in\n[working directory now: ~/sub]\nremaining_tool_calls: 199\n")
     code, out, _ = run(capsys, tmp_path, "call", "shell", '{"command": "pwd; exit 4"}', "--config", cfg,
                        "--run", "r1", "--json")
     result = json.loads(out)

@@ -173,11 +173,12 @@ def test_gh_token_follows_the_repository_folder(sandbox):
     (agent / "repos.json").write_text(json.dumps(tokens))
     sandbox.env["GH_TOKEN"] = "outer-token-value"
     show = 'printf %s "${GH_TOKEN-unset}" | sha256sum | cut -c1-64'
-    assert ok_text(sh(sandbox, "cd repos/web/src && " + show)) == _sha("unset")
+    moved = "\n[working directory now: ~/repos/{}]".format
+    assert ok_text(sh(sandbox, "cd repos/web/src && " + show)) == _sha("unset") + moved("web/src")
     assert ok_text(sh(sandbox, show)) == _sha("tok-web-1234567")
-    assert ok_text(sh(sandbox, "echo $GH_TOKEN; cd ../../web2")) == "[REDACTED]"
-    assert ok_text(sh(sandbox, show + "; cd ../api")) == _sha("unset")
-    assert ok_text(sh(sandbox, show + "; cd ..")) == _sha("tok-api-7654321")
+    assert ok_text(sh(sandbox, "echo $GH_TOKEN; cd ../../web2")) == "[REDACTED]" + moved("web2")
+    assert ok_text(sh(sandbox, show + "; cd ../api")) == _sha("unset") + moved("api")
+    assert ok_text(sh(sandbox, show + "; cd ..")) == _sha("tok-api-7654321") + "\n[working directory now: ~/repos]"
     assert ok_text(sh(sandbox, show)) == _sha("unset")
 
 
@@ -331,7 +332,7 @@ def _call_by_file(sandbox, req):
 def test_command_longer_than_one_argv_string(sandbox):
     command = "v='" + "x" * 150_000 + "'\necho ${#v} $0 $# $LINENO; cd /tmp; exit 4"
     env = _call_by_file(sandbox, sandbox.request("shell", {"command": command}))
-    assert ok_text(env) == "150000 bash 0 2\nexit_code: 4"
+    assert ok_text(env) == "150000 bash 0 2\n[working directory now: /tmp]\nexit_code: 4"
     assert env["meta"]["cwd"] == "/tmp"
     assert os.listdir(run_dir(sandbox)) == ["cwd"]
 

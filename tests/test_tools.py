@@ -13,7 +13,7 @@ from guilds_code.protocol import ARG_SPECS, RequestError, validate_args
 PAGE_ARGS = {
     "code_task": ["brief", "repo", "session_id", "notes", "timeout_minutes"],
     "shell": ["command", "timeout_seconds", "background"],
-    "shell_status": ["id", "stop"],
+    "shell_status": ["id", "stop", "wait", "until"],
     "file_read": ["path", "offset", "limit"],
     "code_search": ["pattern", "path", "glob", "mode", "fixed", "ignore_case", "context", "limit"],
 }

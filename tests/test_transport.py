@@ -86,6 +86,12 @@ def padded(home: str, json_length: int) -> dict:
     ("file_read", {"path": "a"}, 120),
     ("code_search", {"pattern": "a"}, 120),
     ("shell_status", {}, 120),
+    ("shell_status", {"id": "b1", "stop": True}, 120),
+    ("shell_status", {"id": "b1", "wait": 1}, 121),
+    ("shell_status", {"id": "b1", "wait": 600}, 720),
+    ("shell_status", {"id": "b1", "wait": 601}, 120),
+    ("shell_status", {"id": "b1", "until": "x"}, 180),
+    ("shell_status", {"id": "b1", "until": "x", "wait": 5}, 125),
 ])
 def test_wait_for(op, args, seconds):
     assert wait_for(op, args) == seconds

@@ -103,11 +103,11 @@ async def test_a_json_result_as_a_tree(client):
 async def test_the_metadata_and_same_as_step(client):
     html = await get(client, "/runs/run1/calls/3?view=metadata", fragment=True)
     labels = re.findall(r"<dt>(.*?)</dt>", html)
-    assert labels == ["Call", "Tool", "File", "Lines", "Same as step"]
+    assert labels == ["Call", "Tool", "File", "Lines", "Same as step", "Bytes saved by the pointer"]
     assert '<dd><a href="/runs/run1/calls/2">2</a></dd>' in html and "<dd>1–4 of 4</dd>" in html
     shell = await get(client, "/runs/run1/calls/1?view=metadata", fragment=True)
     assert re.findall(r"<dt>(.*?)</dt>", shell) == ["Call", "Tool", "Exit code", "Full output log",
-                                                   "Working directory"]
+                                                   "Working directory", "Bytes elided", "Secrets redacted"]
     timed_out = await get(client, "/runs/run1/calls/11?view=metadata", fragment=True)
     assert "<dd>124 (timed out)</dd>" in timed_out
 

@@ -84,7 +84,8 @@ async def test_the_flow_live_and_a_calls_views(tmp_path):
                 await expect(detail.locator("dl.arguments")).to_contain_text("for i in $(seq 1 3000)")
                 await detail.get_by_role("tab", name="Metadata").click()
                 await expect(detail.locator("dl.metadata dt")).to_have_text(
-                    ["Call", "Tool", "Exit code", "Full output log", "Working directory"])
+                    ["Call", "Tool", "Exit code", "Full output log", "Working directory", "Bytes elided",
+                     "Secrets redacted"])
                 await page.screenshot(path=str(shots / "call-metadata.png"))
 
                 # a repeated read points to its step

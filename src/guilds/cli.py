@@ -1,6 +1,6 @@
 """`guilds`: the user's commands. Fronts only translate; the toolbox does the work.
 
-    guilds call TOOL 'JSON ARGS' [--home DIR] [--run ID] [--config FILE] [--sandbox NAME] [--json]
+    guilds call TOOL 'JSON ARGS' [--home DIR] [--run ID] [--config FILE] [--sandbox NAME] [--json] [--context-reset]
     guilds tools [--format anthropic|openai|openai-responses|mcp]
     guilds serve [--home DIR] [--port N] [--host H] [--allow-host NAME] [--no-token] [--sandbox NAME] [--config FILE]
     guilds mcp [--home DIR] [--sandbox NAME] [--config FILE]
@@ -58,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("--run", help="the run id (default: a new run)")
     _settings_options(call)
     call.add_argument("--json", action="store_true", help='print {"text", "is_error", "meta"}')
+    call.add_argument("--context-reset", action="store_true",
+                      help="the model's context was compacted or rewound: no file_read points before this call")
     tools = sub.add_parser("tools", help="print the tool definitions as JSON")
     tools.add_argument("--format", choices=sorted(FORMATS), default="anthropic")
     helps = {"serve": "the app at http://127.0.0.1:PORT/ and the MCP endpoint at /mcp",
@@ -151,7 +153,8 @@ async def _call(opts: argparse.Namespace, env: Mapping[str, str]) -> dict[str, A
 
     args = parse_args_json(opts.args)
     async with open_toolbox(_wired(opts, env)) as toolbox:
-        result = await toolbox.call(opts.run or new_run_id(), opts.tool, args)
+        result = await toolbox.call(opts.run or new_run_id(), opts.tool, args,
+                                    context_reset=opts.context_reset)
     return {"text": result.text, "is_error": result.is_error, "meta": result.meta}
 
 

@@ -45,6 +45,9 @@ Contract:
   2026-07-28 revision): the agent's current sessionless run (``SessionlessRun``),
   new after SESSIONLESS_IDLE_SECONDS without such a call; a run such a call
   names becomes the current one.
+- Context resets: ``_meta["guilds/context_reset"]: true`` on a call says the
+  model's context was compacted or rewound before it (``Toolbox.context_reset``):
+  no file_read points to a result from before that call.
 - Progress: while a call runs, ``notifications/progress`` every
   PROGRESS_SECONDS with the elapsed seconds, when the client sent a token.
 - Cancel: the client's cancel, its disconnect, or the server's shutdown
@@ -94,6 +97,9 @@ META_KEY = "guilds/meta"
 """Where a result's metadata travels: ``_meta["guilds/meta"]``."""
 RUN_KEY = "guilds/run"
 """A request ``_meta`` key naming the run a call belongs to."""
+CONTEXT_RESET_KEY = "guilds/context_reset"
+"""A request ``_meta`` key: true when the model's context was compacted or
+rewound before this call (Toolbox.context_reset): no read points before it."""
 RUN_PREFIX = "mcp-"
 SESSION_HEADER = "mcp-session-id"
 SESSIONLESS_IDLE_SECONDS = 30 * 60.0
@@ -266,8 +272,9 @@ class _Front:
             if not self.toolbox.tools():
                 return error_result(CODING_OFF.format(name=name))
             run_id = self.run_for(request)
+            reset = (request.meta or {}).get(CONTEXT_RESET_KEY) is True if request is not None else False
             try:
-                result = await run_call(self.toolbox.call(run_id, name, arguments),
+                result = await run_call(self.toolbox.call(run_id, name, arguments, context_reset=reset),
                                         functools.partial(_progress, request, name))
             finally:
                 self.sessionless.touch(run_id)

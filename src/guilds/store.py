@@ -16,6 +16,8 @@ Tables:
            once it has ended)
     owners the processes that have the record open (``guilds.lifecycle``): id,
            machine, pid, pid_start, heartbeat_at
+    context_marks  run_id, after_seq, at: the run's model context was compacted
+           or rewound after its call after_seq
 
 The schema is made once, whichever process comes first (``_create_schema``).
 Opening a Store registers its process as an owner and records as ``lost`` the
@@ -112,6 +114,15 @@ owners = sa.Table(
     sa.Column("pid_start", sa.BigInteger, nullable=False),
     sa.Column("heartbeat_at", _TS, nullable=False),
 )
+context_marks = sa.Table(
+    "context_marks", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_id", sa.String(128), nullable=False, index=True),
+    sa.Column("after_seq", sa.Integer, nullable=False),
+    sa.Column("at", _TS, nullable=False),
+)
+"""Where a run's model context was compacted or rewound: no file_read points to
+a call at or before after_seq (toolbox/ledger.py)."""
 
 
 FLOW_PAGE = 200
@@ -405,6 +416,20 @@ class Store:
         params = {"run_id": run_id, "before_seq": before_seq}
         async with self.engine.connect() as conn:
             return [(seq, meta) for seq, meta in (await conn.execute(_FILE_READS, params)).all()]
+
+    async def mark_context_reset(self, run_id: str, at: datetime) -> int:
+        """Record that the run's model context was compacted or rewound now; the
+        run's last seq given out (0 for a run with no call yet)."""
+        async with self._writing(f"a context reset of run {run_id}") as conn:
+            last = (await conn.execute(sa.select(runs.c.next_seq).where(runs.c.id == run_id))).scalar()
+            await conn.execute(sa.insert(context_marks), {"run_id": run_id, "after_seq": last or 0, "at": at})
+        return last or 0
+
+    async def context_reset_seq(self, run_id: str) -> int:
+        """The seq after which the run's latest context reset came (0: none)."""
+        query = sa.select(sa.func.max(context_marks.c.after_seq)).where(context_marks.c.run_id == run_id)
+        async with self.engine.connect() as conn:
+            return (await conn.execute(query)).scalar() or 0
 
     async def list_runs(self, agent_id: str | None = None, *, limit: int = DEFAULT_PAGE,
                         offset: int = 0) -> list[RunRecord]:

@@ -24,6 +24,17 @@ COMMAND_ENV = {
     "NO_COLOR": "1",
     "TERM": "dumb",
     "DEBIAN_FRONTEND": "noninteractive",
+    # Nothing may stop to ask: stdin is closed and there is no terminal, so a
+    # prompt would only sit until the timeout. Each names the non-asking answer.
+    "GIT_EDITOR": "true",  # commit, merge, tag messages: keep git's default message
+    "GIT_SEQUENCE_EDITOR": "true",  # rebase -i: run the todo list as written
+    "EDITOR": "true",  # crontab -e, gh, anything else that opens $EDITOR
+    "VISUAL": "true",  # the same, for programs that ask $VISUAL first
+    "GIT_ASKPASS": "echo",  # a git credential prompt gets an empty answer and fails
+    "SSH_ASKPASS": "echo",  # the same for ssh, when it would use askpass at all...
+    "SSH_ASKPASS_REQUIRE": "never",  # ...which it never does: it fails instead of asking
+    "PIP_NO_INPUT": "1",  # pip fails rather than asking (credentials, confirmations)
+    "npm_config_yes": "true",  # npx and npm init install or proceed without asking
 }
 PWD_FD = 87
 """The descriptor the shell writes its final directory to: high, so a command's own

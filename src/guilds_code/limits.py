@@ -155,3 +155,44 @@ TASK_DRAIN_SECONDS = 0.5
 child still holds, before the group is stopped."""
 PROCESS_POLL_SECONDS = 0.05
 """While a grace runs: how often to look whether what was signalled is gone."""
+
+# --- notes on a shell result -------------------------------------------------
+PROMPT_MAX_CHARS = 120
+"""A prompt quoted in '[it seemed to wait for input: ...]' is clipped to this."""
+
+# --- error lines in an elided part -------------------------------------------
+ERROR_LINES_MAX = 5
+"""An elision lists at most this many error lines of what it left out, the first first."""
+ERROR_LINE_MAX_CHARS = 160
+"""Each listed error line is clipped to this many characters."""
+ERROR_SCAN_MAX_BYTES = 64 * 1024 * 1024
+"""At most this much of a log is read looking for error lines: bounds the time
+an elided result of gigabytes spends on it (measured in docs/benchmarks.md)."""
+ERROR_SCAN_SECONDS = 1.0
+"""...and for at most this long: a log whose every line holds a near miss
+("0 errors") is read at about 4 MB/s, one without any at about 150 MB/s."""
+ERROR_LINE_SCAN_BYTES = 1024 * 1024
+"""A line without a newline longer than this is matched in pieces of this size."""
+
+# --- shell_status wait and until -----------------------------------------------
+STATUS_WAIT_MIN = 1
+STATUS_WAIT_MAX = 600
+"""shell_status wait: 1 to 600 seconds, as a shell timeout."""
+STATUS_UNTIL_WAIT_DEFAULT = 60
+"""How long an until without a wait waits at most."""
+UNTIL_MAX_CHARS = 1000
+"""An until pattern longer than this is refused."""
+UNTIL_LINE_MAX_CHARS = 200
+"""The line quoted in 'matched: <line>' (and meta matched) is clipped to this."""
+UNTIL_MATCH_MAX_CHARS = 4096
+"""until sees at most this much of each line: a pattern that backtracks badly
+stays bounded by the line, not by what a command printed without a newline."""
+UNTIL_LINE_SCAN_BYTES = 64 * 1024
+"""A new log line longer than this without a newline is matched in pieces of this size."""
+WAIT_POLL_MIN_SECONDS = 0.05
+WAIT_POLL_MAX_SECONDS = 0.5
+"""Looking for new log lines (until), the helper sleeps between looks from the
+first to the second, doubling while the log does not grow and back to the first
+when it does: one fstat a look, so a 10-minute wait costs a few ms of CPU. A
+command's end wakes it at once through a pidfd (without one, it is seen at the
+next look)."""

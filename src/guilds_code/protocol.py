@@ -138,6 +138,8 @@ ARG_SPECS: Dict[str, Dict[str, Tuple[str, Any, Any]]] = {
     "shell_status": {
         "id": ("str", None, None),
         "stop": ("bool", False, None),
+        "wait": ("int", None, (limits.STATUS_WAIT_MIN, limits.STATUS_WAIT_MAX)),
+        "until": ("str", None, None),
     },
     "file_read": {
         "path": ("str", REQUIRED, None),
@@ -254,11 +256,32 @@ def _check_op_rules(op: str, args: Dict[str, Any]) -> None:
             raise RequestError(f"id: must look like b1, got {show(args['id'])}")
         if args["stop"] and args["id"] is None:
             raise RequestError("stop: needs an id")
+        _check_wait(args)
     elif op == "file_read":
         if not args["path"]:
             raise RequestError("path: must not be empty")
     elif op == "code_search" and not args["pattern"]:
         raise RequestError("pattern: must not be empty")
+
+
+def _check_wait(args: Dict[str, Any]) -> None:
+    """shell_status's wait and until: no wait with stop; until needs an id and
+    must compile as a Python regular expression."""
+    until = args["until"]
+    if args["stop"] and (args["wait"] is not None or until is not None):
+        raise RequestError(f"{'wait' if args['wait'] is not None else 'until'}: not with stop")
+    if until is None:
+        return
+    if args["id"] is None:
+        raise RequestError("until: needs an id")
+    if not until or len(until) > limits.UNTIL_MAX_CHARS:
+        raise RequestError(f"until: must be 1 to {limits.UNTIL_MAX_CHARS} characters")
+    import re  # only for an until
+
+    try:
+        re.compile(until)
+    except (re.error, RecursionError, OverflowError) as exc:
+        raise RequestError(f"until: not a valid regular expression ({exc})") from None
 
 
 # --- request decoding ------------------------------------------------------

@@ -18,7 +18,7 @@ from . import limits
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import re
-    from typing import List, Optional, Tuple
+    from typing import Callable, List, Optional, Tuple
 
     from .redact import Redactor
 
@@ -206,6 +206,7 @@ class Capture:
 
     def __init__(self, start_max: int):
         self.total = 0
+        self.newlines = 0
         self._start_max = start_max
         self._start = bytearray()
         self._tail = bytearray()
@@ -215,6 +216,7 @@ class Capture:
         if not data:
             return
         self.total += len(data)
+        self.newlines += data.count(b"\n")
         room = self._start_max - len(self._start)
         if room > 0:
             self._start += data[:room]
@@ -239,6 +241,18 @@ def elision_marker(elided: int, log_path: str) -> str:
     return f"[… {elided} bytes elided; full output: {log_path} …]"
 
 
+class Rendered:
+    """A rendered result: its text, whether (and how many bytes) it elided, and
+    the error lines (log line numbers) it listed from the elided part."""
+
+    __slots__ = ("text", "elided", "elided_bytes", "error_lines")
+
+    def __init__(self, text: str, elided_bytes: int = 0, error_lines: Optional[List[int]] = None):
+        self.text, self.elided_bytes = text, elided_bytes
+        self.elided = elided_bytes > 0 or error_lines is not None
+        self.error_lines = error_lines or []
+
+
 def render(
     capture: Capture,
     max_bytes: int,
@@ -246,31 +260,90 @@ def render(
     trailers: List[str],
     head_max: Optional[int] = None,
 ) -> Tuple[str, bool]:
-    """The result text and whether output was elided; never over max_bytes.
+    """The result text and whether output was elided; never over max_bytes (see render_full)."""
+    out = render_full(capture, max_bytes, log_path, trailers, head_max)
+    return out.text, out.elided
+
+
+def render_full(
+    capture: Capture,
+    max_bytes: int,
+    log_path: str,
+    trailers: List[str],
+    head_max: Optional[int] = None,
+    find_errors: Optional[Callable[[int], List[Tuple[int, str]]]] = None,
+) -> Rendered:
+    """The result, never over max_bytes.
 
     Fits: the whole output (or NO_OUTPUT), then the trailer lines. Otherwise
     the head (at most head_max, default min(HEAD_BYTES, max_bytes // 4), cut at
     a line end when one is in its second half), the elision marker with the
-    exact count of shaped bytes between head and tail, the tail (the rest of
-    the budget, at most TAIL_BYTES, starting at a line when one starts early),
-    then the trailers.
+    exact count of shaped bytes between head and tail, the error lines of the
+    elided part when find_errors is given, the tail (the rest of the budget, at
+    most TAIL_BYTES, starting at a line when one starts early), then the
+    trailers. find_errors(first_line) gives the first error lines from the
+    line after the head on; those before the tail's first line are listed (at
+    most limits.ERROR_LINES_MAX, in at most half the room the tail had), and
+    the tail gives way to them.
     """
     trailer = "".join("\n" + line for line in trailers)
     if capture.complete:
         body = capture.start().decode("utf-8", "replace").rstrip("\n") or NO_OUTPUT
         if utf8_len(body + trailer) <= max_bytes:
-            return body + trailer, False
+            return Rendered(body + trailer)
     if head_max is None:
         head_max = min(limits.HEAD_BYTES, max_bytes // 4)
     head = _cut_head(capture.start()[:head_max])
+    head_lines = head.count(b"\n")
+    found = find_errors(head_lines + 1) if find_errors else []
     fixed = utf8_len(elision_marker(capture.total, log_path) + trailer) + 2
-    tail = _cut_tail(capture.tail(min(limits.TAIL_BYTES, max_bytes - len(head) - fixed)))
+    block_room = (max_bytes - len(head) - fixed) // 2
+    listed: List[Tuple[int, str]] = []
+    while True:
+        block = "".join("\n" + line for line in _error_block(listed))
+        room = max_bytes - len(head) - fixed - utf8_len(block)
+        tail = _cut_tail(capture.tail(min(limits.TAIL_BYTES, room)))
+        first_tail_line = _line_count(capture) - _line_count_of(tail) + 1
+        now = _fitting([e for e in found if head_lines < e[0] < first_tail_line], block_room)
+        if len(now) <= len(listed):
+            break
+        listed = now
     marker = elision_marker(capture.total - len(head) - len(tail), log_path)
     head_text = head.decode("utf-8", "replace")
     if head_text and not head_text.endswith("\n"):
         head_text += "\n"
-    text = head_text + marker + "\n" + tail.decode("utf-8", "replace").rstrip("\n") + trailer
-    return cap_text(text, max_bytes), True
+    text = head_text + marker + block + "\n" + tail.decode("utf-8", "replace").rstrip("\n") + trailer
+    return Rendered(cap_text(text, max_bytes), capture.total - len(head) - len(tail), [e[0] for e in listed])
+
+
+def _fitting(errors: List[Tuple[int, str]], room: int) -> List[Tuple[int, str]]:
+    """The first errors (at most ERROR_LINES_MAX) whose block fits in room bytes:
+    the block takes at most half of what the tail would have."""
+    kept: List[Tuple[int, str]] = []
+    for error in errors[: limits.ERROR_LINES_MAX]:
+        if utf8_len("".join("\n" + line for line in _error_block(kept + [error]))) > room:
+            break
+        kept.append(error)
+    return kept
+
+
+def _error_block(listed: List[Tuple[int, str]]) -> List[str]:
+    if not listed:
+        return []
+    return [ERRORS_HEADER] + [f"{line}: {text}" for line, text in listed]
+
+
+ERRORS_HEADER = "[error lines in the elided part, by line number in the log:]"
+
+
+def _line_count(capture: Capture) -> int:
+    """Lines of the whole shaped stream (a last line without newline counts)."""
+    last = capture.tail(1)[-1:]
+    return capture.newlines + (1 if last and last != b"\n" else 0)
+
+
+def _line_count_of(data: bytes) -> int:
+    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
 
 
 def _cut_head(data: bytes) -> bytes:

@@ -11,6 +11,10 @@ request too large for argv travels as a request file).
 
 The ledger is read from the run record, not kept in memory: a run continued
 by another process (``guilds call --run``) or another orchestrator sees the same.
+
+After the run's model context was compacted or rewound (``Toolbox.context_reset``,
+recorded in the store's context_marks), a read made before that point is not
+offered: the model may no longer hold its text, so the next read returns content.
 """
 
 from __future__ import annotations
@@ -40,5 +44,6 @@ def ledger_entry(seq: int, meta: Mapping[str, Any] | None) -> dict[str, Any] | N
 
 async def earlier_reads(store: Store, run_id: str, seq: int) -> list[dict[str, Any]]:
     """The reads a file_read at `seq` may point to, oldest first."""
-    entries = (ledger_entry(s, meta) for s, meta in await store.file_reads(run_id, seq))
+    reset = await store.context_reset_seq(run_id)
+    entries = (ledger_entry(s, meta) for s, meta in await store.file_reads(run_id, seq) if s > reset)
     return [e for e in entries if e is not None]

@@ -14,7 +14,9 @@ One call, in order:
    error results here, and only here;
 4. the pipeline: redaction, the 64 KiB cap, the ``remaining_tool_calls`` trailer;
 5. the result is recorded with its metadata (the helper's, plus ``call``,
-   ``tool``, ``run``, ``seq``, ``started_at``, ``duration_ms`` and ``row``);
+   ``tool``, ``run``, ``seq``, ``started_at``, ``duration_ms`` and ``row``,
+   and what shaping saved: ``secrets_redacted``, ``pointer_bytes_saved``, see
+   savings.py);
    if the record cannot take it (a full disk), the result is still returned,
    its metadata's ``not_recorded`` saying what could not be written.
 
@@ -45,6 +47,7 @@ from ..store import Store
 from . import transport
 from .ledger import earlier_reads
 from .pipeline import redact_meta, run_pipeline
+from .savings import savings_meta
 from .tools import TOOL_NAMES, ToolSpec, tool_specs
 
 BUDGET_REFUSED = (
@@ -155,14 +158,30 @@ class Toolbox:
                 await self.sandbox.start()
                 self._started = True
 
-    async def call(self, run_id: str, tool: str, args: Any) -> CallResult:
-        """Run one tool call of a run through the whole pipeline, and record it.
+    async def context_reset(self, run_id: str) -> int:
+        """Say that the model's context for run_id was compacted or rewound.
 
-        A call cancelled while it runs is recorded as ``cancelled`` (an error),
-        then the cancellation goes on; any other surprise is recorded as
-        ``internal error: <type>`` and raised.
+        From now on no file_read of the run is answered with a pointer to a
+        result from before this point: the model may no longer hold that text,
+        so the first read of a file after it returns content. Recorded in the
+        run record, so every process serving the run follows it. Returns the
+        run's last seq before the reset (0 for a run with no call yet).
         """
         check_run_id(run_id)
+        return await self.store.mark_context_reset(run_id, datetime.now(timezone.utc))
+
+    async def call(self, run_id: str, tool: str, args: Any, *, context_reset: bool = False) -> CallResult:
+        """Run one tool call of a run through the whole pipeline, and record it.
+
+        context_reset: the model's context was compacted or rewound just
+        before this call (``context_reset`` first). A call cancelled while it
+        runs is recorded as ``cancelled`` (an error), then the cancellation
+        goes on; any other surprise is recorded as ``internal error: <type>``
+        and raised.
+        """
+        check_run_id(run_id)
+        if context_reset:
+            await self.context_reset(run_id)
         if not isinstance(tool, str):
             raise BadInput(f"tool: must be a string, got {tool!r}")
         started_at, t0 = datetime.now(timezone.utc), time.monotonic()
@@ -237,7 +256,8 @@ class Toolbox:
         shaped = run_pipeline(self._redactor, outcome.text, call.remaining)
         duration_ms = round((time.monotonic() - call.t0) * 1000)
         row = self._redactor.redact(row_text(call.tool, call.args, outcome.meta, outcome.is_error))
-        tool_meta = redact_meta(self._redactor, outcome.meta)
+        tool_meta = {**redact_meta(self._redactor, outcome.meta),
+                     **await savings_meta(self.store, call.run_id, call.tool, outcome.meta, shaped.text)}
         fields = call_fields(call.call_id, call.recorded_tool, call.run_id, call.seq, call.started_at, duration_ms, row)
         meta = {**tool_meta, **fields}
         try:

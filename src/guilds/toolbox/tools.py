@@ -37,9 +37,10 @@ DESCRIPTIONS = {
     "shell": (
         "Run a bash command in the agent's sandbox: tests, builds, git, gh. Returns combined "
         "stdout and stderr, then exit_code: N when not 0. A long output keeps its start and its "
-        "end and names a log file holding all of it (read it with file_read). A cd carries over "
-        "to the next call; environment changes do not. Stdin is closed: pass non-interactive "
-        f"flags. Default timeout {limits.SHELL_TIMEOUT_DEFAULT} s, "
+        "end, lists the first error lines of the part it leaves out with their line numbers, and "
+        "names a log file holding all of it (read it with file_read). A cd carries over to the "
+        "next call (the result says where); environment changes do not. Stdin is closed and "
+        f"nothing can prompt: pass non-interactive flags. Default timeout {limits.SHELL_TIMEOUT_DEFAULT} s, "
         f"{limits.SHELL_TIMEOUT_MIN} to {limits.SHELL_TIMEOUT_MAX}. Set background for a "
         "long-running process such as a dev server (listen on $PORT), then follow it with "
         "shell_status."
@@ -48,7 +49,10 @@ DESCRIPTIONS = {
         "Follow or stop a command started with shell in the background. Without id: every "
         "background command with its state (running, exited N, stopping, stopped, ended). "
         f"With id (b1, b2, ...): its state, exit code and the last {limits.STATUS_TAIL_LINES} "
-        "lines of its log. With id and stop: end it."
+        "lines of its log. With id and stop: end it. To wait instead of polling: wait (seconds) "
+        "returns as soon as the command ends (without id: any running command), and until (a "
+        "regular expression, with id) also returns when a new line of its log matches, like "
+        "until='Listening on|ready'; the first line says what ended the wait."
     ),
     "file_read": (
         "Read numbered lines of a text file inside the agent's home. path is relative to the "
@@ -77,6 +81,14 @@ ARG_DESCRIPTIONS = {
     "shell_status": {
         "id": "A background command's id, like b1. Omit to list them all.",
         "stop": "End the command given by id.",
+        "wait": (
+            f"Wait up to this many seconds ({limits.STATUS_WAIT_MIN} to {limits.STATUS_WAIT_MAX}) "
+            "for the command to end (or a new log line to match until), instead of polling."
+        ),
+        "until": (
+            "With id: a regular expression; return as soon as a new line of the command's log "
+            f"matches it (waits {limits.STATUS_UNTIL_WAIT_DEFAULT} s at most unless wait says)."
+        ),
     },
     "file_read": {
         "path": "The file, relative to the working directory, absolute inside the home, or ~/...",

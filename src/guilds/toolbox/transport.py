@@ -42,7 +42,8 @@ def _valid_int(value: Any, lo: int, hi: int) -> bool:
 
 def wait_for(op: str, args: Mapping[str, Any]) -> float:
     """How long to wait for the helper: shell its own timeout plus 30 s; code_task
-    its timeout_minutes plus WAIT_EXTRA_SECONDS; any other op 120 s.
+    its timeout_minutes plus WAIT_EXTRA_SECONDS; shell_status its wait plus 120 s
+    (a stop, a check or a list without wait: 120 s); any other op 120 s.
 
     A timeout the helper will refuse counts as the default: the refusal comes at once.
     """
@@ -51,12 +52,24 @@ def wait_for(op: str, args: Mapping[str, Any]) -> float:
         if not _valid_int(minutes, task_limits.TIMEOUT_MINUTES_MIN, task_limits.TIMEOUT_MINUTES_MAX):
             minutes = task_limits.TIMEOUT_MINUTES_DEFAULT
         return float(minutes * 60 + task_limits.WAIT_EXTRA_SECONDS)
+    if op == "shell_status":
+        return float(_status_wait(args) + limits.OP_WAIT_SECONDS)
     if op != "shell":
         return float(limits.OP_WAIT_SECONDS)
     timeout = args.get("timeout_seconds") if isinstance(args, Mapping) else None
     valid = _valid_int(timeout, limits.SHELL_TIMEOUT_MIN, limits.SHELL_TIMEOUT_MAX)
     seconds = timeout if valid else limits.SHELL_TIMEOUT_DEFAULT
     return float(seconds + limits.SHELL_WAIT_EXTRA_SECONDS)
+
+
+def _status_wait(args: Any) -> int:
+    """The seconds a shell_status may wait (its wait, or the until default), else 0."""
+    if not isinstance(args, Mapping):
+        return 0
+    wait = args.get("wait")
+    if _valid_int(wait, limits.STATUS_WAIT_MIN, limits.STATUS_WAIT_MAX):
+        return wait
+    return limits.STATUS_UNTIL_WAIT_DEFAULT if args.get("until") is not None else 0
 
 
 async def call_helper(sandbox: Sandbox, request: dict[str, Any], *, wait: float,

@@ -40,6 +40,7 @@ from . import queries
 from .events import RETRY_MS, call_updates, sse_message
 from .flow import MAX_SEQ, FlowPage, flow_item, flow_page, later_page, redact_call, runs_page, seq_in_range
 from .logs import LogReader, LogUnavailable
+from .savings import run_savings_of
 from .views import CallPage, call_page, log_view
 
 HERE = Path(__file__).parent
@@ -121,7 +122,8 @@ class WebApp:
         if start is None and opened is not None:
             start = opened.item.seq
         flow = await (self._flow(run.id, None) if start is None else self._flow_from(run.id, max(1, start)))
-        return self.page("run.html", run=run, flow=flow, opened=opened)
+        return self.page("run.html", run=run, flow=flow, opened=opened,
+                         savings=await run_savings_of(self.store, run.id))
 
     async def earlier(self, request: Request) -> Response:
         run = await self._run(request)

@@ -28,6 +28,7 @@ from guilds_code.redact import Redactor
 from ..records import CallRecord, RunRecord
 from ..redaction import redact_meta
 from ..rows import row_text
+from .savings import row_savings
 
 
 def run_path(run_id: str) -> str:
@@ -80,6 +81,8 @@ class FlowItem:
     duration: str
     href: str
     task: CodeTaskBlock | None = None
+    savings: str = ""
+    """What shaping saved on the call (savings.row_savings); "" when nothing."""
 
 
 def row_of(call: CallRecord) -> str:
@@ -121,7 +124,8 @@ def code_task_block(call: CallRecord) -> CodeTaskBlock:
 def flow_item(call: CallRecord) -> FlowItem:
     task = code_task_block(call) if call.tool == "code_task" else None
     return FlowItem(seq=call.seq, text=row_of(call), state=state_of(call),
-                    duration=duration_text(call.duration_ms), href=call_path(call.run_id, call.seq), task=task)
+                    duration=duration_text(call.duration_ms), href=call_path(call.run_id, call.seq), task=task,
+                    savings=row_savings(call.meta))
 
 
 def resume_after(calls: list[CallRecord], after: int) -> int:

@@ -23,6 +23,7 @@ from markupsafe import Markup
 
 from ..records import CallRecord
 from .flow import FlowItem, call_path, flow_item, log_url, running, text_of
+from .savings import metadata_rows
 from .logs import LOG_HEAD_BYTES, LOG_TAIL_BYTES, LogExcerpt
 from .render import JsonNode, json_tree, markdown_html, parse_json
 
@@ -132,6 +133,7 @@ def metadata_view(call: CallRecord) -> list[MetaRow]:
     repeat_of = _int(meta.get("repeat_of"))
     if repeat_of is not None:
         rows.append(MetaRow("Same as step", str(repeat_of), call_path(call.run_id, repeat_of)))
+    rows += [MetaRow(label, value) for label, value in metadata_rows(meta)]
     return rows
 
 

@@ -33,6 +33,7 @@ import os
 
 from .. import limits, proc, protocol, runstate, shaping
 from ..command import PWD_FD, command_env, command_script, open_log, quote, start_bash
+from ..notes import after_run
 from .supervise import execute
 
 TYPE_CHECKING = False
@@ -91,15 +92,33 @@ def run_foreground(request: protocol.Request) -> protocol.Reply:
     finally:
         if pwd_fd is not None:
             os.close(pwd_fd)
-    trailers = notes + _trailers(outcome, request.args["timeout_seconds"])
+    closing = _trailers(outcome, request.args["timeout_seconds"])
+    at = len(closing) - 1 if outcome.exit_code else len(closing)  # before the exit_code line
+    closing[at:at] = after_run(capture, outcome.timed_out, request.home, cwd, new_cwd)
     shown_log = log if log and not log_error else f"not kept ({log_error or 'no run folder'})"
-    text, elided = shaping.render(capture, request.max_bytes, shown_log, trailers)
+    finder = _error_finder(request, log) if shown_log == log else None
+    out = shaping.render_full(capture, request.max_bytes, shown_log, notes + closing, find_errors=finder)
     meta = {"exit_code": outcome.exit_code, "cwd": new_cwd, "timed_out": outcome.timed_out}
-    if elided and shown_log == log:
+    if out.elided:
+        meta["bytes_elided"] = out.elided_bytes
+        if out.error_lines:
+            meta["error_lines"] = out.error_lines
+    if out.elided and shown_log == log:
         meta["log_path"] = log
     elif log:
         runstate.unlink_quietly(log)
-    return protocol.Reply(text=text, meta=meta)
+    return protocol.Reply(text=out.text, meta=meta)
+
+
+def _error_finder(request: protocol.Request, log: str):
+    """find_errors for render_full: the log's first error lines from a line on."""
+
+    def find(first_line: int):
+        from .. import errorlines  # only when output was elided
+
+        return errorlines.scan(log, first_line, runstate.redactor_for(request))
+
+    return find
 
 
 def _run_logged(request: protocol.Request, cwd: str, log: Optional[str], pwd_fd: Optional[int]):

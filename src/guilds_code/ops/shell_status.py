@@ -25,7 +25,7 @@ from .background import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional
+    from typing import Any, Dict, List, NoReturn, Optional, Tuple
 
     from ..redact import Redactor
 
@@ -47,18 +47,44 @@ def run(request: protocol.Request) -> protocol.Reply:
     bid = request.args["id"]
     if folder is None:  # no records, or something the agent put in their place
         return protocol.Reply(text="no background commands", meta={}) if bid is None else _unknown(bid)
+    waits = request.args["wait"] is not None or request.args["until"] is not None
     if bid is None:
-        return _list(request, folder)
+        return _wait_any(request, folder) if waits else _list(request, folder)
     record = load_record(folder, bid)
     if record is None:
         _unknown(bid)
     if request.args["stop"]:
         return _stop(request, folder, bid, record)
+    if waits:
+        return _wait_check(request, folder, bid, record)
     return _check(request, folder, status(folder, bid, record, proc.live_groups()))
 
 
-def _unknown(bid: str):
+def _unknown(bid: str) -> "NoReturn":
     raise protocol.OpError(f"id: no background command {bid}")
+def _wait_check(request: protocol.Request, folder: str, bid: str, record: Dict[str, Any]) -> protocol.Reply:
+    """Check one command after waiting on it (ops/waiting.py); what ended the wait first."""
+    from . import waiting
+
+    before = status(folder, bid, record, proc.live_groups())
+    waited = waiting.wait_one(request, record, before.state in ("running", "stopping"))
+    reply = _check(request, folder, status(folder, bid, record, proc.live_groups()), lead=waited.line)
+    reply.meta["waited_ms"] = waited.waited_ms
+    if request.args["until"] is not None:
+        reply.meta["matched"] = waited.matched
+    return reply
+
+
+def _wait_any(request: protocol.Request, folder: str) -> protocol.Reply:
+    """List the commands after waiting for any running one to end."""
+    from . import waiting
+
+    live = proc.live_groups()
+    running = waiting.running_records(folder, lambda bid, record: status(folder, bid, record, live).state)
+    waited = waiting.wait_any(request, folder, running)
+    reply = _list(request, folder, lead=waited.line)
+    reply.meta["waited_ms"] = waited.waited_ms
+    return reply
 
 
 def _summary(st: Status, redactor: Redactor) -> str:
@@ -68,7 +94,8 @@ def _summary(st: Status, redactor: Redactor) -> str:
     return f"{st.bid} {st.state} {shaping.elapsed(st.elapsed)} {first}"
 
 
-def _list(request: protocol.Request, folder: str) -> protocol.Reply:
+def _list(request: protocol.Request, folder: str, lead: Optional[str] = None) -> protocol.Reply:
+    """Every command's line; after a lead line (what ended a wait) when given."""
     redactor = runstate.redactor_for(request)
     live = proc.live_groups()
     lines = []
@@ -77,9 +104,11 @@ def _list(request: protocol.Request, folder: str) -> protocol.Reply:
         record = load_record(folder, bid)
         if record is not None:
             lines.append(_summary(status(folder, bid, record, live), redactor))
+    first = "" if lead is None else lead + "\n"
     if not lines:
-        return protocol.Reply(text="no background commands", meta={})
-    return protocol.Reply(text=_fit_newest(lines, request.max_bytes), meta={})
+        return protocol.Reply(text=first + "no background commands", meta={})
+    room = request.max_bytes - shaping.utf8_len(first)
+    return protocol.Reply(text=first + _fit_newest(lines, room), meta={})
 
 
 def _fit_newest(lines: List[str], max_bytes: int) -> str:
@@ -96,11 +125,17 @@ def _fit_newest(lines: List[str], max_bytes: int) -> str:
     return shaping.cap_text("\n".join(head + kept[::-1]), max_bytes)
 
 
-def _check(request: protocol.Request, folder: str, st: Status) -> protocol.Reply:
+def _check(request: protocol.Request, folder: str, st: Status, lead: Optional[str] = None) -> protocol.Reply:
+    """The command's line, its log, error lines before its last lines, its last lines;
+    after a lead line (what ended a wait) when given."""
     redactor = runstate.redactor_for(request)
     log = str(st.record.get("log_path", ""))
     header = f"{_summary(st, redactor)}\nlog: {log}"
-    tail = _log_tail(log, redactor)
+    if lead is not None:
+        header = f"{lead}\n{header}"
+    tail, window = _log_tail(log, redactor)
+    errors = _errors_before(log, window, redactor, (request.max_bytes - shaping.utf8_len(header)) // 2)
+    header += "".join("\n" + line for line in errors)
     budget = request.max_bytes - shaping.utf8_len(header) - 1
     if tail is None:
         body = "the log is missing"
@@ -111,7 +146,32 @@ def _check(request: protocol.Request, folder: str, st: Status) -> protocol.Reply
             tail, max(0, budget - 40), log, [], head_max=0
         )[0]
     text = shaping.cap_text(f"{header}\n{body}", request.max_bytes)
-    return protocol.Reply(text=text, meta=_meta(st))
+    meta = _meta(st)
+    if errors:
+        meta["error_lines"] = [int(line.split(":", 1)[0]) for line in errors[1:]]
+    return protocol.Reply(text=text, meta=meta)
+
+
+BEFORE_TAIL_HEADER = f"[error lines before the last {limits.STATUS_TAIL_LINES} lines, by line number in the log:]"
+
+
+def _errors_before(log: str, window: int, redactor: Redactor, room: int) -> List[str]:
+    """The lines listing the log's first error lines before byte `window`, in at
+    most `room` bytes (half what the header leaves: the last lines keep the rest);
+    [] when there are none."""
+    if window <= 0:
+        return []
+    from .. import errorlines  # only for a log longer than its last lines
+
+    lines = [BEFORE_TAIL_HEADER]
+    size = shaping.utf8_len(BEFORE_TAIL_HEADER)
+    for line, text in errorlines.scan(log, 1, redactor, stop_offset=window):
+        entry = f"{line}: {text}"
+        size += shaping.utf8_len(entry) + 1
+        if size > room:
+            break
+        lines.append(entry)
+    return lines if len(lines) > 1 else []
 
 
 def _meta(st: Status) -> Dict[str, Any]:
@@ -121,21 +181,36 @@ def _meta(st: Status) -> Dict[str, Any]:
     return meta
 
 
-def _log_tail(path: str, redactor: Redactor) -> Optional[shaping.Capture]:
-    """The last STATUS_TAIL_LINES lines of the log, shaped, in a Capture."""
-    raw = read_tail(path, limits.STATUS_TAIL_LINES, limits.STATUS_TAIL_MAX_BYTES)
-    if raw is None:
-        return None
+def _log_tail(path: str, redactor: Redactor) -> Tuple[Optional[shaping.Capture], int]:
+    """The last STATUS_TAIL_LINES lines of the log, shaped, in a Capture; and the
+    log's byte offset where those lines start (0: the view shows all of it)."""
+    read = read_tail(path, limits.STATUS_TAIL_LINES, limits.STATUS_TAIL_MAX_BYTES, with_end=True)
+    if read is None:
+        return None, 0
+    raw, end = read
     shaped = shaping.shape_bytes(raw, redactor).rstrip(b"\n")
     lines = shaped.split(b"\n")[-limits.STATUS_TAIL_LINES :]
     capture = shaping.Capture(limits.PLATFORM_CAP_BYTES)
     capture.add(b"\n".join(lines))
-    return capture
+    return capture, end - len(raw) + _window_start(raw, len(lines))
 
 
-def read_tail(path: str, lines: int, cap: int) -> Optional[bytes]:
+def _window_start(raw: bytes, count: int) -> int:
+    """Where the last `count` lines of raw start (raw's lines map one for one to
+    the shaped ones; trailing empty lines are not shown)."""
+    body = raw.rstrip(b"\n")
+    pos = len(body)
+    for _ in range(count):
+        pos = body.rfind(b"\n", 0, pos)
+        if pos < 0:
+            return 0
+    return pos + 1
+
+
+def read_tail(path: str, lines: int, cap: int, with_end: bool = False):
     """The end of a file holding at least `lines` lines (or all of it), read
-    backwards in READ_CHUNK blocks, at most cap bytes; None if unreadable."""
+    backwards in READ_CHUNK blocks, at most cap bytes; None if unreadable.
+    with_end: (those bytes, the file's size when read)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -149,7 +224,7 @@ def read_tail(path: str, lines: int, cap: int) -> Optional[bytes]:
             size = min(limits.READ_CHUNK, pos, cap - (end - pos))
             pos -= size
             data = os.pread(fd, size, pos) + data
-        return data
+        return (data, end) if with_end else data
     finally:
         os.close(fd)
 
