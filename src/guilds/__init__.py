@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 __all__ = ["open"]
 
 
-def open(*args: Any, **kwargs: Any) -> Agent:  # noqa: A001
+def open(*args: Any, **kwargs: Any) -> Agent:
     """An agent's tools, to enter with ``async with``: see ``guilds.agent.open``."""
     from .agent import open as open_agent
 

@@ -92,7 +92,7 @@ class Agent:
         return Run(self, run_id or new_run_id())
 
 
-def open(settings: SettingsSource = None, *, data_dir: str | os.PathLike | None = None,  # noqa: A001
+def open(settings: SettingsSource = None, *, data_dir: str | os.PathLike | None = None,
          env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> Agent:
     """An agent to enter with ``async with``; the arguments are ``guilds.wiring.resolve``'s.
 

@@ -64,8 +64,8 @@ def _bwrap_boxes(data: Path) -> list[Box]:
             state = "running" if alive else "stopped"
             boxes.append(Box("bwrap", record_file.stem, f"pid {record['pid']}", state))
     listed = {box.agent for box in boxes}
-    for state_dir in sorted(p for p in folder.glob("*") if p.is_dir() and p.name not in listed):
-        boxes.append(Box("bwrap", state_dir.name, str(state_dir), "stopped (state kept)"))
+    boxes.extend(Box("bwrap", state_dir.name, str(state_dir), "stopped (state kept)")
+                 for state_dir in sorted(p for p in folder.glob("*") if p.is_dir() and p.name not in listed))
     return boxes
 
 

@@ -55,7 +55,7 @@ class Check:
 
 def _run(argv: list[str]) -> str | None:
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_SECONDS)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_SECONDS, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return (proc.stdout or proc.stderr).strip() if proc.returncode == 0 else None

@@ -83,8 +83,8 @@ from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetad
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from ._checks import is_safe_name
 from . import limits
+from ._checks import is_safe_name
 from .errors import GuildsError
 from .toolbox import CallResult, Toolbox
 from .toolbox.tools import TOOL_NAMES, ToolSpec, tool_specs

@@ -4,7 +4,8 @@
 
 runs until interrupted, on the toolbox the one wiring opens (``guilds.wiring``):
 the run record in SQLite under the data folder (or ``$GUILDS_DATABASE_URL``),
-the agent's sandbox by name (``auto`` is bwrap where it works, else local). ``build_app`` makes the same ASGI app without running a server.
+the agent's sandbox by name (``auto`` is bwrap where it works, else local).
+``build_app`` makes the same ASGI app without running a server.
 
 The MCP endpoint is ``guilds.mcp_server.http_endpoint``: its route goes first,
 and its lifespan (the SDK's session manager) runs inside this app's.
@@ -36,15 +37,13 @@ from . import limits
 from .auth import Lock, host_names, is_loopback, server_token
 from .errors import ConfigError
 from .private import private_dir
-from .sandbox import Sandbox
-from .sandbox import get_sandbox
 from .settings import AgentSettings
 from .store import Store
 from .toolbox import Toolbox
-from .wiring import Wired, open_toolbox
 from .toolbox.log_read import log_reading
 from .web.app import create_app
 from .web.logs import HelperLogReader
+from .wiring import Wired, open_toolbox
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765

@@ -37,10 +37,12 @@ from .errors import ConfigError
 from .settings import (
     AgentSettings,
     coding_flag,
-    data_dir as default_data_dir,
     default_settings_file,
     load_settings,
     parse_settings,
+)
+from .settings import (
+    data_dir as default_data_dir,
 )
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from ..errors import BadInput, GuildsError
 
-__all__ = ["Caller", "Requested", "Answer", "run_all", "field", "parse_arguments"]
+__all__ = ["Answer", "Caller", "Requested", "field", "parse_arguments", "run_all"]
 
 
 class Caller(Protocol):

@@ -212,7 +212,7 @@ class KubernetesSandbox(ContainerSandbox):
 
     def _check_helpers(self) -> None:
         expected = {f"{HELPER_DIR}/{n}": hashlib.sha256(data).hexdigest() for n, data in helper_files()}
-        out, err, _, _ = self._stream(spec.helpers_check_argv(list(expected)), b"",
+        out, _err, _, _ = self._stream(spec.helpers_check_argv(list(expected)), b"",
                                       time.monotonic() + WRITE_SECONDS)
         wrong = spec.helpers_mismatch(out, expected)
         if wrong:

@@ -67,7 +67,7 @@ def _status_wait(args: Any) -> int:
     if not isinstance(args, Mapping):
         return 0
     wait = args.get("wait")
-    if _valid_int(wait, limits.STATUS_WAIT_MIN, limits.STATUS_WAIT_MAX):
+    if isinstance(wait, int) and _valid_int(wait, limits.STATUS_WAIT_MIN, limits.STATUS_WAIT_MAX):
         return wait
     return limits.STATUS_UNTIL_WAIT_DEFAULT if args.get("until") is not None else 0
 

@@ -65,8 +65,9 @@ def metadata_rows(meta: Mapping[str, Any] | None) -> list[tuple[str, str]]:
     rows = []
     if _count(meta, "bytes_elided"):
         rows.append(("Bytes elided", f"{_count(meta, 'bytes_elided'):,}"))
-    if (meta or {}).get("error_lines"):
-        lines = [str(n) for n in meta["error_lines"] if isinstance(n, int)]
+    error_lines = (meta or {}).get("error_lines")
+    if isinstance(error_lines, list) and error_lines:
+        lines = [str(n) for n in error_lines if isinstance(n, int)]
         rows.append(("Error lines in the log", ", ".join(lines)))
     if _count(meta, "pointer_bytes_saved"):
         rows.append(("Bytes saved by the pointer", f"{_count(meta, 'pointer_bytes_saved'):,}"))

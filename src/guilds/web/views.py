@@ -23,9 +23,9 @@ from markupsafe import Markup
 
 from ..records import CallRecord
 from .flow import FlowItem, call_path, flow_item, log_url, running, text_of
-from .savings import metadata_rows
 from .logs import LOG_HEAD_BYTES, LOG_TAIL_BYTES, LogExcerpt
 from .render import JsonNode, json_tree, markdown_html, parse_json
+from .savings import metadata_rows
 
 VIEWS = {"arguments": "Arguments", "result": "Result", "metadata": "Metadata"}
 DEFAULT_VIEW = "result"

@@ -61,13 +61,15 @@ def records_dir(request: protocol.Request) -> Optional[str]:
     """background_dir for reading: None when it, or the agent's folder, is a link or
     not a folder (never followed to another folder's records)."""
     path = background_dir(request)
-    for folder in (runstate.agent_dir(request), path):
-        try:
-            if not stat.S_ISDIR(os.lstat(folder).st_mode):
-                return None
-        except OSError:
-            return None
-    return path
+    return path if all(_is_folder(f) for f in (runstate.agent_dir(request), path)) else None
+
+
+def _is_folder(path: str) -> bool:
+    """A real folder, not a link to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 # --- start -----------------------------------------------------------------

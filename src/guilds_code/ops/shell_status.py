@@ -60,7 +60,7 @@ def run(request: protocol.Request) -> protocol.Reply:
     return _check(request, folder, status(folder, bid, record, proc.live_groups()))
 
 
-def _unknown(bid: str) -> "NoReturn":
+def _unknown(bid: str) -> NoReturn:
     raise protocol.OpError(f"id: no background command {bid}")
 def _wait_check(request: protocol.Request, folder: str, bid: str, record: Dict[str, Any]) -> protocol.Reply:
     """Check one command after waiting on it (ops/waiting.py); what ended the wait first."""

@@ -99,7 +99,7 @@ def wait_any(request: protocol.Request, folder: str, running: List[Tuple[str, Di
     return Waited(f"still running after {limit}s", None, waited_ms)
 
 
-def _sleep(watch: "_Watch", follower: Optional["_Follower"], deadline: float) -> Optional[str]:
+def _sleep(watch: _Watch, follower: Optional[_Follower], deadline: float) -> Optional[str]:
     """Sleep until the watch sees an end, the follower a match, or the deadline;
     the matched line or None."""
     interval = limits.WAIT_POLL_MIN_SECONDS
@@ -183,7 +183,7 @@ def _alive(record: Dict[str, Any]) -> bool:
 class _Follower:
     """The lines a log gains after the wait began, matched against a pattern."""
 
-    def __init__(self, path: str, pattern: "re.Pattern", redactor: Redactor):
+    def __init__(self, path: str, pattern: re.Pattern, redactor: Redactor):
         self.pattern, self.redactor = pattern, redactor
         self.fd = _open_log(path)
         self.offset = os.fstat(self.fd).st_size if self.fd is not None else 0
