@@ -62,7 +62,7 @@ def scan(path: str, first_line: int, redactor: Optional[Redactor], stop_offset: 
     """The first `want` error lines of the log from line first_line (1-based) on,
     before byte stop_offset when given, found within `seconds`; [] when the log
     cannot be read."""
-    fd = _open_log(path)
+    fd = open_log(path)
     if fd is None:
         return []
     try:
@@ -73,7 +73,8 @@ def scan(path: str, first_line: int, redactor: Optional[Redactor], stop_offset: 
         os.close(fd)
 
 
-def _open_log(path: str) -> Optional[int]:
+def open_log(path: str) -> Optional[int]:
+    """A regular file opened read-only, never through a link nor blocking on a FIFO; else None."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import os
 import select
-import stat
 import time
 
 from .. import limits, proc, protocol, runstate, shaping
+from ..errorlines import open_log
 from .background import list_ids, load_record
 
 TYPE_CHECKING = False
@@ -185,7 +185,7 @@ class _Follower:
 
     def __init__(self, path: str, pattern: re.Pattern, redactor: Redactor):
         self.pattern, self.redactor = pattern, redactor
-        self.fd = _open_log(path)
+        self.fd = open_log(path)
         self.offset = os.fstat(self.fd).st_size if self.fd is not None else 0
         self.carry = b""
 
@@ -234,17 +234,6 @@ class _Follower:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-
-
-def _open_log(path: str) -> Optional[int]:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    return fd
 
 
 def running_records(folder: str, states) -> List[Tuple[str, Dict[str, Any]]]:
