@@ -114,12 +114,13 @@ def test_entering_runs_the_command_as_the_agent_without_capabilities():
     helper = ["python3", "-I", "-S", "/usr/local/bin/guilds-code", "QQ=="]
     assert enter_argv(4242, "/srv/agents/a1", helper, CONFIG) == [
         "nsenter", "--target=4242", "--mount", "--uts", "--ipc", "--net", "--pid", "--root",
-        "--wdns=/srv/agents/a1", "--", *AS_AGENT, *helper,
+        "--wdns=/srv/agents/a1", "--", *AS_AGENT, "setpriv", "--pdeathsig=TERM", "--", *helper,
     ]
     assert enter_argv(4242, "/srv/agents/a1", helper, replace(CONFIG, userns=True)) == [
         "nsenter", "--target=4242", "--user", "--preserve-credentials",
         "--mount", "--uts", "--ipc", "--net", "--pid", "--root",
-        "--wdns=/srv/agents/a1", "--", "setpriv", "--no-new-privs", "--inh-caps=-all", "--", *helper,
+        "--wdns=/srv/agents/a1", "--", "setpriv", "--no-new-privs", "--inh-caps=-all", "--",
+        "setpriv", "--pdeathsig=TERM", "--", *helper,
     ]
 
 

@@ -98,7 +98,7 @@ def test_cwd_file_replaced(sandbox, tmp_path, kind):
     (sandbox.home / "sub").mkdir()
     make = {"folder": "mkdir -p {f}/inner", "link": "ln -s {v} {f}", "fifo": "mkfifo {f}"}[kind]
     cwd_file = sandbox.home / ".runs" / "run1" / "cwd"
-    assert ok_text(sh(sandbox, "cd sub")) == "(no output)"
+    assert ok_text(sh(sandbox, "cd sub")) == "(no output)\n[working directory now: ~/sub]"
     text = ok_text(sh(sandbox, f"rm -f {cwd_file}; {make.format(f=cwd_file, v=victim)}; cd ~/sub; seq 3"))
     assert text.startswith("1\n2\n3\nnote: ")
     [note] = _notes(text)
@@ -148,7 +148,8 @@ def test_cd_on_a_full_disk_is_not_lost_silently(full_home):
     assert note.startswith("note: the working directory ") and "could not be kept" in note
     assert env["meta"]["cwd"] == str(full_home.home)
     env = sh(full_home, "rm ~/fill; cd sub; pwd")
-    assert ok_text(env) == str(full_home.home / "sub") and env["meta"]["cwd"] == str(full_home.home / "sub")
+    assert ok_text(env) == str(full_home.home / "sub") + "\n[working directory now: ~/sub]"
+    assert env["meta"]["cwd"] == str(full_home.home / "sub")
 
 
 def test_elided_output_whose_log_could_not_be_written_says_so(full_home):

@@ -92,7 +92,8 @@ async def test_an_older_record_is_brought_up_to_date_once(tmp_path):
     assert (done.body, done.remaining, done.text) == ("hi", 9, "hi\nremaining_tool_calls: 9")
     assert done.meta == {"exit_code": 0, "call": "c1", "tool": "shell", "run": "r1", "seq": 1,
                          "started_at": "2025-01-02T03:04:05.000+00:00", "duration_ms": 7, "row": "Run echo hi"}
-    assert (running.body, running.remaining, running.meta, running.text) == (None, None, None, None)
+    # It was running when the older version stopped: no process can finish it any more.
+    assert (running.status, running.remaining, running.meta) == ("lost", None, None)
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT meta FROM calls WHERE seq = 1").fetchone() == ('{"exit_code": 0}',)
     assert done.started_at == datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)

@@ -252,6 +252,10 @@ def limits_in_child(limits: Limits):
     return in_child
 
 
+DIE_WITH_PARENT = ("setpriv", "--pdeathsig=TERM", "--")
+"""Run what follows with SIGTERM as its parent-death signal."""
+
+
 def limited_argv(limits: Limits, argv: Sequence[str]) -> list[str]:
     """argv under the limits: ``sh`` sets the rlimits, joins the cgroups, then execs argv (pure)."""
     return ["/bin/sh", "-c", LIMITS_SCRIPT, "guilds-limits", str(limits.pids),
@@ -259,10 +263,14 @@ def limited_argv(limits: Limits, argv: Sequence[str]) -> list[str]:
 
 
 def enter_argv(pid: int, wd: str, argv: Sequence[str], c: BwrapConfig) -> list[str]:
-    """The argv that runs argv inside the sandbox whose init is pid, in wd (pure)."""
+    """The argv that runs argv inside the sandbox whose init is pid, in wd (pure).
+
+    After the drop to the agent's uid (which clears a parent-death signal), a second
+    ``setpriv`` asks for SIGTERM when nsenter ends: nsenter itself gets one when the
+    orchestrator dies (the spawn path's), so the helper and its command stop with it."""
     user = ["--user", "--preserve-credentials"] if c.userns else []
     return ["nsenter", f"--target={pid}", *user, "--mount", "--uts", "--ipc", "--net", "--pid",
-            "--root", f"--wdns={wd}", "--", *drop_argv(c), *argv]
+            "--root", f"--wdns={wd}", "--", *drop_argv(c), *DIE_WITH_PARENT, *argv]
 
 
 @functools.cache

@@ -45,9 +45,13 @@ def run(request: protocol.Request) -> protocol.Reply:
     """shell_status: list, check one (id), or stop one (id, stop)."""
     folder = records_dir(request)
     bid = request.args["id"]
-    if folder is None:  # no records, or something the agent put in their place
-        return protocol.Reply(text="no background commands", meta={}) if bid is None else _unknown(bid)
     waits = request.args["wait"] is not None or request.args["until"] is not None
+    if folder is None:  # no records, or something the agent put in their place
+        if bid is not None:
+            _unknown(bid)
+        if waits:
+            return protocol.Reply(text="no command is running\nno background commands", meta={"waited_ms": 0})
+        return protocol.Reply(text="no background commands", meta={})
     if bid is None:
         return _wait_any(request, folder) if waits else _list(request, folder)
     record = load_record(folder, bid)
