@@ -31,10 +31,9 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import time
 
-from . import limits, shaping
+from . import limits, runstate, shaping
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -62,7 +61,7 @@ def scan(path: str, first_line: int, redactor: Optional[Redactor], stop_offset: 
     """The first `want` error lines of the log from line first_line (1-based) on,
     before byte stop_offset when given, found within `seconds`; [] when the log
     cannot be read."""
-    fd = open_log(path)
+    fd = runstate.open_regular(path)
     if fd is None:
         return []
     try:
@@ -71,18 +70,6 @@ def scan(path: str, first_line: int, redactor: Optional[Redactor], stop_offset: 
         return []
     finally:
         os.close(fd)
-
-
-def open_log(path: str) -> Optional[int]:
-    """A regular file opened read-only, never through a link nor blocking on a FIFO; else None."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    return fd
 
 
 def _read_limit(fd: int, stop_offset: Optional[int]) -> int:

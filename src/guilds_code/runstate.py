@@ -41,6 +41,18 @@ _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+def open_regular(path: str) -> Optional[int]:
+    """A regular file opened read-only, never through a link nor blocking on a FIFO; else None."""
+    try:
+        fd = os.open(path, _FILE_FLAGS)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
 def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
     """Write data to path through a temp file in the same folder and a rename.
 

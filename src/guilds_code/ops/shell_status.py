@@ -7,7 +7,6 @@ capped at the request's max_bytes.
 from __future__ import annotations
 
 import os
-import stat
 import sys
 import time
 
@@ -215,13 +214,10 @@ def read_tail(path: str, lines: int, cap: int, with_end: bool = False):
     """The end of a file holding at least `lines` lines (or all of it), read
     backwards in READ_CHUNK blocks, at most cap bytes; None if unreadable.
     with_end: (those bytes, the file's size when read)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    fd = runstate.open_regular(path)
+    if fd is None:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
         end = pos = os.lseek(fd, 0, os.SEEK_END)
         data = b""
         while pos > 0 and end - pos < cap and data.rstrip(b"\n").count(b"\n") < lines:

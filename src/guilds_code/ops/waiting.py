@@ -29,7 +29,6 @@ import select
 import time
 
 from .. import limits, proc, protocol, runstate, shaping
-from ..errorlines import open_log
 from .background import list_ids, load_record
 
 TYPE_CHECKING = False
@@ -185,7 +184,7 @@ class _Follower:
 
     def __init__(self, path: str, pattern: re.Pattern, redactor: Redactor):
         self.pattern, self.redactor = pattern, redactor
-        self.fd = open_log(path)
+        self.fd = runstate.open_regular(path)
         self.offset = os.fstat(self.fd).st_size if self.fd is not None else 0
         self.carry = b""
 
