@@ -30,6 +30,13 @@ UPDATE ... RETURNING`` in the transaction that inserts the call: atomic on Postg
 SQLite (one writer), so concurrent calls of one run, from one process or many,
 never share a seq and never pass the budget. On SQLite the writes of one
 process also queue on an asyncio lock, so they never wait on SQLITE_BUSY.
+
+A call's own statements (its start, its end, the reads a file_read and its
+savings need) are each one function on a plain connection (``_in_transaction``,
+``_reading``). On a SQLite file they run in the Store's one record thread, on
+a synchronous engine of the same file: one hop between threads per transaction
+instead of one per statement, which is most of what a call's record costs. On
+PostgreSQL they run on the async engine's connection (``run_sync``).
 """
 
 from __future__ import annotations
@@ -37,9 +44,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -57,6 +65,7 @@ DB_FILE = "guilds.db"
 DEFAULT_PAGE = 100
 SQLITE_BUSY_MS = 10_000
 """Another process writing the same SQLite file: wait this long for it."""
+T = TypeVar("T")
 SCHEMA_LOCK_KEY = 0x6775_696C_6473
 """The PostgreSQL advisory lock held while the schema is made ("guilds" in ASCII)."""
 
@@ -266,6 +275,32 @@ def _private_record(database: str | None) -> None:
         os.close(private_file(Path(database)))
 
 
+class _RecordThread:
+    """A SQLite file's synchronous engine and the one thread that uses it."""
+
+    def __init__(self, url: sa.URL):
+        self.engine = sa.create_engine(url.set(drivername="sqlite"), pool_reset_on_return=None)
+        sa.event.listen(self.engine, "connect", _sqlite_pragmas)
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="guilds-record")
+
+    async def run(self, work: Callable[[sa.Connection], T], *, write: bool) -> T:
+        """work(conn) in the thread: in a transaction that commits when write, else on a plain connection."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.thread, self._write if write else self._read, work)
+
+    def _write(self, work: Callable[[sa.Connection], T]) -> T:
+        with self.engine.begin() as conn:
+            return work(conn)
+
+    def _read(self, work: Callable[[sa.Connection], T]) -> T:
+        with self.engine.connect() as conn:
+            return work(conn)
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.thread, self.engine.dispose)
+        self.thread.shutdown()
+
+
 class Store:
     """The run record. ``async with Store(url) as store`` makes the tables and disposes the engine."""
 
@@ -288,6 +323,8 @@ class Store:
         self.where = where.database if self.sqlite else f"{where.host}/{where.database}"
         """The record's place for messages: the SQLite file, or host/database (no password)."""
         self._allocate = _allocate_statement(_dialect_module(self.sqlite))
+        self._record_thread = (_RecordThread(where) if self.sqlite and where.database not in (None, "", ":memory:")
+                               else None)
 
     async def __aenter__(self) -> Store:
         await self.setup()
@@ -316,6 +353,8 @@ class Store:
         with contextlib.suppress(RecordError):  # a full disk: the owner is found gone later
             async with self._writing("the owner's end") as conn:
                 await conn.execute(sa.delete(owners).where(owners.c.id == self.owner.id))
+        if self._record_thread is not None:
+            await self._record_thread.close()
         await self.engine.dispose()
 
     async def _register(self) -> None:
@@ -361,25 +400,47 @@ class Store:
             raise RecordError(f"the run record at {self.where} could not be written ({what}): "
                               f"{_reason(exc)}") from None
 
+    async def _in_transaction(self, what: str, work: Callable[[sa.Connection], T]) -> T:
+        """work(conn) in one write transaction (see the module docstring); a database
+        failure (a full disk) becomes RecordError naming ``what``."""
+        if self._record_thread is None:
+            async with self._writing(what) as conn:
+                return await conn.run_sync(work)
+        try:
+            async with self._write_lock or contextlib.nullcontext():
+                return await self._record_thread.run(work, write=True)
+        except (sa.exc.DBAPIError, OSError) as exc:
+            raise RecordError(f"the run record at {self.where} could not be written ({what}): "
+                              f"{_reason(exc)}") from None
+
+    async def _reading(self, work: Callable[[sa.Connection], T]) -> T:
+        """work(conn) on a connection that only reads, in the record thread on SQLite."""
+        if self._record_thread is None:
+            async with self.engine.connect() as conn:
+                return await conn.run_sync(work)
+        return await self._record_thread.run(work, write=False)
+
     async def begin_call(self, *, run_id: str, agent_id: str, tool: str, args: Any, call_id: str,
                          started_at: datetime, budget: int) -> Slot:
         """Give the call its seq and a slot within the run's budget; record it as running.
 
         A call past the budget gets ``admitted=False``: it is recorded, not counted.
         """
-        async with self._writing(f"the start of a {tool[:40]!r} call") as conn:
-            allocated = await conn.execute(self._allocate, {
+        def begin(conn: sa.Connection) -> tuple[int, int, bool]:
+            allocated = conn.execute(self._allocate, {
                 "run_id": run_id, "agent_id": agent_id, "now": started_at, "budget": budget,
             })
             owner, seq, used, admitted_seq = allocated.one()
             if owner != agent_id:
                 raise BadInput(f"run {run_id!r} belongs to agent {owner!r}, not {agent_id!r}")
-            admitted = admitted_seq == seq
-            await conn.execute(_INSERT_CALL, {
+            conn.execute(_INSERT_CALL, {
                 "run_id": run_id, "seq": seq, "call_id": call_id, "tool": tool, "args": args,
-                "counted": admitted, "status": "running", "started_at": started_at,
+                "counted": admitted_seq == seq, "status": "running", "started_at": started_at,
                 "is_error": False, "cut": False, "owner": self.owner.id,
             })
+            return seq, used, admitted_seq == seq
+
+        seq, used, admitted = await self._in_transaction(f"the start of a {tool[:40]!r} call", begin)
         self._in_flight += 1
         self._idle.clear()
         return Slot(seq=seq, used=used, admitted=admitted)
@@ -393,12 +454,13 @@ class Store:
         metadata: the call's fields are columns already (``records.CALL_FIELDS``).
         """
         try:
-            async with self._writing(f"the result of call {seq} of run {run_id}") as conn:
-                await conn.execute(_FINISH_CALL, {
-                    "k_run_id": run_id, "k_seq": seq, "text": text, "is_error": is_error, "meta": meta,
-                    "cut": cut, "status": status, "finished_at": finished_at, "duration_ms": duration_ms,
-                    "row": row, "owner": None, "remaining": remaining,
-                })
+            params = {
+                "k_run_id": run_id, "k_seq": seq, "text": text, "is_error": is_error, "meta": meta,
+                "cut": cut, "status": status, "finished_at": finished_at, "duration_ms": duration_ms,
+                "row": row, "owner": None, "remaining": remaining,
+            }
+            await self._in_transaction(f"the result of call {seq} of run {run_id}",
+                                       lambda conn: conn.execute(_FINISH_CALL, params))
         finally:
             self._in_flight = max(0, self._in_flight - 1)
             if not self._in_flight:
@@ -414,8 +476,19 @@ class Store:
     async def file_reads(self, run_id: str, before_seq: int) -> list[tuple[int, dict]]:
         """(seq, meta) of the run's finished file_read calls that did not fail and were not cut."""
         params = {"run_id": run_id, "before_seq": before_seq}
-        async with self.engine.connect() as conn:
-            return [(seq, meta) for seq, meta in (await conn.execute(_FILE_READS, params)).all()]
+        return await self._reading(
+            lambda conn: [(seq, meta) for seq, meta in conn.execute(_FILE_READS, params).all()])
+
+    async def reads_since_reset(self, run_id: str, before_seq: int) -> list[tuple[int, dict]]:
+        """``file_reads`` made after the run's latest context reset: what the read ledger
+        may offer, in one round trip."""
+        reset = sa.select(sa.func.max(context_marks.c.after_seq)).where(context_marks.c.run_id == run_id)
+        params = {"run_id": run_id, "before_seq": before_seq}
+
+        def read(conn: sa.Connection) -> list[tuple[int, dict]]:
+            after = conn.execute(reset).scalar() or 0
+            return [(seq, meta) for seq, meta in conn.execute(_FILE_READS, params).all() if seq > after]
+        return await self._reading(read)
 
     async def mark_context_reset(self, run_id: str, at: datetime) -> int:
         """Record that the run's model context was compacted or rewound now; the
@@ -428,8 +501,7 @@ class Store:
     async def context_reset_seq(self, run_id: str) -> int:
         """The seq after which the run's latest context reset came (0: none)."""
         query = sa.select(sa.func.max(context_marks.c.after_seq)).where(context_marks.c.run_id == run_id)
-        async with self.engine.connect() as conn:
-            return (await conn.execute(query)).scalar() or 0
+        return await self._reading(lambda conn: conn.execute(query).scalar() or 0)
 
     async def list_runs(self, agent_id: str | None = None, *, limit: int = DEFAULT_PAGE,
                         offset: int = 0) -> list[RunRecord]:
@@ -449,8 +521,7 @@ class Store:
 
     async def call(self, run_id: str, seq: int) -> CallRecord | None:
         query = sa.select(calls).where(calls.c.run_id == run_id, calls.c.seq == seq)
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(query)).mappings().first()
+        row = await self._reading(lambda conn: conn.execute(query).mappings().first())
         return CallRecord.from_row(row) if row else None
 
     # --- the app's flow: paged by seq on the primary key, no result text but code_task's

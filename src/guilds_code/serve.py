@@ -2,10 +2,14 @@
 
 One process reads request frames from stdin and writes answer frames to
 stdout. Each request runs in a worker forked from the server, which has every
-op imported already: the worker decodes the request, runs its op exactly as the
-one-shot helper would, writes the envelope line to a pipe and exits. So
-requests run at once, a slow one delays no other, and whatever a request
-allocates goes with its worker.
+op imported already: the worker runs its op exactly as the one-shot helper
+would and writes the envelope line to a pipe. So requests run at once and a
+slow one delays no other. A worker that answered waits for the next request
+on a pipe of its own (up to IDLE_WORKERS_MAX of them wait), so a request
+mostly finds a warm worker and pays no fork: a fresh fork's first run touches
+its pages again (copy on write), which costs more than a short op. A worker
+answers at most WORKER_REQUESTS_MAX requests and then exits, so what requests
+leave in its memory stays bounded; a cancelled one is never reused.
 
 - At most ``--max-in-flight`` requests run at once (MAX_IN_FLIGHT_DEFAULT);
   the next is answered at once with an error, and not run.
@@ -16,6 +20,9 @@ allocates goes with its worker.
   CANCELLED, unless its answer was complete first.
 - A frame that cannot be read gets an error envelope; reading goes on.
 - stdout carries frames only: workers have stdin and stdout on /dev/null.
+- One watchdog for all workers (``watchdog``): a worker's command group is
+  SIGKILLed when the worker dies before it is done, as the one-shot helper's
+  own watchdog does, with no process started per call.
 - Each request refreshes the sandbox's idle clock: the state root's mtime and
   ``<state root>/.active``'s if that file exists.
 - stdin at its end (the orchestrator is gone), SIGTERM, SIGHUP or SIGINT:
@@ -27,11 +34,12 @@ allocates goes with its worker.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import select
 import time
 
-from . import codec, frames, limits, protocol
+from . import codec, frames, limits, protocol, watchdog
 from .proc import signals
 
 TYPE_CHECKING = False
@@ -39,6 +47,11 @@ if TYPE_CHECKING:
     from typing import Callable, Dict, List, Optional, Set
 
 READ_BYTES = 64 * 1024
+WORKER_REQUESTS_MAX = 500
+"""A worker answers at most this many requests, then exits (a new fork takes its
+place): what requests leave in a worker's memory stays bounded."""
+IDLE_WORKERS_MAX = 4
+"""Workers kept waiting for the next request; one answered past this many exits."""
 WORKER_KILL_SECONDS = limits.CANCEL_KILL_GRACE_SECONDS + 2
 """After a cancel's SIGTERM, a worker still there this much later gets SIGKILL."""
 TICK_SECONDS = 1.0
@@ -58,15 +71,22 @@ again: what the ops import (some only on some paths) and their lazy imports."""
 
 
 class Worker:
-    """One request in flight: its worker's pid, the read end of its answer pipe."""
+    """A forked worker: its pid, the read end of its answer pipe, the write end of its
+    request pipe; and the request it runs, if any."""
 
-    __slots__ = ("frame_id", "pid", "fd", "answer", "kill_at", "cancelled", "reaped")
+    __slots__ = ("pid", "fd", "requests", "served", "frame_id", "answer", "kill_at", "cancelled", "reaped")
 
-    def __init__(self, frame_id: str, pid: int, fd: int):
-        self.frame_id, self.pid, self.fd = frame_id, pid, fd
+    def __init__(self, pid: int, fd: int, requests: int):
+        self.pid, self.fd, self.requests = pid, fd, requests
+        self.served = 0
+        self.frame_id = ""
         self.answer = b""
         self.kill_at: Optional[float] = None
         self.cancelled = self.reaped = False
+
+    def assign(self, frame_id: str) -> None:
+        self.frame_id, self.answer = frame_id, b""
+        self.served += 1
 
     def complete(self) -> bool:
         return self.answer.endswith(b"\n")
@@ -80,7 +100,8 @@ class Server:
         self.max_in_flight = max_in_flight
         self.idle_exit = idle_exit
         self.max_frame = frames.max_frame_bytes(limits.REQUEST_FILE_MAX)
-        self.workers: Dict[int, Worker] = {}  # by answer pipe
+        self.workers: Dict[int, Worker] = {}  # running a request, by answer pipe
+        self.idle: Dict[int, Worker] = {}  # waiting for one, by answer pipe
         self.by_id: Dict[str, Worker] = {}
         self.unreaped: Set[int] = set()  # answered workers whose exit was not seen yet
         self.inbox = bytearray()
@@ -119,16 +140,19 @@ class Server:
             if self.stopping and self.stdin_open:
                 self.stdin_open = False
                 self.cancel_all()
+            if self.stopping or not self.stdin_open:
+                self.retire_idle()
             self.step()
             if self._idle_too_long():
                 break
+        self.retire_idle()
         for pid in self.unreaped:
             _reap(pid, 0)
         return 0
 
     def step(self) -> None:
         poller = select.poll()  # not select(): worker pipes may number past FD_SETSIZE
-        for fd in [self.wake_r, *self.workers] + ([0] if self.stdin_open else []):
+        for fd in [self.wake_r, *self.workers, *self.idle] + ([0] if self.stdin_open else []):
             poller.register(fd, select.POLLIN)
         ready = [fd for fd, _ in poller.poll(int(self._sleep() * 1000) + 1)]
         for fd in ready:
@@ -136,8 +160,8 @@ class Server:
                 self.read_stdin()
             elif fd == self.wake_r:
                 os.read(fd, 64)
-            elif fd in self.workers:
-                self.read_worker(self.workers[fd])
+            elif fd in self.workers or fd in self.idle:
+                self.read_worker(self.workers.get(fd) or self.idle[fd])
         self.reap()
         self.kill_late()
 
@@ -217,17 +241,38 @@ class Server:
     # --- workers ------------------------------------------------------------
     def start(self, frame_id: str, request: object) -> None:
         _touch_idle_clock()
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            self._in_worker(read_fd, write_fd, request)
-        os.close(write_fd)
-        worker = Worker(frame_id, pid, read_fd)
-        self.workers[read_fd] = worker
+        worker = self._waiting_worker(request) or self._fork(request)
+        worker.assign(frame_id)
+        self.workers[worker.fd] = worker
         self.by_id[frame_id] = worker
 
-    def _in_worker(self, read_fd: int, write_fd: int, request: object) -> None:
-        """The forked worker: run the request, write its envelope, exit (never returns)."""
+    def _waiting_worker(self, request: object) -> Optional[Worker]:
+        """A waiting worker, handed the request; None when none is left."""
+        line = json.dumps(request).encode("ascii") + b"\n"  # ASCII: lone surrogates survive
+        while self.idle:
+            worker = self.idle.pop(next(iter(self.idle)))
+            try:
+                _write_all(worker.requests, line)
+                return worker
+            except OSError:  # it died while waiting
+                self.retire(worker)
+        return None
+
+    def _fork(self, request: object) -> Worker:
+        answers_r, answers_w = os.pipe()
+        requests_r, requests_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(answers_r)
+            os.close(requests_w)
+            self._in_worker(answers_w, requests_r, request)
+        os.close(answers_w)
+        os.close(requests_r)
+        return Worker(pid, answers_r, requests_w)
+
+    def _in_worker(self, answers: int, requests: int, request: object) -> None:
+        """The forked worker: answer the request, then each one its pipe brings, up to
+        WORKER_REQUESTS_MAX; exit at the pipe's end (never returns)."""
         try:
             for sig in STOP_SIGNALS:
                 signals.signal(sig, signals.SIG_DFL)
@@ -235,36 +280,66 @@ class Server:
             os.dup2(null, 0)
             os.dup2(null, 1)
             os.close(null)
-            for fd in (read_fd, self.wake_r, self.wake_w, *self.workers):
-                os.close(fd)
-            view = memoryview(self.answer(request))
-            while view:
-                view = view[os.write(write_fd, view):]
+            for worker in [*self.workers.values(), *self.idle.values()]:
+                os.close(worker.fd)
+                os.close(worker.requests)
+            os.close(self.wake_r)
+            os.close(self.wake_w)
+            for served in range(1, WORKER_REQUESTS_MAX + 1):
+                _write_all(answers, self.answer(request))
+                _reap_children()  # background wrappers that ended: never the next op's
+                line = _read_line(requests) if served < WORKER_REQUESTS_MAX else b""
+                if not line:
+                    break
+                request = json.loads(line)
         finally:
             os._exit(0)
 
     def read_worker(self, worker: Worker) -> None:
-        """Its answer is sent as soon as its line is whole (the worker then only exits)."""
+        """Its answer is sent as soon as its line is whole."""
         data = os.read(worker.fd, READ_BYTES)
+        if worker.fd in self.idle:  # a waiting worker's pipe ended: it exited
+            del self.idle[worker.fd]
+            self.retire(worker)
+            return
         worker.answer += data
         if not data or worker.complete():
             self.finish(worker)
 
     def finish(self, worker: Worker) -> None:
-        """Answer the request once and forget it (its pipe ended, or its worker was reaped)."""
+        """Answer the request once (its line is whole, or its worker ended), then keep
+        the worker waiting for the next request or retire it."""
         if worker.fd not in self.workers:
             return
         del self.workers[worker.fd]
         del self.by_id[worker.frame_id]
-        os.close(worker.fd)
         if worker.cancelled:
             self.refuse(worker.frame_id, CANCELLED)
         elif worker.complete():
             self.reply(worker.frame_id, worker.answer)
         else:
             self.refuse(worker.frame_id, "internal error: the request's worker ended without an answer")
+        if self._keeps(worker):
+            worker.frame_id, worker.answer = "", b""
+            self.idle[worker.fd] = worker
+        else:
+            self.retire(worker)
+
+    def _keeps(self, worker: Worker) -> bool:
+        return (worker.complete() and not worker.cancelled and not worker.reaped and not self.stopping
+                and self.stdin_open and worker.served < WORKER_REQUESTS_MAX
+                and len(self.idle) < IDLE_WORKERS_MAX)
+
+    def retire(self, worker: Worker) -> None:
+        """Close its pipes (a waiting worker exits at its request pipe's end); reap it."""
+        os.close(worker.fd)
+        os.close(worker.requests)
         if not worker.reaped and not _reap(worker.pid, os.WNOHANG):
             self.unreaped.add(worker.pid)
+
+    def retire_idle(self) -> None:
+        while self.idle:
+            self.retire(self.idle.pop(next(iter(self.idle))))
 
     def reap(self) -> None:
         """Reap the workers that exited; answer those whose pipe is left open
@@ -337,6 +412,32 @@ def _reap(pid: int, options: int) -> bool:
         return True
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_line(fd: int) -> bytes:
+    """One line from a pipe that carries one at a time; b"" at its end."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, READ_BYTES)
+        if not chunk:
+            return b""
+        data += chunk
+    return data
+
+
+def _reap_children() -> None:
+    """Reap every exited child (between requests, so no op's own)."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
 def _drain(worker: Worker) -> None:
     """What the exited worker wrote and is still in its pipe."""
     os.set_blocking(worker.fd, False)
@@ -388,6 +489,7 @@ def main(argv: List[str], answer: Callable[[object], bytes]) -> int:
     except protocol.RequestError as exc:
         os.write(2, f"guilds-code serve: {exc}\n".encode())
         return 2
+    watchdog.start()  # first, while this process is small: it forks
     for name in WARM_MODULES:
         __import__(name)
     codec.dumps({})  # warm what the first request needs

@@ -43,7 +43,8 @@ def ledger_entry(seq: int, meta: Mapping[str, Any] | None) -> dict[str, Any] | N
 
 
 async def earlier_reads(store: Store, run_id: str, seq: int) -> list[dict[str, Any]]:
-    """The reads a file_read at `seq` may point to, oldest first."""
-    reset = await store.context_reset_seq(run_id)
-    entries = (ledger_entry(s, meta) for s, meta in await store.file_reads(run_id, seq) if s > reset)
+    """The reads a file_read at `seq` may point to, oldest first (none for a run's first call)."""
+    if seq <= 1:
+        return []
+    entries = (ledger_entry(s, meta) for s, meta in await store.reads_since_reset(run_id, seq))
     return [e for e in entries if e is not None]

@@ -1,0 +1,195 @@
+"""The resident server's one watchdog: a command's group is SIGKILLed when the
+worker running it dies before it is done (even by SIGKILL), with no process
+started per call.
+
+The server starts it once (``start``), before its first worker: a process in a
+session of its own, reading a pipe whose write end the server and every worker
+hold (non-blocking, so a watchdog that stopped reading never holds a worker up).
+Once a worker's command runs it writes ``W <worker pid> <pgid>``, and when it no
+longer needs watching ``D <worker pid> <pgid>``: each line is shorter than
+PIPE_BUF, so lines from many workers never mix. The watchdog follows each
+watching worker with a pidfd. A worker that has exited with a group still
+watched has that group SIGKILLed.
+
+Ordering is what makes it exact: a worker writes ``D`` before it exits, and the
+watchdog, having seen an exit, reads every line already in the pipe before it
+acts on it; so a worker done in time is never acted on. The watchdog exits when
+the pipe ends (the server and all its workers gone) and nothing is watched.
+
+Where it cannot start (no ``os.pidfd_open``: Python before 3.9 or a kernel
+before 5.3) or a line cannot be written (the watchdog was killed, its pipe is
+full), ``proc.watch_group`` falls back to a watchdog of the call's own, as the
+one-shot helper always uses.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+
+try:
+    import _signal as signals  # type: ignore[import-not-found]  # the C module, as in proc
+except ImportError:  # not CPython
+    import signal as signals
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Set
+
+READ_BYTES = 64 * 1024
+
+
+class _Pipe:
+    fd: Optional[int] = None
+    """The pipe's write end in the server and its workers; None: no shared watchdog."""
+
+
+class Watched:
+    """A group announced to the shared watchdog (``watch``), for ``unwatch``."""
+
+    __slots__ = ("pgid",)
+
+    def __init__(self, pgid: int):
+        self.pgid = pgid
+
+
+def start() -> bool:
+    """Start the shared watchdog for this process and the workers it will fork; False
+    when pidfds are missing (callers then watch each call on its own)."""
+    if not _pidfds_work():
+        return False
+    read_fd, write_fd = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # forks again and exits, so the watchdog is nobody's child to reap
+        try:
+            os.close(write_fd)
+            os.setsid()
+            if os.fork() == 0:
+                _detach(read_fd)
+                _Watchdog(read_fd).run()
+        finally:
+            os._exit(0)
+    os.close(read_fd)
+    os.waitpid(middle, 0)
+    os.set_blocking(write_fd, False)
+    _Pipe.fd = write_fd
+    return True
+
+
+def watch(pgid: int) -> Optional[Watched]:
+    """Announce group pgid, run by this worker; None when the shared watchdog cannot take it."""
+    if _Pipe.fd is None or not _say(b"W", pgid):
+        return None
+    return Watched(pgid)
+
+
+def unwatch(watched: Watched) -> None:
+    """The worker is done with the group: the watchdog forgets it."""
+    _say(b"D", watched.pgid)
+
+
+def _say(kind: bytes, pgid: int) -> bool:
+    line = b"%s %d %d\n" % (kind, os.getpid(), pgid)
+    try:
+        return os.write(_Pipe.fd, line) == len(line)  # type: ignore[arg-type]  # checked by the callers
+    except OSError:  # BrokenPipeError: it is gone; BlockingIOError: it stopped reading
+        return False
+
+
+def _pidfds_work() -> bool:
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
+def _detach(keep: int) -> None:
+    """/dev/null on 0, 1 and 2 (the server's stdout and stderr are the channel's),
+    every other descriptor but keep closed."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.closerange(3, keep)
+    os.closerange(keep + 1, 1 << 16)
+
+
+class _Watchdog:
+    """The loop (see the module docstring)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.open = True
+        self.pending = b""
+        self.groups: Dict[int, Set[int]] = {}  # worker pid -> its watched groups
+        self.pidfds: Dict[int, int] = {}  # pidfd -> worker pid
+        self.gone: Set[int] = set()  # workers found exited while reading, acted on next turn
+        os.set_blocking(fd, False)
+
+    def run(self) -> None:
+        while self.open or self.groups:
+            exited = self._wait()
+            self._read()
+            for pid in exited:
+                self._end(pid)
+
+    def _wait(self) -> List[int]:
+        """Sleep until a line or an exit; the workers seen exited (before the lines are read)."""
+        poller = select.poll()
+        if self.open:
+            poller.register(self.fd, select.POLLIN)
+        for pidfd in self.pidfds:
+            poller.register(pidfd, select.POLLIN)
+        ready = poller.poll(0 if self.gone else None)
+        exited, self.gone = list(self.gone), set()
+        return exited + [self.pidfds[fd] for fd, _ in ready if fd in self.pidfds]
+
+    def _read(self) -> None:
+        while self.open:
+            try:
+                data = os.read(self.fd, READ_BYTES)
+            except BlockingIOError:
+                break
+            if not data:
+                self.open = False
+                os.close(self.fd)
+                break
+            lines = (self.pending + data).split(b"\n")
+            self.pending = lines.pop()
+            for line in lines:
+                self._take(line)
+
+    def _take(self, line: bytes) -> None:
+        try:
+            kind, pid_text, pgid_text = line.split()
+            pid, pgid = int(pid_text), int(pgid_text)
+        except ValueError:
+            return
+        if kind == b"D":
+            self.groups.get(pid, set()).discard(pgid)
+        elif kind == b"W":
+            if pid not in self.groups:
+                self._follow(pid)
+            self.groups.setdefault(pid, set()).add(pgid)
+
+    def _follow(self, pid: int) -> None:
+        try:
+            self.pidfds[os.pidfd_open(pid)] = pid
+        except OSError:  # exited already: its lines are all written, read them first
+            self.gone.add(pid)
+
+    def _end(self, pid: int) -> None:
+        """pid has exited: SIGKILL every group it left watched, and forget it."""
+        for pgid in self.groups.pop(pid, ()):
+            _kill_group(pgid)
+        for pidfd, owner in list(self.pidfds.items()):
+            if owner == pid:
+                del self.pidfds[pidfd]
+                os.close(pidfd)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signals.SIGKILL)
+    except OSError:  # gone already
+        pass

@@ -1,0 +1,123 @@
+"""guilds-code serve's workers: kept warm between requests, bounded, never reused
+after a cancel; and the server's one watchdog, which SIGKILLs a command's group
+when its worker dies. The built helper under python3 -I -S, real bash."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from conftest import ok_text
+from guilds_code import serve
+from guilds_code.proc import live_groups, proc_stat
+from test_helper_faults import _wait_for
+from test_resident import children_of, sandbox, server, shell  # noqa: F401  (fixtures)
+
+
+def worker_of(sandbox, server) -> int:
+    """The pid of the worker that answers the next request."""
+    return int(ok_text(server.call(shell(sandbox, "echo $PPID"))))
+
+
+def test_requests_in_turn_share_one_warm_worker(sandbox, server):
+    first = worker_of(sandbox, server)
+    assert {worker_of(sandbox, server) for _ in range(10)} == {first}
+    assert proc_stat(first).ppid == server.proc.pid
+
+
+def test_a_worker_answers_at_most_its_bound_then_a_new_one_takes_over(sandbox, server):
+    first = worker_of(sandbox, server)  # request 1 of that worker
+    for _ in range(serve.WORKER_REQUESTS_MAX - 2):
+        server.call(shell(sandbox, ":"))
+    assert worker_of(sandbox, server) == first  # its last
+    assert _wait_for(lambda: first not in {pid for pid, _ in children_of(server.proc.pid)})
+    assert worker_of(sandbox, server) != first
+
+
+def test_at_most_the_bound_of_workers_wait(sandbox, server):
+    count = serve.IDLE_WORKERS_MAX + 3
+    frame_ids = [server.request(shell(sandbox, "sleep 1; echo $PPID")) for _ in range(count)]
+    answers = server.answers(count, timeout=30)
+    assert sorted(a["id"] for a in answers) == sorted(frame_ids)
+    assert len({ok_text(a["envelope"]) for a in answers}) == count  # each ran in a worker of its own
+    assert _wait_for(lambda: len(children_of(server.proc.pid)) == serve.IDLE_WORKERS_MAX)
+
+
+def test_a_cancelled_worker_is_not_reused(sandbox, server):
+    first = worker_of(sandbox, server)
+    frame_id = server.request(shell(sandbox, "sleep 30"))
+    time.sleep(0.3)
+    server.cancel(frame_id)
+    (answer,) = server.answers(1, timeout=10)
+    assert answer["envelope"]["error"].startswith("cancelled")
+    assert _wait_for(lambda: first not in {pid for pid, _ in children_of(server.proc.pid)})
+    assert worker_of(sandbox, server) != first
+
+
+def test_a_waiting_worker_that_dies_is_replaced(sandbox, server):
+    first = worker_of(sandbox, server)
+    os.kill(first, signal.SIGKILL)
+    assert _wait_for(lambda: first not in {pid for pid, _ in children_of(server.proc.pid)})
+    assert worker_of(sandbox, server) not in (first, 0)
+
+
+def test_an_ended_background_command_is_not_left_a_zombie_under_its_worker(sandbox, server):
+    worker = worker_of(sandbox, server)
+    ok_text(server.call(shell(sandbox, "true", background=True)))
+    time.sleep(0.5)
+    assert worker_of(sandbox, server) == worker  # the next request reaps it first
+    assert [state for _, state in children_of(worker) if state in "ZX"] == []
+
+
+def _group_of_a_running_command(sandbox, server) -> tuple[int, str]:
+    marker = sandbox.home / "pgid"
+    frame_id = server.request(shell(sandbox, f"sleep 300 & echo $$ > {marker}; sleep 300; :", timeout_seconds=600))
+    assert _wait_for(lambda: marker.exists() and marker.read_text().strip())
+    pgid = int(marker.read_text())
+    assert pgid in live_groups()
+    return pgid, frame_id
+
+
+def _per_call_watchdogs() -> list[int]:
+    """The pids of one-shot watchdogs (a bash named guilds-watch) running now."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if b"guilds-watch" in fh.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("killed", ["worker", "worker and server"])
+def test_the_command_dies_with_its_worker_killed_by_sigkill(sandbox, server, killed):
+    pgid, _ = _group_of_a_running_command(sandbox, server)
+    try:
+        assert _per_call_watchdogs() == []  # the server's one watchdog has it
+        worker = proc_stat(pgid).ppid
+        assert proc_stat(worker).ppid == server.proc.pid
+        if killed != "worker":
+            server.proc.kill()
+        os.kill(worker, signal.SIGKILL)
+        assert _wait_for(lambda: pgid not in live_groups()), "the command outlived its worker"
+    finally:
+        if pgid in live_groups():
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def test_a_worker_done_in_time_leaves_its_commands_leftovers_alone(sandbox, server, tmp_path):
+    marker = sandbox.home / "pid"
+    text = ok_text(server.call(shell(sandbox, f"sleep 30 >/dev/null 2>&1 & echo $! > {marker}; echo done")))
+    assert text == "done"
+    pid = int(marker.read_text())
+    os.kill(worker_of(sandbox, server), signal.SIGKILL)  # its worker dies later: nothing is watched
+    time.sleep(0.5)
+    try:
+        os.kill(pid, 0)
+    finally:
+        os.kill(pid, signal.SIGKILL)
