@@ -81,13 +81,13 @@ def _group_of_a_running_command(sandbox, server) -> tuple[int, str]:
     return pgid, frame_id
 
 
-def _per_call_watchdogs() -> list[int]:
-    """The pids of one-shot watchdogs (a bash named guilds-watch) running now."""
+def _per_call_watchdogs(pgid: int) -> list[int]:
+    """The pids of one-shot watchdogs (a bash named guilds-watch) watching pgid."""
     found = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                if b"guilds-watch" in fh.read().split(b"\0"):
+                if fh.read().split(b"\0")[-3:-1] == [b"guilds-watch", str(pgid).encode()]:
                     found.append(int(entry))
         except OSError:
             continue
@@ -98,7 +98,7 @@ def _per_call_watchdogs() -> list[int]:
 def test_the_command_dies_with_its_worker_killed_by_sigkill(sandbox, server, killed):
     pgid, _ = _group_of_a_running_command(sandbox, server)
     try:
-        assert _per_call_watchdogs() == []  # the server's one watchdog has it
+        assert _per_call_watchdogs(pgid) == []  # the server's one watchdog has it
         worker = proc_stat(pgid).ppid
         assert proc_stat(worker).ppid == server.proc.pid
         if killed != "worker":
