@@ -147,6 +147,27 @@ async def test_a_cancelled_call_is_recorded_as_cancelled(tmp_path):
         assert after.text.startswith("next\n") and after.meta["seq"] == 2
 
 
+async def test_a_call_cancelled_while_its_start_is_written_is_recorded_as_cancelled(tmp_path):
+    import sqlite3
+
+    async with local_toolbox(tmp_path) as tb:
+        other = sqlite3.connect(tmp_path / "guilds.db", isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock: the start waits
+        try:
+            task = asyncio.create_task(tb.call("r", "shell", {"command": "echo never"}))
+            await asyncio.sleep(0.3)
+            task.cancel()
+            await asyncio.sleep(0.1)
+        finally:
+            other.execute("COMMIT")
+            other.close()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        record = await tb.store.call("r", 1)
+        assert (record.status, record.is_error) == ("cancelled", True)  # not left running
+        assert record.text.startswith("the call was cancelled before it finished")
+
+
 # --- through the fake sandbox ---------------------------------------------------
 @pytest.fixture
 async def fake_store(tmp_path):

@@ -188,8 +188,17 @@ class Toolbox:
         call_id = new_call_id()
         budget = self.settings.max_tool_calls
         recorded_tool, recorded_args = redact_meta(self._redactor, [tool, args])
-        slot = await self.store.begin_call(run_id=run_id, agent_id=self.settings.id, tool=recorded_tool,
-                                           args=recorded_args, call_id=call_id, started_at=started_at, budget=budget)
+        beginning = asyncio.ensure_future(self.store.begin_call(
+            run_id=run_id, agent_id=self.settings.id, tool=recorded_tool, args=recorded_args,
+            call_id=call_id, started_at=started_at, budget=budget))
+        try:
+            slot = await asyncio.shield(beginning)
+        except asyncio.CancelledError:  # its transaction goes on: the call it records is ended as cancelled
+            slot = await beginning
+            call = _Call(run_id, tool, args, slot.seq, call_id, started_at, t0, max(0, budget - slot.used),
+                         recorded_tool)
+            await self._record(call, _error(CANCELLED), status="cancelled")
+            raise
         call = _Call(run_id, tool, args, slot.seq, call_id, started_at, t0, max(0, budget - slot.used), recorded_tool)
         try:
             if slot.admitted:
