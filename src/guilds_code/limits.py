@@ -154,7 +154,9 @@ TASK_DRAIN_SECONDS = 0.5
 """After the harness exits, how long to keep reading pipes that a leftover
 child still holds, before the group is stopped."""
 PROCESS_POLL_SECONDS = 0.05
-"""While a grace runs: how often to look whether what was signalled is gone."""
+"""While a grace runs: how often the supervise loop looks whether what was
+signalled is gone; without a pidfd, also how often it looks whether the command
+has exited."""
 
 # --- notes on a shell result -------------------------------------------------
 PROMPT_MAX_CHARS = 120
