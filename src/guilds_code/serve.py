@@ -12,7 +12,7 @@ allocates goes with its worker.
 - A cancel frame sends the request's worker SIGTERM: the op stops its
   command's group as it does when the one-shot helper is cancelled (SIGTERM,
   SIGKILL CANCEL_KILL_GRACE_SECONDS later). The worker itself gets SIGKILL
-  WORKER_KILL_SECONDS after that if still there. The request is answered
+  SERVE_WORKER_KILL_SECONDS after that if still there. The request is answered
   CANCELLED, unless its answer was complete first.
 - A frame that cannot be read gets an error envelope; reading goes on.
 - stdout carries frames only: workers have stdin and stdout on /dev/null.
@@ -39,8 +39,6 @@ if TYPE_CHECKING:
     from typing import Callable, Dict, List, Optional, Set
 
 READ_BYTES = 64 * 1024
-WORKER_KILL_SECONDS = limits.CANCEL_KILL_GRACE_SECONDS + 2
-"""After a cancel's SIGTERM, a worker still there this much later gets SIGKILL."""
 TICK_SECONDS = 1.0
 """The longest sleep of the loop: reaping and the kill clocks are looked at this often."""
 REAP_TICK_SECONDS = 0.01
@@ -284,7 +282,7 @@ class Server:
         if worker is None or worker.cancelled or worker.complete():
             return
         worker.cancelled = True
-        worker.kill_at = time.monotonic() + WORKER_KILL_SECONDS
+        worker.kill_at = time.monotonic() + limits.SERVE_WORKER_KILL_SECONDS
         _signal(worker.pid, signals.SIGTERM)
 
     def cancel_all(self) -> None:
