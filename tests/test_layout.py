@@ -247,3 +247,12 @@ def test_the_orchestrators_waits_leave_room_for_the_helpers_grace():
         sandbox_side.CANCEL_KILL_GRACE_SECONDS + orchestrator.EXEC_KILL_GRACE_SECONDS)
     assert orchestrator.SERVE_CANCEL_WAIT_SECONDS > orchestrator.CALL_CANCEL_WAIT_SECONDS
     assert orchestrator.STDIO_STOP_WAIT_SECONDS > orchestrator.CALL_CANCEL_WAIT_SECONDS
+
+
+def test_the_orchestrators_channel_waits_leave_room_for_the_helpers_stop():
+    from guilds import limits as orchestrator
+    from guilds_code import limits as sandbox_side
+
+    assert orchestrator.CHANNEL_CANCEL_WAIT_SECONDS > sandbox_side.SERVE_WORKER_KILL_SECONDS
+    assert orchestrator.CHANNEL_CLOSE_WAIT_SECONDS > sandbox_side.CANCEL_KILL_GRACE_SECONDS
+    assert orchestrator.KUBERNETES_DEADLINE_SLACK_SECONDS >= orchestrator.DOCKER_DEADLINE_SLACK_SECONDS

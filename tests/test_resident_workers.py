@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import ok_text
-from guilds_code import serve
+from guilds_code import limits
 from guilds_code.proc import live_groups, proc_stat
 from test_helper_faults import _wait_for
 from test_resident import children_of, sandbox, server, shell  # noqa: F401  (fixtures)
@@ -30,7 +30,7 @@ def test_requests_in_turn_share_one_warm_worker(sandbox, server):
 
 def test_a_worker_answers_at_most_its_bound_then_a_new_one_takes_over(sandbox, server):
     first = worker_of(sandbox, server)  # request 1 of that worker
-    for _ in range(serve.WORKER_REQUESTS_MAX - 2):
+    for _ in range(limits.SERVE_WORKER_REQUESTS_MAX - 2):
         server.call(shell(sandbox, ":"))
     assert worker_of(sandbox, server) == first  # its last
     assert _wait_for(lambda: first not in {pid for pid, _ in children_of(server.proc.pid)})
@@ -38,12 +38,12 @@ def test_a_worker_answers_at_most_its_bound_then_a_new_one_takes_over(sandbox, s
 
 
 def test_at_most_the_bound_of_workers_wait(sandbox, server):
-    count = serve.IDLE_WORKERS_MAX + 3
+    count = limits.SERVE_IDLE_WORKERS_MAX + 3
     frame_ids = [server.request(shell(sandbox, "sleep 1; echo $PPID")) for _ in range(count)]
     answers = server.answers(count, timeout=30)
     assert sorted(a["id"] for a in answers) == sorted(frame_ids)
     assert len({ok_text(a["envelope"]) for a in answers}) == count  # each ran in a worker of its own
-    assert _wait_for(lambda: len(children_of(server.proc.pid)) == serve.IDLE_WORKERS_MAX)
+    assert _wait_for(lambda: len(children_of(server.proc.pid)) == limits.SERVE_IDLE_WORKERS_MAX)
 
 
 def test_a_cancelled_worker_is_not_reused(sandbox, server):

@@ -1,4 +1,6 @@
-"""Every grace and drain time of the orchestrator's side, named, with the reason beside it.
+"""Every grace, drain and wait time of the orchestrator's side (an exec's stop, the
+sandboxes' and channels' waits, a cancelled call, a stopping server), named, with
+the reason beside it.
 
 The sandbox's side has its own in ``guilds_code.limits`` ("process control");
 the two are tied by name below and checked against each other in
@@ -26,3 +28,29 @@ SERVE_SHUTDOWN_GRACE_SECONDS = 2.0
 SERVE_CANCEL_WAIT_SECONDS = 20.0
 """At shutdown: how long the cancelled calls may take to stop their commands and be
 recorded (more than CALL_CANCEL_WAIT_SECONDS)."""
+
+# --- an exec's stop and the sandboxes' waits ---------------------------------
+GROUP_POLL_SECONDS = 0.02
+"""While processes are waited for to go (an exec's group in its grace, a bubblewrap
+sandbox's last processes leaving its cgroup): how often to look. The helper's own
+look, guilds_code.limits.PROCESS_POLL_SECONDS, is slower: it runs beside a command."""
+DOCKER_DEADLINE_SLACK_SECONDS = 5.0
+"""docker: how long past its timeout plus EXEC_KILL_GRACE_SECONDS an exec may stay
+silent before its processes are killed from outside (a second exec). The timeout
+itself is enforced inside the container; the helper's own stop
+(guilds_code.limits.SHELL_KILL_GRACE_SECONDS, TASK_KILL_GRACE_SECONDS) comes first."""
+DOCKER_KILL_WAIT_SECONDS = 30.0
+"""docker: how long that killing exec may take before it is given up."""
+KUBERNETES_DEADLINE_SLACK_SECONDS = 10.0
+"""kubernetes: as DOCKER_DEADLINE_SLACK_SECONDS, longer for the API server's round
+trips (each exec is a websocket through it)."""
+CGROUP_REMOVE_WAIT_SECONDS = 2.0
+"""bubblewrap: after a sandbox's init is killed, how long its last processes may take
+to leave its cgroup before the cgroup is left for the next start."""
+CHANNEL_CLOSE_WAIT_SECONDS = 2.0
+"""A resident helper's channel: after its stdin is closed (the helper's server then
+cancels what runs, guilds_code.limits.CANCEL_KILL_GRACE_SECONDS, and exits), how long
+it may take to go before SIGKILL to its group."""
+CHANNEL_CANCEL_WAIT_SECONDS = 5.0
+"""After a cancel frame to a resident helper, how long a call waits for its answer:
+the worker's own stop ends within guilds_code.limits.SERVE_WORKER_KILL_SECONDS."""

@@ -153,8 +153,21 @@ not hold the call until its timeout); its status is then its final event's."""
 TASK_DRAIN_SECONDS = 0.5
 """After the harness exits, how long to keep reading pipes that a leftover
 child still holds, before the group is stopped."""
+SERVE_WORKER_KILL_SECONDS = CANCEL_KILL_GRACE_SECONDS + 2
+"""guilds-code serve: after a cancel's SIGTERM to a request's worker (which stops
+its command within CANCEL_KILL_GRACE_SECONDS), a worker still there this much later
+gets SIGKILL. The orchestrator waits guilds.limits.CHANNEL_CANCEL_WAIT_SECONDS for
+the answer, which is longer."""
+SERVE_WORKER_REQUESTS_MAX = 500
+"""guilds-code serve: a worker answers at most this many requests, then exits (a
+new fork takes its place), so what requests leave in its memory stays bounded."""
+SERVE_IDLE_WORKERS_MAX = 4
+"""guilds-code serve: workers kept waiting for the next request; one that answers
+past this many exits."""
 PROCESS_POLL_SECONDS = 0.05
-"""While a grace runs: how often to look whether what was signalled is gone."""
+"""While a grace runs: how often the supervise loop looks whether what was
+signalled is gone; without a pidfd, also how often it looks whether the command
+has exited."""
 
 # --- notes on a shell result -------------------------------------------------
 PROMPT_MAX_CHARS = 120

@@ -5,10 +5,10 @@ stdout. Each request runs in a worker forked from the server, which has every
 op imported already: the worker runs its op exactly as the one-shot helper
 would and writes the envelope line to a pipe. So requests run at once and a
 slow one delays no other. A worker that answered waits for the next request
-on a pipe of its own (up to IDLE_WORKERS_MAX of them wait), so a request
+on a pipe of its own (up to SERVE_IDLE_WORKERS_MAX of them wait), so a request
 mostly finds a warm worker and pays no fork: a fresh fork's first run touches
 its pages again (copy on write), which costs more than a short op. A worker
-answers at most WORKER_REQUESTS_MAX requests and then exits, so what requests
+answers at most SERVE_WORKER_REQUESTS_MAX requests and then exits, so what requests
 leave in its memory stays bounded; a cancelled one is never reused.
 
 - At most ``--max-in-flight`` requests run at once (MAX_IN_FLIGHT_DEFAULT);
@@ -16,7 +16,7 @@ leave in its memory stays bounded; a cancelled one is never reused.
 - A cancel frame sends the request's worker SIGTERM: the op stops its
   command's group as it does when the one-shot helper is cancelled (SIGTERM,
   SIGKILL CANCEL_KILL_GRACE_SECONDS later). The worker itself gets SIGKILL
-  WORKER_KILL_SECONDS after that if still there. The request is answered
+  SERVE_WORKER_KILL_SECONDS after that if still there. The request is answered
   CANCELLED, unless its answer was complete first.
 - A frame that cannot be read gets an error envelope; reading goes on.
 - stdout carries frames only: workers have stdin and stdout on /dev/null.
@@ -47,13 +47,6 @@ if TYPE_CHECKING:
     from typing import Callable, Dict, List, Optional, Set
 
 READ_BYTES = 64 * 1024
-WORKER_REQUESTS_MAX = 500
-"""A worker answers at most this many requests, then exits (a new fork takes its
-place): what requests leave in a worker's memory stays bounded."""
-IDLE_WORKERS_MAX = 4
-"""Workers kept waiting for the next request; one answered past this many exits."""
-WORKER_KILL_SECONDS = limits.CANCEL_KILL_GRACE_SECONDS + 2
-"""After a cancel's SIGTERM, a worker still there this much later gets SIGKILL."""
 TICK_SECONDS = 1.0
 """The longest sleep of the loop: reaping and the kill clocks are looked at this often."""
 REAP_TICK_SECONDS = 0.01
@@ -272,7 +265,7 @@ class Server:
 
     def _in_worker(self, answers: int, requests: int, request: object) -> None:
         """The forked worker: answer the request, then each one its pipe brings, up to
-        WORKER_REQUESTS_MAX; exit at the pipe's end (never returns)."""
+        SERVE_WORKER_REQUESTS_MAX; exit at the pipe's end (never returns)."""
         try:
             for sig in STOP_SIGNALS:
                 signals.signal(sig, signals.SIG_DFL)
@@ -285,10 +278,10 @@ class Server:
                 os.close(worker.requests)
             os.close(self.wake_r)
             os.close(self.wake_w)
-            for served in range(1, WORKER_REQUESTS_MAX + 1):
+            for served in range(1, limits.SERVE_WORKER_REQUESTS_MAX + 1):
                 _write_all(answers, self.answer(request))
                 _reap_children()  # background wrappers that ended: never the next op's
-                line = _read_line(requests) if served < WORKER_REQUESTS_MAX else b""
+                line = _read_line(requests) if served < limits.SERVE_WORKER_REQUESTS_MAX else b""
                 if not line:
                     break
                 request = json.loads(line)
@@ -327,8 +320,8 @@ class Server:
 
     def _keeps(self, worker: Worker) -> bool:
         return (worker.complete() and not worker.cancelled and not worker.reaped and not self.stopping
-                and self.stdin_open and worker.served < WORKER_REQUESTS_MAX
-                and len(self.idle) < IDLE_WORKERS_MAX)
+                and self.stdin_open and worker.served < limits.SERVE_WORKER_REQUESTS_MAX
+                and len(self.idle) < limits.SERVE_IDLE_WORKERS_MAX)
 
     def retire(self, worker: Worker) -> None:
         """Close its pipes (a waiting worker exits at its request pipe's end); reap it."""
@@ -359,7 +352,7 @@ class Server:
         if worker is None or worker.cancelled or worker.complete():
             return
         worker.cancelled = True
-        worker.kill_at = time.monotonic() + WORKER_KILL_SECONDS
+        worker.kill_at = time.monotonic() + limits.SERVE_WORKER_KILL_SECONDS
         _signal(worker.pid, signals.SIGTERM)
 
     def cancel_all(self) -> None:

@@ -38,8 +38,6 @@ STDERR_LINE_MAX_BYTES = 64 * 1024
 """A stderr line longer than this is clipped in the log."""
 STDERR_TAIL_LINES = 20
 """Lines of the harness's stderr kept in memory to explain a crash."""
-READ_CHUNK = 64 * 1024
-"""The harness's output is read in chunks of this size."""
 ERROR_MAX_CHARS = 600
 """The error line of a result is clipped to this many characters."""
 

@@ -14,7 +14,7 @@ Statuses (``meta.status``, first word of the result):
 Every status but "not installed" and "unknown session" (when the adapter
 tells before starting) comes with a diffstat and the log; the log is always
 written. Whatever the status, nothing the harness started is left running
-(process.stop_leftovers).
+(process.Leftovers).
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ import errno
 import os
 import time
 
+from ..limits import CGROUP_REMOVE_WAIT_SECONDS, GROUP_POLL_SECONDS
+
 CGROUP_ROOT = "/sys/fs/cgroup"
 PARENT = "guilds"
 CONTROLLERS = ("memory", "pids")
@@ -79,20 +81,16 @@ def make_cgroup(name: str, *, memory_bytes: int, pids: int) -> dict[str, str]:
     return {c: os.path.join(f, "cgroup.procs") for c, f in folders.items()}
 
 
-REMOVE_WAIT_SECONDS = 2.0
-"""After a sandbox's init is killed, how long its last processes may take to leave the cgroup."""
-
-
 def remove_cgroup(name: str) -> None:
     """Remove the sandbox's cgroup folders once empty; one still busy after
-    REMOVE_WAIT_SECONDS stays (the next start uses it again)."""
-    deadline = time.monotonic() + REMOVE_WAIT_SECONDS
+    guilds.limits.CGROUP_REMOVE_WAIT_SECONDS stays (the next start uses it again)."""
+    deadline = time.monotonic() + CGROUP_REMOVE_WAIT_SECONDS
     for folder in set(_folders(name).values()):
         while True:
             try:
                 os.rmdir(folder)
             except OSError as exc:
                 if exc.errno == errno.EBUSY and time.monotonic() < deadline:
-                    time.sleep(0.02)
+                    time.sleep(GROUP_POLL_SECONDS)
                     continue
             break

@@ -36,7 +36,7 @@ import time
 from typing import Callable, Mapping, Sequence
 
 from ..errors import SandboxError
-from ..limits import EXEC_DRAIN_SECONDS, EXEC_KILL_GRACE_SECONDS
+from ..limits import EXEC_DRAIN_SECONDS, EXEC_KILL_GRACE_SECONDS, GROUP_POLL_SECONDS
 from ..procfs import parent_pid, raw_stat, start_time  # noqa: F401 - parent_pid: the backends import it from here
 from .base import ExecResult
 
@@ -46,8 +46,6 @@ STDERR_KEEP_BYTES = 64 * 1024
 """stderr kept (its end): enough for the tail quoted in 'code helper failed'."""
 KILL_GRACE_SECONDS = EXEC_KILL_GRACE_SECONDS
 """guilds.limits.EXEC_KILL_GRACE_SECONDS: SIGTERM to the group, then SIGKILL this much later."""
-GROUP_POLL_SECONDS = 0.02
-"""While stopping a group: how often to look whether it is empty."""
 DRAIN_SECONDS = EXEC_DRAIN_SECONDS
 """guilds.limits.EXEC_DRAIN_SECONDS: after the process exited, how long to keep reading pipes."""
 _READ = 64 * 1024

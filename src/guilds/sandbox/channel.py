@@ -31,12 +31,11 @@ import threading
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from ..errors import SandboxError
+from ..limits import CHANNEL_CLOSE_WAIT_SECONDS
 
 STDERR_TAIL_BYTES = 16 * 1024
 """What is kept of the process's stderr: its end, for 'code helper failed'."""
 STDERR_TAIL_LINES = 5
-CLOSE_WAIT_SECONDS = 2.0
-"""After stdin is closed, how long the process may take to go before SIGKILL."""
 _READ = 64 * 1024
 
 
@@ -108,12 +107,12 @@ class LocalProcess:
         with contextlib.suppress(OSError):
             self._proc.stdin.close()
         try:
-            self._proc.wait(CLOSE_WAIT_SECONDS)
+            self._proc.wait(CHANNEL_CLOSE_WAIT_SECONDS)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(OSError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
             self._proc.wait()
-        self._stderr_reader.join(CLOSE_WAIT_SECONDS)
+        self._stderr_reader.join(CHANNEL_CLOSE_WAIT_SECONDS)
         for pipe in (self._proc.stdout, self._proc.stderr):
             with contextlib.suppress(OSError):
                 pipe.close()

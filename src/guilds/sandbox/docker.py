@@ -26,7 +26,7 @@ Lifecycle:
   read frame by frame (stdout head, stderr tail), then ``exec_inspect`` for
   the exit code. The timeout is enforced inside the
   container (``_container.exec_argv``); an exec cancelled, or silent past its
-  timeout plus DEADLINE_SLACK_SECONDS, has its processes killed by a second exec;
+  timeout plus guilds.limits.DOCKER_DEADLINE_SLACK_SECONDS, has its processes killed by a second exec;
 - stop: the container and the state volume are removed (its processes die,
   background ids begin again at b1); the home stays.
 
@@ -45,6 +45,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import docker
 
 from ..errors import SandboxError
+from ..limits import DOCKER_DEADLINE_SLACK_SECONDS, DOCKER_KILL_WAIT_SECONDS
 from ..settings import AgentSettings
 from . import docker_engine as engine
 from . import docker_spec as spec
@@ -58,9 +59,6 @@ from ._process import KILL_GRACE_SECONDS
 from .base import ExecResult
 from .channel import DockerProcess
 
-DEADLINE_SLACK_SECONDS = 5.0
-"""How long past timeout + grace an exec may stay silent before it is killed from outside."""
-KILL_WAIT_SECONDS = 30
 START_SLACK_SECONDS = 30.0
 """Past CREATED_GRACE_SECONDS, how long making the container again may take."""
 CREATED_GRACE_SECONDS = 30.0
@@ -162,7 +160,7 @@ class DockerSandbox(ContainerSandbox):
         exec_id = self._exec_create(argv, {**self._env, **env, EXEC_ENV: token}, timeout)
         began = time.monotonic()
         out, err, complete = self._stream(
-            exec_id, began + timeout + KILL_GRACE_SECONDS + DEADLINE_SLACK_SECONDS)
+            exec_id, began + timeout + KILL_GRACE_SECONDS + DOCKER_DEADLINE_SLACK_SECONDS)
         raw = self._exit_code(exec_id) if complete else None
         code, timed_out = exec_status(raw, elapsed=time.monotonic() - began, timeout=timeout)
         if not complete or timed_out:
@@ -213,7 +211,7 @@ class DockerSandbox(ContainerSandbox):
     def _kill(self, token: str) -> None:
         with contextlib.suppress(SandboxError, docker.errors.APIError):
             exec_id = self.client.api.exec_create(self._cid or self.container, kill_argv(token))["Id"]
-            self._stream(exec_id, time.monotonic() + KILL_WAIT_SECONDS)
+            self._stream(exec_id, time.monotonic() + DOCKER_KILL_WAIT_SECONDS)
 
     def _put(self, files: list[tuple[str, bytes, int]], what: str, folders: Sequence[str] = ()) -> None:
         """Files (and folders) the agent's, written through the engine."""

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import SandboxError
+from ..limits import KUBERNETES_DEADLINE_SLACK_SECONDS
 from ..settings import AgentSettings
 from . import kube_cluster as cluster
 from . import kube_spec as spec
@@ -54,7 +55,6 @@ from .channel import KubeProcess
 
 START_SECONDS = 180
 """How long a new pod may take to run (scheduling, pulling the image, the claim)."""
-DEADLINE_SLACK_SECONDS = 10.0
 WRITE_SECONDS = 60
 
 
@@ -106,7 +106,7 @@ class KubernetesSandbox(ContainerSandbox):
         began = time.monotonic()
         try:
             out, err, status, complete = self._stream(
-                command, b"", began + timeout + KILL_GRACE_SECONDS + DEADLINE_SLACK_SECONDS)
+                command, b"", began + timeout + KILL_GRACE_SECONDS + KUBERNETES_DEADLINE_SLACK_SECONDS)
         except SandboxError:
             self._ready = False  # the pod may be gone: look again before the next call
             raise

@@ -8,7 +8,7 @@ shared by all of the agent's calls.
 - ``call(request, wait)`` sends one request frame and waits for its answer:
   the decoded envelope. Past ``wait`` seconds a cancel frame is sent and the
   call fails with HelperFailed "no answer within N s"; a call cancelled by its
-  caller sends a cancel frame too and waits (at most CANCEL_WAIT_SECONDS) for
+  caller sends a cancel frame too and waits (at most CHANNEL_CANCEL_WAIT_SECONDS) for
   the server to answer it before the cancellation goes on. A request whose
   JSON passes REQUEST_FILE_MAX is refused before anything is sent.
 - A server that answers neither a call within its wait nor the cancel after
@@ -33,13 +33,12 @@ from guilds_code import frames, limits
 from guilds_code.protocol import decode_envelope
 
 from ..errors import HelperFailed
+from ..limits import CHANNEL_CANCEL_WAIT_SECONDS
 from ..sandbox.base import Sandbox
 from ..sandbox.channel import ChannelClosed, ProcessChannel
 
 HELLO_SECONDS = 30.0
 """How long a new server may take to say hello (a container's first exec included)."""
-CANCEL_WAIT_SECONDS = 5.0
-"""After a cancel frame, how long a call waits for the server's answer to it."""
 DIRECT_SEND_BYTES = 16 * 1024
 """A frame up to this size is written from the event loop (a pipe takes it at
 once); a larger one from a worker thread, so a slow reader cannot stall the loop."""
@@ -117,7 +116,7 @@ class ResidentChannel:
         except TimeoutError:
             if not await self._cancel(frame_id, future):  # no answer to the cancel either: hung
                 self._die(f"the resident helper did not answer within {wait:g} s, nor a cancel "
-                          f"within {CANCEL_WAIT_SECONDS:g} s")
+                          f"within {CHANNEL_CANCEL_WAIT_SECONDS:g} s")
                 threading.Thread(target=self._process.close, daemon=True).start()
             raise HelperFailed(f"code helper failed: no answer within {wait:g} s") from None
         except asyncio.CancelledError:
@@ -125,10 +124,10 @@ class ResidentChannel:
             raise
 
     async def _cancel(self, frame_id: str, future: asyncio.Future) -> bool:
-        """A cancel frame, then the server's answer to it (or CANCEL_WAIT_SECONDS); True once answered."""
+        """A cancel frame, then the server's answer to it (or CHANNEL_CANCEL_WAIT_SECONDS); True once answered."""
         try:
             await asyncio.shield(self._send(frames.cancel_frame(frame_id)))
-            await asyncio.wait({asyncio.shield(future)}, timeout=CANCEL_WAIT_SECONDS)
+            await asyncio.wait({asyncio.shield(future)}, timeout=CHANNEL_CANCEL_WAIT_SECONDS)
         except (ChannelDied, asyncio.CancelledError):
             return True
         return future.done()

@@ -31,16 +31,13 @@ from __future__ import annotations
 
 import os
 
-from .. import limits, proc, protocol, runstate, shaping
+from .. import limits, proc, protocol, runstate, shaping, supervise
 from ..command import PWD_FD, command_env, command_script, open_log, quote, start_bash
 from ..notes import after_run
-from .supervise import execute
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Optional, Set
-
-    from .supervise import Outcome
+    from typing import Callable, List, Optional, Set
 
 _PWD_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -132,12 +129,41 @@ def _run_logged(request: protocol.Request, cwd: str, log: Optional[str], pwd_fd:
     prefix = cd_capture() if pwd_fd is not None else ""
     argv = ["bash", "-c", prefix + command_script(request.args["command"], spill)]
     try:
-        child = start_bash(argv, cwd, command_env(request, cwd, tokens), proc.PIPE, pwd_fd)
-        outcome = execute(child, request.args["timeout_seconds"], sink.write)
+        with supervise.Supervisor() as supervisor:  # a cancel is caught from the start on
+            child = start_bash(argv, cwd, command_env(request, cwd, tokens), proc.PIPE, pwd_fd)
+            outcome = execute(supervisor, child, request.args["timeout_seconds"], sink.write)
     finally:
         sink.close()
         runstate.unlink_quietly(spill)
     return capture, outcome, log_error or sink.error
+
+
+class Outcome:
+    """How a command ended: its exit code (124 at the timeout) and whether it timed out."""
+
+    __slots__ = ("exit_code", "timed_out")
+
+    def __init__(self, exit_code: int, timed_out: bool):
+        self.exit_code, self.timed_out = exit_code, timed_out
+
+
+def execute(supervisor: supervise.Supervisor, child: proc.Child, timeout: float,
+            sink: Callable[[bytes], None]) -> Outcome:
+    """Run the started command under the one supervise loop (supervise.SHELL), its
+    group watched meanwhile so that it dies with the helper, even by SIGKILL."""
+    watchdog = proc.watch_group(child.pid)
+    try:
+        ended = supervisor.run(child, timeout, (sink,), supervise.SHELL)
+    finally:
+        proc.release(watchdog)
+    if ended.stopped:
+        return Outcome(limits.TIMEOUT_EXIT_CODE, True)
+    return Outcome(exit_status(ended.returncode), False)
+
+
+def exit_status(returncode: int) -> int:
+    """A returncode as bash reports it: killed by signal N -> 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 def _open_log_or_why(log: Optional[str]):
