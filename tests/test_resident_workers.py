@@ -4,6 +4,7 @@ when its worker dies. The built helper under python3 -I -S, real bash."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -62,6 +63,20 @@ def test_a_waiting_worker_that_dies_is_replaced(sandbox, server):
     os.kill(first, signal.SIGKILL)
     assert _wait_for(lambda: first not in {pid for pid, _ in children_of(server.proc.pid)})
     assert worker_of(sandbox, server) not in (first, 0)
+
+
+def test_a_stopped_waiting_worker_does_not_hold_up_the_next_request(sandbox, server):
+    first = worker_of(sandbox, server)
+    os.kill(first, signal.SIGSTOP)  # the agent's own commands run as the same user
+    try:
+        began = time.monotonic()
+        long_command = ": '" + "x" * (256 * 1024) + "'; echo $PPID"  # more than a pipe holds
+        worker = int(ok_text(server.call(shell(sandbox, long_command), timeout=10)))
+        assert worker != first and time.monotonic() - began < limits.SERVE_HAND_SECONDS + 2
+        assert _wait_for(lambda: first not in {pid for pid, _ in children_of(server.proc.pid)})
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(first, signal.SIGKILL)
 
 
 def test_an_ended_background_command_is_not_left_a_zombie_under_its_worker(sandbox, server):

@@ -161,6 +161,10 @@ the answer, which is longer."""
 SERVE_WORKER_REQUESTS_MAX = 500
 """guilds-code serve: a worker answers at most this many requests, then exits (a
 new fork takes its place), so what requests leave in its memory stays bounded."""
+SERVE_HAND_SECONDS = 1.0
+"""guilds-code serve: a waiting worker that has not taken a request this long after
+it was handed over (its pipe full: the worker was stopped) is killed, and a fresh
+fork runs the request."""
 SERVE_IDLE_WORKERS_MAX = 4
 """guilds-code serve: workers kept waiting for the next request; one that answers
 past this many exits."""

@@ -244,11 +244,10 @@ class Server:
         line = json.dumps(request).encode("ascii") + b"\n"  # ASCII: lone surrogates survive
         while self.idle:
             worker = self.idle.pop(next(iter(self.idle)))
-            try:
-                _write_all(worker.requests, line)
+            if _hand(worker.requests, line):
                 return worker
-            except OSError:  # it died while waiting
-                self.retire(worker)
+            _signal(worker.pid, signals.SIGKILL)  # stopped, or gone: a fresh fork takes the request
+            self.retire(worker)
         return None
 
     def _fork(self, request: object) -> Worker:
@@ -261,6 +260,7 @@ class Server:
             self._in_worker(answers_w, requests_r, request)
         os.close(answers_w)
         os.close(requests_r)
+        os.set_blocking(requests_w, False)
         return Worker(pid, answers_r, requests_w)
 
     def _in_worker(self, answers: int, requests: int, request: object) -> None:
@@ -409,6 +409,24 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def _hand(fd: int, line: bytes) -> bool:
+    """line into a waiting worker's request pipe (non-blocking); False when the worker
+    is gone or has not taken it all within SERVE_HAND_SECONDS (it was stopped)."""
+    view, deadline = memoryview(line), time.monotonic() + limits.SERVE_HAND_SECONDS
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0 or not poller.poll(int(left * 1000) + 1):
+                return False
+        except OSError:  # BrokenPipeError: it died while waiting
+            return False
+    return True
 
 
 def _read_line(fd: int) -> bytes:
