@@ -139,3 +139,15 @@ async def test_a_reused_pid_is_not_written_into(box):
     with pytest.raises(SandboxError, match="ended before its state root could be written"):
         with bubblewrap._state_root(pid, start + 1):
             pass
+
+
+async def test_the_state_root_is_charged_to_the_sandboxs_memory_cgroup(box):
+    memory = [p for p in box._process_limits().cgroup_procs if "pids" not in p.split("/")]
+    if not memory:
+        pytest.skip("no memory cgroup can be made here")
+    folder = os.path.dirname(memory[0])
+    usage = next(os.path.join(folder, f) for f in ("memory.current", "memory.usage_in_bytes")
+                 if os.path.exists(os.path.join(folder, f)))
+    before = int(Path(usage).read_text())
+    await run(box, f"head -c {3 * MIB} /dev/urandom > /run/guilds/kept")
+    assert int(Path(usage).read_text()) - before >= 3 * MIB

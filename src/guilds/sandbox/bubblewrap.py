@@ -26,17 +26,20 @@ it is ``bwrap.uid``, else one derived from the agent id (AGENT_UID_BASE plus a
 hash: one per agent, so agents cannot read each other's files and the process
 limit is the agent's own); the home and the state root are given to that uid
 (``own_tree``; the state root's tmpfs by ``fchown`` once the sandbox is up) and
-every file the sandbox file API writes too. With an
-orchestrator that is not root it is the orchestrator's own uid, in a user
-namespace. Limits: ``bwrap.pids_limit`` and ``bwrap.memory`` as a cgroup
-where one can be made (``_cgroup``), RLIMIT_NPROC always, RLIMIT_AS per
-process where no cgroup could be made; ``bwrap.tmp_size`` for /tmp.
+every file the sandbox file API writes too. With an orchestrator that is not
+root it is the orchestrator's own uid, in a user namespace. Limits:
+``bwrap.pids_limit`` and ``bwrap.memory`` as a cgroup where one can be made
+(``_cgroup``), RLIMIT_NPROC always, RLIMIT_AS per process where no cgroup could
+be made; ``bwrap.tmp_size`` for /tmp, ``bwrap.state_size`` for the state root.
+The home is a host folder, bounded only by its filesystem.
 
 Lifecycle:
 
 - start: ``setsid --fork sh LIMITS bwrap ... python3 -c INIT``. INIT sleeps until the
   idle clock's mtime is older than the idle time, then exits; the kernel then
-  kills every process left in the namespace (setsid daemons included).
+  kills every process left in the namespace (setsid daemons included). Once it
+  is ready, the state root is given to the agent's uid (as root) and repos.json
+  written into it.
 - found again: any orchestrator process reads the record. Its pid counts while
   that pid's start time matches and the config fingerprint is unchanged;
   otherwise the old sandbox is killed and a new one started.
