@@ -8,7 +8,11 @@ a link the agent planted there.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -151,3 +155,34 @@ async def test_the_state_root_is_charged_to_the_sandboxs_memory_cgroup(box):
     before = int(Path(usage).read_text())
     await run(box, f"head -c {3 * MIB} /dev/urandom > /run/guilds/kept")
     assert int(Path(usage).read_text()) - before >= 3 * MIB
+
+
+GUILDS = shutil.which("guilds", path=os.path.dirname(sys.executable))
+
+
+def test_calls_through_the_cli_once_the_agent_filled_its_state_root(tmp_path):
+    """Each `guilds call` is a new orchestrator process: its start rewrites repos.json,
+    which a full state root refuses; the call still runs, with one warning line."""
+    config = tmp_path / "agent.toml"
+    config.write_text('[agent]\nid = "full1"\nhome = "home"\nsandbox = "bwrap"\ntransport = "exec"\n'
+                      '[bwrap]\nstate_size = "1m"\n')
+    env = {**os.environ, "GUILDS_DATA": str(tmp_path / "data")}
+
+    def call(command: str) -> subprocess.CompletedProcess:
+        return subprocess.run([GUILDS, "call", "shell", json.dumps({"command": command}), "--config", str(config)],
+                              capture_output=True, text=True, env=env, timeout=120)
+
+    try:
+        filled = call("head -c 2M /dev/zero > /run/guilds/fill 2>/dev/null; echo filled")
+        assert (filled.returncode, filled.stdout.split("\n")[0], filled.stderr) == (0, "filled", "")
+        small = call("echo still answers")
+        assert (small.returncode, small.stdout.split("\n")[0]) == (0, "still answers")
+        assert small.stderr == ("bwrap: write_file: cannot write full1/repos.json under /run/guilds: "
+                                "No space left on device; the one written before stays\n")
+        big = call(": " + "A" * 70_000 + "; echo big")  # past the argv switch: a request file
+        said = big.stdout.split("\n")[0]
+        assert said.startswith("sandbox error: write_file: cannot write requests/") and said.endswith(
+            " under /run/guilds: No space left on device")
+        assert "Traceback" not in big.stderr + small.stderr
+    finally:
+        subprocess.run([GUILDS, "sandbox", "stop", "--config", str(config)], env=env, capture_output=True, timeout=60)

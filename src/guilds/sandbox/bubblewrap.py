@@ -61,6 +61,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 from dataclasses import replace
@@ -79,6 +80,8 @@ from .bwrap_argv import (
     DEFAULT_IDLE_SECONDS, HELPER_DIR, READY, STATE_INSIDE, BwrapConfig, Limits, bwrap_argv,
     enter_argv, host_local_bin, host_system, keep_run, limited_argv, limits_in_child, sandbox_python,
 )
+
+log = logging.getLogger(__name__)
 
 START_SECONDS = 10
 """How long a starting sandbox may take to say it is ready."""
@@ -140,7 +143,15 @@ class BwrapSandbox:
         await asyncio.to_thread(self._start)
 
     def _start(self) -> None:
-        self._write_repos(*self._ensure_init())  # again: the tokens may have changed since it started
+        """The sandbox found or made, then repos.json written again (the tokens may have
+        changed since it started). That rewrite failing (a state root the agent filled
+        or tampered with) costs no call: the one written before stays, and one warning
+        line says what could not be written."""
+        pid, start = self._ensure_init()
+        try:
+            self._write_repos(pid, start)
+        except SandboxError as exc:
+            log.warning("bwrap: %s; the one written before stays", exc)
 
     async def exec(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float
