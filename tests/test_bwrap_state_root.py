@@ -136,6 +136,15 @@ async def test_a_new_sandbox_starts_with_an_empty_state_root(box):
     assert out.split() == ["agent1", "repos.json"]
 
 
+async def test_a_host_state_folder_left_by_an_earlier_layout_goes_at_the_next_start(box, tmp_path):
+    old = tmp_path / "data" / "sandboxes" / "agent1" / "state" / "agent1"
+    old.mkdir(parents=True)
+    (old / "repos.json").write_text('{"/x": "ghp_old-token"}')
+    await box.stop()
+    await box.start()
+    assert not (tmp_path / "data" / "sandboxes" / "agent1").exists()
+
+
 async def test_a_reused_pid_is_not_written_into(box):
     from guilds.sandbox import bubblewrap
 
