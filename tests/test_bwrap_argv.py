@@ -12,7 +12,7 @@ from guilds.sandbox.bwrap_argv import (
 UID = 1500000001
 CONFIG = BwrapConfig(
     home="/srv/agents/a1",
-    state="/var/lib/guilds/sandboxes/a1/state",
+    state_bytes=256 << 20,
     clock="/var/lib/guilds/sandboxes/a1.clock",
     helpers=(("guilds-code", "/var/lib/guilds/helpers/guilds-code-0123.pyz"),),
     local_bin=(("rgx", None), ("node", "/opt/node/bin/node")),
@@ -47,7 +47,7 @@ LOCAL_BIN = [
 ]
 PARENTS = ["--perms", "0755", "--dir", "/srv", "--perms", "0755", "--dir", "/srv/agents"]
 BINDS = ["--bind", "/srv/agents/a1", "/srv/agents/a1",
-         "--bind", "/var/lib/guilds/sandboxes/a1/state", "/run/guilds",
+         "--perms", "0700", "--size", str(256 << 20), "--tmpfs", "/run/guilds",
          "--ro-bind", "/var/lib/guilds/sandboxes/a1.clock", "/run/guilds-clock"]
 READ_ONLY = ["--remount-ro", "/dev", "--remount-ro", "/run", "--remount-ro", "/"]
 NAMESPACES = ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
@@ -150,11 +150,14 @@ def test_bwrap_settings_and_their_edges(tmp_path):
     from guilds.settings import parse_settings
 
     got = parse_settings({"bwrap": {"uid": 2**31 - 2, "memory": "1m", "pids_limit": 16,
-                                    "tmp_size": "3G"}}, tmp_path).bwrap
-    assert (got.uid, got.memory, got.pids_limit, got.tmp_size) == (2**31 - 2, 1 << 20, 16, 3 << 30)
+                                    "tmp_size": "3G", "state_size": "1m"}}, tmp_path).bwrap
+    assert (got.uid, got.memory, got.pids_limit, got.tmp_size, got.state_size) == (
+        2**31 - 2, 1 << 20, 16, 3 << 30, 1 << 20)
+    assert parse_settings({}, tmp_path).bwrap.state_size == 256 << 20
     for table, error in [
         ({"memory": "1023k"}, "bwrap.memory: must be at least 1m, got '1023k'"),
         ({"tmp_size": "2x"}, 'bwrap.tmp_size: must be a size such as "512m" or "2g", got \'2x\''),
+        ({"state_size": "1023k"}, "bwrap.state_size: must be at least 1m, got '1023k'"),
         ({"pids_limit": 15}, "bwrap.pids_limit: must be at least 16, got 15"),
         ({"uid": -1}, "bwrap.uid: must be from 0 to 2147483646, got -1"),
         ({"gid": 5}, "bwrap.gid: unknown key"),

@@ -84,12 +84,14 @@ def test_bwrap_sandbox_list_stop_rm(tmp_path):
     assert [row[:2] + row[-1:] for row in bwrap] == [["bwrap", agent, "running"]]
     stopped = guilds(tmp_path, "sandbox", "stop", "--config", config)
     assert stopped.stdout == f"stopped the bwrap sandbox of agent {agent}\n"
-    assert guilds(tmp_path, "sandbox", "list", "--config", config).stdout.rstrip().endswith(" stopped (state kept)")
+    listed = guilds(tmp_path, "sandbox", "list", "--config", config).stdout
+    assert [line.split() for line in listed.splitlines() if line.startswith("bwrap")] == [
+        ["bwrap", agent, "no", "process", "stopped"]]
     removed = guilds(tmp_path, "sandbox", "rm", "--config", config).stdout.splitlines()
     base = tmp_path / "data" / "sandboxes" / agent
-    assert removed[0] == f"stopped the bwrap sandbox of agent {agent}"
-    assert f"removed {base}" in removed and f"removed {base}.log" in removed
-    assert not base.exists() and (tmp_path / "home").is_dir()
+    assert removed == [f"stopped the bwrap sandbox of agent {agent}",
+                       *(f"removed {base}.{ext}" for ext in ("lock", "log", "clock"))]
+    assert not any(base.parent.iterdir()) and (tmp_path / "home").is_dir()
     assert agent not in guilds(tmp_path, "sandbox", "list", "--config", config).stdout
 
 

@@ -5,6 +5,7 @@ a full disk."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -120,19 +121,26 @@ def test_run_folder_replaced_by_a_link_mid_command_is_not_written_through(sandbo
 
 
 # --- a full disk ----------------------------------------------------------------------
-@pytest.fixture
-def full_home(sandbox):
-    """The sandbox with its home on a 64 KiB tmpfs (unmounted afterwards)."""
+@contextlib.contextmanager
+def small_tmpfs(folder):
+    """A 64 KiB tmpfs mounted on folder while the block runs (skipped where it cannot be)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(sandbox.home)],
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(folder)],
                              capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
     try:
-        yield sandbox
+        yield
     finally:
-        subprocess.run(["umount", "-l", str(sandbox.home)], check=True)
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+@pytest.fixture
+def full_home(sandbox):
+    """The sandbox with its home on a 64 KiB tmpfs (unmounted afterwards)."""
+    with small_tmpfs(sandbox.home):
+        yield sandbox
 
 
 FILL = "head -c 1M /dev/zero > ~/fill 2>/dev/null; "
@@ -175,6 +183,29 @@ def test_a_run_folder_that_cannot_be_made_on_a_full_disk(full_home):
                             f"cannot make {full_home.home}/.runs/run2: No space left on device"]
     assert "full output: not kept (no run folder)" in text and "log_path" not in env["meta"]
     assert env["meta"]["cwd"] == str(full_home.home)
+
+
+@pytest.fixture
+def full_state(sandbox):
+    """The sandbox with its state root on a 64 KiB tmpfs, filled once the agent's
+    background folder is made (unmounted afterwards)."""
+    with small_tmpfs(sandbox.state):
+        (sandbox.state / sandbox.agent_id / "background").mkdir(parents=True)
+        subprocess.run(["sh", "-c", f"head -c 1M /dev/zero > {sandbox.state}/fill"], capture_output=True)
+        yield sandbox
+
+
+def test_a_background_start_whose_record_cannot_be_written_stops_the_command(full_state, tmp_path):
+    marker = tmp_path / "ran"
+    assert ok_text(sh(full_state, "echo fore")) == "fore"  # a call in the foreground needs no state root
+    env = sh(full_state, f"sleep 0.5; touch {marker}; sleep 300", background=True)
+    folder = full_state.state / full_state.agent_id / "background"
+    assert env == {"ok": False, "error": f"cannot keep a record of the background command in {folder}: "
+                                         "No space left on device; the command was stopped"}
+    time.sleep(1)
+    assert not marker.exists()
+    (full_state.state / "fill").unlink()
+    assert ok_text(sh(full_state, "echo bg", background=True)).startswith("started b1 in the background")
 
 
 def test_a_background_start_moves_a_runs_link_aside_and_says_so(sandbox, tmp_path):

@@ -220,8 +220,11 @@ async def main():
     box = get_sandbox(AgentSettings(id="user1", home=root / "home", sandbox="auto"), root / "data")
     await box.start()
     try:
+        await box.write_file(box.state_dir + "/requests/r1-c1.json", b"{}")
         script = ('id -u; [ -w /proc/sys/kernel/core_pattern ] && echo knob-writable; '
-                  'cat /etc/shadow >/dev/null 2>&1 && echo shadow-read; echo hi > ~/f && cat ~/f')
+                  'cat /etc/shadow >/dev/null 2>&1 && echo shadow-read; echo hi > ~/f && cat ~/f; '
+                  'stat -f -c "%T %b %S" /run/guilds; cat /run/guilds/requests/r1-c1.json; echo; '
+                  'ls /run/guilds/user1')
         result = await box.exec(["bash", "-c", script], timeout=30)
         print(json.dumps([box.name, result.exit_code, result.stdout.decode()]))
     finally:
@@ -251,4 +254,7 @@ def test_an_orchestrator_not_root_gets_bwrap_in_a_user_namespace(tmp_path):
         subprocess.run(["rm", "-rf", str(work)], check=False)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     name, code, said = json.loads(done.stdout.decode().splitlines()[-1])
-    assert (name, code, said.split()) == ("bwrap", 0, [str(USER_UID), "hi"])
+    uid, hi, state_root, request, repos = said.splitlines()
+    assert (name, code, uid, hi, request, repos) == ("bwrap", 0, str(USER_UID), "hi", "{}", "repos.json")
+    kind, blocks, block_size = state_root.split()  # the state root: its own tmpfs here too
+    assert kind == "tmpfs" and int(blocks) * int(block_size) == 256 << 20

@@ -8,7 +8,8 @@
            is kubernetes).
     stop   the agent's sandbox ends now, as its idle stop would end it; its files stay
            (the next call starts it again). AGENT: another agent id of the same settings.
-    rm     stop, then remove the sandbox's state: bwrap and local, the agent's state
+    rm     stop, then remove the sandbox's state: bwrap, the agent's files under the
+           data folder (its state root went with the sandbox); local, the agent's state
            folder under the data folder; docker, the container and its state volume;
            kubernetes, the pod, its home claim and its secret. The agent's home on
            this machine stays. Nothing is asked; every removed thing is named.
@@ -64,8 +65,8 @@ def _bwrap_boxes(data: Path) -> list[Box]:
             state = "running" if alive else "stopped"
             boxes.append(Box("bwrap", record_file.stem, f"pid {record['pid']}", state))
     listed = {box.agent for box in boxes}
-    boxes.extend(Box("bwrap", state_dir.name, str(state_dir), "stopped (state kept)")
-                 for state_dir in sorted(p for p in folder.glob("*") if p.is_dir() and p.name not in listed))
+    boxes.extend(Box("bwrap", clock.stem, "no process", "stopped")
+                 for clock in sorted(folder.glob("*.clock")) if clock.stem not in listed)
     return boxes
 
 
@@ -116,7 +117,7 @@ def _removed_files(data: Path, settings: AgentSettings, backend: str) -> Iterato
     """Remove what a stopped bwrap or local sandbox keeps in the data folder; yield each path."""
     if backend == "bwrap":
         base = data / BWRAP_FOLDER / settings.id
-        paths = [base, *(base.with_name(f"{settings.id}.{ext}") for ext in ("json", "lock", "log"))]
+        paths = [base, *(base.with_name(f"{settings.id}.{ext}") for ext in ("json", "lock", "log", "clock"))]
     else:
         paths = [data / LOCAL_STATE_FOLDER / settings.id]
     for path in paths:

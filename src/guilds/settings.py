@@ -34,6 +34,7 @@ uid = 0                       # the commands' host uid when the orchestrator is 
 memory = "2g"                 # the sandbox's memory (a cgroup; else per process, RLIMIT_AS)
 pids_limit = 512              # processes at once (a cgroup and RLIMIT_NPROC)
 tmp_size = "1g"               # /tmp, a tmpfs of at most this much
+state_size = "256m"           # /run/guilds (the state root), a tmpfs of at most this much
 
 [kubernetes]                  # sandbox = "kubernetes": one pod per agent (docs/sandboxes.md)
 namespace = "guilds"
@@ -124,6 +125,7 @@ class BwrapSettings:
     memory: int = 2 << 30
     pids_limit: int = 512
     tmp_size: int = 1 << 30
+    state_size: int = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -259,7 +261,7 @@ _SECTIONS: dict[str, tuple[type, dict[str, Callable[[Any, str], Any]]]] = {
                                 "idle_minutes": _minutes, "network": check.string}),
     "bwrap": (BwrapSettings, {"uid": lambda v, k: check.integer(v, k, 0, 2**31 - 2),
                               "memory": _size, "pids_limit": lambda v, k: check.integer(v, k, 16),
-                              "tmp_size": _size}),
+                              "tmp_size": _size, "state_size": _size}),
     "kubernetes": (KubernetesSettings, {
         "namespace": check.string, "image": check.string, "runtime_class": check.string,
         "cpu": check.string, "memory": check.string, "service_account": check.string,

@@ -56,16 +56,17 @@ def agent_env(settings: AgentSettings, *, home: str, state_dir: str, path: str |
     }
 
 
-def write_repos(settings: AgentSettings, *, state_root: str, home: str,
-                owner: tuple[int, int] | None = None) -> None:
+def write_repos(settings: AgentSettings, *, state_root: str | int, home: str,
+                owner: tuple[int, int] | None = None, shown: str | None = None) -> None:
     """``<state root>/<agent id>/repos.json`` (0600): each repository's absolute
     folder, as the sandbox sees it under ``home``, -> its token (tokenless ones left out).
 
-    state_root is the host folder behind the state root.
+    state_root is the host folder behind the state root, or a handle on it
+    (``write_beneath``'s root and shown).
     """
     tokens = {posixpath.join(home, r.path): r.token for r in settings.repos if r.token}
     data = json.dumps(tokens, indent=1, sort_keys=True).encode()
-    write_beneath(state_root, f"{checked_id(settings)}/repos.json", data, owner=owner)
+    write_beneath(state_root, f"{checked_id(settings)}/repos.json", data, owner=owner, shown=shown)
 
 
 def locate(path: str, roots: Mapping[str, str]) -> tuple[str, str]:
@@ -114,10 +115,12 @@ def _write_at(dir_fd: int, name: str, data: bytes, owner: tuple[int, int] | None
         raise
 
 
-def write_beneath(root: str, rel: str, data: bytes, *, owner: tuple[int, int] | None = None) -> None:
+def write_beneath(root: str | int, rel: str, data: bytes, *, owner: tuple[int, int] | None = None,
+                  shown: str | None = None) -> None:
     """Write root/rel atomically (temp file + rename), mode 0600, folders made 0700,
     what it makes owned by ``owner`` (uid, gid) when given (the sandbox's uid).
 
+    root: a folder, or a handle on one (an fd, left open; ``shown`` names it in errors).
     rel is walked one component at a time from a handle on root, never
     following a link: the sandbox's folders are the agent's to rewrite, and a
     link planted there must not send the orchestrator's write elsewhere.
@@ -125,8 +128,9 @@ def write_beneath(root: str, rel: str, data: bytes, *, owner: tuple[int, int] | 
     parts = rel.split("/")
     if any(p in ("", ".", "..") for p in parts):
         raise SandboxError(f"write_file: bad path {rel!r}")
+    where = shown or str(root)
     try:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if isinstance(root, str) else os.dup(root)
         try:
             for part in parts[:-1]:
                 fd, old = _enter(fd, part, owner), fd
@@ -135,7 +139,7 @@ def write_beneath(root: str, rel: str, data: bytes, *, owner: tuple[int, int] | 
         finally:
             os.close(fd)
     except OSError as exc:
-        raise SandboxError(f"write_file: cannot write {rel} under {root}: {exc.strerror}") from exc
+        raise SandboxError(f"write_file: cannot write {rel} under {where}: {exc.strerror}") from exc
 
 
 def own_tree(root: str, owner: tuple[int, int]) -> None:

@@ -10,24 +10,36 @@ Host files, under the data folder::
     sandboxes/<agent id>.log     bwrap's stderr
     sandboxes/<agent id>.clock   the idle clock: its mtime, moved by each call;
                                  read-only inside (the agent cannot keep the sandbox alive)
-    sandboxes/<agent id>/state/  the state root; emptied when a sandbox starts,
-                                 so background ids begin again at b1
+
+The state root is not among them: it is a tmpfs of ``bwrap.state_size`` at
+/run/guilds in the sandbox's own mount namespace, so the agent cannot fill the
+data folder's filesystem (the run record's) through it; it is new and empty
+each time a sandbox starts (background ids begin again at b1) and gone when it
+ends. Its pages are memory, charged to the memory cgroup of the process that
+writes them (the sandbox's, for the agent's commands). The orchestrator reaches
+it through ``/proc/<init pid>/root/run/guilds`` (``_state_root``): the init
+checked by start time once the handle is open, and nothing there followed if
+it is a link (the agent owns that tmpfs).
 
 Who runs inside: the agent's uid (``sandbox_owner``). With a root orchestrator
 it is ``bwrap.uid``, else one derived from the agent id (AGENT_UID_BASE plus a
 hash: one per agent, so agents cannot read each other's files and the process
 limit is the agent's own); the home and the state root are given to that uid
-(``own_tree``) and every file the sandbox file API writes too. With an
-orchestrator that is not root it is the orchestrator's own uid, in a user
-namespace. Limits: ``bwrap.pids_limit`` and ``bwrap.memory`` as a cgroup
-where one can be made (``_cgroup``), RLIMIT_NPROC always, RLIMIT_AS per
-process where no cgroup could be made; ``bwrap.tmp_size`` for /tmp.
+(``own_tree``; the state root's tmpfs by ``fchown`` once the sandbox is up) and
+every file the sandbox file API writes too. With an orchestrator that is not
+root it is the orchestrator's own uid, in a user namespace. Limits:
+``bwrap.pids_limit`` and ``bwrap.memory`` as a cgroup where one can be made
+(``_cgroup``), RLIMIT_NPROC always, RLIMIT_AS per process where no cgroup could
+be made; ``bwrap.tmp_size`` for /tmp, ``bwrap.state_size`` for the state root.
+The home is a host folder, bounded only by its filesystem.
 
 Lifecycle:
 
 - start: ``setsid --fork sh LIMITS bwrap ... python3 -c INIT``. INIT sleeps until the
   idle clock's mtime is older than the idle time, then exits; the kernel then
-  kills every process left in the namespace (setsid daemons included).
+  kills every process left in the namespace (setsid daemons included). Once it
+  is ready, the state root is given to the agent's uid (as root) and repos.json
+  written into it.
 - found again: any orchestrator process reads the record. Its pid counts while
   that pid's start time matches and the config fingerprint is unchanged;
   otherwise the old sandbox is killed and a new one started.
@@ -49,6 +61,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 from dataclasses import replace
@@ -67,6 +80,8 @@ from .bwrap_argv import (
     DEFAULT_IDLE_SECONDS, HELPER_DIR, READY, STATE_INSIDE, BwrapConfig, Limits, bwrap_argv,
     enter_argv, host_local_bin, host_system, keep_run, limited_argv, limits_in_child, sandbox_python,
 )
+
+log = logging.getLogger(__name__)
 
 START_SECONDS = 10
 """How long a starting sandbox may take to say it is ready."""
@@ -110,7 +125,7 @@ class BwrapSandbox:
         base = os.path.join(self._data, "sandboxes", checked_id(settings))
         self._record, self._lock, self._log, self._clock = (
             f"{base}.{ext}" for ext in ("json", "lock", "log", "clock"))
-        self._state = os.path.join(base, "state")
+        self._old_state = base  # a host folder an earlier layout kept the state root in
         self._cgroup_name = f"{settings.id}-{hashlib.sha256(base.encode()).hexdigest()[:8]}"
         self._limits: Limits | None = None
         self._call_limits = Limits(pids=settings.bwrap.pids_limit)
@@ -128,8 +143,15 @@ class BwrapSandbox:
         await asyncio.to_thread(self._start)
 
     def _start(self) -> None:
-        self._ensure()
-        self._write_repos()  # again: the tokens may have changed since it started
+        """The sandbox found or made, then repos.json written again (the tokens may have
+        changed since it started). That rewrite failing (a state root the agent filled
+        or tampered with) costs no call: the one written before stays, and one warning
+        line says what could not be written."""
+        pid, start = self._ensure_init()
+        try:
+            self._write_repos(pid, start)
+        except SandboxError as exc:
+            log.warning("bwrap: %s; the one written before stays", exc)
 
     async def exec(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float
@@ -157,11 +179,15 @@ class BwrapSandbox:
             self._touch()
 
     async def write_file(self, path: str, data: bytes) -> None:
-        root, rel = locate(path, {STATE_INSIDE: self._state, self.home: self.home})
+        root, rel = locate(path, {STATE_INSIDE: STATE_INSIDE, self.home: self.home})
 
         def write() -> None:
-            self._ensure()  # first: a sandbox started now empties the state root
-            write_beneath(root, rel, data, owner=self._owner)
+            pid, start = self._ensure_init()  # first: the state root is the running sandbox's
+            if root != STATE_INSIDE:
+                write_beneath(root, rel, data, owner=self._owner)
+                return
+            with _state_root(pid, start) as fd:
+                write_beneath(fd, rel, data, owner=self._owner, shown=STATE_INSIDE)
 
         await asyncio.to_thread(write)
 
@@ -171,11 +197,15 @@ class BwrapSandbox:
     # --- lifecycle (blocking; run in a thread) --------------------------------
     def _ensure(self) -> int:
         """The running sandbox's init pid: found again by agent id, else started."""
+        return self._ensure_init()[0]
+
+    def _ensure_init(self) -> tuple[int, int]:
+        """The running sandbox's init: (pid, start time)."""
         with self._locked():
             record, fingerprint = self._read_record(), self._fingerprint()
             if record and record["fingerprint"] == fingerprint and _alive(record):
                 self._touch()
-                return record["pid"]
+                return record["pid"], record["start"]
             if record:
                 _end(record)
             return self._create(fingerprint)
@@ -188,24 +218,33 @@ class BwrapSandbox:
             Path(self._record).unlink(missing_ok=True)
             _cgroup.remove_cgroup(self._cgroup_name)
 
-    def _create(self, fingerprint: str) -> int:
-        shutil.rmtree(self._state, ignore_errors=True)
-        os.makedirs(self._state, mode=0o700)
+    def _create(self, fingerprint: str) -> tuple[int, int]:
+        shutil.rmtree(self._old_state, ignore_errors=True)
         os.makedirs(self.home, exist_ok=True)
         if self._owner is not None:
-            os.chown(self._state, *self._owner)
             own_tree(self.home, self._owner)
         Path(self._clock).touch(mode=0o644)
-        self._write_repos()
         pid = self._launch()
-        outer = parent_pid(pid) or 0
-        record = {"pid": pid, "start": start_time(pid), "fingerprint": fingerprint,
-                  "outer": [outer, start_time(outer) or 0]}
-        if record["start"] is None:
+        outer, start = parent_pid(pid) or 0, start_time(pid)
+        if start is None:
             raise SandboxError(f"bwrap sandbox ended at once: {self._log_tail()}")
+        record = {"pid": pid, "start": start, "fingerprint": fingerprint,
+                  "outer": [outer, start_time(outer) or 0]}
+        try:
+            self._give_state_root(pid, start)
+        except BaseException:
+            _end(record)
+            raise
         write_beneath(os.path.dirname(self._record), os.path.basename(self._record),
                       json.dumps(record).encode())
-        return pid
+        return pid, start
+
+    def _give_state_root(self, pid: int, start: int) -> None:
+        """The new state root made the agent's uid's (as root), then repos.json written."""
+        if self._owner is not None:
+            with _state_root(pid, start) as fd:
+                os.fchown(fd, *self._owner)
+        self._write_repos(pid, start)
 
     def _launch(self) -> int:
         """Start bwrap; once its init is ready, return the init's pid (bwrap's --info-fd)."""
@@ -240,7 +279,7 @@ class BwrapSandbox:
             cache = Path(self._data, "helpers")
             self._helpers = tuple((n, str(cached_helper(cache, n))) for n in HELPER_PACKAGES)
         return BwrapConfig(
-            home=self.home, state=self._state, clock=self._clock, helpers=self._helpers,
+            home=self.home, state_bytes=self.settings.bwrap.state_size, clock=self._clock, helpers=self._helpers,
             uid=self.uid, gid=self.gid, userns=self._userns, system=host_system(),
             local_bin=host_local_bin(skip=HELPER_PACKAGES), hidden=(self._data,),
             keep_run=keep_run() if self.settings.network else (), network=self.settings.network,
@@ -295,14 +334,54 @@ class BwrapSandbox:
         except OSError:
             pass
 
-    def _write_repos(self) -> None:
-        write_repos(self.settings, state_root=self._state, home=self.home, owner=self._owner)
+    def _write_repos(self, pid: int, start: int) -> None:
+        with _state_root(pid, start) as fd:
+            write_repos(self.settings, state_root=fd, home=self.home, owner=self._owner, shown=STATE_INSIDE)
 
     def _log_tail(self) -> str:
         try:
             return " ".join(Path(self._log).read_text(errors="replace").splitlines()[-3:])
         except OSError:
             return "(no log)"
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@contextlib.contextmanager
+def _state_root(pid: int, start: int) -> Iterator[int]:
+    """A handle on the state root of the sandbox whose init is pid, started at ``start``:
+    /run/guilds in its mount namespace, through ``/proc/<pid>/root``.
+
+    pid is checked to be that init once its root is open (a pid reused meanwhile is
+    refused: the handle then cannot be another process's); ``run`` and ``guilds``
+    are opened without following a link. SandboxError when it cannot be reached.
+    """
+    fd = _open_state_root(pid, start)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _open_state_root(pid: int, start: int) -> int:
+    try:
+        fd = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SandboxError(f"the bwrap sandbox's state root is out of reach: {exc.strerror}") from exc
+    try:
+        if start_time(pid) != start:
+            raise SandboxError("the bwrap sandbox ended before its state root could be written")
+        for part in STATE_INSIDE.strip("/").split("/"):
+            fd, parent = os.open(part, _DIR_FLAGS, dir_fd=fd), fd
+            os.close(parent)
+    except OSError as exc:
+        os.close(fd)
+        raise SandboxError(f"the bwrap sandbox's state root is out of reach: {exc.strerror}") from exc
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _alive(record: dict) -> bool:

@@ -7,8 +7,10 @@ Inside (each with its reason in docs/sandboxes.md):
   (links into ``/usr`` on a merged-/usr host); not ``/root``, ``/home``,
   ``/var``, ``/srv``, ``/mnt``, ``/tmp`` nor ``/run`` of the host, so no data
   folder, no other agent and no host socket is there to be reached;
-- the home bound writable at its own path; the state root, a host folder, at
-  ``/run/guilds``; the idle clock, a host file, read-only at ``/run/guilds-clock``;
+- the home bound writable at its own path; the state root at ``/run/guilds``, a
+  tmpfs of ``state_bytes`` in the sandbox's own mount namespace (off the data
+  folder's filesystem, gone with the sandbox); the idle clock, a host file,
+  read-only at ``/run/guilds-clock``;
 - fresh ``/proc`` with ``/proc/sys`` (and ``/proc/sysrq-trigger``) bound
   read-only over it; ``/dev`` with the usual device nodes; sized tmpfs
   ``/tmp`` and ``/dev/shm``; ``/``, ``/dev`` and ``/run`` remounted read-only;
@@ -96,8 +98,9 @@ class BwrapConfig:
 
     home: str
     """Host folder of the home, bound writable at the same path."""
-    state: str
-    """Host folder of the state root, bound at /run/guilds."""
+    state_bytes: int
+    """The size of the state root, a tmpfs at /run/guilds (0700; the orchestrator gives
+    it to the agent's uid once the sandbox is up: bwrap cannot name an owner)."""
     clock: str
     """Host file of the idle clock, bound read-only at /run/guilds-clock."""
     helpers: tuple[tuple[str, str], ...]
@@ -217,8 +220,8 @@ def bwrap_argv(c: BwrapConfig) -> list[str]:
     argv += _local_bin(c)
     holding_home = [h for h in c.hidden if _within(c.home, h)]  # hidden before the home's bind
     argv += _tmpfs(holding_home) + _parents(c) + [
-        "--bind", c.home, c.home, "--bind", c.state, STATE_INSIDE,
-                                    "--ro-bind", c.clock, CLOCK_INSIDE]
+        "--bind", c.home, c.home, *_sized(STATE_INSIDE, c.state_bytes, "0700"),
+        "--ro-bind", c.clock, CLOCK_INSIDE]
     argv += _tmpfs([h for h in c.hidden if h not in holding_home])
     argv += ["--remount-ro", "/dev", "--remount-ro", "/run", "--remount-ro", "/"]
     argv += [*NAMESPACES, *([] if c.network else ["--unshare-net"]), "--as-pid-1",

@@ -29,6 +29,7 @@ reads them.
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import time
 
@@ -79,7 +80,7 @@ def start(request: protocol.Request) -> protocol.Reply:
     folder = background_dir(request, create=True, notes=notes)
     log = runstate.log_path(request, notes, keep_also=running_run_dirs)
     record = _launch(request, folder, log)
-    bid = _allocate(folder, record)
+    bid = _recorded(folder, record)
     text = "\n".join([
         f"started {bid} in the background (pid {record['pid']})",
         f"log: {log}",
@@ -109,6 +110,21 @@ def _launch(request: protocol.Request, folder: str, log: str) -> Dict[str, Any]:
         "command": command[: limits.RECORD_COMMAND_MAX_CHARS], "cwd": cwd,
         "started_at": started_at, "log_path": log, "exit_file": exit_file,
     }
+
+
+def _recorded(folder: str, record: Dict[str, Any]) -> str:
+    """_allocate; when the record cannot be written (a full state root), the command is
+    stopped (its group killed, the wrapper reaped) and OpError says so: nothing runs unrecorded."""
+    try:
+        return _allocate(folder, record)
+    except OSError as exc:
+        proc.signal_group(record["pid"], signal.SIGKILL)
+        try:
+            os.waitpid(record["pid"], 0)
+        except ChildProcessError:
+            pass
+        raise protocol.OpError(f"cannot keep a record of the background command in {folder}: "
+                               f"{exc.strerror or exc}; the command was stopped") from None
 
 
 def _allocate(folder: str, record: Dict[str, Any]) -> str:
