@@ -27,7 +27,8 @@ the pipeline), with ``agent.transport`` = ``resident`` and ``exec`` side by side
 3. --agents agents x --per-agent shell `true` calls at once, per backend and
    transport, the transports taking turns: calls/s, p50 and p99 per call;
 4. the local server's RSS after 100 calls and after --rss-calls calls (shell and
-   file_read alternating).
+   file_read alternating), and its waiting workers' (each answers at most
+   SERVE_WORKER_REQUESTS_MAX requests, then a fresh fork takes over).
 
 Prints Markdown tables (pasted into docs/benchmarks.md under "Resident helper").
 """
@@ -228,8 +229,8 @@ def per_call_table(times: dict[str, list[float]], backends: list[str]) -> str:
     trip = ", ".join(f"{b}/{t} {median_ms(times[f'trip {b}/{t}']):.1f} ms"
                      for b in backends for t in ("resident", "exec"))
     rows.append(f"\nshell `true` through the transport alone (no run record, no pipeline): {direct}.")
-    rows.append(f"A request the helper refuses at once (the transport's round trip, a worker's fork "
-                f"or a helper's start included): {trip}.")
+    rows.append(f"A request the helper refuses at once (the transport's round trip, to a warm worker "
+                f"on resident, a whole helper start on exec): {trip}.")
     rows.append(f"Floors: spawning `bash -c true` {spawn_ms:.1f} ms; the helper's rg argv run "
                 f"directly {rg_ms:.1f} ms.")
     if "docker" in backends and "local" in backends:
@@ -298,6 +299,20 @@ def rss_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
 
 
+def workers_rss_kib(server: int) -> int:
+    """The RSS of the server's children (its waiting workers), summed."""
+    total = 0
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                parent = int(fh.read().rsplit(")", 1)[1].split()[1])
+            if parent == server:
+                total += rss_kib(int(entry))
+        except (OSError, StopIteration, ValueError):
+            continue
+    return total
+
+
 async def server_rss(bench: Bench, total: int) -> str:
     toolbox = bench.toolbox("rss-local", "local", "resident")
     shell = tool_call(toolbox, "shell", {"command": "echo x"})
@@ -305,13 +320,14 @@ async def server_rss(bench: Bench, total: int) -> str:
     for i in range(100):
         await (shell if i % 2 else read)()
     pid = toolbox.transport.channel.pid
-    after_100 = rss_kib(pid)
+    after_100, workers_100 = rss_kib(pid), workers_rss_kib(pid)
     for i in range(total - 100):
         await (shell if i % 2 else read)()
     assert toolbox.transport.channel.pid == pid
-    after_all = rss_kib(pid)
-    return (f"| server RSS after 100 calls | after {total} calls | growth |\n| ---: | ---: | ---: |\n"
-            f"| {after_100} KiB | {after_all} KiB | {after_all - after_100:+d} KiB |")
+    after_all, workers_all = rss_kib(pid), workers_rss_kib(pid)
+    return (f"| | after 100 calls | after {total} calls | growth |\n| --- | ---: | ---: | ---: |\n"
+            f"| the server | {after_100} KiB | {after_all} KiB | {after_all - after_100:+d} KiB |\n"
+            f"| its waiting workers | {workers_100} KiB | {workers_all} KiB | {workers_all - workers_100:+d} KiB |")
 
 
 async def main() -> None:

@@ -29,7 +29,6 @@ reads them.
 from __future__ import annotations
 
 import os
-import signal
 import stat
 import time
 
@@ -118,7 +117,7 @@ def _recorded(folder: str, record: Dict[str, Any]) -> str:
     try:
         return _allocate(folder, record)
     except OSError as exc:
-        proc.signal_group(record["pid"], signal.SIGKILL)
+        proc.signal_group(record["pid"], proc.signals.SIGKILL)
         try:
             os.waitpid(record["pid"], 0)
         except ChildProcessError:
