@@ -20,7 +20,8 @@ the pipeline), with ``agent.transport`` = ``resident`` and ``exec`` side by side
    `bash -c true`, and rg with the very argv the helper builds; and SWE-ReX
    (``swerex-remote`` on loopback, its own client): `true` and `cat` of the
    same 200-line file. Ratios: shell / spawn (aim <= 3x), read / spawn (<= 2x),
-   search / rg (<= 1.15x), docker / local (<= 1.3x), ours / SWE-ReX;
+   search / rg (<= 1.15x), docker / local (<= 1.3x), ours / SWE-ReX; then
+   docker / local again with the two resident paths alone taking turns;
 2. the first call of a new agent (the sandbox's start, then the channel or the
    process), per backend and transport (auto's first call goes by exec while
    the channel opens in the background);
@@ -246,6 +247,18 @@ def per_call_table(times: dict[str, list[float]], backends: list[str]) -> str:
     return "\n".join(rows)
 
 
+async def docker_pair(bench: Bench, calls: int) -> str:
+    """docker against local, resident, the two alone taking turns call by call: the
+    rotation above also runs the exec paths, whose engine-side cleanup lands on
+    whatever runs next."""
+    paths = {backend: tool_call(bench.toolbox(f"pair-{backend}", backend, "resident"), "shell",
+                                {"command": "true"}) for backend in ("local", "docker")}
+    times = await interleaved(paths, calls)
+    local, docker = median_ms(times["local"]), median_ms(times["docker"])
+    return (f"docker / local per shell call, resident, the two alone ({calls} calls each, interleaved): "
+            f"{docker:.1f} / {local:.1f} ms = {docker / local:.2f}× (aim ≤ 1.3×).")
+
+
 # --- 2. first call ---------------------------------------------------------------
 async def first_calls(bench: Bench, backends: list[str]) -> str:
     rows = ["| backend | transport | first call of a new agent ms |", "| --- | --- | ---: |"]
@@ -321,13 +334,17 @@ async def server_rss(bench: Bench, total: int) -> str:
         await (shell if i % 2 else read)()
     pid = toolbox.transport.channel.pid
     after_100, workers_100 = rss_kib(pid), workers_rss_kib(pid)
+    workers_most = workers_100
     for i in range(total - 100):
         await (shell if i % 2 else read)()
+        if i % 100 == 99:
+            workers_most = max(workers_most, workers_rss_kib(pid))
     assert toolbox.transport.channel.pid == pid
-    after_all, workers_all = rss_kib(pid), workers_rss_kib(pid)
+    after_all = rss_kib(pid)
     return (f"| | after 100 calls | after {total} calls | growth |\n| --- | ---: | ---: | ---: |\n"
             f"| the server | {after_100} KiB | {after_all} KiB | {after_all - after_100:+d} KiB |\n"
-            f"| its waiting workers | {workers_100} KiB | {workers_all} KiB | {workers_all - workers_100:+d} KiB |")
+            f"| its waiting workers (the most seen, every 100 calls) | {workers_100} KiB | "
+            f"{workers_most} KiB | {workers_most - workers_100:+d} KiB |")
 
 
 async def main() -> None:
@@ -353,6 +370,8 @@ async def main() -> None:
                         times = await per_call(bench, backends, opts.calls, swerex)
                 print(f"### Per call ({opts.calls} calls per path, interleaved; median)\n")
                 print(per_call_table(times, backends), "\n", flush=True)
+                if {"local", "docker"} <= set(backends):
+                    print(await docker_pair(bench, opts.calls * 5), "\n", flush=True)
                 print("### First call of a new agent\n")
                 print(await first_calls(bench, backends), "\n", flush=True)
                 fleet_backends = [b for b in opts.fleet_backends.split(",") if b]
