@@ -6,7 +6,7 @@ One run, one SQLite file (or $GUILDS_DATABASE_URL / --url): a call's two
 transactions as ``Store.begin_call`` and ``Store.finish_call`` make them (the
 call's ``owner`` set at its start, cleared at its end), against the floor: the
 same statements without the owner (the run's seq, the call's insert, its
-finish), on the same engine. The two take turns call by call, so a change in
+finish), run the same way (``Store._in_transaction``). The two take turns call by call, so a change in
 the machine's load falls on both alike. Prints the medians and their ratio.
 """
 
@@ -36,19 +36,21 @@ async def with_owner(store: Store, run: str) -> None:
 
 
 async def floor(store: Store, run: str) -> None:
-    """The same two transactions without the owner."""
+    """The same two transactions without the owner, run the way the Store runs its own."""
     now = datetime.now(UTC)
-    async with store._writing() as conn:
-        allocated = await conn.execute(store._allocate, {"run_id": run, "agent_id": "a", "now": now,
-                                                         "budget": 10**9})
+
+    def begin(conn):
+        allocated = conn.execute(store._allocate, {"run_id": run, "agent_id": "a", "now": now, "budget": 10**9})
         _, seq, _, _ = allocated.one()
-        await conn.execute(_INSERT_CALL, {"run_id": run, "seq": seq, "call_id": "c", "tool": "shell",
-                                          "args": {"command": "true"}, "counted": True, "status": "running",
-                                          "started_at": now, "is_error": False, "cut": False})
-    async with store._writing() as conn:
-        await conn.execute(_FINISH_CALL, {"k_run_id": run, "k_seq": seq, "text": "ok", "is_error": False,
-                                          "meta": {}, "cut": False, "status": "done", "finished_at": now,
-                                          "duration_ms": 1, "row": "Run true"})
+        conn.execute(_INSERT_CALL, {"run_id": run, "seq": seq, "call_id": "c", "tool": "shell",
+                                    "args": {"command": "true"}, "counted": True, "status": "running",
+                                    "started_at": now, "is_error": False, "cut": False})
+        return seq
+
+    seq = await store._in_transaction("a call's start", begin)
+    await store._in_transaction("a call's end", lambda conn: conn.execute(_FINISH_CALL, {
+        "k_run_id": run, "k_seq": seq, "text": "ok", "is_error": False, "meta": {}, "cut": False,
+        "status": "done", "finished_at": now, "duration_ms": 1, "row": "Run true"}))
 
 
 async def main(calls: int, url: str | None) -> None:
