@@ -259,22 +259,20 @@ def add_savings(conn: sa.Connection, per_run: Mapping[str, Savings]) -> None:
         conn.execute(_ADD_SAVINGS, changes)
 
 
-def _finish(conn: sa.Connection, finish: Mapping[str, Any]) -> bool:
-    """Record a call's end and add its amounts to its run's totals; False when there is no such call.
+def _finish(conn: sa.Connection, finish: Mapping[str, Any]) -> None:
+    """Record a call's end and add its amounts to its run's totals.
 
     A call already ended (recorded lost while its process was only slow) has its
     old amounts taken back, so the totals stay the sum over the calls as they are."""
     run_id, seq = finish["k_run_id"], finish["k_seq"]
     if conn.execute(_FINISH_RUNNING, finish).rowcount:
         add_savings(conn, {run_id: _savings(finish)})
-        return True
+        return
     old = conn.execute(sa.select(calls.c.text, calls.c.remaining, calls.c.meta)
                        .where(calls.c.run_id == run_id, calls.c.seq == seq)).first()
-    if old is None:
-        return False
-    conn.execute(_FINISH_CALL, finish)
-    add_savings(conn, {run_id: _savings(finish) - call_savings(answer_text(old.text, old.remaining), old.meta)})
-    return True
+    if old is not None:
+        conn.execute(_FINISH_CALL, finish)
+        add_savings(conn, {run_id: _savings(finish) - call_savings(answer_text(old.text, old.remaining), old.meta)})
 
 
 def _finish_lost(conn: sa.Connection, running: Any, now: datetime) -> list[tuple[str, int]]:
