@@ -14,8 +14,12 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 from toolbox_kit import local_toolbox
 
+from guilds import record_migration
+from guilds.lifecycle import LOST
 from guilds.record_migration import split_trailer
-from guilds.store import Store, calls, metadata, normalize_url, runs
+from guilds.records import Savings
+from guilds.store import SAVINGS_COLUMNS, Store, calls, metadata, normalize_url, runs
+from guilds.web.savings import run_savings
 
 SECRET = "sk-live-7f3a9c2e4b1d"
 
@@ -48,7 +52,8 @@ async def test_the_record_keeps_body_trailer_count_and_fields_apart(tmp_path):
         answer = await box.call("r1", "shell", {"command": "echo hello"})
         record = await box.store.call("r1", 1)
     assert answer.text == "hello\nremaining_tool_calls: 199"
-    (text, remaining, meta), = [(r[5], r[-1], r[7]) for r in raw_rows(f"{tmp_path}/guilds.db") if len(r) > 7]
+    with sqlite3.connect(f"{tmp_path}/guilds.db") as conn:
+        (text, remaining, meta), = conn.execute("SELECT text, remaining, meta FROM calls").fetchall()
     assert (text, remaining) == ("hello", 199)
     assert not {"call", "tool", "run", "seq", "started_at", "duration_ms", "row"} & set(json.loads(meta))
     assert (record.body, record.remaining, record.trailer) == ("hello", 199, "remaining_tool_calls: 199")
@@ -89,6 +94,8 @@ async def test_an_older_record_is_brought_up_to_date_once(tmp_path):
     for _ in range(2):  # a second setup finds nothing left to do
         async with Store(f"sqlite:///{db}") as store:
             done, running = await store.calls("r1")
+            totals = (await store.get_run("r1")).savings
+        assert totals == Savings(len("hi\nremaining_tool_calls: 9") + len(LOST), 0, 0, 0)
     assert (done.body, done.remaining, done.text) == ("hi", 9, "hi\nremaining_tool_calls: 9")
     assert done.meta == {"exit_code": 0, "call": "c1", "tool": "shell", "run": "r1", "seq": 1,
                          "started_at": "2025-01-02T03:04:05.000+00:00", "duration_ms": 7, "row": "Run echo hi"}
@@ -102,20 +109,28 @@ async def test_an_older_record_is_brought_up_to_date_once(tmp_path):
 PG_URL = os.environ.get("GUILDS_TEST_POSTGRES_URL")
 
 
-def _old_metadata() -> sa.MetaData:
-    """The run record as older versions made it: no ``remaining`` column."""
+def _old_metadata(remaining: bool = False) -> sa.MetaData:
+    """The run record as older versions made it: no totals on a run, nor (unless remaining) a
+    ``remaining`` column."""
     old = sa.MetaData()
     for table in (runs, calls):
         table.to_metadata(old)
-    old.tables["calls"]._columns.remove(old.tables["calls"].c.remaining)
+    for name in SAVINGS_COLUMNS:
+        old.tables["runs"]._columns.remove(old.tables["runs"].c[name])
+    if not remaining:
+        old.tables["calls"]._columns.remove(old.tables["calls"].c.remaining)
     return old
+
+
+def _url(backend: str, tmp_path) -> str:
+    if backend == "postgresql" and not PG_URL:
+        pytest.skip("GUILDS_TEST_POSTGRES_URL is not set")
+    return normalize_url(PG_URL if backend == "postgresql" else f"sqlite:///{tmp_path}/guilds.db")
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 async def test_an_older_record_is_brought_up_to_date_on_either_database(tmp_path, backend):
-    if backend == "postgresql" and not PG_URL:
-        pytest.skip("GUILDS_TEST_POSTGRES_URL is not set")
-    url = normalize_url(PG_URL if backend == "postgresql" else f"sqlite:///{tmp_path}/guilds.db")
+    url = _url(backend, tmp_path)
     engine = create_async_engine(url)
     old, t0 = _old_metadata(), datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
     async with engine.begin() as conn:
@@ -133,3 +148,45 @@ async def test_an_older_record_is_brought_up_to_date_on_either_database(tmp_path
         (done,) = await store.calls("r1")
     assert (done.body, done.remaining, done.text) == ("hi", 9, "hi\nremaining_tool_calls: 9")
     assert done.meta["exit_code"] == 0 and done.meta["row"] == "Run echo hi" and done.meta["seq"] == 1
+
+
+def _old_call(run_id: str, seq: int, text: str | None, meta: dict | None, remaining: int | None,
+              status: str = "done") -> dict:
+    t0 = datetime.now(UTC)
+    return {"run_id": run_id, "seq": seq, "call_id": f"c{seq}", "tool": "shell", "args": {}, "text": text,
+            "is_error": status != "done", "cut": False, "counted": True, "status": status, "meta": meta,
+            "started_at": t0, "finished_at": None if text is None else t0, "duration_ms": 7, "row": "Run x",
+            "owner": "gone" if text is None else None, "remaining": remaining}
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+async def test_an_older_record_gets_its_runs_totals_once(tmp_path, backend, monkeypatch):
+    """Runs without totals get them from their calls, batch by batch, in the setup that adds the
+    columns; a call its gone process left running is then lost, in the totals too; a second setup adds nothing."""
+    monkeypatch.setattr(record_migration, "BATCH", 2)
+    url = _url(backend, tmp_path)
+    old, t0 = _old_metadata(remaining=True), datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+    engine = create_async_engine(url)
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.drop_all)
+        await conn.run_sync(old.create_all)
+        await conn.execute(sa.insert(old.tables["runs"]), [
+            {"id": run, "agent_id": "a1", "created_at": t0, "updated_at": t0, "next_seq": 3, "used_calls": 3,
+             "admitted_seq": 3} for run in ("r1", "r2")])
+        await conn.execute(sa.insert(old.tables["calls"]), [
+            _old_call("r1", 1, "a" * 100, {"bytes_elided": 4000, "secrets_redacted": 2}, 9),
+            _old_call("r1", 2, "é" * 10, {"pointer_bytes_saved": 300, "bytes_elided": False}, 8),
+            _old_call("r1", 3, "stopped", {"secrets_redacted": 1}, None, status="cancelled"),
+            _old_call("r2", 1, "b", {}, 7),
+            _old_call("r2", 2, None, None, None, status="running"),
+        ])
+    await engine.dispose()
+    for _ in range(2):
+        async with Store(url) as store:
+            for run in ("r1", "r2"):
+                summed = run_savings(await store.calls(run))
+                assert (await store.get_run(run)).savings == Savings(
+                    summed.returned, summed.elided, summed.pointer_saved, summed.secrets)
+            r1, r2 = (await store.get_run("r1")).savings, (await store.get_run("r2")).savings
+        assert r1 == Savings(124 + 44 + len("stopped"), 4000, 300, 3)
+        assert r2 == Savings(len("b\nremaining_tool_calls: 7") + len(LOST), 0, 0, 0)

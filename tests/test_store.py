@@ -7,9 +7,13 @@ import os
 from datetime import datetime, timedelta, timezone
 
 import pytest
+import sqlalchemy as sa
 
 from guilds.errors import BadInput
-from guilds.store import Store, database_url, metadata, normalize_url
+from guilds.lifecycle import LOST
+from guilds.records import Savings
+from guilds.store import Store, calls, database_url, metadata, normalize_url
+from guilds.web.savings import run_savings
 
 T0 = datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 PG_URL = os.environ.get("GUILDS_TEST_POSTGRES_URL")
@@ -71,6 +75,45 @@ async def test_concurrent_calls_of_one_run_get_distinct_seqs_and_respect_the_bud
     assert all(s.used == 30 for s in slots if not s.admitted)
     run = (await store.list_runs())[0]
     assert (run.calls, run.used_calls) == (50, 30)
+
+
+async def totals_and_sum(store, run="r1"):
+    """(the run's totals as its row keeps them, run_savings over its calls as recorded)."""
+    run_savings_of_calls = run_savings(await store.calls(run, limit=1000))
+    return (await store.get_run(run)).savings, Savings(run_savings_of_calls.returned, run_savings_of_calls.elided,
+                                                       run_savings_of_calls.pointer_saved, run_savings_of_calls.secrets)
+
+
+async def test_a_run_keeps_the_totals_of_its_calls(store):
+    """Each call's end adds its amounts to its run's row: they stay run_savings over the calls as
+    recorded, whatever the end (with a trailer, cancelled, lost, a lost call finished after all)."""
+    slots = [await begin(store, at=datetime.now(timezone.utc)) for _ in range(5)]
+    other = await begin(store, run="r2")
+    assert (await store.get_run("r1")).savings == Savings()
+    await store.finish_call(run_id="r1", seq=slots[0].seq, text="a" * 1000, is_error=False, cut=False,
+                            meta={"bytes_elided": 3000, "secrets_redacted": 2}, finished_at=T0, duration_ms=1,
+                            row="Run a", remaining=7)
+    await store.finish_call(run_id="r1", seq=slots[1].seq, text="é" * 50, is_error=False, cut=False,
+                            meta={"pointer_bytes_saved": 900, "bytes_elided": True, "secrets_redacted": -1},
+                            finished_at=T0, duration_ms=1, row="Read a", remaining=6)
+    await store.finish_call(run_id="r1", seq=slots[2].seq, text="stopped", is_error=True, cut=False,
+                            meta={"bytes_elided": 5}, finished_at=T0, duration_ms=1, row="Run b", status="cancelled")
+    await finish(store, other, run="r2", text="x" * 10, meta={"secrets_redacted": 1})
+    totals, expected = await totals_and_sum(store)
+    assert totals == expected == Savings(1024 + 124 + len("stopped"), 3005, 900, 2)
+    async with store.engine.begin() as conn:  # its process is gone
+        await conn.execute(sa.update(calls).where(calls.c.seq == slots[3].seq).values(owner="gone"))
+    assert await store.sweep_lost() == [("r1", slots[3].seq)]
+    totals, expected = await totals_and_sum(store)
+    assert totals == expected and totals.returned == 1024 + 124 + 7 + len(LOST.encode())
+    # It was only slow: its end replaces the lost one, in the totals too.
+    await store.finish_call(run_id="r1", seq=slots[3].seq, text="late", is_error=False, cut=False,
+                            meta={"secrets_redacted": 4}, finished_at=T0, duration_ms=1, row="Run c", remaining=5)
+    totals, expected = await totals_and_sum(store)
+    late = len("late\nremaining_tool_calls: 5")
+    assert totals == expected and (totals.returned, totals.secrets) == (1024 + 124 + 7 + late, 6)
+    assert (await store.call("r1", slots[4].seq)).status == "running"  # not counted yet
+    assert (await store.get_run("r2")).savings == Savings(10, 0, 0, 1)
 
 
 async def test_a_run_belongs_to_one_agent(store):

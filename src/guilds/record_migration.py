@@ -6,15 +6,22 @@ Older versions kept a call's answer whole (the body with the trailer's
 column where it is missing, splits each finished call's text into body and
 count, and drops the repeated fields from its metadata. A call already split
 (``remaining`` set) is left alone, so running it again changes nothing.
+
+Older versions also kept no totals on a run: where its ``runs`` table lacks
+them this adds the columns (``store.SAVINGS_COLUMNS``) and fills them from the
+calls recorded so far, in the transaction that adds them, so a second run
+finds them and adds nothing.
 """
 
 from __future__ import annotations
 
 import re
+from collections import defaultdict
+from typing import Any, Iterator, Sequence
 
 import sqlalchemy as sa
 
-from .records import CALL_FIELDS, TRAILER
+from .records import CALL_FIELDS, TRAILER, Savings, answer_text, call_savings
 
 _TRAILER_RE = re.compile("\n?" + re.escape(TRAILER).replace(r"\{n\}", r"(\d+)") + r"\n?\Z")
 BATCH = 500
@@ -37,22 +44,44 @@ def split_answer(text: str) -> tuple[str, int | None]:
 
 def migrate(conn: sa.Connection) -> None:
     """Add what the record lacks and split what older versions kept joined (sync, in a transaction)."""
-    columns = {c["name"] for c in sa.inspect(conn).get_columns("calls")}
-    if "remaining" not in columns:
+    from .store import SAVINGS_COLUMNS
+
+    if conn.dialect.name == "sqlite":
+        # A write first: it takes the one writer's lock (a racing process waits here) and opens
+        # the transaction, so the ALTERs below are part of it (SQLite's driver runs DDL outside one).
+        conn.execute(sa.text("UPDATE runs SET id = id WHERE 0"))
+    if "remaining" not in _columns(conn, "calls"):
         conn.execute(sa.text("ALTER TABLE calls ADD COLUMN remaining INTEGER"))
     _split_old_calls(conn)
+    if not set(SAVINGS_COLUMNS) & _columns(conn, "runs"):
+        for name in SAVINGS_COLUMNS:
+            conn.execute(sa.text(f"ALTER TABLE runs ADD COLUMN {name} BIGINT NOT NULL DEFAULT 0"))
+        _fill_savings(conn)
+
+
+def _columns(conn: sa.Connection, table: str) -> set[str]:
+    return {c["name"] for c in sa.inspect(conn).get_columns(table)}
+
+
+def _finished_calls(conn: sa.Connection, columns: Sequence[Any], *where: Any) -> Iterator[Sequence[Any]]:
+    """Batches of (run_id, seq, *columns) of the calls with a result, in (run_id, seq) order."""
+    from .store import calls
+
+    pending = (sa.select(calls.c.run_id, calls.c.seq, *columns)
+               .where(calls.c.text.is_not(None), *where,
+                      sa.tuple_(calls.c.run_id, calls.c.seq) > sa.tuple_(sa.bindparam("run"), sa.bindparam("seq")))
+               .order_by(calls.c.run_id, calls.c.seq).limit(BATCH))
+    after = {"run": "", "seq": 0}
+    while rows := conn.execute(pending, after).all():
+        yield rows
+        after = {"run": rows[-1][0], "seq": rows[-1][1]}
 
 
 def _split_old_calls(conn: sa.Connection) -> None:
     from .store import calls
 
-    pending = (sa.select(calls.c.run_id, calls.c.seq, calls.c.text, calls.c.meta)
-               .where(calls.c.remaining.is_(None), calls.c.text.is_not(None),
-                      sa.tuple_(calls.c.run_id, calls.c.seq) > sa.tuple_(sa.bindparam("run"), sa.bindparam("seq")))
-               .order_by(calls.c.run_id, calls.c.seq).limit(BATCH))
     update = sa.update(calls).where(calls.c.run_id == sa.bindparam("k_run"), calls.c.seq == sa.bindparam("k_seq"))
-    after = {"run": "", "seq": 0}
-    while rows := conn.execute(pending, after).all():
+    for rows in _finished_calls(conn, [calls.c.text, calls.c.meta], calls.c.remaining.is_(None)):
         changes = []
         for run_id, seq, text, meta in rows:
             body, remaining = split_answer(text)
@@ -61,4 +90,14 @@ def _split_old_calls(conn: sa.Connection) -> None:
                 changes.append({"k_run": run_id, "k_seq": seq, "text": body, "meta": kept, "remaining": remaining})
         if changes:
             conn.execute(update, changes)
-        after = {"run": rows[-1][0], "seq": rows[-1][1]}
+
+
+def _fill_savings(conn: sa.Connection) -> None:
+    """Each run's totals from its calls, as ``store`` adds them at each call's end."""
+    from .store import add_savings, calls
+
+    for rows in _finished_calls(conn, [calls.c.text, calls.c.remaining, calls.c.meta]):
+        per_run: defaultdict[str, Savings] = defaultdict(Savings)
+        for run_id, _seq, text, remaining, meta in rows:
+            per_run[run_id] += call_savings(answer_text(text, remaining), meta)
+        add_savings(conn, per_run)

@@ -26,6 +26,45 @@ def with_trailer(text: str, remaining: int) -> str:
     return f"{text}{sep}{TRAILER.format(n=remaining)}"
 
 
+def answer_text(body: str | None, remaining: int | None) -> str | None:
+    """The result as the model got it: the body with its trailer when it has one; None while running."""
+    return with_trailer(body, remaining) if body is not None and remaining is not None else body
+
+
+def count(meta: Mapping[str, Any] | None, key: str) -> int:
+    """A count the tool put in its metadata: an int above 0, else 0 (a bool is not a count)."""
+    value = (meta or {}).get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+@dataclass(frozen=True)
+class Savings:
+    """What calls returned and what shaping saved on them: one call's (``call_savings``),
+    or a run's together (its ``RunRecord.savings``, kept as the run's counters)."""
+
+    returned: int = 0
+    """Bytes of the result text as the model got it (UTF-8, trailer included)."""
+    elided: int = 0
+    pointer_saved: int = 0
+    secrets: int = 0
+
+    def __add__(self, other: Savings) -> Savings:
+        return Savings(self.returned + other.returned, self.elided + other.elided,
+                       self.pointer_saved + other.pointer_saved, self.secrets + other.secrets)
+
+    def __sub__(self, other: Savings) -> Savings:
+        return Savings(self.returned - other.returned, self.elided - other.elided,
+                       self.pointer_saved - other.pointer_saved, self.secrets - other.secrets)
+
+
+def call_savings(text: str | None, meta: Mapping[str, Any] | None) -> Savings:
+    """One call's amounts from its answer text (``answer_text``) and metadata; nothing while running."""
+    if text is None:
+        return Savings()
+    return Savings(len(text.encode("utf-8", "surrogateescape")), count(meta, "bytes_elided"),
+                   count(meta, "pointer_bytes_saved"), count(meta, "secrets_redacted"))
+
+
 def call_fields(call_id: str, tool: str, run_id: str, seq: int, started_at: datetime,
                 duration_ms: int, row: str) -> dict[str, Any]:
     """The call's own metadata keys (``CALL_FIELDS``), as its answer carries them."""
@@ -62,12 +101,16 @@ class RunRecord:
     updated_at: datetime
     calls: int
     used_calls: int
+    savings: Savings = Savings()
+    """The totals of the run's finished calls, kept up to date with each call's end."""
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> RunRecord:
         return cls(
             id=row["id"], agent_id=row["agent_id"], created_at=_utc_set(row["created_at"]),
             updated_at=_utc_set(row["updated_at"]), calls=row["next_seq"], used_calls=row["used_calls"],
+            savings=Savings(row["returned_bytes"], row["elided_bytes"], row["pointer_saved_bytes"],
+                            row["secrets_redacted"]),
         )
 
 
@@ -102,9 +145,8 @@ class CallRecord:
         values["started_at"] = _utc(values["started_at"])
         values["finished_at"] = _utc(values["finished_at"])
         values["body"], remaining = values["text"], values["remaining"]
+        values["text"] = answer_text(values["text"], remaining)  # a flow row selects no text but code_task's
         if remaining is not None:
-            if values["text"] is not None:  # a flow row selects no text but code_task's
-                values["text"] = with_trailer(values["text"], remaining)
             values["meta"] = {**(values["meta"] or {}), **call_fields(
                 values["call_id"], values["tool"], values["run_id"], values["seq"], values["started_at"],
                 values["duration_ms"], values["row"])}

@@ -8,7 +8,10 @@ Tables:
 
     runs   id (the run id), agent_id, created_at, updated_at,
            next_seq (the last seq given out), used_calls (calls counted against
-           the budget), admitted_seq (the last seq admitted within the budget)
+           the budget), admitted_seq (the last seq admitted within the budget),
+           returned_bytes, elided_bytes, pointer_saved_bytes, secrets_redacted
+           (the totals of its finished calls: ``records.call_savings`` of
+           each, added in the transaction that records the call's end)
     calls  run_id + seq, call_id, tool, args, text, is_error, meta, cut (by the
            pipeline's cap), counted (against the budget), status (running, done,
            cancelled, or lost: its process ended first), started_at,
@@ -45,6 +48,7 @@ import asyncio
 import contextlib
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import astuple
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping, TypeVar
@@ -57,7 +61,7 @@ from . import lifecycle
 from .errors import BadInput, RecordError
 from .private import private_file
 from .record_migration import migrate
-from .records import CallRecord, RunRecord, Slot
+from .records import CallRecord, RunRecord, Savings, Slot, answer_text, call_savings
 from .rows import row_text
 
 DATABASE_URL_ENV = "GUILDS_DATABASE_URL"
@@ -83,6 +87,8 @@ class _JSON(sa.types.TypeDecorator):
         return dialect.type_descriptor(sa.JSON())
 
 
+SAVINGS_COLUMNS = ("returned_bytes", "elided_bytes", "pointer_saved_bytes", "secrets_redacted")
+"""A run's totals (``records.Savings``, its fields in this order)."""
 _TS = sa.DateTime(timezone=True)
 metadata = sa.MetaData()
 runs = sa.Table(
@@ -94,6 +100,7 @@ runs = sa.Table(
     sa.Column("next_seq", sa.Integer, nullable=False, default=0),
     sa.Column("used_calls", sa.Integer, nullable=False, default=0),
     sa.Column("admitted_seq", sa.Integer, nullable=False, default=0),
+    *(sa.Column(name, sa.BigInteger, nullable=False, server_default="0") for name in SAVINGS_COLUMNS),
 )
 calls = sa.Table(
     "calls", metadata,
@@ -143,6 +150,10 @@ _INSERT_CALL = sa.insert(calls)
 _FINISH_CALL = sa.update(calls).where(
     calls.c.run_id == sa.bindparam("k_run_id"), calls.c.seq == sa.bindparam("k_seq")
 )
+_FINISH_RUNNING = _FINISH_CALL.where(calls.c.status == "running")
+_SAVINGS_PARAMS = [f"d_{name}" for name in SAVINGS_COLUMNS]
+_ADD_SAVINGS = sa.update(runs).where(runs.c.id == sa.bindparam("k_run_id")).values(
+    {name: runs.c[name] + sa.bindparam(param) for name, param in zip(SAVINGS_COLUMNS, _SAVINGS_PARAMS, strict=True)})
 _ORPHANED = sa.select(calls.c.owner).distinct().where(calls.c.owner.is_not(None),
                                                       calls.c.owner.not_in(sa.select(owners.c.id)))
 """Owners of running calls that are no longer registered (closed while a call ran)."""
@@ -235,6 +246,48 @@ def _lost(call: Any, now: datetime) -> dict[str, Any]:
             "duration_ms": max(0, round((now - started).total_seconds() * 1000))}
 
 
+def _savings(finish: Mapping[str, Any]) -> Savings:
+    """The amounts of a call finished with these _FINISH_CALL parameters."""
+    return call_savings(answer_text(finish["text"], finish.get("remaining")), finish["meta"])
+
+
+def add_savings(conn: sa.Connection, per_run: Mapping[str, Savings]) -> None:
+    """Add to each run's totals (in run id order: two writers lock runs rows in one order)."""
+    changes = [{"k_run_id": run_id, **dict(zip(_SAVINGS_PARAMS, astuple(amounts), strict=True))}
+               for run_id, amounts in sorted(per_run.items()) if amounts != Savings()]
+    if changes:
+        conn.execute(_ADD_SAVINGS, changes)
+
+
+def _finish(conn: sa.Connection, finish: Mapping[str, Any]) -> None:
+    """Record a call's end and add its amounts to its run's totals.
+
+    A call already ended (recorded lost while its process was only slow) has its
+    old amounts taken back, so the totals stay the sum over the calls as they are."""
+    run_id, seq = finish["k_run_id"], finish["k_seq"]
+    if conn.execute(_FINISH_RUNNING, finish).rowcount:
+        add_savings(conn, {run_id: _savings(finish)})
+        return
+    old = conn.execute(sa.select(calls.c.text, calls.c.remaining, calls.c.meta)
+                       .where(calls.c.run_id == run_id, calls.c.seq == seq)).first()
+    if old is not None:
+        conn.execute(_FINISH_CALL, finish)
+        add_savings(conn, {run_id: _savings(finish) - call_savings(answer_text(old.text, old.remaining), old.meta)})
+
+
+def _finish_lost(conn: sa.Connection, running: Any, now: datetime) -> list[tuple[str, int]]:
+    """Record as lost those of these calls that are still running, with their runs' totals; their (run, seq)."""
+    lost: list[tuple[str, int]] = []
+    per_run: dict[str, Savings] = {}
+    for call in sorted(running, key=lambda c: (c.run_id, c.seq)):
+        finish = _lost(call, now)
+        if conn.execute(_FINISH_RUNNING, finish).rowcount:
+            lost.append((call.run_id, call.seq))
+            per_run[call.run_id] = per_run.get(call.run_id, Savings()) + _savings(finish)
+    add_savings(conn, per_run)
+    return lost
+
+
 def _create_schema(conn: sa.Connection) -> None:
     """Make the missing tables and indexes, once, whichever process comes first.
 
@@ -246,6 +299,7 @@ def _create_schema(conn: sa.Connection) -> None:
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
     for table in metadata.sorted_tables:
         conn.execute(CreateTable(table, if_not_exists=True))
+    migrate(conn)  # an older record brought up to date, under the same lock
     _add_owner_column(conn)
     for table in metadata.sorted_tables:
         for index in table.indexes:
@@ -264,9 +318,7 @@ def _add_owner_column(conn: sa.Connection) -> None:
             return
         raise
     now = _now()
-    stale = conn.execute(_RUNNING.where(calls.c.status == "running")).all()
-    if stale:
-        conn.execute(_FINISH_CALL, [_lost(call, now) for call in stale])
+    _finish_lost(conn, conn.execute(_RUNNING.where(calls.c.status == "running")).all(), now)
 
 
 def _private_record(database: str | None) -> None:
@@ -342,7 +394,6 @@ class Store:
         try:
             async with self.engine.begin() as conn:
                 await conn.run_sync(_create_schema)
-                await conn.run_sync(migrate)  # an older record brought up to date, under the same lock
         except sa.exc.DBAPIError as exc:
             raise RecordError(f"the run record at {self.where} could not be made: {_reason(exc)}") from None
         await self._register()
@@ -382,12 +433,12 @@ class Store:
         gone += orphaned
         if not gone:
             return []
-        async with self._writing("the lost calls") as conn:
-            lost = (await conn.execute(_RUNNING.where(calls.c.owner.in_(gone), calls.c.status == "running"))).all()
-            if lost:
-                await conn.execute(_FINISH_CALL, [_lost(call, now) for call in lost])
-            await conn.execute(sa.delete(owners).where(owners.c.id.in_(gone)))
-        return [(call.run_id, call.seq) for call in lost]
+        def sweep(conn: sa.Connection) -> list[tuple[str, int]]:
+            running = conn.execute(_RUNNING.where(calls.c.owner.in_(gone), calls.c.status == "running")).all()
+            lost = _finish_lost(conn, running, now)
+            conn.execute(sa.delete(owners).where(owners.c.id.in_(gone)))
+            return lost
+        return await self._in_transaction("the lost calls", sweep)
 
     @contextlib.asynccontextmanager
     async def _writing(self, what: str = "a call") -> AsyncIterator[AsyncConnection]:
@@ -448,7 +499,8 @@ class Store:
     async def finish_call(self, *, run_id: str, seq: int, text: str, is_error: bool, meta: dict,
                           cut: bool, finished_at: datetime, duration_ms: int, row: str,
                           status: str = "done", remaining: int | None = None) -> None:
-        """Record a call's result; status "done", or "cancelled" for a call stopped midway.
+        """Record a call's result, and its amounts in its run's totals (one transaction);
+        status "done", or "cancelled" for a call stopped midway.
 
         ``text`` is the body, ``remaining`` the trailer's count (None: none), ``meta`` the tool's own
         metadata: the call's fields are columns already (``records.CALL_FIELDS``).
@@ -460,7 +512,7 @@ class Store:
                 "row": row, "owner": None, "remaining": remaining,
             }
             await self._in_transaction(f"the result of call {seq} of run {run_id}",
-                                       lambda conn: conn.execute(_FINISH_CALL, params))
+                                       lambda conn: _finish(conn, params))
         finally:
             self._in_flight = max(0, self._in_flight - 1)
             if not self._in_flight:

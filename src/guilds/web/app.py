@@ -123,7 +123,7 @@ class WebApp:
             start = opened.item.seq
         flow = await (self._flow(run.id, None) if start is None else self._flow_from(run.id, max(1, start)))
         return self.page("run.html", run=run, flow=flow, opened=opened,
-                         savings=await run_savings_of(self.store, run.id))
+                         savings=run_savings_of(run))
 
     async def earlier(self, request: Request) -> Response:
         run = await self._run(request)

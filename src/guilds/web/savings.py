@@ -1,7 +1,8 @@
 """What shaping saved, as the app shows it: per call (its row and its Metadata)
 and per run (totals and a bar of bytes produced against bytes returned).
 
-Pure functions of the recorded calls, table-tested. A call's bytes:
+Pure functions of the recorded calls and runs, table-tested. A call's bytes
+(``records.call_savings``; a run's totals are the sum, kept on the run's row):
 
     returned   its result text as the model got it (trailer included)
     produced   returned + bytes_elided + pointer_bytes_saved: what the model
@@ -16,17 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from ..records import CallRecord
+from ..records import CallRecord, RunRecord, Savings, call_savings
+from ..records import count as _count
 
 TOKEN_BYTES = 4
 """Bytes per token for the estimate: about right for English text and code."""
 BAR_WIDTH = 200
 """The run bar's width in pixels (an SVG: no inline style under the page's CSP)."""
-
-
-def _count(meta: Mapping[str, Any] | None, key: str) -> int:
-    value = (meta or {}).get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def size(n: int) -> str:
@@ -124,25 +121,16 @@ class RunSavings:
 
 
 def run_savings(calls: Iterable[CallRecord]) -> RunSavings:
-    """The totals of a run's finished calls."""
-    returned = elided = pointer = secrets = 0
-    for call in calls:
-        if call.text is None:
-            continue
-        returned += len(call.text.encode("utf-8", "surrogateescape"))
-        elided += _count(call.meta, "bytes_elided")
-        pointer += _count(call.meta, "pointer_bytes_saved")
-        secrets += _count(call.meta, "secrets_redacted")
-    return RunSavings(returned + elided + pointer, returned, elided, pointer, secrets)
+    """The totals of these finished calls."""
+    return totals(sum((call_savings(call.text, call.meta) for call in calls), Savings()))
 
 
-async def run_savings_of(store: Any, run_id: str, page: int = 500) -> RunSavings:
-    """run_savings over every call of the run, read page by page."""
-    calls: list[CallRecord] = []
-    after = 0
-    while True:
-        batch = await store.calls(run_id, after_seq=after, limit=page)
-        calls.extend(batch)
-        if len(batch) < page:
-            return run_savings(calls)
-        after = batch[-1].seq
+def totals(amounts: Savings) -> RunSavings:
+    """The RunSavings of amounts returned and saved."""
+    return RunSavings(amounts.returned + amounts.elided + amounts.pointer_saved, amounts.returned,
+                      amounts.elided, amounts.pointer_saved, amounts.secrets)
+
+
+def run_savings_of(run: RunRecord) -> RunSavings:
+    """The run's totals, as its record keeps them: no call is read."""
+    return totals(run.savings)
