@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from guilds.store import Store, metadata, normalize_url
 
 PROCESSES = 4
-ROUNDS = 10
+ROUNDS = int(os.environ.get("RACE_ROUNDS", "30"))
 RACER = r"""
 import asyncio, os, sys
 from datetime import datetime, timezone

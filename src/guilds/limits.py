@@ -54,3 +54,14 @@ it may take to go before SIGKILL to its group."""
 CHANNEL_CANCEL_WAIT_SECONDS = 5.0
 """After a cancel frame to a resident helper, how long a call waits for its answer:
 the worker's own stop ends within guilds_code.limits.SERVE_WORKER_KILL_SECONDS."""
+
+# --- the run record ----------------------------------------------------------
+RECORD_BUSY_WAIT_SECONDS = 10.0
+"""Another process writing the same SQLite file: how long a write waits for it, in
+SQLite's own busy handler and in the retries below together."""
+RECORD_BUSY_RETRY_SECONDS = 0.02
+"""SQLite answers "database is locked" at once, without waiting, where waiting
+could deadlock (two transactions that read, then want to write; the first
+process to make a fresh file's schema): the transaction is then run again from
+its start after this pause, doubled each time up to 0.32 s, within
+RECORD_BUSY_WAIT_SECONDS."""

@@ -47,11 +47,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Mapping, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -59,6 +61,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 
 from . import lifecycle
 from .errors import BadInput, RecordError
+from .limits import RECORD_BUSY_RETRY_SECONDS, RECORD_BUSY_WAIT_SECONDS
 from .private import private_file
 from .record_migration import migrate
 from .records import CallRecord, RunRecord, Savings, Slot, answer_text, call_savings
@@ -67,8 +70,8 @@ from .rows import row_text
 DATABASE_URL_ENV = "GUILDS_DATABASE_URL"
 DB_FILE = "guilds.db"
 DEFAULT_PAGE = 100
-SQLITE_BUSY_MS = 10_000
-"""Another process writing the same SQLite file: wait this long for it."""
+SQLITE_BUSY_MS = int(RECORD_BUSY_WAIT_SECONDS * 1000)
+"""Another process writing the same SQLite file: SQLite's busy handler waits this long for it."""
 T = TypeVar("T")
 SCHEMA_LOCK_KEY = 0x6775_696C_6473
 """The PostgreSQL advisory lock held while the schema is made ("guilds" in ASCII)."""
@@ -293,7 +296,10 @@ def _create_schema(conn: sa.Connection) -> None:
 
     PostgreSQL: under a transaction-level advisory lock (its CREATE TABLE IF NOT
     EXISTS still fails when two run at once). SQLite: each CREATE ... IF NOT
-    EXISTS is atomic under its one writer.
+    EXISTS is atomic under its one writer. An index already there is not made
+    again: CREATE INDEX takes a lock on its table first, which would wait on the
+    calls other processes are writing while this transaction holds the lock on
+    another table (a deadlock on PostgreSQL).
     """
     if conn.dialect.name == "postgresql":
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
@@ -301,9 +307,12 @@ def _create_schema(conn: sa.Connection) -> None:
         conn.execute(CreateTable(table, if_not_exists=True))
     migrate(conn)  # an older record brought up to date, under the same lock
     _add_owner_column(conn)
+    inspector = sa.inspect(conn)
     for table in metadata.sorted_tables:
+        present = {index["name"] for index in inspector.get_indexes(table.name)}
         for index in table.indexes:
-            conn.execute(CreateIndex(index, if_not_exists=True))
+            if index.name not in present:  # CREATE INDEX locks its table even when the index exists
+                conn.execute(CreateIndex(index, if_not_exists=True))
 
 
 def _add_owner_column(conn: sa.Connection) -> None:
@@ -391,9 +400,12 @@ class Store:
         ``_create_schema``); a SQLite record file is made 0600."""
         if self.sqlite:
             _private_record(self.engine.url.database)
-        try:
+        async def create() -> None:
             async with self.engine.begin() as conn:
                 await conn.run_sync(_create_schema)
+
+        try:
+            await self._again_while_busy(create)
         except sa.exc.DBAPIError as exc:
             raise RecordError(f"the run record at {self.where} could not be made: {_reason(exc)}") from None
         await self._register()
@@ -457,12 +469,26 @@ class Store:
         if self._record_thread is None:
             async with self._writing(what) as conn:
                 return await conn.run_sync(work)
+        thread = self._record_thread
         try:
             async with self._write_lock or contextlib.nullcontext():
-                return await self._record_thread.run(work, write=True)
+                return await self._again_while_busy(lambda: thread.run(work, write=True))
         except (sa.exc.DBAPIError, OSError) as exc:
             raise RecordError(f"the run record at {self.where} could not be written ({what}): "
                               f"{_reason(exc)}") from None
+
+    async def _again_while_busy(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """attempt() (a whole transaction); on SQLite run again while it fails with
+        "database is locked" at once (RECORD_BUSY_RETRY_SECONDS)."""
+        deadline, pause = time.monotonic() + RECORD_BUSY_WAIT_SECONDS, RECORD_BUSY_RETRY_SECONDS
+        while True:
+            try:
+                return await attempt()
+            except sa.exc.OperationalError as exc:
+                if not (self.sqlite and "database is locked" in str(exc.orig)) or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(pause * random.uniform(0.5, 1.5))  # noqa: S311 - a jitter, not a secret
+            pause = min(pause * 2, 0.32)
 
     async def _reading(self, work: Callable[[sa.Connection], T]) -> T:
         """work(conn) on a connection that only reads, in the record thread on SQLite."""
