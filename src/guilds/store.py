@@ -53,10 +53,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from . import lifecycle
@@ -168,6 +168,7 @@ _FILE_READS = (
     .order_by(calls.c.seq)
 )
 """Built once: building it per call (and its cache key) was a third of the ledger's query time."""
+_RESET_SEQ = sa.select(sa.func.max(context_marks.c.after_seq)).where(context_marks.c.run_id == sa.bindparam("run_id"))
 
 
 def _allocate_statement(dialect: Any) -> Any:
@@ -247,6 +248,14 @@ def _lost(call: Any, now: datetime) -> dict[str, Any]:
             "cut": False, "status": "lost", "finished_at": now, "owner": None,
             "row": f"{row_text(call.tool, call.args, {}, False)} · lost",
             "duration_ms": max(0, round((now - started).total_seconds() * 1000))}
+
+
+def _file_reads(conn: sa.Connection, run_id: str, before_seq: int) -> list[tuple[int, dict]]:
+    return [(seq, meta) for seq, meta in conn.execute(_FILE_READS, {"run_id": run_id, "before_seq": before_seq})]
+
+
+def _reset_seq(conn: sa.Connection, run_id: str) -> int:
+    return conn.execute(_RESET_SEQ, {"run_id": run_id}).scalar() or 0
 
 
 def _savings(finish: Mapping[str, Any]) -> Savings:
@@ -414,24 +423,22 @@ class Store:
     async def close(self) -> None:
         await self._lease.stop()
         with contextlib.suppress(RecordError):  # a full disk: the owner is found gone later
-            async with self._writing("the owner's end") as conn:
-                await conn.execute(sa.delete(owners).where(owners.c.id == self.owner.id))
+            await self._in_transaction("the owner's end",
+                                       lambda conn: conn.execute(sa.delete(owners).where(owners.c.id == self.owner.id)))
         if self._record_thread is not None:
             await self._record_thread.close()
         await self.engine.dispose()
 
     async def _register(self) -> None:
         me = self.owner
-        async with self._writing("this process's owner entry") as conn:
-            await conn.execute(sa.insert(owners).values(id=me.id, machine=me.machine, pid=me.pid,
-                                                        pid_start=me.pid_start, heartbeat_at=_now()))
+        entry = sa.insert(owners).values(id=me.id, machine=me.machine, pid=me.pid, pid_start=me.pid_start,
+                                         heartbeat_at=_now())
+        await self._in_transaction("this process's owner entry", lambda conn: conn.execute(entry))
 
     async def heartbeat(self) -> None:
         """Refresh this process's heartbeat (register again if another process forgot it)."""
-        async with self._writing("the heartbeat") as conn:
-            done = await conn.execute(sa.update(owners).where(owners.c.id == self.owner.id)
-                                      .values(heartbeat_at=_now()))
-        if done.rowcount == 0:
+        beat = sa.update(owners).where(owners.c.id == self.owner.id).values(heartbeat_at=_now())
+        if await self._in_transaction("the heartbeat", lambda conn: conn.execute(beat).rowcount) == 0:
             await self._register()
 
     async def sweep_lost(self) -> list[tuple[str, int]]:
@@ -452,27 +459,18 @@ class Store:
             return lost
         return await self._in_transaction("the lost calls", sweep)
 
-    @contextlib.asynccontextmanager
-    async def _writing(self, what: str = "a call") -> AsyncIterator[AsyncConnection]:
-        """A write transaction; a database failure (a full disk) becomes RecordError naming ``what``."""
-        lock = self._write_lock or contextlib.nullcontext()
-        try:
-            async with lock, self.engine.begin() as conn:
-                yield conn
-        except (sa.exc.DBAPIError, OSError) as exc:
-            raise RecordError(f"the run record at {self.where} could not be written ({what}): "
-                              f"{_reason(exc)}") from None
-
     async def _in_transaction(self, what: str, work: Callable[[sa.Connection], T]) -> T:
         """work(conn) in one write transaction (see the module docstring); a database
         failure (a full disk) becomes RecordError naming ``what``."""
-        if self._record_thread is None:
-            async with self._writing(what) as conn:
+        async def attempt() -> T:
+            if self._record_thread is not None:
+                return await self._record_thread.run(work, write=True)
+            async with self.engine.begin() as conn:
                 return await conn.run_sync(work)
-        thread = self._record_thread
+
         try:
             async with self._write_lock or contextlib.nullcontext():
-                return await self._again_while_busy(lambda: thread.run(work, write=True))
+                return await self._again_while_busy(attempt)
         except (sa.exc.DBAPIError, OSError) as exc:
             raise RecordError(f"the run record at {self.where} could not be written ({what}): "
                               f"{_reason(exc)}") from None
@@ -553,33 +551,28 @@ class Store:
 
     async def file_reads(self, run_id: str, before_seq: int) -> list[tuple[int, dict]]:
         """(seq, meta) of the run's finished file_read calls that did not fail and were not cut."""
-        params = {"run_id": run_id, "before_seq": before_seq}
-        return await self._reading(
-            lambda conn: [(seq, meta) for seq, meta in conn.execute(_FILE_READS, params).all()])
+        return await self._reading(lambda conn: _file_reads(conn, run_id, before_seq))
 
     async def reads_since_reset(self, run_id: str, before_seq: int) -> list[tuple[int, dict]]:
         """``file_reads`` made after the run's latest context reset: what the read ledger
         may offer, in one round trip."""
-        reset = sa.select(sa.func.max(context_marks.c.after_seq)).where(context_marks.c.run_id == run_id)
-        params = {"run_id": run_id, "before_seq": before_seq}
-
         def read(conn: sa.Connection) -> list[tuple[int, dict]]:
-            after = conn.execute(reset).scalar() or 0
-            return [(seq, meta) for seq, meta in conn.execute(_FILE_READS, params).all() if seq > after]
+            after = _reset_seq(conn, run_id)
+            return [(seq, meta) for seq, meta in _file_reads(conn, run_id, before_seq) if seq > after]
         return await self._reading(read)
 
     async def mark_context_reset(self, run_id: str, at: datetime) -> int:
         """Record that the run's model context was compacted or rewound now; the
         run's last seq given out (0 for a run with no call yet)."""
-        async with self._writing(f"a context reset of run {run_id}") as conn:
-            last = (await conn.execute(sa.select(runs.c.next_seq).where(runs.c.id == run_id))).scalar()
-            await conn.execute(sa.insert(context_marks), {"run_id": run_id, "after_seq": last or 0, "at": at})
-        return last or 0
+        def mark(conn: sa.Connection) -> int:
+            last = conn.execute(sa.select(runs.c.next_seq).where(runs.c.id == run_id)).scalar() or 0
+            conn.execute(sa.insert(context_marks), {"run_id": run_id, "after_seq": last, "at": at})
+            return last
+        return await self._in_transaction(f"a context reset of run {run_id}", mark)
 
     async def context_reset_seq(self, run_id: str) -> int:
         """The seq after which the run's latest context reset came (0: none)."""
-        query = sa.select(sa.func.max(context_marks.c.after_seq)).where(context_marks.c.run_id == run_id)
-        return await self._reading(lambda conn: conn.execute(query).scalar() or 0)
+        return await self._reading(lambda conn: _reset_seq(conn, run_id))
 
     async def list_runs(self, agent_id: str | None = None, *, limit: int = DEFAULT_PAGE,
                         offset: int = 0) -> list[RunRecord]:

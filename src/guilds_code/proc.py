@@ -24,8 +24,6 @@ from __future__ import annotations
 import errno
 import os
 
-from . import watchdog
-
 try:  # the C module: `signal` wraps it in enums, whose import alone costs a fast call dearly
     import _signal as signals  # type: ignore[import-not-found]  # no stubs for the C module
 except ImportError:  # not CPython
@@ -33,7 +31,7 @@ except ImportError:  # not CPython
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Mapping, Optional, Set, Tuple, Union
+    from typing import Dict, List, Mapping, Optional, Set, Tuple
 
 PIPE = -1
 """stdout or stderr: a new pipe, whose read end the Child holds."""
@@ -185,19 +183,14 @@ _WATCHDOG = 'IFS= read -r word; [ "$word" = done ] || kill -KILL -- "-$1" 2>/dev
 """Reads its stdin until the helper says ``done``; EOF first means the helper died."""
 
 
-def watch_group(pgid: int) -> Union[Watchdog, watchdog.Watched, None]:
-    """Have group pgid SIGKILLed if this helper dies (even by SIGKILL) before
-    ``release``; None when no watchdog could take it.
+def watch_group(pgid: int) -> Optional[Watchdog]:
+    """Start a watchdog that SIGKILLs group pgid if this helper dies (even by SIGKILL)
+    before ``release``; None when none could start.
 
-    In the resident server's workers the server's one watchdog takes it
-    (``watchdog``). Otherwise a watchdog is started for the call: a bash in its
-    own session reading a pipe whose only write end the helper holds, so the
-    helper's death closes it. A parent-death signal would reach only the
-    command's bash, not the processes it started.
+    The watchdog is a bash in its own session reading a pipe whose only write end
+    the helper holds: the helper's death closes it. A parent-death signal would
+    reach only the command's bash, not the processes it started.
     """
-    shared = watchdog.watch(pgid)
-    if shared is not None:
-        return shared
     read, write = os.pipe()
     try:
         child = spawn(["bash", "-c", _WATCHDOG, "guilds-watch", str(pgid)], os.environ,
@@ -219,19 +212,16 @@ class Watchdog:
         self.child, self.fd = child, fd
 
 
-def release(watching: Union[Watchdog, watchdog.Watched, None]) -> None:
-    """Tell the watchdog the helper is done with the group; it signals nothing."""
-    if isinstance(watching, watchdog.Watched):
-        watchdog.unwatch(watching)
-        return
-    if watching is None:
+def release(watchdog: Optional[Watchdog]) -> None:
+    """Tell the watchdog the helper is done with the group; it exits signalling nothing."""
+    if watchdog is None:
         return
     try:
-        os.write(watching.fd, b"done\n")
+        os.write(watchdog.fd, b"done\n")
     except OSError:
         pass
-    os.close(watching.fd)
-    watching.child.wait()
+    os.close(watchdog.fd)
+    watchdog.child.wait()
 
 
 # --- process groups, from /proc ------------------------------------------------------

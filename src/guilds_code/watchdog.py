@@ -16,10 +16,10 @@ watchdog, having seen an exit, reads every line already in the pipe before it
 acts on it; so a worker done in time is never acted on. The watchdog exits when
 the pipe ends (the server and all its workers gone) and nothing is watched.
 
-Where it cannot start (no ``os.pidfd_open``: Python before 3.9 or a kernel
-before 5.3) or a line cannot be written (the watchdog was killed, its pipe is
-full), ``proc.watch_group`` falls back to a watchdog of the call's own, as the
-one-shot helper always uses.
+``watch_group`` and ``release`` are what an op calls: the shared watchdog where
+it runs, else (the one-shot helper; no ``os.pidfd_open``: Python before 3.9 or
+a kernel before 5.3; a line that cannot be written: the watchdog was killed,
+its pipe is full) a watchdog of the call's own, ``proc.watch_group``.
 """
 
 from __future__ import annotations
@@ -27,14 +27,11 @@ from __future__ import annotations
 import os
 import select
 
-try:
-    import _signal as signals  # type: ignore[import-not-found]  # the C module, as in proc
-except ImportError:  # not CPython
-    import signal as signals
+from . import proc
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Set
+    from typing import Dict, List, Optional, Set, Union
 
 READ_BYTES = 64 * 1024
 
@@ -45,7 +42,7 @@ class _Pipe:
 
 
 class Watched:
-    """A group announced to the shared watchdog (``watch``), for ``unwatch``."""
+    """A group announced to the shared watchdog (``watch_group``), for ``release``."""
 
     __slots__ = ("pgid",)
 
@@ -76,16 +73,21 @@ def start() -> bool:
     return True
 
 
-def watch(pgid: int) -> Optional[Watched]:
-    """Announce group pgid, run by this worker; None when the shared watchdog cannot take it."""
-    if _Pipe.fd is None or not _say(b"W", pgid):
-        return None
-    return Watched(pgid)
+def watch_group(pgid: int) -> Union[Watched, proc.Watchdog, None]:
+    """Have group pgid SIGKILLed if this process dies (even by SIGKILL) before
+    ``release``: by the shared watchdog (announced), else by one of its own
+    (``proc.watch_group``); None when neither could take it."""
+    if _Pipe.fd is not None and _say(b"W", pgid):
+        return Watched(pgid)
+    return proc.watch_group(pgid)
 
 
-def unwatch(watched: Watched) -> None:
-    """The worker is done with the group: the watchdog forgets it."""
-    _say(b"D", watched.pgid)
+def release(watching: Union[Watched, proc.Watchdog, None]) -> None:
+    """This process is done with the group: its watchdog signals nothing."""
+    if isinstance(watching, Watched):
+        _say(b"D", watching.pgid)
+    else:
+        proc.release(watching)
 
 
 def _say(kind: bytes, pgid: int) -> bool:
@@ -181,15 +183,9 @@ class _Watchdog:
     def _end(self, pid: int) -> None:
         """pid has exited: SIGKILL every group it left watched, and forget it."""
         for pgid in self.groups.pop(pid, ()):
-            _kill_group(pgid)
+            proc.signal_group(pgid, proc.signals.SIGKILL)
         for pidfd, owner in list(self.pidfds.items()):
             if owner == pid:
                 del self.pidfds[pidfd]
                 os.close(pidfd)
 
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signals.SIGKILL)
-    except OSError:  # gone already
-        pass

@@ -195,12 +195,13 @@ class Toolbox:
             slot = await asyncio.shield(beginning)
         except asyncio.CancelledError:  # its transaction goes on: the call it records is ended as cancelled
             slot = await beginning
-            call = _Call(run_id, tool, args, slot.seq, call_id, started_at, t0, max(0, budget - slot.used),
-                         recorded_tool)
-            await self._record(call, _error(CANCELLED), status="cancelled")
-            raise
+            cancelled = True
+        else:
+            cancelled = False
         call = _Call(run_id, tool, args, slot.seq, call_id, started_at, t0, max(0, budget - slot.used), recorded_tool)
         try:
+            if cancelled:
+                raise asyncio.CancelledError
             if slot.admitted:
                 outcome = await self._run(call)
             else:

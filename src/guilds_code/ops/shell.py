@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 
-from .. import limits, proc, protocol, runstate, shaping, supervise
+from .. import limits, proc, protocol, runstate, shaping, supervise, watchdog
 from ..command import PWD_FD, command_env, command_script, open_log, quote, start_bash
 from ..notes import after_run
 
@@ -151,11 +151,11 @@ def execute(supervisor: supervise.Supervisor, child: proc.Child, timeout: float,
             sink: Callable[[bytes], None]) -> Outcome:
     """Run the started command under the one supervise loop (supervise.SHELL), its
     group watched meanwhile so that it dies with the helper, even by SIGKILL."""
-    watchdog = proc.watch_group(child.pid)
+    watching = watchdog.watch_group(child.pid)
     try:
         ended = supervisor.run(child, timeout, (sink,), supervise.SHELL)
     finally:
-        proc.release(watchdog)
+        watchdog.release(watching)
     if ended.stopped:
         return Outcome(limits.TIMEOUT_EXIT_CODE, True)
     return Outcome(exit_status(ended.returncode), False)
