@@ -169,7 +169,7 @@ async def test_resident_without_a_channel_is_an_error_and_auto_falls_back(tmp_pa
         strict = Toolbox(make_settings(tmp_path, agent={"transport": "resident"}), fake, store)
         result = await strict.call("r", "shell", {"command": "true"})
         assert (result.is_error, body(result.text)) == (
-            True, "sandbox error: the fake sandbox cannot run the resident helper")
+            True, "sandbox error: cannot open the resident helper: the fake sandbox runs no long-lived process")
         auto = Toolbox(make_settings(tmp_path), fake, store)
         assert body((await auto.call("r", "shell", {"command": "true"})).text) == "by exec"
 

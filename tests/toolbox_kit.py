@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
+from guilds.errors import SandboxError
 from guilds.sandbox.base import ExecResult
 from guilds.sandbox.local import LocalSandbox
 from guilds.settings import AgentSettings, parse_settings
@@ -75,6 +76,9 @@ class FakeSandbox:
 
     async def write_file(self, path: str, data: bytes) -> None:
         raise AssertionError("no request file expected")
+
+    async def open_process(self, argv: Sequence[str]):
+        raise SandboxError(f"the {self.name} sandbox runs no long-lived process")
 
     async def stop(self) -> None:
         pass

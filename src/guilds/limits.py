@@ -23,8 +23,9 @@ guilds_code.limits.CANCEL_KILL_GRACE_SECONDS, comes first) and the record's writ
 STDIO_STOP_WAIT_SECONDS = CALL_CANCEL_WAIT_SECONDS + 5.0
 """How long a signalled stdio server waits for its connection to end (each running
 call has CALL_CANCEL_WAIT_SECONDS of it) before the process ends anyway."""
-SERVE_SHUTDOWN_GRACE_SECONDS = 2.0
-"""On a stop signal: how long open requests may finish before their calls are cancelled."""
+SERVE_SHUTDOWN_GRACE_SECONDS = 2
+"""On a stop signal: how long open requests may finish before their calls are cancelled
+(whole seconds: uvicorn's timeout_graceful_shutdown)."""
 SERVE_CANCEL_WAIT_SECONDS = 20.0
 """At shutdown: how long the cancelled calls may take to stop their commands and be
 recorded (more than CALL_CANCEL_WAIT_SECONDS)."""

@@ -81,7 +81,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
 from starlette.applications import Starlette
-from starlette.routing import Route
+from starlette.routing import BaseRoute
 
 from . import limits
 from ._checks import is_safe_name
@@ -165,9 +165,9 @@ class ToolboxTool(Tool):
         hints = ANNOTATIONS[spec.name]
         return cls(fn=call, name=spec.name, title=hints.title, description=spec.description,
                    parameters=spec.input_schema, annotations=hints.annotations(),
-                   fn_metadata=FuncMetadata(arg_model=ArgModelBase), is_async=True)
+                   fn_metadata=FuncMetadata(arg_model=ArgModelBase), is_async=True, context_kwarg=None)
 
-    async def run(self, arguments: dict[str, Any], context: Context,
+    async def run(self, arguments: dict[str, Any], context: Context[Any, Any],
                   convert_result: bool = False) -> types.CallToolResult:
         return await self.fn(context, self.name, arguments)
 
@@ -218,7 +218,7 @@ def error_result(text: str) -> types.CallToolResult:
 
 def to_result(result: CallResult) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=result.text)], is_error=result.is_error,
-                                meta={META_KEY: result.meta})
+                                _meta={META_KEY: result.meta})
 
 
 async def run_call(call: Awaitable[CallResult], report: Callable[[float], Awaitable[None]]) -> CallResult:
@@ -332,13 +332,14 @@ class GuildsServer(MCPServer):
 
 
 @contextlib.asynccontextmanager
-async def _lifespan(server: GuildsServer) -> AsyncIterator[dict[str, Any]]:
+async def _lifespan(server: MCPServer[Any]) -> AsyncIterator[dict[str, Any]]:
     """MCPServer's lifespan, around its serving (stdio: the connection; HTTP: the session
     manager's run): it ends once every call has stopped, and says so in ``front.ended``."""
     try:
         yield {}
     finally:
-        server.front.ended.set()
+        if isinstance(server, GuildsServer):  # the only server it is given
+            server.front.ended.set()
 
 
 def build_server(toolbox: Toolbox, *, run_id: str | None = None,
@@ -359,7 +360,7 @@ def _version() -> str:
 class McpEndpoint:
     """``/mcp`` for a web app: add ``route`` to its routes, enter ``lifespan()`` in its lifespan."""
 
-    route: Route
+    route: BaseRoute
     lifespan: Callable[[], AbstractAsyncContextManager[None]]
     """Runs the session manager; every session's calls end (cancelled) when it exits."""
 

@@ -12,14 +12,14 @@ from .shaping import clip_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional, Tuple
+    from typing import Optional, Tuple, Union
 
     from .redact import Redactor
 
 _CONTINUATION = bytes(range(0x80, 0xC0))
 
 
-def char_count(data: bytes) -> int:
+def char_count(data: Union[bytes, bytearray]) -> int:
     """Characters of UTF-8 bytes (every byte that does not continue a character)."""
     return len(data.translate(None, _CONTINUATION))
 
@@ -50,12 +50,12 @@ class LineHead:
         self._extra = 0
         self.last_byte = -1
 
-    def add(self, piece: bytes) -> None:
+    def add(self, piece: Union[bytes, bytearray]) -> None:
         if self._stream is not None:
             piece = self._stream.feed(bytes(piece))
         self._take(piece)
 
-    def _take(self, piece: bytes) -> None:
+    def _take(self, piece: Union[bytes, bytearray]) -> None:
         if not piece:
             return
         self.last_byte = piece[-1]

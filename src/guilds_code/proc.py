@@ -77,6 +77,13 @@ class Child:
             self.returncode = os.waitstatus_to_exitcode(status)
 
 
+def read_end(fd: Optional[int]) -> int:
+    """The read end of a pipe the child was spawned with (stdout or stderr=PIPE)."""
+    if fd is None:
+        raise ValueError("the child was spawned without that pipe")
+    return fd
+
+
 def find_program(name: str, env: Mapping[str, str]) -> Optional[str]:
     """The absolute path of an executable file `name` on env's PATH, or None."""
     for folder in os.get_exec_path(env):

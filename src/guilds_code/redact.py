@@ -96,7 +96,9 @@ class Redactor:
         """The runs of overlapping matches in data that begin in [start, stop), merged, in order."""
         pattern, stop = self._bytes_re, len(data) if stop is None else stop
         merged: List[Tuple[int, int]] = []
-        match = pattern.search(data, start) if pattern is not None else None
+        if pattern is None:
+            return merged
+        match = pattern.search(data, start)
         while match is not None and match.start() < stop:
             s, e = match.span()
             if merged and s < merged[-1][1]:

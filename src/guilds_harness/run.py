@@ -77,6 +77,8 @@ class _Streams:
 def run(request: HarnessRequest) -> protocol.Reply:
     """The op: one code_task, start to end (see the module docstring)."""
     task = request.task
+    if task is None:  # parse_request always sets it; a HarnessRequest made in code may not
+        raise protocol.OpError("code_task: the request has no task")
     name, repo = resolve_repo(request, runstate.current_cwd(request))
     if not os.path.isdir(repo):
         raise protocol.OpError(f"repo: the folder of {name}, {repo}, does not exist")
@@ -84,7 +86,7 @@ def run(request: HarnessRequest) -> protocol.Reply:
     tokens = runstate.load_repo_tokens(request)
     env = command_env(request, repo, tokens)  # what a shell command there would get
     env.update(adapter.environ())
-    log = EventLog(runstate.log_path(request, running_run_dirs))
+    log = EventLog(runstate.log_path(request, keep_also=running_run_dirs))
     rep = report.Report(status="crashed", harness=adapter.name, repo=name, cwd=repo, log_path=log.path)
     try:
         _execute(rep, adapter, task, env, log)
@@ -111,17 +113,18 @@ def _execute(rep: report.Report, adapter, task: TaskArgs, env: Dict[str, str], l
     before = diffstat.snapshot(rep.cwd, env)
     streams = _Streams(log, adapter.parser())
     try:
-        rep.exit = process.run_process(
+        ended = process.run_process(
             [program] + argv[1:], rep.cwd, env, task.timeout_minutes * 60,
             streams.on_stdout, streams.on_stderr, lambda: streams.parser.outcome().finished,
         )
     except OSError as exc:
         rep.status, rep.error = "not installed", f"cannot start {program}: {exc.strerror}"
         return
+    rep.exit = ended
     streams.flush()
     rep.stat = _stat(before, diffstat.snapshot(rep.cwd, env), env)
     rep.outcome = streams.parser.outcome()
-    _decide(rep, task, streams)
+    _decide(rep, ended, task, streams)
 
 
 def _stat(before, after, env):
@@ -137,8 +140,8 @@ def _unknown_session(rep: report.Report, session_id: str) -> None:
     rep.error = f"{rep.harness} has no session {session_id}; start a new one without session_id"
 
 
-def _decide(rep: report.Report, task: TaskArgs, streams: _Streams) -> None:
-    out, ex = rep.outcome, rep.exit
+def _decide(rep: report.Report, ex: process.Exit, task: TaskArgs, streams: _Streams) -> None:
+    out = rep.outcome
     rep.session_id = out.session_id or task.session_id
     if ex.timed_out:
         rep.status = "timed out"
@@ -151,11 +154,10 @@ def _decide(rep: report.Report, task: TaskArgs, streams: _Streams) -> None:
         rep.status = "failed"
         rep.error = out.error or f"{rep.harness} reported success but exited with {ex.exit_code}"
     else:
-        rep.status, rep.error = "crashed", _crash_reason(rep, streams)
+        rep.status, rep.error = "crashed", _crash_reason(rep, ex, streams)
 
 
-def _crash_reason(rep: report.Report, streams: _Streams) -> str:
-    ex = rep.exit
+def _crash_reason(rep: report.Report, ex: process.Exit, streams: _Streams) -> str:
     how = (f"was killed by {report.signal_name(ex.signal)}" if ex.signal
            else f"exited with {ex.exit_code}")
     parts = [f"{rep.harness} {how} before its final event"]

@@ -38,7 +38,7 @@ import os
 import posixpath
 import shutil
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
 from ._process import succeeds
 
@@ -185,7 +185,8 @@ _MOUNTED = ("/", "/tmp", "/run", "/dev", "/dev/shm", "/proc", HELPER_DIR)
 def _parents(c: BwrapConfig) -> list[str]:
     """The home's parent folders made 0755 (bwrap would copy the host's modes,
     and a 0700 parent of root's would shut the agent's uid out of its home)."""
-    parents, path = [], posixpath.dirname(c.home.rstrip("/"))
+    parents: list[str] = []
+    path = posixpath.dirname(c.home.rstrip("/"))
     while path not in _MOUNTED and not any(_within(path, p) for p, _ in c.system):
         parents.insert(0, path)
         path = posixpath.dirname(path)
@@ -308,7 +309,7 @@ def host_system() -> tuple[tuple[str, str | None], ...]:
     return tuple(found)
 
 
-def host_local_bin(skip: Sequence[str]) -> tuple[tuple[str, str | None], ...]:
+def host_local_bin(skip: Collection[str]) -> tuple[tuple[str, str | None], ...]:
     """BwrapConfig.local_bin for this host: its /usr/local/bin but the names in skip."""
     try:
         names = sorted(n for n in os.listdir(HELPER_DIR) if n not in skip)

@@ -28,7 +28,7 @@ import signal
 import socket
 import subprocess
 import threading
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import IO, Any, Callable, Mapping, Protocol, Sequence
 
 from ..errors import SandboxError
 from ..limits import CHANNEL_CLOSE_WAIT_SECONDS
@@ -79,24 +79,26 @@ class LocalProcess:
                 env=dict(env), cwd=cwd, start_new_session=True, bufsize=0)
         except OSError as exc:
             raise SandboxError(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
+        self._stdin, self._stdout = _piped(self._proc.stdin), _piped(self._proc.stdout)
+        self._stderr = _piped(self._proc.stderr)
         self._tail = _Tail()
         self._closed = False
         self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True, name="guilds-stderr")
         self._stderr_reader.start()
 
     def _read_stderr(self) -> None:
-        while chunk := self._proc.stderr.read(_READ):
+        while chunk := self._stderr.read(_READ):
             self._tail.add(chunk)
 
     def send(self, data: bytes) -> None:
         try:
-            self._proc.stdin.write(data)
+            self._stdin.write(data)
         except (OSError, ValueError) as exc:  # ValueError: written after close()
             raise ChannelClosed(f"the process is gone ({exc})") from exc
 
     def receive(self) -> bytes:
         try:
-            return self._proc.stdout.read(_READ) or b""
+            return self._stdout.read(_READ) or b""
         except (OSError, ValueError):
             return b""
 
@@ -105,7 +107,7 @@ class LocalProcess:
             return
         self._closed = True
         with contextlib.suppress(OSError):
-            self._proc.stdin.close()
+            self._stdin.close()
         try:
             self._proc.wait(CHANNEL_CLOSE_WAIT_SECONDS)
         except subprocess.TimeoutExpired:
@@ -113,12 +115,19 @@ class LocalProcess:
                 os.killpg(self._proc.pid, signal.SIGKILL)
             self._proc.wait()
         self._stderr_reader.join(CHANNEL_CLOSE_WAIT_SECONDS)
-        for pipe in (self._proc.stdout, self._proc.stderr):
+        for pipe in (self._stdout, self._stderr):
             with contextlib.suppress(OSError):
                 pipe.close()
 
     def stderr_tail(self) -> str:
         return self._tail.lines()
+
+
+def _piped(stream: IO[bytes] | None) -> IO[bytes]:
+    """A pipe Popen was asked for (PIPE), so it is there."""
+    if stream is None:
+        raise SandboxError("the process was started without that pipe")
+    return stream
 
 
 class DockerProcess:

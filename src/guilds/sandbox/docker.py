@@ -126,7 +126,8 @@ class DockerSandbox(ContainerSandbox):
     # --- blocking steps (run in the pool) -------------------------------------
     def _start(self) -> None:
         if not self._ensure_created():  # a new container got it when it was made
-            self._put(*self._repos_files(), "write repos.json")
+            files, folders = self._repos_files()
+            self._put(files, "write repos.json", folders)
 
     def _move_clock(self) -> None:
         """Rewrite the idle clock through the engine (root's: the agent cannot touch it).
@@ -227,7 +228,8 @@ class DockerSandbox(ContainerSandbox):
             with contextlib.suppress(docker.errors.NotFound):
                 self.client.api.remove_volume(spec.state_volume(self.agent_id), force=True)
             self._client, client = None, self._client
-            client.close()  # its pooled connections; a later call connects again
+            if client is not None:
+                client.close()  # its pooled connections; a later call connects again
 
     # --- finding and creating the container -----------------------------------
     def _ensure(self) -> str:

@@ -27,7 +27,7 @@ import asyncio
 import itertools
 import json
 import threading
-from typing import Any
+from typing import Any, Callable, TypeAlias
 
 from guilds_code import frames, limits
 from guilds_code.protocol import decode_envelope
@@ -44,6 +44,10 @@ DIRECT_SEND_BYTES = 16 * 1024
 once); a larger one from a worker thread, so a slow reader cannot stall the loop."""
 
 
+Answer: TypeAlias = "asyncio.Future[dict[str, Any]]"
+"""A call's decoded envelope, set by the reader thread (through the call's event loop)."""
+
+
 class ChannelDied(HelperFailed):
     """The resident helper ended (or never started) while a call needed it."""
 
@@ -54,7 +58,7 @@ class ResidentChannel:
     def __init__(self, process: ProcessChannel):
         self._process = process
         self._ids = itertools.count(1)
-        self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self._pending: dict[str, tuple[asyncio.AbstractEventLoop, Answer]] = {}
         self._lock = threading.Lock()
         """Guards the calls waiting for answers (the reader thread takes it too)."""
         self._send_lock = threading.Lock()
@@ -96,7 +100,7 @@ class ResidentChannel:
             raise HelperFailed(f"request: larger than {limits.REQUEST_FILE_MAX} bytes; not sent")
         frame_id = f"q{next(self._ids)}"
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        future: Answer = loop.create_future()
         with self._lock:
             if self.dead:
                 raise ChannelDied(self.dead)
@@ -110,7 +114,7 @@ class ResidentChannel:
             if future.done() and not future.cancelled():
                 future.exception()  # retrieved: a failure already raised is not logged again
 
-    async def _answer(self, frame_id: str, future: asyncio.Future, wait: float) -> dict[str, Any]:
+    async def _answer(self, frame_id: str, future: Answer, wait: float) -> dict[str, Any]:
         try:
             return await asyncio.wait_for(asyncio.shield(future), wait)
         except TimeoutError:
@@ -123,7 +127,7 @@ class ResidentChannel:
             await self._cancel(frame_id, future)
             raise
 
-    async def _cancel(self, frame_id: str, future: asyncio.Future) -> bool:
+    async def _cancel(self, frame_id: str, future: Answer) -> bool:
         """A cancel frame, then the server's answer to it (or CHANNEL_CANCEL_WAIT_SECONDS); True once answered."""
         try:
             await asyncio.shield(self._send(frames.cancel_frame(frame_id)))
@@ -175,8 +179,9 @@ class ResidentChannel:
         if self._hello is None:
             self._on_hello(frame)
             return
+        frame_id = frame.get("id") if isinstance(frame, dict) else None
         with self._lock:
-            entry = self._pending.pop(frame.get("id"), None) if isinstance(frame, dict) else None
+            entry = self._pending.pop(frame_id, None) if isinstance(frame_id, str) else None
         if entry is not None:
             loop, future = entry
             _hand_over(loop, _settle, future, frame.get("envelope"))
@@ -203,10 +208,11 @@ class ResidentChannel:
             _hand_over(loop, _fail, future, ChannelDied(reason))
 
 
-def _hand_over(loop: asyncio.AbstractEventLoop, *callback: Any) -> None:
-    """callback in loop's thread; nothing when that loop has closed (its call is gone)."""
+def _hand_over(loop: asyncio.AbstractEventLoop, settle: Callable[[Answer, Any], None],
+               future: Answer, value: Any) -> None:
+    """settle(future, value) in loop's thread; nothing when that loop has closed (its call is gone)."""
     try:
-        loop.call_soon_threadsafe(*callback)
+        loop.call_soon_threadsafe(settle, future, value)
     except RuntimeError:
         pass
 
@@ -225,7 +231,7 @@ def _not_a_frame(line: bytes, *, hello_seen: bool) -> str:
     return f"the resident helper wrote something not a frame: {line[:80]!r}"
 
 
-def _settle(future: asyncio.Future, envelope: Any) -> None:
+def _settle(future: Answer, envelope: Any) -> None:
     if future.done():
         return
     try:
@@ -235,6 +241,6 @@ def _settle(future: asyncio.Future, envelope: Any) -> None:
                                           "is not an envelope"))
 
 
-def _fail(future: asyncio.Future, exc: BaseException) -> None:
+def _fail(future: Answer, exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)

@@ -19,12 +19,12 @@ offered: the model may no longer hold its text, so the next read returns content
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeGuard
 
 from ..store import Store
 
 
-def _is_range(value: Any) -> bool:
+def _is_range(value: Any) -> TypeGuard[list[int]]:
     return (
         isinstance(value, list)
         and len(value) == 2

@@ -22,7 +22,7 @@ import json
 import threading
 import time
 import weakref
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, TypeGuard
 
 from guilds_code import limits
 from guilds_code.protocol import decode_envelope, encode_request
@@ -32,11 +32,14 @@ from .._checks import is_safe_name
 from ..errors import BadInput, HelperFailed, SandboxError
 from ..sandbox.base import ExecResult, Sandbox
 
+if TYPE_CHECKING:
+    from .channel import ResidentChannel
+
 HELPER = "guilds-code"
 FAILED = "code helper failed"
 
 
-def _valid_int(value: Any, lo: int, hi: int) -> bool:
+def _valid_int(value: Any, lo: int, hi: int) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
 
 
@@ -57,9 +60,9 @@ def wait_for(op: str, args: Mapping[str, Any]) -> float:
     if op != "shell":
         return float(limits.OP_WAIT_SECONDS)
     timeout = args.get("timeout_seconds") if isinstance(args, Mapping) else None
-    valid = _valid_int(timeout, limits.SHELL_TIMEOUT_MIN, limits.SHELL_TIMEOUT_MAX)
-    seconds = timeout if valid else limits.SHELL_TIMEOUT_DEFAULT
-    return float(seconds + limits.SHELL_WAIT_EXTRA_SECONDS)
+    if not _valid_int(timeout, limits.SHELL_TIMEOUT_MIN, limits.SHELL_TIMEOUT_MAX):
+        timeout = limits.SHELL_TIMEOUT_DEFAULT
+    return float(timeout + limits.SHELL_WAIT_EXTRA_SECONDS)
 
 
 def _status_wait(args: Any) -> int:
@@ -164,18 +167,18 @@ class Transport:
         if mode not in TRANSPORTS:
             raise ValueError(f"transport: must be one of {', '.join(TRANSPORTS)}, got {mode!r}")
         self.sandbox, self.mode, self.max_in_flight = sandbox, mode, max_in_flight
-        self._channel: Any = None
+        self._channel: ResidentChannel | None = None
         self._lock = asyncio.Lock()
         self._failed_at: float | None = None
         self._finalizer: weakref.finalize | None = None
-        self._opening: asyncio.Future | None = None
+        self._opening: asyncio.Future[ResidentChannel | None] | None = None
 
     @property
-    def channel(self) -> Any:
-        """The open channel (a ``ResidentChannel``), or None."""
+    def channel(self) -> ResidentChannel | None:
+        """The open channel, or None."""
         return self._channel
 
-    async def opened(self) -> Any:
+    async def opened(self) -> ResidentChannel | None:
         """Wait for the channel being opened in the background (auto), if any; the live channel or None."""
         if self._opening is not None:
             await asyncio.wait({self._opening})
@@ -198,16 +201,12 @@ class Transport:
                                        f"({exc.message}); the call may have run in part") from None
         raise AssertionError("unreachable")
 
-    def _live(self) -> Any:
+    def _live(self) -> ResidentChannel | None:
         channel = self._channel
         return channel if channel is not None and not channel.dead else None
 
-    async def _channel_for_call(self) -> Any:
+    async def _channel_for_call(self) -> ResidentChannel | None:
         """The live channel for this call; None: it goes by exec (see the class docstring)."""
-        if not hasattr(self.sandbox, "open_process"):
-            if self.mode == "resident":
-                raise SandboxError(f"the {self.sandbox.name} sandbox cannot run the resident helper")
-            return None
         channel = self._live()
         if channel is not None:
             return channel
@@ -219,12 +218,12 @@ class Transport:
             self._opening.add_done_callback(self._opened)
         return None
 
-    def _opened(self, task: asyncio.Future) -> None:
+    def _opened(self, task: asyncio.Future[ResidentChannel | None]) -> None:
         self._opening = None
         if not task.cancelled() and task.exception() is not None:  # retrieved: auto goes by exec
             self._failed_at = time.monotonic()
 
-    async def _open(self) -> Any:
+    async def _open(self) -> ResidentChannel | None:
         """Open the channel unless one is live; None when auto falls back to exec."""
         from .channel import ChannelDied, ResidentChannel
 
@@ -255,6 +254,6 @@ class Transport:
             await channel.close()
 
 
-def _close_in_background(channel: Any) -> None:
+def _close_in_background(channel: ResidentChannel) -> None:
     """End a channel whose transport is gone, from a thread (closing may wait)."""
     threading.Thread(target=channel.abandon, daemon=True, name="guilds-resident-close").start()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
@@ -59,7 +59,12 @@ def templates() -> Environment:
                        trim_blocks=True, lstrip_blocks=True)
 
 
+@overload
+def _int(value: str | None, default: int) -> int: ...
+@overload
+def _int(value: str | None, default: None = None) -> int | None: ...
 def _int(value: str | None, default: int | None = None) -> int | None:
+    """A query's number (default when absent); 400 when it is not one or is out of range."""
     try:
         number = int(value) if value is not None else default
     except ValueError:

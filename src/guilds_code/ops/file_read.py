@@ -125,7 +125,7 @@ class _LineCounter:
     def start(fd: Optional[int]) -> Optional["_LineCounter"]:
         """A counter over fd, or None (no fd, no GNU wc, or it cannot run)."""
         program = _wc_program() if fd is not None else None
-        if program is None:
+        if program is None or fd is None:
             return None
         try:
             return _LineCounter(program, fd)
@@ -134,13 +134,14 @@ class _LineCounter:
 
     def newlines(self) -> Optional[int]:
         """wc's count, or None when it failed."""
-        chunks = []
+        out = proc.read_end(self._child.stdout)
+        chunks: List[bytes] = []
         while True:
-            chunk = os.read(self._child.stdout, 4096)
+            chunk = os.read(out, 4096)
             if not chunk or sum(map(len, chunks)) > 4096:
                 break
             chunks.append(chunk)
-        os.close(self._child.stdout)
+        os.close(out)
         text = b"".join(chunks).strip()
         return int(text) if self._child.wait() == 0 and text.isdigit() else None
 

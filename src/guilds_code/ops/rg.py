@@ -64,11 +64,12 @@ def run_rg(
         child = proc.spawn(argv, env, stdin=stdin, stderr=proc.PIPE)
     except OSError as exc:
         raise protocol.OpError(f"code_search: cannot run {argv[0]}: {exc.strerror}") from None
+    out_fd, err_fd = proc.read_end(child.stdout), proc.read_end(child.stderr)
     try:
         err, timed_out = _collect(child, time.monotonic() + timeout, sink)
     finally:
-        os.close(child.stdout)
-        os.close(child.stderr)
+        os.close(out_fd)
+        os.close(err_fd)
     return child.wait(), err, timed_out
 
 
@@ -77,7 +78,7 @@ def _collect(child: proc.Child, deadline: float, sink: Callable[[bytes], None]) 
     end or the deadline (then SIGKILL); (stderr start, timed out)."""
     err = bytearray()
     poller = select.poll()
-    open_fds = {child.stdout, child.stderr}
+    open_fds = {proc.read_end(child.stdout), proc.read_end(child.stderr)}
     for fd in open_fds:
         poller.register(fd, select.POLLIN)
     while open_fds:

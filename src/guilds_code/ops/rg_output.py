@@ -207,9 +207,12 @@ class ContentLines:
         return Row(kind.decode(), path, number, LineHead(self._keep, self._redactor))
 
     def end(self, row: Row) -> None:
-        row.text, row.chars = row.line.text(strip_cr=True)
-        row.line = None
-        self._rows.append(row)
+        """The row's text is read: keep it in the open group (begin gave a row only for one)."""
+        if row.line is not None:
+            row.text, row.chars = row.line.text(strip_cr=True)
+            row.line = None
+        if self._rows is not None:
+            self._rows.append(row)
 
     def _open_group(self, path: bytes) -> None:
         self._path, self._file_matches = path, 0
@@ -217,7 +220,7 @@ class ContentLines:
         self._rows = [] if wanted else None
 
     def _close_group(self) -> None:
-        if self._rows:
+        if self._rows and self._path is not None:
             self._groups[self._path] = self._rows
             self._kept += len(self._rows)
             self._trim()

@@ -92,3 +92,8 @@ def as_int(value: Any) -> Optional[int]:
 
 def as_text(value: Any) -> Optional[str]:
     return value if isinstance(value, str) else None
+
+
+def as_object(value: Any) -> Dict[str, Any]:
+    """An event's object field, or {} when it is not a JSON object."""
+    return value if isinstance(value, dict) else {}

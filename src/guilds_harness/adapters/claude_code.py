@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from .base import Outcome, as_int, as_text, says_unknown_session
+from .base import Outcome, as_int, as_object, as_text, says_unknown_session
 
 
 class ClaudeCodeParser:
@@ -54,7 +54,7 @@ class ClaudeCodeParser:
         if isinstance(cost, (int, float)) and not isinstance(cost, bool):
             out.cost_usd = float(cost)
         out.num_turns = as_int(event.get("num_turns"))
-        usage = event.get("usage") if isinstance(event.get("usage"), dict) else {}
+        usage = as_object(event.get("usage"))
         out.input_tokens = as_int(usage.get("input_tokens"))
         out.output_tokens = as_int(usage.get("output_tokens"))
 

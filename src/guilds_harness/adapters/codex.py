@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional
 
-from .base import Outcome, as_int, as_text, says_unknown_session
+from .base import Outcome, as_int, as_object, as_text, says_unknown_session
 
 SESSION_FOLDERS = ("sessions", "archived_sessions")
 
@@ -39,7 +39,7 @@ class CodexParser:
         if kind in ("thread.started", "thread.resumed"):
             out.session_id = as_text(event.get("thread_id")) or out.session_id
         elif kind == "item.completed":
-            item = event.get("item") if isinstance(event.get("item"), dict) else {}
+            item = as_object(event.get("item"))
             if item.get("type") == "agent_message" and isinstance(item.get("text"), str):
                 out.final_message = item["text"]
         elif kind == "turn.completed":
@@ -48,7 +48,7 @@ class CodexParser:
             self._usage(event.get("usage"))
         elif kind == "turn.failed":
             out.finished, out.ok = True, False
-            error = event.get("error") if isinstance(event.get("error"), dict) else {}
+            error = as_object(event.get("error"))
             out.error = as_text(error.get("message")) or "turn failed"
             self._usage(event.get("usage"))
         elif kind == "error":
