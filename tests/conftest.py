@@ -14,7 +14,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any
 
 import pytest
 
@@ -40,12 +40,12 @@ class Sandbox:
     state: Path
     run_id: str = "run1"
     agent_id: str = "agent1"
-    env: Dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
     transport: str = "exec"
     _calls: int = 0
-    _server: Optional[ResidentServer] = None
+    _server: ResidentServer | None = None
 
-    def request(self, op: str, args: Dict[str, Any], **extra: Any) -> Dict[str, Any]:
+    def request(self, op: str, args: dict[str, Any], **extra: Any) -> dict[str, Any]:
         self._calls += 1
         req = {
             "op": op,
@@ -61,7 +61,7 @@ class Sandbox:
         req.update(extra)
         return req
 
-    def process_env(self) -> Dict[str, str]:
+    def process_env(self) -> dict[str, str]:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(self.home),
@@ -74,7 +74,7 @@ class Sandbox:
     def run_raw(self, arg: str, timeout: float = 60) -> subprocess.CompletedProcess:
         return subprocess.run(
             [PYTHON, "-I", "-S", str(self.helper), arg],
-            env=self.process_env(),
+            check=False, env=self.process_env(),
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=timeout,
@@ -94,7 +94,7 @@ class Sandbox:
             self._server.close()
             self._server = None
 
-    def call_request(self, req: Dict[str, Any], timeout: float = 60) -> Dict[str, Any]:
+    def call_request(self, req: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
         if self.transport == "resident":
             return self.server().call(req, timeout)
         arg = base64.b64encode(json.dumps(req).encode()).decode()
@@ -104,7 +104,7 @@ class Sandbox:
         assert len(lines) == 1, proc.stdout[:500]
         return decode_envelope(lines[0])
 
-    def call(self, op: str, args: Dict[str, Any], timeout: float = 60, **extra: Any) -> Dict[str, Any]:
+    def call(self, op: str, args: dict[str, Any], timeout: float = 60, **extra: Any) -> dict[str, Any]:
         return self.call_request(self.request(op, args, **extra), timeout=timeout)
 
 
@@ -119,12 +119,12 @@ def sandbox(request, helper_path, tmp_path):
     box.close()
 
 
-def ok_text(envelope: Dict[str, Any]) -> str:
+def ok_text(envelope: dict[str, Any]) -> str:
     assert envelope["ok"] is True, envelope
     return envelope["text"]
 
 
-def error_text(envelope: Dict[str, Any]) -> str:
+def error_text(envelope: dict[str, Any]) -> str:
     assert envelope["ok"] is False, envelope
     return envelope["error"]
 

@@ -19,7 +19,7 @@ import socket
 import struct
 import subprocess
 import threading
-from typing import Callable, List, Sequence
+from typing import Callable, Sequence
 from urllib.parse import parse_qs, urlparse
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -28,8 +28,8 @@ GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 class ExecServer:
     """Serves pods/exec on 127.0.0.1 (one thread per connection)."""
 
-    def __init__(self, protocols: Sequence[str], run_as: Callable[[List[str]], List[str]],
-                 objects: "dict[str, dict] | None" = None):
+    def __init__(self, protocols: Sequence[str], run_as: Callable[[list[str]], list[str]],
+                 objects: dict[str, dict] | None = None):
         """objects: plain GETs answered by path (a pod, as the API server returns it)."""
         self.protocols, self.run_as = list(protocols), run_as
         self.objects = objects if objects is not None else {}
@@ -75,7 +75,8 @@ class ExecServer:
             if chosen is None:
                 conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
                 return
-            accept = base64.b64encode(hashlib.sha1(headers["sec-websocket-key"].encode() + GUID).digest())
+            key = headers["sec-websocket-key"].encode() + GUID
+            accept = base64.b64encode(hashlib.sha1(key).digest())  # noqa: S324 - RFC 6455 says SHA-1
             conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                          b"Sec-WebSocket-Accept: " + accept + b"\r\nSec-WebSocket-Protocol: "
                          + chosen.encode() + b"\r\n\r\n")
@@ -89,7 +90,7 @@ class ExecServer:
         conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\nConnection: close\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
-    def _pump(self, conn: socket.socket, protocol: str, argv: List[str]) -> None:
+    def _pump(self, conn: socket.socket, protocol: str, argv: list[str]) -> None:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 bufsize=0)
         self.procs.append(proc)

@@ -91,7 +91,7 @@ async def check_tool_list(client: Client) -> None:
     listed = (await client.list_tools()).tools
     expected = export(tool_specs(), "mcp")
     assert [t.name for t in listed] == [e["name"] for e in expected]
-    for tool, want in zip(listed, expected):
+    for tool, want in zip(listed, expected, strict=True):
         assert tool.input_schema == want["inputSchema"]
         assert tool.description == want["description"]
         hints = ANNOTATIONS[tool.name]

@@ -8,7 +8,7 @@ import os
 import select
 import subprocess
 import time
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Mapping
 
 from guilds_code.protocol import decode_envelope
 
@@ -28,7 +28,7 @@ class ResidentServer:
     def send(self, data: bytes) -> None:
         self.proc.stdin.write(data)
 
-    def request(self, req: Dict[str, Any], frame_id: Optional[str] = None) -> str:
+    def request(self, req: dict[str, Any], frame_id: str | None = None) -> str:
         self._ids += 1
         frame_id = frame_id or f"t{self._ids}"
         self.send(json.dumps({"v": 1, "id": frame_id, "request": req}).encode() + b"\n")
@@ -53,12 +53,12 @@ class ResidentServer:
         line, self._buffer = self._buffer.split(b"\n", 1)
         return line + b"\n"
 
-    def read_frame(self, timeout: float = 60) -> Dict[str, Any]:
+    def read_frame(self, timeout: float = 60) -> dict[str, Any]:
         line = self.read_line(timeout)
         assert line.endswith(b"\n"), f"stdout ended: {line[:200]!r}"
         return json.loads(line)
 
-    def answers(self, count: int, timeout: float = 60) -> List[Dict[str, Any]]:
+    def answers(self, count: int, timeout: float = 60) -> list[dict[str, Any]]:
         """The next count answer frames, each with its envelope decoded, in arrival order."""
         out = []
         for _ in range(count):
@@ -67,7 +67,7 @@ class ResidentServer:
             out.append(frame)
         return out
 
-    def call(self, req: Dict[str, Any], timeout: float = 60) -> Dict[str, Any]:
+    def call(self, req: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
         frame_id = self.request(req)
         (answer,) = self.answers(1, timeout)
         assert answer["id"] == frame_id, answer

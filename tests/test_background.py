@@ -128,7 +128,7 @@ def test_stop_a_running_command(bg):
 
 @pytest.mark.slow
 def test_stop_escalates_to_sigkill_without_blocking(bg):
-    bid, pid, _ = start(bg, "trap '' TERM; echo armed; sleep 60 & wait")
+    bid, _pid, _ = start(bg, "trap '' TERM; echo armed; sleep 60 & wait")
     time.sleep(0.3)
     began = time.monotonic()
     env = status(bg, id=bid, stop=True)
@@ -223,7 +223,7 @@ def test_fifty_concurrent_starts_get_distinct_ids(bg):
 
 def test_huge_command_still_listed(bg):
     command = "true # " + "z" * 80_000  # a record with all of it would pass 64 KiB
-    bid, _, _ = start(bg, command)
+    _bid, _, _ = start(bg, command)
     assert re.fullmatch(r"b1 (running|exited 0) \ds true # z{73}… \[\+\d+ chars\]", ok_text(status(bg)))
 
 
@@ -240,7 +240,7 @@ def test_background_command_longer_than_one_argv_string(bg):
 
 
 def test_run_folder_of_a_running_command_outlives_pruning(bg):
-    bid, pid, log = start(bg, "sleep 30")
+    bid, _pid, log = start(bg, "sleep 30")
     runs = bg.home / ".runs"
     (runs / "run1").touch()
     past = time.time() - 3600
@@ -270,7 +270,8 @@ def _forge(sandbox, bid: str, pid: int) -> None:
     folder = sandbox.state / sandbox.agent_id / "background"
     command = (
         f"f={folder}/{bid}.json; st=$(cut -d' ' -f22 /proc/{pid}/stat 2>/dev/null || echo 0); "
-        f"sed -E -i \"s/\\\"pid\\\": [0-9]+/\\\"pid\\\": {pid}/; s/\\\"start_time\\\": [0-9]+/\\\"start_time\\\": ${{st:-0}}/\" $f; cat $f"
+        f'sed -E -i "s/\\"pid\\": [0-9]+/\\"pid\\": {pid}/; '
+        f's/\\"start_time\\": [0-9]+/\\"start_time\\": ${{st:-0}}/" $f; cat $f'
     )
     text = ok_text(sandbox.call("shell", {"command": command}))
     assert f'"pid": {pid}' in text

@@ -6,7 +6,13 @@ from dataclasses import replace
 
 from guilds.sandbox.bubblewrap import AGENT_UID_BASE, AGENT_UID_SPAN, agent_uid
 from guilds.sandbox.bwrap_argv import (
-    INIT, LIMITS_SCRIPT, BwrapConfig, Limits, bwrap_argv, enter_argv, limited_argv,
+    INIT,
+    LIMITS_SCRIPT,
+    BwrapConfig,
+    Limits,
+    bwrap_argv,
+    enter_argv,
+    limited_argv,
 )
 
 UID = 1500000001

@@ -66,7 +66,7 @@ async def test_the_state_root_is_a_tmpfs_of_its_size_owned_by_the_agent(box, tmp
 
 async def test_a_fill_stops_at_the_size_and_the_data_folder_takes_nothing(box, tmp_path):
     before = bytes_under(tmp_path / "data")
-    code, out, err = await run(box, f"head -c {STATE_SIZE + MIB} /dev/zero > /run/guilds/fill; echo $?; "
+    _code, out, err = await run(box, f"head -c {STATE_SIZE + MIB} /dev/zero > /run/guilds/fill; echo $?; "
                                     "stat -c %s /run/guilds/fill")
     status, size = out.split()
     assert status == "1" and "No space left on device" in err
@@ -132,7 +132,7 @@ async def test_a_new_sandbox_starts_with_an_empty_state_root(box):
     await run(box, "echo left > /run/guilds/left")
     await box.stop()
     await box.start()
-    code, out, _ = await run(box, "ls -A /run/guilds; ls -A /run/guilds/agent1")
+    _code, out, _ = await run(box, "ls -A /run/guilds; ls -A /run/guilds/agent1")
     assert out.split() == ["agent1", "repos.json"]
 
 
@@ -149,9 +149,11 @@ async def test_a_reused_pid_is_not_written_into(box):
     from guilds.sandbox import bubblewrap
 
     pid, start = box._ensure_init()
-    with pytest.raises(SandboxError, match="ended before its state root could be written"):
-        with bubblewrap._state_root(pid, start + 1):
-            pass
+    with (
+        pytest.raises(SandboxError, match="ended before its state root could be written"),
+        bubblewrap._state_root(pid, start + 1),
+    ):
+        pass
 
 
 async def test_the_state_root_is_charged_to_the_sandboxs_memory_cgroup(box):
@@ -179,7 +181,7 @@ def test_calls_through_the_cli_once_the_agent_filled_its_state_root(tmp_path):
 
     def call(command: str) -> subprocess.CompletedProcess:
         return subprocess.run([GUILDS, "call", "shell", json.dumps({"command": command}), "--config", str(config)],
-                              capture_output=True, text=True, env=env, timeout=120)
+                              check=False, capture_output=True, text=True, env=env, timeout=120)
 
     try:
         filled = call("head -c 2M /dev/zero > /run/guilds/fill 2>/dev/null; echo filled")
@@ -194,4 +196,6 @@ def test_calls_through_the_cli_once_the_agent_filled_its_state_root(tmp_path):
             " under /run/guilds: No space left on device")
         assert "Traceback" not in big.stderr + small.stderr
     finally:
-        subprocess.run([GUILDS, "sandbox", "stop", "--config", str(config)], env=env, capture_output=True, timeout=60)
+        subprocess.run(
+            [GUILDS, "sandbox", "stop", "--config", str(config)], check=False, env=env, capture_output=True, timeout=60
+        )

@@ -38,7 +38,9 @@ def test_tools_prints_the_definitions(capsys, tmp_path, fmt):
 def test_call_prints_the_result_and_a_run_carries_its_directory(capsys, tmp_path):
     cfg = str(config(tmp_path))
     (tmp_path / "home/sub").mkdir(parents=True)
-    code, out, _ = run(capsys, tmp_path, "call", "shell", '{"command": "cd sub && echo in"}', "--config", cfg, "--run", "r1")
+    code, out, _ = run(
+        capsys, tmp_path, "call", "shell", '{"command": "cd sub && echo in"}', "--config", cfg, "--run", "r1"
+    )
     assert (code, out) == (0, "in\n[working directory now: ~/sub]\nremaining_tool_calls: 199\n")
     code, out, _ = run(capsys, tmp_path, "call", "shell", '{"command": "pwd; exit 4"}', "--config", cfg,
                        "--run", "r1", "--json")
@@ -46,7 +48,8 @@ def test_call_prints_the_result_and_a_run_carries_its_directory(capsys, tmp_path
     assert code == 0 and set(result) == {"text", "is_error", "meta"}
     assert result["text"] == f"{tmp_path}/home/sub\nexit_code: 4\nremaining_tool_calls: 198"
     assert result["is_error"] is False
-    assert (result["meta"]["seq"], result["meta"]["exit_code"], result["meta"]["row"]) == (2, 4, "Run pwd; exit 4 · exit 4")
+    meta = result["meta"]
+    assert (meta["seq"], meta["exit_code"], meta["row"]) == (2, 4, "Run pwd; exit 4 · exit 4")
 
 
 def test_an_error_result_is_still_a_call_made(capsys, tmp_path):
@@ -107,19 +110,22 @@ def test_the_console_script(tmp_path):
     assert exe, "the guilds console script is installed beside python"
     env = {**os.environ, "GUILDS_DATA": str(tmp_path / "data")}
     proc = subprocess.run([exe, "call", "shell", '{"command": "echo $PORT"}', "--config", str(config(tmp_path))],
-                          capture_output=True, text=True, env=env, timeout=60)
+                          check=False, capture_output=True, text=True, env=env, timeout=60)
     assert (proc.returncode, proc.stdout) == (0, "20000\nremaining_tool_calls: 199\n"), proc.stderr
 
 
 def test_a_call_imports_only_what_it_needs(tmp_path):
     """Not the MCP SDK, the app's web stack, another sandbox backend, nor PostgreSQL's dialect."""
-    code = ("import sys; from guilds.cli import main; "
-            f"main(['call', 'shell', '{{}}', '--config', {str(config(tmp_path))!r}]); "
-            "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})), file=sys.stderr); "
-            "print(' '.join(sorted(m for m in sys.modules if m.startswith(('guilds.', 'sqlalchemy.dialects.')))), "
-            "file=sys.stderr)")
+    code = (
+        "import sys; from guilds.cli import main; "
+        f"main(['call', 'shell', '{{}}', '--config', {str(config(tmp_path))!r}]); "
+        "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})), file=sys.stderr); "
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('guilds.', 'sqlalchemy.dialects.')))), "
+        "file=sys.stderr)"
+    )
     env = {**os.environ, "GUILDS_DATA": str(tmp_path / "data")}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env,
+                          timeout=60)
     tops, ours = (set(line.split()) for line in proc.stderr.splitlines()[-2:])
     assert not tops & {"mcp", "starlette", "uvicorn", "jinja2", "docker", "kubernetes", "anthropic", "openai"}
     assert "guilds.sandbox.local" in ours and "sqlalchemy.dialects.sqlite" in ours

@@ -7,8 +7,8 @@ import sys
 import time
 
 import pytest
-from conftest import error_text, ok_text, write
 
+from conftest import error_text, ok_text, write
 from guilds_code.ops import code_search
 
 
@@ -250,10 +250,18 @@ def test_the_runner_streams_stdout_and_keeps_a_bounded_stderr():
 @pytest.mark.parametrize(
     "stderr, want",
     [
-        (b"regex parse error:\n    (\n    ^\nerror: unclosed group\n", "code_search: regex parse error: unclosed group"),
-        (b"rg: regex parse error:\n    (?:()\n    ^\nerror: unclosed group\n",
-         "code_search: regex parse error: unclosed group"),
-        (b"error parsing glob '{': unclosed alternate group\n", "code_search: error parsing glob '{': unclosed alternate group"),
+        (
+            b"regex parse error:\n    (\n    ^\nerror: unclosed group\n",
+            "code_search: regex parse error: unclosed group",
+        ),
+        (
+            b"rg: regex parse error:\n    (?:()\n    ^\nerror: unclosed group\n",
+            "code_search: regex parse error: unclosed group",
+        ),
+        (
+            b"error parsing glob '{': unclosed alternate group\n",
+            "code_search: error parsing glob '{': unclosed alternate group",
+        ),
         (b"", "code_search: rg failed"),
     ],
 )

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from mcp import Client
-from test_mcp_http import serving
-from test_cli import config, run
-from toolbox_kit import local_toolbox
 
 from guilds.errors import BadInput
 from guilds.mcp_server import CONTEXT_RESET_KEY, RUN_KEY, streamable_http_app
 from guilds.store import Store, metadata
+from test_cli import config, run
+from test_mcp_http import serving
+from toolbox_kit import local_toolbox
 
 PG_URL = os.environ.get("GUILDS_TEST_POSTGRES_URL")
 POINTER = "unchanged since step"
@@ -97,7 +97,7 @@ async def test_the_store_keeps_the_latest_mark(tmp_path, backend):
         async with store.engine.begin() as conn:
             await conn.run_sync(metadata.drop_all)
     async with store:
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         assert await store.context_reset_seq("r") == 0
         for seq in (1, 2, 3):
             slot = await store.begin_call(run_id="r", agent_id="a", tool="shell", args={}, call_id=f"c{seq}",

@@ -19,9 +19,9 @@ import tarfile
 import time
 from dataclasses import replace
 
+import docker
 import pytest
 
-import docker
 from guilds.errors import ConfigError, SandboxError
 from guilds.sandbox import _container as box_lib
 from guilds.sandbox import docker_spec as spec
@@ -43,8 +43,8 @@ needs_engine = pytest.mark.skipif(WHY is not None, reason=f"docker: {WHY}")
 # --- pure builders ----------------------------------------------------------
 def test_container_spec():
     cfg = DockerSettings(image="img:1", memory="1g", pids_limit=64, network="host")
-    kwargs = dict(agent_id="a1", home="/h/a1", idle_seconds=90, base_env={"HOME": "/h/a1"},
-                  user=(65532, 65532))
+    kwargs = {"agent_id": "a1", "home": "/h/a1", "idle_seconds": 90, "base_env": {"HOME": "/h/a1"},
+                  "user": (65532, 65532)}
     got = spec.container_spec(cfg, network=False, **kwargs)
     assert got == {
         "image": "img:1",
@@ -145,7 +145,7 @@ def test_docker_and_kubernetes_settings(tmp_path):
 async def test_engine_not_reachable(tmp_path):
     box = DockerSandbox(AgentSettings(id="a1", home=tmp_path / "home", sandbox="docker"),
                         base_url=f"unix://{tmp_path}/no.sock")
-    with pytest.raises(SandboxError, match="the engine is not reachable at unix://.*no.sock"):
+    with pytest.raises(SandboxError, match=r"the engine is not reachable at unix://.*no\.sock"):
         await box.start()
 
 
@@ -266,7 +266,7 @@ async def test_a_full_disk_is_said_and_loses_nothing(make, tmp_path):
         (home / "kept.txt").write_text("kept")
         result = await sh(box, "head -c 2M /dev/zero > fill")
         assert result.exit_code == 1 and b"No space left on device" in result.stderr
-        with pytest.raises(SandboxError, match="disk is full|no space left"):
+        with pytest.raises(SandboxError, match=r"disk is full|no space left"):
             await box.write_file(f"{box.home}/more.json", b"x" * 300_000)
         envelope = await call_helper(box, shell(box, "echo hi", "c1"), wait=30)
         assert envelope["ok"] or "space" in envelope["error"].lower(), envelope
@@ -315,7 +315,7 @@ def test_build_sandbox_image_on_a_local_base():
         who = CLIENT.containers.run(image_id, ["sh", "-c", "id -un; id -u"], network_mode="none",
                                     remove=True).decode()
         assert who.split() == ["guilds", "65532"]
-        with pytest.raises(SandboxError, match="building guilds-sandbox:none failed|no such image"):
+        with pytest.raises(SandboxError, match=r"building guilds-sandbox:none failed|no such image"):
             image.build_sandbox_image(tag="guilds-sandbox:none", base="guilds-none:0", install=False)
     finally:
         CLIENT.images.remove(tag, force=True)
@@ -346,7 +346,9 @@ async def test_the_full_output_log_is_read_inside_the_container(make, tmp_path):
     box = await make(secret_env={"API_KEY": secret})
     async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
         toolbox = Toolbox(box.settings, box, store)
-        result = await toolbox.call("r1", "shell", {"command": "seq 1 30000; echo \"$API_KEY\"; printf '\\e[31mred\\e[0m\\n'"})
+        result = await toolbox.call(
+            "r1", "shell", {"command": "seq 1 30000; echo \"$API_KEY\"; printf '\\e[31mred\\e[0m\\n'"}
+        )
         path = result.meta["log_path"]
         logs = HelperLogReader(log_reading(toolbox))
         log = await logs.read(box.agent_id, path)

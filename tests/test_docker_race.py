@@ -10,9 +10,9 @@ import os
 import subprocess
 import sys
 
+import docker
 import pytest
 
-import docker
 from guilds.sandbox.docker_engine import unavailable
 
 IMAGE = os.environ.get("GUILDS_SANDBOX_IMAGE", "guilds-sandbox:latest")
@@ -55,7 +55,7 @@ def test_eight_processes_make_one_container_at_once_ten_times(tmp_path):
                      for _ in range(PROCESSES)]
             answers = [p.communicate(timeout=120) for p in procs]
             said = [(p.returncode, out.decode().strip(), err.decode()[-300:])
-                    for p, (out, err) in zip(procs, answers)]
+                    for p, (out, err) in zip(procs, answers, strict=True)]
             assert all(code == 0 and out == "0 ok-65532" for code, out, _ in said), (round_, said)
     finally:
         _remove(client)

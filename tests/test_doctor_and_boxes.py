@@ -31,7 +31,7 @@ def settings(tmp_path: Path, sandbox: str, agent: str = "agent1") -> Path:
 def guilds(tmp_path: Path, *argv: str, **env: str) -> subprocess.CompletedProcess:
     full = {**os.environ, "GUILDS_DATA": str(tmp_path / "data"), **env}
     full.pop("GUILDS_DATABASE_URL", None) if "GUILDS_DATABASE_URL" not in env else None
-    return subprocess.run([GUILDS, *argv], capture_output=True, text=True, env=full, timeout=180)
+    return subprocess.run([GUILDS, *argv], check=False, capture_output=True, text=True, env=full, timeout=180)
 
 
 def lines(proc: subprocess.CompletedProcess) -> dict[str, str]:

@@ -24,13 +24,13 @@ import pytest_asyncio
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
-from test_mcp_http import serving
-from toolbox_kit import local_toolbox
-from web_kit import AUTH, LOCK, TOKEN
 
 from guilds.auth import TOKEN_FILE, Lock, host_names, server_token
 from guilds.errors import RecordError
 from guilds.serve import build_app
+from test_mcp_http import serving
+from toolbox_kit import local_toolbox
+from web_kit import AUTH, LOCK, TOKEN
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 PAGES = ["/", "/runs/r1", "/runs/r1/calls/1", "/runs/r1/calls/1/log", "/runs/r1/events", "/static/app.css", "/mcp"]
@@ -122,9 +122,11 @@ async def test_an_mcp_client_with_the_bearer_header_calls_a_tool(toolbox):
             assert (await http.post(url, json=INITIALIZE, headers=MCP_HEADERS)).status_code == 401
             evil = await http.post(url, json=INITIALIZE, headers={**MCP_HEADERS, **AUTH, "origin": "http://evil.example"})
             assert evil.status_code == 403
-        async with create_mcp_http_client(headers=AUTH) as http:
-            async with Client(streamable_http_client(url, http_client=http), mode="legacy") as c:
-                result = await c.call_tool("shell", {"command": "echo through the lock"})
+        async with (
+            create_mcp_http_client(headers=AUTH) as http,
+            Client(streamable_http_client(url, http_client=http), mode="legacy") as c,
+        ):
+            result = await c.call_tool("shell", {"command": "echo through the lock"})
         assert result.content[0].text.startswith("through the lock")
 
 
@@ -201,7 +203,9 @@ async def test_guilds_serve_prints_its_url_and_keeps_the_data_folder_private(tmp
             assert (await c.get("/")).status_code == 200  # the cookie
             c.cookies.clear()
             assert (await c.get("/", headers={"authorization": f"Bearer {token}"})).status_code == 200
-            assert (await c.get("/", headers={"authorization": f"Bearer {token}", "host": "evil.example"})).status_code == 400
+            assert (
+                await c.get("/", headers={"authorization": f"Bearer {token}", "host": "evil.example"})
+            ).status_code == 400
     finally:
         _stop(proc)
     assert _mode(data) == 0o700 and _mode(data / TOKEN_FILE) == 0o600 and _mode(data / "guilds.db") == 0o600
@@ -245,8 +249,8 @@ async def test_guilds_call_makes_the_data_folder_and_the_record_private(tmp_path
     (old / "guilds.db").touch(mode=0o644)
     for data in (tmp_path / "data", old):
         done = subprocess.run([sys.executable, "-m", "guilds.cli", "call", "shell", '{"command": "true"}', "--config",
-                               str(config)], env={**env, "GUILDS_DATA": str(data)}, capture_output=True, text=True,
-                              timeout=120)
+                               str(config)], check=False, env={**env, "GUILDS_DATA": str(data)},
+                              capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert _mode(data) == 0o700 and _mode(data / "guilds.db") == 0o600, data
         assert all(_mode(p) & 0o077 == 0 for p in data.glob("guilds.db*"))

@@ -92,13 +92,17 @@ def test_lines_are_shown_shaped_redacted_and_clipped(sandbox):
     env = sh(sandbox, command, extra={"redact_env": ["MY_TOKEN"]})
     errors = listed(ok_text(env))
     assert errors[0] == (501, "error: token [REDACTED]")
-    assert errors[1][1] == "panic: " + "x" * (limits.ERROR_LINE_MAX_CHARS - 7) + f"… [+{307 - limits.ERROR_LINE_MAX_CHARS} chars]"
+    assert (
+        errors[1][1]
+        == "panic: " + "x" * (limits.ERROR_LINE_MAX_CHARS - 7) + f"… [+{307 - limits.ERROR_LINE_MAX_CHARS} chars]"
+    )
     assert "s3cr3t" not in ok_text(env)
 
 
 @pytest.mark.parametrize("max_bytes, shown", [(limits.MIN_MAX_BYTES, 1), (2048, 3), (8192, 5)])
 def test_the_tail_gives_way_never_the_cap(sandbox, max_bytes, shown):
-    command = f"{NOISE.format(n=400)}; for i in 1 2 3 4 5; do echo \"Error: {'y' * 200} $i\"; done; {NOISE.format(n=600)}"
+    errors = f"for i in 1 2 3 4 5; do echo \"Error: {'y' * 200} $i\"; done"
+    command = f"{NOISE.format(n=400)}; {errors}; {NOISE.format(n=600)}"
     env = sh(sandbox, command, extra={"max_bytes": max_bytes})
     text = ok_text(env)
     assert len(text.encode()) <= max_bytes

@@ -8,6 +8,7 @@ import os
 import subprocess
 
 import pytest
+
 from conftest import PYTHON, error_text, ok_text, write
 
 DASH = "\u2013"

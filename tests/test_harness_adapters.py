@@ -306,7 +306,7 @@ def test_repo_resolution():
     one = request.parse_request(base_request())
     assert request.resolve_repo(one, "/elsewhere") == ("web", "/home/agent/repos/web")
     none = request.parse_request(base_request(repos={}))
-    with pytest.raises(RequestError, match="^repo: the agent has no repository"):
+    with pytest.raises(RequestError, match=r"^repo: the agent has no repository"):
         request.resolve_repo(none, "/h")
     prefix = request.parse_request(base_request(repos={"web": "/h/web", "web2": "/h/web2"}))
     assert request.resolve_repo(prefix, "/h/web2/x")[0] == "web2"
@@ -351,7 +351,9 @@ def test_snapshot_counts_untracked_and_leaves_the_index_alone(tmp_path):
 
 
 def test_snapshot_of_a_plain_folder_is_unavailable(tmp_path):
-    result = diffstat.snapshot(str(tmp_path), {"PATH": os.environ["PATH"], "GIT_CEILING_DIRECTORIES": str(tmp_path.parent)})
+    result = diffstat.snapshot(
+        str(tmp_path), {"PATH": os.environ["PATH"], "GIT_CEILING_DIRECTORIES": str(tmp_path.parent)}
+    )
     assert isinstance(result, diffstat.Unavailable) and "rev-parse" in result.reason
     assert diffstat.describe(result).startswith("(unavailable: git rev-parse failed")
 

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, Sandbox, error_text, ok_text
 
+from conftest import PYTHON, Sandbox, error_text, ok_text
 from guilds.helpers import build_helper
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -127,7 +127,7 @@ def small_tmpfs(folder):
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(folder)],
-                             capture_output=True)
+                             check=False, capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
     try:
@@ -179,8 +179,8 @@ def test_a_run_folder_that_cannot_be_made_on_a_full_disk(full_home):
     env = sh(full_home, "echo still runs; cd /tmp; seq 1 3000")
     text = ok_text(env)
     assert text.startswith("still runs\n1\n") and text.rstrip().endswith("3000\n" + _notes(text)[0])
-    assert _notes(text) == [f"note: this call's working directory and log could not be kept: "
-                            f"cannot make {full_home.home}/.runs/run2: No space left on device"]
+    assert _notes(text) == [(f"note: this call's working directory and log could not be kept: "
+                            f"cannot make {full_home.home}/.runs/run2: No space left on device")]
     assert "full output: not kept (no run folder)" in text and "log_path" not in env["meta"]
     assert env["meta"]["cwd"] == str(full_home.home)
 
@@ -191,7 +191,7 @@ def full_state(sandbox):
     background folder is made (unmounted afterwards)."""
     with small_tmpfs(sandbox.state):
         (sandbox.state / sandbox.agent_id / "background").mkdir(parents=True)
-        subprocess.run(["sh", "-c", f"head -c 1M /dev/zero > {sandbox.state}/fill"], capture_output=True)
+        subprocess.run(["sh", "-c", f"head -c 1M /dev/zero > {sandbox.state}/fill"], check=False, capture_output=True)
         yield sandbox
 
 
@@ -213,7 +213,7 @@ def test_a_background_start_moves_a_runs_link_aside_and_says_so(sandbox, tmp_pat
     victim.mkdir()
     # the agent's own background command swaps .runs for a link once the call that started it is over
     ok_text(sh(sandbox, f"sleep 0.3; mv ~/.runs ~/.runs.mine; ln -s {victim} ~/.runs", background=True))
-    assert _wait_for(lambda: (sandbox.home / ".runs").is_symlink())
+    assert _wait_for((sandbox.home / ".runs").is_symlink)
     env = sh(sandbox, "echo bg", background=True)
     text = ok_text(env)
     assert text.startswith("started b2 in the background") and "\nnote: " in text

@@ -115,24 +115,24 @@ def test_files_go_in_as_a_tar_on_stdin_then_renamed(tmp_path):
     files = [("state/a/repos.json", b'{"x": 1}', 0o600), ("bin/guilds-code", b"#!zip", 0o755)]
     staged = [(f"{n}.t1.tmp", d, m) for n, d, m in files]
     archive = box_lib.tar_bytes(staged, mtime=0)
-    moves = [(str(tmp_path / s[0]), str(tmp_path / f[0])) for s, f in zip(staged, files)]
+    moves = [(str(tmp_path / s[0]), str(tmp_path / f[0])) for s, f in zip(staged, files, strict=True)]
     argv = spec.untar_argv(len(archive), moves, root=str(tmp_path))
     assert argv[:2] == ["/bin/sh", "-c"] and argv[3:5] == [str(len(archive)), str(tmp_path)]
     # More bytes than the archive on stdin: `head -c` stops at its end, stdin is never closed early.
-    done = subprocess.run(argv, input=archive + b"x" * 5000, capture_output=True, timeout=30)
+    done = subprocess.run(argv, check=False, input=archive + b"x" * 5000, capture_output=True, timeout=30)
     assert done.returncode == 0, done.stderr
     found = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert found == ["bin/guilds-code", "state/a/repos.json"]
     assert (tmp_path / "state/a/repos.json").stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "bin/guilds-code").stat().st_mode & 0o777 == 0o755
-    assert subprocess.run(spec.untar_argv(10, [], root=str(tmp_path)), input=b"not a tar",
+    assert subprocess.run(spec.untar_argv(10, [], root=str(tmp_path)), check=False, input=b"not a tar",
                           capture_output=True, timeout=30).returncode != 0
 
 
 @pytest.mark.parametrize("status, expected", [
     ('{"metadata":{},"status":"Success"}', (0, "")),
-    (b'{"status":"Failure","reason":"NonZeroExitCode","details":{"causes":'
-     b'[{"reason":"ExitCode","message":"137"}]},"message":"command terminated with non-zero exit code"}',
+    ((b'{"status":"Failure","reason":"NonZeroExitCode","details":{"causes":'
+     b'[{"reason":"ExitCode","message":"137"}]},"message":"command terminated with non-zero exit code"}'),
      (137, "")),
     ('{"status":"Failure","message":"container not found (\\"sandbox\\")"}',
      (None, 'container not found ("sandbox")')),
@@ -163,9 +163,9 @@ def test_pod_phase(pod, expected):
 
 @pytest.mark.parametrize("status, body, expected", [
     (0, None, "kubernetes: read the pod: the cluster is not reachable (refused); check KUBECONFIG"),
-    (403, '{"message":"pods is forbidden"}', "kubernetes: read the pod: forbidden in namespace 'ns' "
+    (403, '{"message":"pods is forbidden"}', ("kubernetes: read the pod: forbidden in namespace 'ns' "
      "(pods is forbidden); the orchestrator needs rights on pods, pods/exec, secrets and "
-     "persistentvolumeclaims there"),
+     "persistentvolumeclaims there")),
     (404, '{"message":"namespaces \\"ns\\" not found"}',
      'kubernetes: read the pod: not found (namespaces "ns" not found)'),
     (422, '{"message":"bad quantity"}',
@@ -178,7 +178,7 @@ def test_api_error_text(status, body, expected):
 
 # --- error mapping through the real client, against a local API server ----------
 class _Forbidding(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 - the stdlib's name
+    def do_GET(self):
         body = json.dumps({"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403,
                            "message": "pods \"x\" is forbidden: no rights"}).encode()
         self.send_response(403)
@@ -298,7 +298,7 @@ async def test_the_resident_helper_over_pods_exec(tmp_path, built_helper, server
     state.mkdir()
 
     def run_as(command):  # the pod's helper path and python, as this machine has them
-        env_args = [a for a in command[1:command.index("python3")]] if command[0] == "env" else []
+        env_args = list(command[1:command.index("python3")]) if command[0] == "env" else []
         rest = command[command.index("python3") + 1:]
         rest[rest.index("/usr/local/bin/guilds-code")] = built_helper
         return ["env", f"HOME={home}", f"GUILDS_STATE_DIR={state}", "PATH=/usr/bin:/bin", *env_args,
@@ -325,7 +325,9 @@ async def test_the_resident_helper_over_pods_exec(tmp_path, built_helper, server
         request = {"op": "shell", "run_id": "r", "agent_id": "a", "home": str(home)}
         slow = asyncio.ensure_future(channel.call({**request, "call_id": "c1",
                                                    "args": {"command": "sleep 1.5; echo slow"}}, 30))
-        fast = await channel.call({**request, "call_id": "c2", "args": {"command": "echo fast; echo $GUILDS_EXEC_ID"}}, 30)
+        fast = await channel.call(
+            {**request, "call_id": "c2", "args": {"command": "echo fast; echo $GUILDS_EXEC_ID"}}, 30
+        )
         assert fast["text"] == "fast\nt1" and not slow.done()
         assert (await slow)["text"] == "slow"
         big = "x" * 200_000  # frames longer than one websocket frame's 16-bit size

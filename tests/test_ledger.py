@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -29,7 +29,7 @@ def test_ledger_entry(meta, entry):
 
 
 async def test_earlier_reads_skips_failed_cut_and_pointer_reads(tmp_path):
-    t = datetime.now(timezone.utc)
+    t = datetime.now(UTC)
     async with Store(f"sqlite:///{tmp_path}/g.db") as store:
         async def read(meta, **kw):
             slot = await store.begin_call(run_id="r", agent_id="a", tool="file_read", args={}, call_id="c",

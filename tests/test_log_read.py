@@ -8,7 +8,6 @@ import contextlib
 import os
 
 import pytest
-from toolbox_kit import local_toolbox, make_settings
 
 from guilds.sandbox import get_sandbox
 from guilds.sandbox.bwrap_argv import unavailable
@@ -18,6 +17,7 @@ from guilds.toolbox.log_read import log_reading
 from guilds.web.logs import LOG_HEAD_BYTES, LOG_TAIL_BYTES, HelperLogReader, LogUnavailable
 from guilds_code.ops.log_read import GONE, log_parts, secret_lines
 from guilds_code.protocol import OpError
+from toolbox_kit import local_toolbox, make_settings
 
 SECRET = "sk-live-0123456789abcdef"
 PEM = "-----BEGIN KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\nBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj\n-----END KEY-----"
@@ -94,7 +94,7 @@ async def test_a_multi_line_secret_cut_by_the_tail(home):
     data[pem_at:pem_at + len(PEM)] = PEM.encode()
     log = await read(home, write_log(home, bytes(data)), secrets=(PEM,))
     assert "MIIEvQ" not in log.tail and "BKcwgg" not in log.tail and "[REDACTED]" in log.tail
-    assert secret_lines([PEM, SECRET]) == [line for line in PEM.split("\n")]
+    assert secret_lines([PEM, SECRET]) == list(PEM.split("\n"))
 
 
 async def test_an_end_without_a_line_start_is_not_shown(home):

@@ -6,15 +6,15 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-import mcp_kit as kit
 import pytest
 import uvicorn
 from mcp import Client
 from mcp.server.mcpserver import MCPServer
-from toolbox_kit import local_toolbox
 
+import mcp_kit as kit
 from guilds.mcp_server import RUN_KEY, build_server, http_endpoint, streamable_http_app
 from guilds.toolbox import Toolbox
+from toolbox_kit import local_toolbox
 
 
 @contextlib.asynccontextmanager
@@ -113,12 +113,11 @@ async def test_without_a_session_calls_keep_the_agents_current_run(url, tmp_path
 
 
 async def test_a_sessionless_run_ends_after_its_idle_time(toolbox):
-    async with serving(streamable_http_app(toolbox, sessionless_idle_seconds=2.0)) as endpoint:
-        async with client(endpoint) as c:
-            a = await c.call_tool("shell", {"command": "true"})
-            b = await c.call_tool("shell", {"command": "true"})
-            await asyncio.sleep(3.0)
-            later = await c.call_tool("shell", {"command": "true"})
+    async with serving(streamable_http_app(toolbox, sessionless_idle_seconds=2.0)) as endpoint, client(endpoint) as c:
+        a = await c.call_tool("shell", {"command": "true"})
+        b = await c.call_tool("shell", {"command": "true"})
+        await asyncio.sleep(3.0)
+        later = await c.call_tool("shell", {"command": "true"})
     assert kit.meta_of(a)["run"] == kit.meta_of(b)["run"] != kit.meta_of(later)["run"]
 
 

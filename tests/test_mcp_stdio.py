@@ -13,10 +13,10 @@ from asyncio.subprocess import DEVNULL, PIPE
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import mcp_kit as kit
 import pytest
 from mcp import Client, StdioServerParameters
 
+import mcp_kit as kit
 from guilds.sandbox.bwrap_argv import unavailable
 from guilds.store import Store
 

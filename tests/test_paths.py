@@ -11,8 +11,8 @@ import socket
 import time
 
 import pytest
-from conftest import error_text, ok_text
 
+from conftest import error_text, ok_text
 from guilds_code import paths
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import base64
-from pathlib import Path
 import json
 import shlex
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -134,8 +134,8 @@ def py(code: str) -> str:
 
 @pytest.mark.parametrize("max_bytes", [1024, 8192])
 async def test_no_fragment_survives_the_head_tail_cut_or_the_byte_cap(secret_box, max_bytes):
-    shifted = "import os\nk=os.environ['DEPLOY_KEY']; t=os.environ['GH_TOKEN']\n" \
-              "for i in range(900): print('y'*(i%41) + (k if i%2 else t) + 'z'*(i%13))"
+    shifted = ("import os\nk=os.environ['DEPLOY_KEY']; t=os.environ['GH_TOKEN']\n"
+               "for i in range(900): print('y'*(i%41) + (k if i%2 else t) + 'z'*(i%13))")
     glued = "import os\nprint('q'*5 + (os.environ['DEPLOY_KEY'] + os.environ['GH_TOKEN'])*700)"
     async with secret_box(max_bytes) as tb:
         for code in (shifted, glued):

@@ -18,7 +18,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx2
-import mcp_kit as kit
 import pytest
 import sqlalchemy as sa
 from mcp import Client
@@ -26,9 +25,10 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from sqlalchemy.ext.asyncio import create_async_engine
 
+import mcp_kit as kit
 from guilds.auth import TOKEN_FILE, Lock, host_names
-from guilds.sandbox.bwrap_argv import unavailable
 from guilds.lifecycle import HEARTBEAT_SECONDS, LEASE_SECONDS, LOST
+from guilds.sandbox.bwrap_argv import unavailable
 from guilds.store import Store, calls, metadata, normalize_url, owners
 from guilds.web.app import create_app
 from guilds.web.logs import HelperLogReader
@@ -37,7 +37,10 @@ from guilds_code.redact import Redactor
 STOP_SIGNALS = ["SIGTERM", "SIGINT", "SIGHUP"]
 
 
-SANDBOXES = ["local", pytest.param("bwrap", marks=pytest.mark.skipif(bool(unavailable()), reason=f"bwrap: {unavailable()}"))]
+SANDBOXES = [
+    "local",
+    pytest.param("bwrap", marks=pytest.mark.skipif(bool(unavailable()), reason=f"bwrap: {unavailable()}")),
+]
 
 
 def agent(tmp_path: Path, sandbox: str = "local") -> tuple[Path, dict[str, str]]:
@@ -146,7 +149,8 @@ async def no_logs(agent_id: str, path: str) -> dict:
 async def app_pages(store: Store, run_id: str, seq: int) -> tuple[str, str]:
     """The run's flow and the call's page as the app serves them."""
     token = "t" * 40
-    app = create_app(store, redactor=Redactor([]), logs=HelperLogReader(no_logs), lock=Lock(token, host_names("127.0.0.1")))
+    app = create_app(store, redactor=Redactor([]), logs=HelperLogReader(no_logs),
+                     lock=Lock(token, host_names("127.0.0.1")))
     async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://127.0.0.1",
                                   headers={"authorization": f"Bearer {token}"}) as c:
         return (await c.get(f"/runs/{run_id}")).text, (await c.get(f"/runs/{run_id}/calls/{seq}")).text
@@ -174,8 +178,9 @@ async def test_a_call_of_an_owner_elsewhere_is_lost_once_its_lease_has_passed(tm
             slot = await store.begin_call(run_id=run, agent_id="a", tool="shell", args={"command": "make"},
                                           call_id=run, started_at=datetime.now(UTC), budget=10)
             async with store.engine.begin() as conn:
+                beat = datetime.now(UTC) - timedelta(seconds=age)
                 await conn.execute(sa.insert(owners).values(id=f"far-{run}", machine="another/boot/pid:[1]", pid=1,
-                                                            pid_start=1, heartbeat_at=datetime.now(UTC) - timedelta(seconds=age)))
+                                                            pid_start=1, heartbeat_at=beat))
                 await conn.execute(sa.update(calls).where(calls.c.run_id == run, calls.c.seq == slot.seq)
                                    .values(owner=f"far-{run}"))
     async with Store(url) as store:
@@ -200,9 +205,11 @@ def start_serve(tmp_path: Path) -> tuple[subprocess.Popen, str, str]:
 
 async def call_in_background(url: str, token: str, command: str, run: str) -> asyncio.Task:
     async def call() -> None:
-        async with create_mcp_http_client(headers={"authorization": f"Bearer {token}"}) as http:
-            async with Client(streamable_http_client(url, http_client=http), read_timeout_seconds=60) as c:
-                await c.call_tool("shell", {"command": command}, meta={"guilds/run": run})
+        async with (
+            create_mcp_http_client(headers={"authorization": f"Bearer {token}"}) as http,
+            Client(streamable_http_client(url, http_client=http), read_timeout_seconds=60) as c,
+        ):
+            await c.call_tool("shell", {"command": command}, meta={"guilds/run": run})
 
     return asyncio.create_task(call())
 
@@ -301,7 +308,8 @@ async def test_a_command_that_fills_the_records_disk_still_returns_its_output(tm
     assert out.startswith("produced\n") and "remaining_tool_calls: 199" in out
     assert proc.returncode == 1 and "Traceback" not in err, err
     assert re.fullmatch(rf"guilds: the run record at {small_disk}/guilds.db could not be written "
-                        r"\(the result of call 1 of run filling\): (database or disk is full|disk I/O error)\n", err), err
+                        r"\(the result of call 1 of run filling\): (database or disk is full|disk I/O error)\n",
+                        err), err
 
 
 async def test_a_full_disk_for_a_fresh_data_folder_gives_one_line(tmp_path, small_disk):

@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
-from toolbox_kit import local_toolbox
 
 from guilds import record_migration
 from guilds.lifecycle import LOST
@@ -20,6 +19,7 @@ from guilds.record_migration import split_trailer
 from guilds.records import Savings
 from guilds.store import SAVINGS_COLUMNS, Store, calls, metadata, normalize_url, runs
 from guilds.web.savings import run_savings
+from toolbox_kit import local_toolbox
 
 SECRET = "sk-live-7f3a9c2e4b1d"
 
@@ -27,7 +27,7 @@ SECRET = "sk-live-7f3a9c2e4b1d"
 def raw_rows(db: str) -> list[tuple]:
     """Every cell of every table, as SQLite holds them (no code of ours in between)."""
     with sqlite3.connect(db) as conn:
-        return [row for table in ("runs", "calls") for row in conn.execute(f"SELECT * FROM {table}")]
+        return [row for table in ("runs", "calls") for row in conn.execute(f"SELECT * FROM {table}")]  # noqa: S608 - two table names
 
 
 async def test_the_record_never_holds_a_secret_value(tmp_path):

@@ -22,8 +22,8 @@ def recovered(text: str, secret: str, least: int = 4) -> list:
     """Pieces of secret (least bytes or more) that decoding what is left of text, at any
     alignment, gives back."""
     found = []
-    for piece in text.replace("\n", "").split(MARK):
-        piece = piece.rstrip("=")
+    for part in text.replace("\n", "").split(MARK):
+        piece = part.rstrip("=")
         for pad in range(4):
             chunk = "A" * pad + piece
             chunk = chunk[: len(chunk) // 4 * 4]

@@ -219,8 +219,14 @@ def test_idle_exit(sandbox):
 def test_bad_options_are_named(sandbox, args, error):
     import subprocess
 
-    done = subprocess.run([PYTHON, "-I", "-S", str(sandbox.helper), "serve", *args], env=sandbox.process_env(),
-                          stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+    done = subprocess.run(
+        [PYTHON, "-I", "-S", str(sandbox.helper), "serve", *args],
+        check=False,
+        env=sandbox.process_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=30,
+    )
     assert (done.returncode, done.stdout, done.stderr.decode()) == (2, b"", f"guilds-code serve: {error}\n")
 
 

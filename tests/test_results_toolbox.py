@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import re
 
-from toolbox_kit import local_toolbox
-
 from guilds_code.shaping import ERRORS_HEADER
+from toolbox_kit import local_toolbox
 
 TRAILER = re.compile(r"\nremaining_tool_calls: \d+$")
 
@@ -52,5 +51,7 @@ async def test_a_status_view_lists_earlier_errors(tmp_path):
         bid = started.meta["background_id"]
         checked = await tb.call("r", "shell_status", {"id": bid, "wait": 10})
         assert checked.text.startswith("ended\n")
-        assert "[error lines before the last 40 lines, by line number in the log:]\n1: fatal: bad object" in checked.text
+        assert (
+            "[error lines before the last 40 lines, by line number in the log:]\n1: fatal: bad object" in checked.text
+        )
         assert checked.meta["error_lines"] == [1]

@@ -73,8 +73,8 @@ def test_run_dir_that_cannot_be_had_is_a_note(req, tmp_path):
     req.home = str(blocker / "home")  # no folder can be made under a file, even by root
     notes = []
     assert runstate.run_dir(req, notes) is None
-    assert notes == [f"note: this call's working directory and log could not be kept: "
-                     f"cannot make {blocker}/home/.runs: Not a directory"]
+    assert notes == [(f"note: this call's working directory and log could not be kept: "
+                     f"cannot make {blocker}/home/.runs: Not a directory")]
 
 
 def test_new_run_prunes_to_the_most_recent(req, tmp_path):

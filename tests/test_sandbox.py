@@ -207,7 +207,7 @@ def test_auto_falls_back_to_local_with_one_warning(tmp_path, monkeypatch, caplog
     try:
         with caplog.at_level(logging.WARNING, logger="guilds.sandbox"):
             box = get_sandbox(settings_for(tmp_path, "auto"), tmp_path)
-        with pytest.raises(SandboxError, match="agent.sandbox = 'bwrap': .*not found"):
+        with pytest.raises(SandboxError, match=r"agent\.sandbox = 'bwrap': .*not found"):
             get_sandbox(settings_for(tmp_path, "bwrap"), tmp_path)
     finally:
         unavailable.cache_clear()

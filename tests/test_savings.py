@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 
 import httpx2
 import pytest
-from toolbox_kit import local_toolbox
-from web_kit import AUTH, SECRET, served
 
 from guilds.records import CallRecord
 from guilds.web.savings import BAR_WIDTH, metadata_rows, row_savings, run_savings, size, tokens
+from toolbox_kit import local_toolbox
+from web_kit import AUTH, SECRET, served
 
 
 def record(seq: int, text: str | None, meta: dict | None) -> CallRecord:
@@ -80,21 +80,22 @@ async def test_call_metadata_says_what_shaping_did(tmp_path):
 
 
 async def test_the_app_shows_savings_on_rows_and_the_run(tmp_path):
-    async with served(tmp_path) as s:
-        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=s.app), base_url="http://127.0.0.1",
-                                     headers=AUTH) as c:
-            page = (await c.get("/runs/run1")).text
-            notes = re.findall(r'<span class="saved">(.*?)</span>', page)
-            elided = re.fullmatch(r"\d+ KB elided · (\d+) secrets redacted", notes[0])
-            assert elided and int(elided.group(1)) > 100, notes  # one per line of the head and the tail
-            assert re.fullmatch(r"\d+ B saved by a pointer", notes[1]), notes
-            assert notes[2] == "1 secret redacted"
-            section = re.search(r'<section class="savings".*?</section>', page, re.S).group(0)
-            assert '<svg class="bar" width="200"' in section and '<rect class="returned"' in section
-            figures = re.search(r'<span class="figures">(.*?)</span>', section).group(1)
-            assert re.fullmatch(r"[\d.]+ KB returned of [\d.]+ KB produced: [\d.]+ KB saved, "
-                                r"≈ [\d,]+ tokens \(estimate: bytes ÷ 4\)", figures), figures
-            assert "elided · " in section and "saved by pointers" in section
-            assert f"{int(elided.group(1)) + 1} secrets redacted" in section
-            meta = (await c.get("/runs/run1/calls/1?view=metadata")).text
-            assert "<dt>Bytes elided</dt>" in meta and "<dt>Secrets redacted</dt>" in meta
+    async with (
+        served(tmp_path) as s,
+        httpx2.AsyncClient(transport=httpx2.ASGITransport(app=s.app), base_url="http://127.0.0.1", headers=AUTH) as c,
+    ):
+        page = (await c.get("/runs/run1")).text
+        notes = re.findall(r'<span class="saved">(.*?)</span>', page)
+        elided = re.fullmatch(r"\d+ KB elided · (\d+) secrets redacted", notes[0])
+        assert elided and int(elided.group(1)) > 100, notes  # one per line of the head and the tail
+        assert re.fullmatch(r"\d+ B saved by a pointer", notes[1]), notes
+        assert notes[2] == "1 secret redacted"
+        section = re.search(r'<section class="savings".*?</section>', page, re.S).group(0)
+        assert '<svg class="bar" width="200"' in section and '<rect class="returned"' in section
+        figures = re.search(r'<span class="figures">(.*?)</span>', section).group(1)
+        assert re.fullmatch(r"[\d.]+ KB returned of [\d.]+ KB produced: [\d.]+ KB saved, "
+                            r"≈ [\d,]+ tokens \(estimate: bytes ÷ 4\)", figures), figures
+        assert "elided · " in section and "saved by pointers" in section
+        assert f"{int(elided.group(1)) + 1} secrets redacted" in section
+        meta = (await c.get("/runs/run1/calls/1?view=metadata")).text
+        assert "<dt>Bytes elided</dt>" in meta and "<dt>Secrets redacted</dt>" in meta

@@ -88,7 +88,10 @@ def test_a_relative_home_resolves_against_the_files_folder(tmp_path):
 
 def test_result_max_bytes_falls_back_to_the_environment(tmp_path):
     assert load(tmp_path, "", env={"CODE_RESULT_MAX_BYTES": "2048"}).result_max_bytes == 2048
-    assert load(tmp_path, "[agent]\nresult_max_bytes = 3000", env={"CODE_RESULT_MAX_BYTES": "2048"}).result_max_bytes == 3000
+    assert (
+        load(tmp_path, "[agent]\nresult_max_bytes = 3000", env={"CODE_RESULT_MAX_BYTES": "2048"}).result_max_bytes
+        == 3000
+    )
 
 
 @pytest.mark.parametrize(
@@ -166,5 +169,5 @@ def test_the_coding_flag_is_read_afresh(tmp_path):
     path.write_text("[agent]\ncoding = false\n")
     assert flag() is False
     path.write_text("[agent]\ncoding = 1\n")
-    with pytest.raises(ConfigError, match="agent.coding"):
+    with pytest.raises(ConfigError, match=r"agent\.coding"):
         flag()

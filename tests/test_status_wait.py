@@ -164,18 +164,24 @@ def test_wait_without_id_passes(bg):
 
 
 # --- bad input, by name; edges ------------------------------------------------------------
-@pytest.mark.parametrize("args, error", [
-    ({"id": "b1", "wait": 0}, "wait: must be from 1 to 600, got 0"),
-    ({"id": "b1", "wait": 601}, "wait: must be from 1 to 600, got 601"),
-    ({"id": "b1", "wait": True}, "wait: must be an integer, got true"),
-    ({"id": "b1", "wait": 1.5}, "wait: must be an integer, got 1.5"),
-    ({"until": "ready"}, "until: needs an id"),
-    ({"id": "b1", "until": "(unclosed"}, "until: not a valid regular expression (missing ), unterminated subpattern at position 0)"),
-    ({"id": "b1", "until": ""}, "until: must be 1 to 1000 characters"),
-    ({"id": "b1", "until": "x" * (limits.UNTIL_MAX_CHARS + 1)}, "until: must be 1 to 1000 characters"),
-    ({"id": "b1", "stop": True, "wait": 5}, "wait: not with stop"),
-    ({"id": "b1", "stop": True, "until": "x"}, "until: not with stop"),
-])
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        ({"id": "b1", "wait": 0}, "wait: must be from 1 to 600, got 0"),
+        ({"id": "b1", "wait": 601}, "wait: must be from 1 to 600, got 601"),
+        ({"id": "b1", "wait": True}, "wait: must be an integer, got true"),
+        ({"id": "b1", "wait": 1.5}, "wait: must be an integer, got 1.5"),
+        ({"until": "ready"}, "until: needs an id"),
+        (
+            {"id": "b1", "until": "(unclosed"},
+            "until: not a valid regular expression (missing ), unterminated subpattern at position 0)",
+        ),
+        ({"id": "b1", "until": ""}, "until: must be 1 to 1000 characters"),
+        ({"id": "b1", "until": "x" * (limits.UNTIL_MAX_CHARS + 1)}, "until: must be 1 to 1000 characters"),
+        ({"id": "b1", "stop": True, "wait": 5}, "wait: not with stop"),
+        ({"id": "b1", "stop": True, "until": "x"}, "until: not with stop"),
+    ],
+)
 def test_bad_wait_and_until_are_refused_by_name(bg, args, error):
     assert error_text(status(bg, **args)) == error
 
@@ -252,6 +258,7 @@ async def test_toolbox_refuses_a_bad_until_without_running_anything(tmp_path):
 
 def test_until_sees_the_first_4096_characters_of_a_line(bg):
     n = limits.UNTIL_MATCH_MAX_CHARS
-    bid, _ = start(bg, f"sleep 0.3; printf 'a%.0s' $(seq {n}); echo LATE; printf 'b%.0s' $(seq {n - 4}); echo EDGE; sleep 30")
+    bid, _ = start(bg, f"sleep 0.3; printf 'a%.0s' $(seq {n}); echo LATE; "
+                       f"printf 'b%.0s' $(seq {n - 4}); echo EDGE; sleep 30")
     env = status(bg, id=bid, until="LATE|EDGE", wait=10)
     assert first_line(env).startswith("matched: bbbb") and first_line(env).endswith(" chars]")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -15,7 +15,7 @@ from guilds.records import Savings
 from guilds.store import Store, calls, database_url, metadata, normalize_url
 from guilds.web.savings import run_savings
 
-T0 = datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+T0 = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 PG_URL = os.environ.get("GUILDS_TEST_POSTGRES_URL")
 
 
@@ -87,7 +87,7 @@ async def totals_and_sum(store, run="r1"):
 async def test_a_run_keeps_the_totals_of_its_calls(store):
     """Each call's end adds its amounts to its run's row: they stay run_savings over the calls as
     recorded, whatever the end (with a trailer, cancelled, lost, a lost call finished after all)."""
-    slots = [await begin(store, at=datetime.now(timezone.utc)) for _ in range(5)]
+    slots = [await begin(store, at=datetime.now(UTC)) for _ in range(5)]
     other = await begin(store, run="r2")
     assert (await store.get_run("r1")).savings == Savings()
     await store.finish_call(run_id="r1", seq=slots[0].seq, text="a" * 1000, is_error=False, cut=False,

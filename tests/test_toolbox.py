@@ -36,7 +36,12 @@ async def test_a_shell_call_through_the_whole_pipeline(tmp_path):
         meta = result.meta
         assert meta["exit_code"] == 3 and meta["timed_out"] is False
         assert meta["cwd"] == str(tmp_path / "home")
-        assert (meta["tool"], meta["run"], meta["seq"], meta["row"]) == ("shell", "run1", 1, "Run echo hello; exit 3 · exit 3")
+        assert (meta["tool"], meta["run"], meta["seq"], meta["row"]) == (
+            "shell",
+            "run1",
+            1,
+            "Run echo hello; exit 3 · exit 3",
+        )
         assert re.fullmatch(r"c[0-9a-f]{12}", meta["call"])
         assert isinstance(meta["duration_ms"], int) and meta["started_at"].endswith("+00:00")
         record = await tb.store.call("run1", 1)
@@ -182,7 +187,8 @@ def fake_toolbox(tmp_path, store, answer, **kw):
 
 async def test_the_request_carries_what_the_helper_needs(tmp_path, fake_store):
     tb, sb = fake_toolbox(tmp_path, fake_store, lambda r: ok("x"), agent={"result_max_bytes": 2048},
-                          secrets={"ZED": "zzzz-secret", "ALPHA": "aaaa-secret"}, repos={"web": {"token": "tok-123456"}})
+                          secrets={"ZED": "zzzz-secret", "ALPHA": "aaaa-secret"},
+                          repos={"web": {"token": "tok-123456"}})
     await tb.call("r", "shell", {"command": "ls"})
     await tb.call("r", "shell", {"command": "ls"})
     first, second = sb.requests
@@ -234,7 +240,8 @@ async def test_an_unexpected_failure_is_recorded_then_raised(tmp_path, fake_stor
     with pytest.raises(RuntimeError):
         await tb.call("r", "shell", {"command": "x"})
     record = await tb.store.call("r", 1)
-    assert (record.status, record.is_error, record.text.split("\n")[0]) == ("done", True, "internal error: RuntimeError")
+    first_line = record.text.split("\n")[0]
+    assert (record.status, record.is_error, first_line) == ("done", True, "internal error: RuntimeError")
 
 
 # --- many agents, many calls ---------------------------------------------------

@@ -51,7 +51,9 @@ async def test_code_task_edits_the_repo_and_reports_a_diffstat(tmp_path, fake_pa
         assert "wrote it" in result.text
         assert Path(meta["log_path"]).is_file()
         assert result.text.endswith("remaining_tool_calls: 199")
-        resumed = await tb.call("r1", "code_task", {"brief": "fake: append notes.md more", "session_id": meta["session_id"]})
+        resumed = await tb.call(
+            "r1", "code_task", {"brief": "fake: append notes.md more", "session_id": meta["session_id"]}
+        )
         assert resumed.meta["session_id"] == meta["session_id"], resumed.text
         record = await store.call("r1", 1)
         assert record.meta["status"] == "completed"

@@ -46,29 +46,31 @@ def gone(pid: int) -> bool:
 
 
 async def test_auto_uses_the_channel_and_calls_alternate_between_transports(tmp_path):
-    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
-        async with local_toolbox(tmp_path, store, agent={"transport": "resident"}) as resident, \
-                local_toolbox(tmp_path, store, agent={"transport": "exec"}) as by_exec, \
-                local_toolbox(tmp_path, store) as auto:
-            (tmp_path / "home/sub").mkdir(parents=True)
-            await resident.call("r1", "shell", {"command": "cd sub"})
-            assert body((await by_exec.call("r1", "shell", {"command": "pwd"})).text) == f"{tmp_path}/home/sub"
-            started = await by_exec.call("r1", "shell", {"command": "sleep 30", "background": True})
-            pid = int(started.text.split("(pid ")[1].split(")")[0])
-            try:
-                status = await resident.call("r1", "shell_status", {"id": "b1"})
-                assert status.text.startswith("b1 running")
-                await resident.close()  # a background command outlives the server
-                assert not gone(pid)
-                stopped = await auto.call("r1", "shell_status", {"id": "b1", "stop": True})
-                assert stopped.text.startswith("stopped b1")  # by exec: the channel opens meanwhile
-                channel = await auto.transport.opened()
-                assert channel is not None and auto.transport.channel is channel
-                after = await auto.call("r1", "shell_status", {"id": "b1"})
-                assert after.text.startswith("b1 stopped")
-            finally:
-                os.kill(pid, signal.SIGKILL)
-            assert by_exec.transport.channel is None
+    async with (
+        Store(f"sqlite:///{tmp_path}/guilds.db") as store,
+        local_toolbox(tmp_path, store, agent={"transport": "resident"}) as resident,
+        local_toolbox(tmp_path, store, agent={"transport": "exec"}) as by_exec,
+        local_toolbox(tmp_path, store) as auto,
+    ):
+        (tmp_path / "home/sub").mkdir(parents=True)
+        await resident.call("r1", "shell", {"command": "cd sub"})
+        assert body((await by_exec.call("r1", "shell", {"command": "pwd"})).text) == f"{tmp_path}/home/sub"
+        started = await by_exec.call("r1", "shell", {"command": "sleep 30", "background": True})
+        pid = int(started.text.split("(pid ")[1].split(")")[0])
+        try:
+            status = await resident.call("r1", "shell_status", {"id": "b1"})
+            assert status.text.startswith("b1 running")
+            await resident.close()  # a background command outlives the server
+            assert not gone(pid)
+            stopped = await auto.call("r1", "shell_status", {"id": "b1", "stop": True})
+            assert stopped.text.startswith("stopped b1")  # by exec: the channel opens meanwhile
+            channel = await auto.transport.opened()
+            assert channel is not None and auto.transport.channel is channel
+            after = await auto.call("r1", "shell_status", {"id": "b1"})
+            assert after.text.startswith("b1 stopped")
+        finally:
+            os.kill(pid, signal.SIGKILL)
+        assert by_exec.transport.channel is None
 
 
 async def test_a_killed_server_is_reopened_by_the_next_call(tmp_path):
@@ -157,8 +159,8 @@ async def test_a_server_of_another_version_is_refused(tmp_path):
     settings = make_settings(tmp_path)
     box = LocalSandbox(settings, tmp_path / "data")
     await box.start()
-    speaks_2 = [sys.executable, "-c", "import sys,time; print('{\"v\": 2, \"hello\": \"guilds-code\"}', "
-                                      "flush=True); sys.stdin.read()"]
+    speaks_2 = [sys.executable, "-c", ("import sys,time; print('{\"v\": 2, \"hello\": \"guilds-code\"}', "
+                                      "flush=True); sys.stdin.read()")]
     with pytest.raises(ChannelDied, match="speaks protocol 2; this orchestrator speaks 1"):
         await ResidentChannel.open(box, speaks_2)
 

@@ -97,7 +97,7 @@ def test_wait_for(op, args, seconds):
     assert wait_for(op, args) == seconds
 
 
-async def test_a_request_up_to_64_KiB_goes_on_the_command_line(local):
+async def test_a_request_up_to_64_kib_goes_on_the_command_line(local):
     req = padded(local.home, limits.REQUEST_ARGV_MAX // 4 * 3)
     assert len(encode_request(req)) == limits.REQUEST_ARGV_MAX
     envelope = await call_helper(local, req, wait=30)

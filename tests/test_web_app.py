@@ -10,9 +10,9 @@ import httpx2
 import pytest
 import pytest_asyncio
 import uvicorn
-from web_kit import AUTH, FLOW, SECRET, fill, record_code_task, served
 
 from guilds.web.queries import FLOW_PAGE
+from web_kit import AUTH, FLOW, SECRET, fill, record_code_task, served
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 ROWS = [  # the page's "Row reads", for FLOW
@@ -242,8 +242,8 @@ async def test_new_calls_arrive_live(app):
 
 async def test_no_secret_reaches_any_page(client):
     pages = [await get(client, "/"), await get(client, "/runs/run1"), await get(client, "/runs/run1/calls/1/log")]
-    for seq in range(1, len(FLOW) + 1):
-        for query in ("view=arguments", "view=result", "view=result&format=raw", "view=metadata"):
-            pages.append(await get(client, f"/runs/run1/calls/{seq}?{query}"))
+    views = ("view=arguments", "view=result", "view=result&format=raw", "view=metadata")
+    pages += [await get(client, f"/runs/run1/calls/{seq}?{query}")
+              for seq in range(1, len(FLOW) + 1) for query in views]
     assert not any(SECRET in page for page in pages)
     assert sum("[REDACTED]" in page for page in pages) > 5

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import uvicorn
+
 from web_kit import SECRET, TOKEN, fill, record_code_task, served
 
 CHROMIUM = "/usr/bin/chromium"
@@ -248,9 +249,7 @@ async def _tab_clicks_ms(page, base: str, run: str, seq: int) -> float:
         rows = await page.locator("#flow li.item").count()
         await earlier.click()
         await expect(page.locator("#flow li.item")).not_to_have_count(rows)
-    times = []
-    for name in ("Arguments", "Metadata", "Result") * 4:
-        times.append(await page.evaluate(CLICK_TAB_MS, name))
+    times = [await page.evaluate(CLICK_TAB_MS, name) for name in ("Arguments", "Metadata", "Result") * 4]
     return statistics.median(times)
 
 
@@ -272,10 +271,8 @@ async def test_a_big_run_clicks_as_fast_as_a_small_one(tmp_path):
             async with playwright_api.async_playwright() as p:
                 browser = await _browser(p)
                 page = await _page(browser, base)
-                figures = []
-                for _ in range(2):  # interleaved
-                    figures.append((await _tab_clicks_ms(page, base, "small", 5),
-                                    await _tab_clicks_ms(page, base, "big", 4995)))
+                figures = [(await _tab_clicks_ms(page, base, "small", 5),  # interleaved
+                            await _tab_clicks_ms(page, base, "big", 4995)) for _ in range(2)]
                 await browser.close()
         finally:
             server.should_exit = True

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import os
 
-import mcp_kit as kit
 import pytest
-from test_process_faults import record, running_sleep, start_call
-from test_web_e2e import CHROMIUM, CHROMIUM_ARGS, start_server
 
+import mcp_kit as kit
 from guilds.auth import Lock, host_names
 from guilds.lifecycle import HEARTBEAT_SECONDS
 from guilds.web.app import create_app
 from guilds.web.logs import HelperLogReader
 from guilds_code.redact import Redactor
+from test_process_faults import record, running_sleep, start_call
+from test_web_e2e import CHROMIUM, CHROMIUM_ARGS, start_server
 
 pytestmark = [
     pytest.mark.slow,

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from guilds.record_migration import split_answer
 from guilds.records import CallRecord
 from guilds.rows import row_text
 from guilds.web.events import sse_message
@@ -17,10 +18,10 @@ from guilds.web.flow import (
     flow_item,
     flow_page,
     later_page,
-    seq_in_range,
     redact_call,
     resume_after,
     runs_page,
+    seq_in_range,
 )
 from guilds.web.logs import LogExcerpt
 from guilds.web.render import json_tree, parse_json
@@ -34,7 +35,6 @@ from guilds.web.views import (
     metadata_view,
     result_view,
 )
-from guilds.record_migration import split_answer
 from guilds_code.redact import Redactor
 
 T0 = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -213,24 +213,68 @@ def test_a_running_call_has_no_result_yet():
 # directory, the file and its lines, Same as step -----------------------------------
 LOG = "/home/a/.runs/r1/c1a2b3.log"
 METADATA = [
-    ("shell", {"exit_code": 0, "cwd": "/home/a", "timed_out": False},
-     [("Call", "c1a2b3", ""), ("Tool", "shell", ""), ("Exit code", "0", ""), ("Working directory", "/home/a", "")]),
-    ("shell", {"exit_code": 2, "cwd": "/home/a/web", "timed_out": False, "log_path": LOG},
-     [("Call", "c1a2b3", ""), ("Tool", "shell", ""), ("Exit code", "2", ""),
-      ("Full output log", LOG, "/runs/r1/calls/5/log"), ("Working directory", "/home/a/web", "")]),
-    ("shell", {"exit_code": 124, "cwd": "/home/a", "timed_out": True},
-     [("Call", "c1a2b3", ""), ("Tool", "shell", ""), ("Exit code", "124 (timed out)", ""),
-      ("Working directory", "/home/a", "")]),
-    ("shell", {"background_id": "b1", "log_path": LOG},
-     [("Call", "c1a2b3", ""), ("Tool", "shell", ""), ("Full output log", LOG, "/runs/r1/calls/5/log")]),
-    ("shell_status", {"background_id": "b1", "state": "exited 0", "exit_code": 0, "log_path": LOG},
-     [("Call", "c1a2b3", ""), ("Tool", "shell_status", ""), ("Exit code", "0", ""),
-      ("Full output log", LOG, "/runs/r1/calls/5/log")]),
-    ("file_read", {"path": "/home/a/app.py", "range": [1, 200], "lines": 812, "content_hash": "ab"},
-     [("Call", "c1a2b3", ""), ("Tool", "file_read", ""), ("File", "/home/a/app.py", ""), ("Lines", "1–200 of 812", "")]),
-    ("file_read", {"path": "/home/a/app.py", "range": [1, 4], "lines": 4, "repeat_of": 3},
-     [("Call", "c1a2b3", ""), ("Tool", "file_read", ""), ("File", "/home/a/app.py", ""), ("Lines", "1–4 of 4", ""),
-      ("Same as step", "3", "/runs/r1/calls/3")]),
+    (
+        "shell",
+        {"exit_code": 0, "cwd": "/home/a", "timed_out": False},
+        [("Call", "c1a2b3", ""), ("Tool", "shell", ""), ("Exit code", "0", ""), ("Working directory", "/home/a", "")],
+    ),
+    (
+        "shell",
+        {"exit_code": 2, "cwd": "/home/a/web", "timed_out": False, "log_path": LOG},
+        [
+            ("Call", "c1a2b3", ""),
+            ("Tool", "shell", ""),
+            ("Exit code", "2", ""),
+            ("Full output log", LOG, "/runs/r1/calls/5/log"),
+            ("Working directory", "/home/a/web", ""),
+        ],
+    ),
+    (
+        "shell",
+        {"exit_code": 124, "cwd": "/home/a", "timed_out": True},
+        [
+            ("Call", "c1a2b3", ""),
+            ("Tool", "shell", ""),
+            ("Exit code", "124 (timed out)", ""),
+            ("Working directory", "/home/a", ""),
+        ],
+    ),
+    (
+        "shell",
+        {"background_id": "b1", "log_path": LOG},
+        [("Call", "c1a2b3", ""), ("Tool", "shell", ""), ("Full output log", LOG, "/runs/r1/calls/5/log")],
+    ),
+    (
+        "shell_status",
+        {"background_id": "b1", "state": "exited 0", "exit_code": 0, "log_path": LOG},
+        [
+            ("Call", "c1a2b3", ""),
+            ("Tool", "shell_status", ""),
+            ("Exit code", "0", ""),
+            ("Full output log", LOG, "/runs/r1/calls/5/log"),
+        ],
+    ),
+    (
+        "file_read",
+        {"path": "/home/a/app.py", "range": [1, 200], "lines": 812, "content_hash": "ab"},
+        [
+            ("Call", "c1a2b3", ""),
+            ("Tool", "file_read", ""),
+            ("File", "/home/a/app.py", ""),
+            ("Lines", "1–200 of 812", ""),
+        ],
+    ),
+    (
+        "file_read",
+        {"path": "/home/a/app.py", "range": [1, 4], "lines": 4, "repeat_of": 3},
+        [
+            ("Call", "c1a2b3", ""),
+            ("Tool", "file_read", ""),
+            ("File", "/home/a/app.py", ""),
+            ("Lines", "1–4 of 4", ""),
+            ("Same as step", "3", "/runs/r1/calls/3"),
+        ],
+    ),
     ("code_search", {"matches": 3, "files": 2}, [("Call", "c1a2b3", ""), ("Tool", "code_search", "")]),
 ]
 

@@ -10,13 +10,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import sqlalchemy as sa
-from toolbox_kit import local_toolbox
 
 from guilds.auth import Lock, host_names
 from guilds.rows import row_text
 from guilds.serve import build_app
 from guilds.store import Store, calls, runs
 from guilds.toolbox import Toolbox
+from toolbox_kit import local_toolbox
 
 SECRET = "sk-live-0123456789abcdef"
 TOKEN = "test-token-0123456789abcdefghijklmnopqrstuv"
@@ -61,9 +61,15 @@ async def served(tmp_path: Path, run_id: str = "run1") -> AsyncIterator[Served]:
 
 
 TASK_META = {  # a finished code_task's metadata, as guilds_harness.report makes it
-    "status": "completed", "harness": "claude-code", "repo": "web", "session_id": "5f1c2b",
-    "diffstat": " src/app.py       | 4 +++-\n tests/test_app.py | 9 +++++++++\n 2 files changed, 12 insertions(+), 1 deletion(-)",
-    "final_message": "Added a test for the empty cart and fixed the total.", "exit_code": 0, "num_turns": 3,
+    "status": "completed",
+    "harness": "claude-code",
+    "repo": "web",
+    "session_id": "5f1c2b",
+    "diffstat": (" src/app.py       | 4 +++-\n tests/test_app.py | 9 +++++++++\n"
+                 " 2 files changed, 12 insertions(+), 1 deletion(-)"),
+    "final_message": "Added a test for the empty cart and fixed the total.",
+    "exit_code": 0,
+    "num_turns": 3,
 }
 
 
@@ -73,8 +79,8 @@ async def record_code_task(store: Store, run_id: str, agent_id: str = "agent1") 
     args = {"brief": "Add a test for the empty cart, then fix what it finds.", "repo": "web"}
     slot = await store.begin_call(run_id=run_id, agent_id=agent_id, tool="code_task", args=args, call_id="ctask1",
                                   started_at=now, budget=None)
-    text = f"status: completed · claude-code · 3 turns\ndiffstat:\n{TASK_META['diffstat']}\n" \
-           f"final message:\n{TASK_META['final_message']}"
+    text = (f"status: completed · claude-code · 3 turns\ndiffstat:\n{TASK_META['diffstat']}\n"
+            f"final message:\n{TASK_META['final_message']}")
     meta = {**TASK_META, "call": "ctask1", "tool": "code_task", "seq": slot.seq}
     await store.finish_call(run_id=run_id, seq=slot.seq, text=text, is_error=False, meta=meta, cut=False,
                             finished_at=now, duration_ms=48_000, row=row_text("code_task", args, meta, False),
