@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -236,6 +237,17 @@ asyncio.run(main())
 """
 USER_UID = 1500000077
 SYSTEM_PYTHON = "/usr/bin/python3"
+PACKAGES = ("guilds", "guilds_code", "guilds_harness")
+
+
+def readable_packages(dest: Path) -> Path:
+    """A copy of the packages in dest, for a uid that may not read the checkout's folders."""
+    source = Path(__file__).resolve().parents[1] / "src"
+    for name in PACKAGES:
+        shutil.copytree(source / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in [dest, *dest.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return dest
 
 
 @pytest.mark.bwrap
@@ -245,7 +257,7 @@ def test_an_orchestrator_not_root_gets_bwrap_in_a_user_namespace(tmp_path):
     work = Path(f"/var/tmp/guilds-userns-{os.getpid()}")
     work.mkdir(mode=0o700)
     os.chown(work, USER_UID, USER_UID)
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(readable_packages(work / "src"))
     try:
         done = subprocess.run(
             ["setpriv", f"--reuid={USER_UID}", f"--regid={USER_UID}", "--clear-groups", "--",
