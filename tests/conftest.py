@@ -8,6 +8,7 @@ calls as frames). ``run_raw`` is the one-shot process on either.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import subprocess
@@ -23,6 +24,24 @@ from guilds_code.protocol import decode_envelope
 from resident_kit import ResidentServer
 
 PYTHON = os.path.realpath(sys.executable)
+
+
+@contextlib.contextmanager
+def sized_tmpfs(folder: Path, size: int | str, mode: str | None = "0700"):
+    """A tmpfs of size (bytes, or tmpfs's "64k") mounted on folder while the block runs:
+    what a test fills is its own, never the disk under the host's /tmp. Skipped
+    where it cannot be mounted (not root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    options = f"size={size}" + (f",mode={mode}" if mode else "")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
+                             check=False, capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
 
 
 @pytest.fixture(scope="session")

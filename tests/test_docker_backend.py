@@ -14,7 +14,6 @@ import json
 import os
 import secrets
 import signal
-import subprocess
 import tarfile
 import time
 from dataclasses import replace
@@ -22,6 +21,7 @@ from dataclasses import replace
 import docker
 import pytest
 
+from conftest import sized_tmpfs
 from guilds.errors import ConfigError, SandboxError
 from guilds.sandbox import _container as box_lib
 from guilds.sandbox import docker_spec as spec
@@ -260,8 +260,7 @@ async def test_a_full_disk_is_said_and_loses_nothing(make, tmp_path):
     agent = f"t{secrets.token_hex(4)}"
     home = tmp_path / agent
     home.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(home)], check=True)
-    try:
+    with sized_tmpfs(home, "1m", mode=None):
         box = await make(agent=agent)
         (home / "kept.txt").write_text("kept")
         result = await sh(box, "head -c 2M /dev/zero > fill")
@@ -273,9 +272,6 @@ async def test_a_full_disk_is_said_and_loses_nothing(make, tmp_path):
         assert (home / "kept.txt").read_text() == "kept"
         await sh(box, "rm fill")
         assert (await call_helper(box, shell(box, "echo hi", "c2"), wait=30))["text"] == "hi"
-    finally:
-        await asyncio.sleep(0)
-        subprocess.run(["umount", "-l", str(home)], check=False)
 
 
 @needs_engine

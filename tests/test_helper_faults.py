@@ -5,7 +5,6 @@ a full disk."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import signal
@@ -14,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import PYTHON, ok_text
+from conftest import PYTHON, ok_text, sized_tmpfs
 from guilds_code.proc import live_groups
 
 
@@ -121,19 +120,9 @@ def test_run_folder_replaced_by_a_link_mid_command_is_not_written_through(sandbo
 
 
 # --- a full disk ----------------------------------------------------------------------
-@contextlib.contextmanager
 def small_tmpfs(folder):
     """A 64 KiB tmpfs mounted on folder while the block runs (skipped where it cannot be)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(folder)],
-                             check=False, capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=True)
+    return sized_tmpfs(folder, "64k")
 
 
 @pytest.fixture

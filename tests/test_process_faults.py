@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import mcp_kit as kit
+from conftest import sized_tmpfs
 from guilds.auth import TOKEN_FILE, Lock, host_names
 from guilds.lifecycle import HEARTBEAT_SECONDS, LEASE_SECONDS, LOST
 from guilds.sandbox.bwrap_argv import unavailable
@@ -262,15 +262,10 @@ async def test_a_killed_guilds_serve_leaves_no_command_and_its_call_is_lost(tmp_
 @pytest.fixture
 def small_disk(tmp_path):
     """A 4 MiB tmpfs mounted at tmp_path/data (root only), unmounted after."""
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        pytest.skip("mounting a tmpfs needs root")
     data = tmp_path / "data"
     data.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(data)], check=True)
-    try:
+    with sized_tmpfs(data, "4m"):
         yield data
-    finally:
-        subprocess.run(["umount", "-l", str(data)], check=True)
 
 
 def fill(folder: Path) -> None:
