@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .cli import settings_options
 from .errors import SandboxError
 from .settings import AgentSettings
 from .wiring import Wired, apply_overrides, resolve
@@ -184,8 +185,7 @@ def _parser(action: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"guilds sandbox {action}")
     if action != "list":
         parser.add_argument("agent", nargs="?", help="the agent id (default: the settings' agent.id)")
-    parser.add_argument("--config", help="the settings file (default: <data folder>/settings.toml)")
-    parser.add_argument("--sandbox", help="local | bwrap | docker | kubernetes | auto (overrides agent.sandbox)")
+    settings_options(parser)
     return parser
 
 

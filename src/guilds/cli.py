@@ -42,7 +42,6 @@ SERVERS = ("serve", "mcp")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_SIGNAL = 128
 """Stopped by signal N: exit 128 + N, as a shell reports it."""
-SANDBOX_NAMES = "local | bwrap | docker | kubernetes | auto (overrides agent.sandbox)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("args", nargs="?", default="{}", help="the arguments, a JSON object")
     call.add_argument("--home", help="the agent's home (overrides agent.home)")
     call.add_argument("--run", help="the run id (default: a new run)")
-    _settings_options(call)
+    settings_options(call)
     call.add_argument("--json", action="store_true", help='print {"text", "is_error", "meta"}')
     call.add_argument("--context-reset", action="store_true",
                       help="the model's context was compacted or rewound: no file_read points before this call")
@@ -67,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     for name in SERVERS:
         server = sub.add_parser(name, help=helps[name])
         server.add_argument("--home", help="the agent's home (overrides agent.home)")
-        _settings_options(server)
+        settings_options(server)
         if name == "serve":
             server.add_argument("--port", type=int, default=8765, help="default 8765")
             server.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1")
@@ -76,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
             server.add_argument("--no-token", action="store_true",
                                 help="serve without the token (a loopback --host only)")
     doctor = sub.add_parser("doctor", help="what works on this machine and what does not, with the fix")
-    _settings_options(doctor)
+    settings_options(doctor)
     box = sub.add_parser("sandbox", help="the agents' sandboxes: image, list, stop, rm")
     box.add_argument("action", choices=["image", "list", "stop", "rm"],
                      help="image: build the docker sandbox image; list: the agents' sandboxes and their "
@@ -85,9 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _settings_options(parser: argparse.ArgumentParser) -> None:
+def settings_options(parser: argparse.ArgumentParser) -> None:
+    """--config and --sandbox, as every command that reads the settings takes them."""
+    from .settings import SANDBOXES
+
     parser.add_argument("--config", help="the settings file (default: <data folder>/settings.toml)")
-    parser.add_argument("--sandbox", help=SANDBOX_NAMES)
+    parser.add_argument("--sandbox", help=f"{' | '.join(SANDBOXES)} (overrides agent.sandbox)")
 
 
 def _version() -> str:

@@ -22,6 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from guilds_harness import adapters
+from guilds_harness.adapters import HARNESSES
+
 from .wiring import Wired
 
 PROBE_SECONDS = 10
@@ -30,7 +33,6 @@ KUBE_VERBS = (("create", "pods", ""), ("get", "pods", ""), ("delete", "pods", ""
               ("create", "persistentvolumeclaims", ""))
 """What the kubernetes backend does in its namespace."""
 MIN_PYTHON = (3, 9)
-HARNESS_CLIS = {"claude-code": "claude", "codex": "codex"}
 BWRAP_FIXES = {
     "root": "run guilds as root (it enters the sandbox with nsenter)",
     "not found": "install bubblewrap and util-linux (Debian: apt-get install bubblewrap util-linux)",
@@ -171,7 +173,8 @@ def check_record(wired: Wired) -> Check:
 
 def check_harnesses(wired: Wired) -> list[Check]:
     checks = []
-    for harness, cli in HARNESS_CLIS.items():
+    for harness in HARNESSES:
+        cli = adapters.get(harness).executable
         found = shutil.which(cli)
         needed = harness == wired.settings.harness
         detail = f"{cli} at {found}" if found else f"{cli} not found on PATH (code_task with harness {harness})"

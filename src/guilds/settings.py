@@ -62,7 +62,7 @@ from typing import Any, Callable, Mapping
 
 from guilds_code import limits
 from guilds_code.redact import MIN_SECRET_CHARS
-from guilds_harness.adapters import HARNESSES
+from guilds_harness.adapters import DEFAULT_HARNESS, HARNESSES
 
 from . import _checks as check
 from .errors import ConfigError
@@ -72,14 +72,15 @@ DEFAULT_SANDBOX = "auto"
 DEFAULT_MAX_TOOL_CALLS = 200
 DEFAULT_PORTS = (20000, 20099)
 DEFAULT_HOME = "home"
-DEFAULT_HARNESS = "claude-code"
+"""The home when the file names none: a folder beside the settings file."""
 DEFAULT_TRANSPORT = "auto"
 TRANSPORTS = ("auto", "resident", "exec")
+"""How requests reach the helper (agent.transport; guilds.toolbox.transport.Transport)."""
 DEFAULT_MAX_IN_FLIGHT = 64
 MAX_IN_FLIGHT_LIMIT = 4096
 """The most agent.max_in_flight may be: each request in flight is a process in the sandbox."""
-"""The home when the file names none: a folder beside the settings file."""
 SANDBOXES = ("auto", "local", "bwrap", "docker", "kubernetes")
+"""The sandbox backends by the name agent.sandbox gives (guilds.sandbox.get_sandbox)."""
 SETTINGS_FILE = "settings.toml"
 DATA_ENV = "GUILDS_DATA"
 RESULT_MAX_BYTES_ENV = "CODE_RESULT_MAX_BYTES"

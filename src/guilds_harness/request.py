@@ -17,10 +17,9 @@ from guilds_code import protocol
 from guilds_code.protocol import RequestError
 
 from . import limits
-from .adapters import HARNESSES
+from .adapters import DEFAULT_HARNESS, HARNESSES
 
 OP = "code_task"
-DEFAULT_HARNESS = "claude-code"
 _SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 _REPO_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 

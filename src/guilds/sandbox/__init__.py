@@ -15,12 +15,11 @@ import logging
 import os
 
 from ..errors import ConfigError, SandboxError
-from ..settings import AgentSettings
+from ..settings import SANDBOXES, AgentSettings
 from .base import ExecResult, Sandbox
 
 __all__ = ["ExecResult", "Sandbox", "get_sandbox"]
 
-NAMES = ("auto", "local", "bwrap", "docker", "kubernetes")
 log = logging.getLogger(__name__)
 
 
@@ -35,8 +34,8 @@ def get_sandbox(
     SandboxError when ``bwrap`` is asked for where it does not work.
     """
     name = settings.sandbox
-    if name not in NAMES:
-        raise ConfigError(f"agent.sandbox: unknown sandbox {name!r} (known: {', '.join(NAMES)})")
+    if name not in SANDBOXES:
+        raise ConfigError(f"agent.sandbox: unknown sandbox {name!r} (known: {', '.join(SANDBOXES)})")
     if name == "docker":
         from .docker import DockerSandbox
 

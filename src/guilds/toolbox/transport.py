@@ -31,6 +31,7 @@ from guilds_harness import limits as task_limits
 from .._checks import is_safe_name
 from ..errors import BadInput, HelperFailed, SandboxError
 from ..sandbox.base import ExecResult, Sandbox
+from ..settings import TRANSPORTS
 
 if TYPE_CHECKING:
     from .channel import ResidentChannel
@@ -125,7 +126,6 @@ def _failure(headline: str, result: ExecResult) -> str:
 
 
 # --- the resident transport ---------------------------------------------------
-TRANSPORTS = ("auto", "resident", "exec")
 REOPEN_AFTER_SECONDS = 30.0
 """auto: after the channel failed to open, calls go by exec this long before it is tried again."""
 SERVE_IDLE_EXIT_DEFAULT = 1800

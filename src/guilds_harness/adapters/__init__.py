@@ -11,6 +11,8 @@ HARNESSES = {
     "claude-code": "guilds_harness.adapters.claude_code",
     "codex": "guilds_harness.adapters.codex",
 }
+"""Every harness code_task can run, by the name agent.harness gives, and its module."""
+DEFAULT_HARNESS = "claude-code"
 
 
 def get(name: str):
