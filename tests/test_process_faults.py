@@ -27,7 +27,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 import mcp_kit as kit
 from conftest import sized_tmpfs
 from guilds.auth import TOKEN_FILE, Lock, host_names
-from guilds.lifecycle import HEARTBEAT_SECONDS, LEASE_SECONDS, LOST
+from guilds.lifecycle import LOST
+from guilds.limits import OWNER_HEARTBEAT_SECONDS as HEARTBEAT_SECONDS
+from guilds.limits import OWNER_LEASE_SECONDS as LEASE_SECONDS
 from guilds.sandbox.bwrap_argv import unavailable
 from guilds.store import Store, calls, metadata, normalize_url, owners
 from guilds.web.app import create_app

@@ -9,7 +9,7 @@ import pytest
 
 import mcp_kit as kit
 from guilds.auth import Lock, host_names
-from guilds.lifecycle import HEARTBEAT_SECONDS
+from guilds.limits import OWNER_HEARTBEAT_SECONDS as HEARTBEAT_SECONDS
 from guilds.web.app import create_app
 from guilds.web.logs import HelperLogReader
 from guilds_code.redact import Redactor

@@ -32,11 +32,10 @@ from typing import Any
 
 from .cli import settings_options
 from .errors import SandboxError
+from .limits import DOCKER_PROBE_SECONDS
 from .settings import AgentSettings
 from .wiring import Wired, apply_overrides, resolve
 
-DOCKER_PROBE_SECONDS = 5
-"""How long `list` waits for a Docker engine to answer before leaving docker out."""
 BWRAP_FOLDER = "sandboxes"
 LOCAL_STATE_FOLDER = "state"
 

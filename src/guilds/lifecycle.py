@@ -11,10 +11,10 @@ to the helper's group; the helper stops its command's group) and records the cal
 
 **Lost calls.** Every process that opens the run record registers itself as an
 owner (a random id, the machine, its pid and the pid's start time) and refreshes
-its ``heartbeat_at`` every HEARTBEAT_SECONDS; every call it begins names it. An
+its ``heartbeat_at`` every OWNER_HEARTBEAT_SECONDS; every call it begins names it. An
 owner is gone when, on this machine (same boot and pid namespace), its pid is no
 longer the process that started at ``pid_start``; from elsewhere, when its
-heartbeat is older than LEASE_SECONDS (a crash, a power loss). At every open and
+heartbeat is older than OWNER_LEASE_SECONDS (a crash, a power loss). At every open and
 every heartbeat, the calls still ``running`` under a gone owner are recorded
 ``lost`` (an error, "· lost" on their row) and the owner is forgotten. Their
 commands do not outlive the owner: its helpers get SIGTERM when it dies
@@ -35,17 +35,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .limits import OWNER_HEARTBEAT_SECONDS, OWNER_LEASE_SECONDS
 from .procfs import start_time
 
 if TYPE_CHECKING:
     from .store import Store
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-HEARTBEAT_SECONDS = 5.0
-"""How often an open Store refreshes its owner's heartbeat and sweeps for lost calls."""
-LEASE_SECONDS = 60.0
-"""An owner on another machine whose heartbeat is older than this is gone: twelve missed
-beats, room for a loaded machine and some clock skew between machines."""
 LOST = "the process running this call ended before the call finished (it was killed or its machine stopped)"
 """The result text of a lost call."""
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
@@ -121,17 +117,17 @@ def is_gone(owner: Owner, now: datetime, here: str) -> bool:
     """Known to have ended: on this machine, its pid is another process or none; else, a stale heartbeat."""
     if owner.machine == here:
         return start_time(owner.pid) != owner.pid_start
-    return owner.heartbeat_at is None or now - owner.heartbeat_at > timedelta(seconds=LEASE_SECONDS)
+    return owner.heartbeat_at is None or now - owner.heartbeat_at > timedelta(seconds=OWNER_LEASE_SECONDS)
 
 
 class Lease:
-    """The background task of an open Store: a heartbeat, then a sweep, every HEARTBEAT_SECONDS.
+    """The background task of an open Store: a heartbeat, then a sweep, every OWNER_HEARTBEAT_SECONDS.
 
     A failing write (a full disk, the database away) is logged once per kind of
     failure and tried again at the next beat; it never ends the process.
     """
 
-    def __init__(self, store: "Store", every: float = HEARTBEAT_SECONDS):
+    def __init__(self, store: "Store", every: float = OWNER_HEARTBEAT_SECONDS):
         self.store, self.every = store, every
         self._task: asyncio.Task | None = None
         self._reported: set[str] = set()

@@ -66,3 +66,53 @@ could deadlock (two transactions that read, then want to write; the first
 process to make a fresh file's schema): the transaction is then run again from
 its start after this pause, doubled each time up to 0.32 s, within
 RECORD_BUSY_WAIT_SECONDS."""
+
+# --- docker's engine and container ---------------------------------------------
+DOCKER_CREATED_GRACE_SECONDS = 30.0
+"""How long a container made by another process may stay created and not started
+before it is taken as abandoned (its maker died) and made again."""
+DOCKER_START_SLACK_SECONDS = 30.0
+"""Past DOCKER_CREATED_GRACE_SECONDS, how long making the container again may take."""
+DOCKER_STOPPING_POLL_SECONDS = 0.2
+"""Between the tries of a step refused because the container is gone or not running
+(guilds.sandbox.docker.IN_CONTAINER_TRIES): this long times the tries so far (a container whose init has
+just exited is still "running" for a moment)."""
+DOCKER_ADOPT_POLL_SECONDS = 0.05
+"""While another process sets up the container: how often to look again."""
+DOCKER_CLIENT_TIMEOUT_SECONDS = 60
+"""The engine client's timeout for one API request."""
+DOCKER_CHECK_SECONDS = 10
+"""Whether the backend can run here (doctor, the tests): how long the engine may take to answer."""
+DOCKER_EXIT_STATUS_WAIT_SECONDS = 0.5
+"""After an exec's stream ended: how long the engine may take to record its exit status."""
+DOCKER_EXIT_STATUS_POLL_SECONDS = 0.01
+"""Meanwhile: how often to ask."""
+DOCKER_EXITED_POLL_SECONDS = 0.5
+"""After this long without output, ask the engine whether the exec has exited."""
+DOCKER_PROBE_SECONDS = 5
+"""How long `list` waits for a Docker engine to answer before leaving docker out."""
+
+# --- bubblewrap ------------------------------------------------------------------
+BWRAP_START_SECONDS = 10
+"""How long a starting sandbox may take to say it is ready."""
+BWRAP_IDLE_SECONDS_DEFAULT = 30 * 60
+"""The sandbox ends after this long without a call (``shell`` background commands with it)."""
+
+# --- the app's event stream -------------------------------------------------------
+APP_EVENTS_POLL_SECONDS = 0.5
+"""How often an open event stream asks the record for the calls past what it has shown."""
+APP_STREAM_MAX_SECONDS = 300.0
+"""An event stream ends after this long; the browser opens the next one."""
+APP_RETRY_MS = 1000
+"""The stream's retry: how long the browser waits before it reconnects (milliseconds)."""
+
+# --- the record's owners ----------------------------------------------------------
+OWNER_HEARTBEAT_SECONDS = 5.0
+"""How often an open Store refreshes its owner's heartbeat and sweeps for lost calls."""
+OWNER_LEASE_SECONDS = 60.0
+"""An owner on another machine whose heartbeat is older than this is gone: twelve missed
+beats, room for a loaded machine and some clock skew between machines."""
+
+# --- the adapters ----------------------------------------------------------------
+MINISWEAGENT_TIMEOUT_SECONDS_DEFAULT = 120
+"""mini-swe-agent's environment: a command's timeout when its config names none."""

@@ -25,7 +25,7 @@ Tables:
 The schema is made once, whichever process comes first (``_create_schema``).
 Opening a Store registers its process as an owner and records as ``lost`` the
 running calls of owners known to be gone; its lease task repeats that every
-``lifecycle.HEARTBEAT_SECONDS``. A write that fails (a full disk) raises
+``limits.OWNER_HEARTBEAT_SECONDS``. A write that fails (a full disk) raises
 RecordError, one line saying what could not be written.
 
 Seqs and budget slots are given out by one ``INSERT INTO runs ... ON CONFLICT DO

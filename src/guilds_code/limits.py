@@ -172,6 +172,8 @@ PROCESS_POLL_SECONDS = 0.05
 """While a grace runs: how often the supervise loop looks whether what was
 signalled is gone; without a pidfd, also how often it looks whether the command
 has exited."""
+SUPERVISE_IDLE_WAKE_SECONDS = 1.0
+"""The supervise loop's longest sleep, whatever its clocks say."""
 
 # --- notes on a shell result -------------------------------------------------
 PROMPT_MAX_CHARS = 120

@@ -55,8 +55,6 @@ if TYPE_CHECKING:
 CANCEL_SIGNALS = (signals.SIGTERM, signals.SIGHUP, signals.SIGINT)
 _MALLOC_SETTLE_BYTES = 16 * limits.READ_CHUNK
 """See _raise_malloc_thresholds: the trim threshold becomes twice this (2 MiB)."""
-_IDLE_WAKE_SECONDS = 1.0
-"""The longest sleep of the loop, whatever its clocks say."""
 
 
 class ProcessGroup:
@@ -241,7 +239,7 @@ class _Loop:
         return self.kill_at is None or self.killed or not self.group.alive()
 
     def _next_event(self, now: float) -> float:
-        times = [now + _IDLE_WAKE_SECONDS]
+        times = [now + limits.SUPERVISE_IDLE_WAKE_SECONDS]
         if self.exited_at is None:
             if self.kill_at is None:
                 times.append(self.deadline)

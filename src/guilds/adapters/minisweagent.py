@@ -37,8 +37,9 @@ from typing import Any
 from minisweagent.exceptions import Submitted
 from pydantic import BaseModel
 
+from ..limits import MINISWEAGENT_TIMEOUT_SECONDS_DEFAULT
+
 SUBMIT_LINE = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-DEFAULT_TIMEOUT_SECONDS = 120
 _TRAILER = re.compile(r"\nremaining_tool_calls: \d+\Z")
 _EXIT_LINE = re.compile(r"\nexit_code: -?\d+\Z")
 
@@ -48,7 +49,7 @@ class GuildsEnvironmentConfig(BaseModel):
     data_dir: str | None = None
     overrides: dict[str, Any] = {}
     run_id: str = ""
-    timeout: int = DEFAULT_TIMEOUT_SECONDS
+    timeout: int = MINISWEAGENT_TIMEOUT_SECONDS_DEFAULT
 
 
 def body(text: str) -> str:

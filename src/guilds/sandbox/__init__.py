@@ -28,7 +28,7 @@ def get_sandbox(
 ) -> Sandbox:
     """The sandbox named by settings.sandbox, for that agent, keeping its files under data_dir.
 
-    idle_seconds: the idle stop (default: bwrap's DEFAULT_IDLE_SECONDS, the
+    idle_seconds: the idle stop (default: guilds.limits.BWRAP_IDLE_SECONDS_DEFAULT, the
     settings' ``idle_minutes`` for docker and kubernetes; these keep no files
     under data_dir). Raises ConfigError for a name it does not know, and
     SandboxError when ``bwrap`` is asked for where it does not work.

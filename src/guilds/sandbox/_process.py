@@ -264,7 +264,7 @@ def kill_and_wait(pid: int, started: int, *, timeout: float = 5) -> None:
         return
     deadline = time.monotonic() + timeout
     while _still_running(pid, started) and time.monotonic() < deadline:
-        time.sleep(0.02)
+        time.sleep(GROUP_POLL_SECONDS)
 
 
 def _still_running(pid: int, started: int) -> bool:

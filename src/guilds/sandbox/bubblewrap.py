@@ -77,14 +77,13 @@ from ._process import kill_and_wait, parent_pid, read_until, run_process, spawn_
 from .base import ExecResult
 from .channel import LocalProcess
 from .bwrap_argv import (
-    DEFAULT_IDLE_SECONDS, HELPER_DIR, READY, STATE_INSIDE, BwrapConfig, Limits, bwrap_argv,
+    HELPER_DIR, READY, STATE_INSIDE, BwrapConfig, Limits, bwrap_argv,
     enter_argv, host_local_bin, host_system, keep_run, limited_argv, limits_in_child, sandbox_python,
 )
+from ..limits import BWRAP_IDLE_SECONDS_DEFAULT, BWRAP_START_SECONDS
 
 log = logging.getLogger(__name__)
 
-START_SECONDS = 10
-"""How long a starting sandbox may take to say it is ready."""
 AGENT_UID_BASE = 1_500_000_000
 AGENT_UID_SPAN = 100_000_000
 """A root orchestrator's default uid for an agent: AGENT_UID_BASE + (sha256 of the
@@ -112,7 +111,7 @@ class BwrapSandbox:
 
     def __init__(
         self, settings: AgentSettings, data_dir: str | os.PathLike, *,
-        idle_seconds: float = DEFAULT_IDLE_SECONDS, path: str | None = None,
+        idle_seconds: float = BWRAP_IDLE_SECONDS_DEFAULT, path: str | None = None,
     ):
         """idle_seconds: the idle stop; path: the agent's PATH (default: this process's)."""
         self.settings = settings
@@ -253,8 +252,8 @@ class BwrapSandbox:
             launch_env = {"PATH": self._env["PATH"], "LANG": self._env["LANG"]}
             spawn_detached(self._launch_argv(info_w, ready_w), env=launch_env,
                            log_path=self._log, pass_fds=(info_w, ready_w))
-            pid = _child_pid(read_until(info_r, timeout=START_SECONDS))
-            ready = READY in read_until(ready_r, timeout=START_SECONDS, stop=READY)
+            pid = _child_pid(read_until(info_r, timeout=BWRAP_START_SECONDS))
+            ready = READY in read_until(ready_r, timeout=BWRAP_START_SECONDS, stop=READY)
         finally:
             os.close(info_r)
             os.close(ready_r)

@@ -40,14 +40,13 @@ import shutil
 from dataclasses import dataclass
 from typing import Collection, Sequence
 
+from ..limits import BWRAP_IDLE_SECONDS_DEFAULT
 from ._process import succeeds
 
 STATE_INSIDE = "/run/guilds"
 CLOCK_INSIDE = "/run/guilds-clock"
 """The idle clock inside: a host file bound read-only, so the agent cannot move it."""
 HELPER_DIR = "/usr/local/bin"
-DEFAULT_IDLE_SECONDS = 30 * 60
-"""The sandbox ends after this long without a call (``shell`` background commands with it)."""
 SYSTEM_DIRS = ("/usr", "/etc", "/opt", "/nix")
 """Host folders a toolchain needs, bound read-only where they exist."""
 SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -123,7 +122,7 @@ class BwrapConfig:
     network: bool = False
     tmp_bytes: int = 1 << 30
     """The size of /tmp."""
-    idle_seconds: float = DEFAULT_IDLE_SECONDS
+    idle_seconds: float = BWRAP_IDLE_SECONDS_DEFAULT
     info_fd: int = 3
     """The fd bwrap reports its child's pid on (--info-fd)."""
     ready_fd: int = 4

@@ -14,7 +14,7 @@ Lifecycle:
   a running container is a ready one. Any number of orchestrator processes
   may do this at once: a create refused with 409 means another made it, and the
   container is waited for until it runs (one left created and not started for
-  CREATED_GRACE_SECONDS is taken as abandoned, removed and made again);
+  DOCKER_CREATED_GRACE_SECONDS is taken as abandoned, removed and made again);
   containers are removed by id, never by name, so a process never removes the
   one another has just made;
 - a container found ended by its idle stop is replaced silently; one found
@@ -45,7 +45,10 @@ from typing import Any, Callable, Sequence, TypeVar
 import docker
 
 from ..errors import SandboxError
-from ..limits import DOCKER_DEADLINE_SLACK_SECONDS, DOCKER_KILL_WAIT_SECONDS
+from ..limits import (
+    DOCKER_ADOPT_POLL_SECONDS, DOCKER_CREATED_GRACE_SECONDS, DOCKER_DEADLINE_SLACK_SECONDS,
+    DOCKER_KILL_WAIT_SECONDS, DOCKER_START_SLACK_SECONDS, DOCKER_STOPPING_POLL_SECONDS,
+)
 from ..settings import AgentSettings
 from . import docker_engine as engine
 from . import docker_spec as spec
@@ -59,19 +62,9 @@ from ._process import KILL_GRACE_SECONDS
 from .base import ExecResult
 from .channel import DockerProcess
 
-START_SLACK_SECONDS = 30.0
-"""Past CREATED_GRACE_SECONDS, how long making the container again may take."""
-CREATED_GRACE_SECONDS = 30.0
-"""How long a container made by another process may stay created and not started
-before it is taken as abandoned (its maker died) and made again."""
 IN_CONTAINER_TRIES = 4
 """A step refused because the container is gone or not running is tried again this
 many times in all (the container found, or made again, each time)."""
-STOPPING_POLL_SECONDS = 0.2
-"""Between those tries: this long times the tries so far (a container whose init has
-just exited is still "running" for a moment)."""
-ADOPT_POLL_SECONDS = 0.05
-"""While another process sets up the container: how often to look again."""
 REQUESTS_DIR = "requests"
 """Where the transport writes request files under the state root (toolbox/transport.py)."""
 CLOCK_REFRESH_FRACTION = 4
@@ -189,7 +182,7 @@ class DockerSandbox(ContainerSandbox):
                     if attempt == IN_CONTAINER_TRIES or exc.status_code not in (404, 409):
                         raise
             self._cid = None
-            time.sleep(STOPPING_POLL_SECONDS * (attempt - 1))
+            time.sleep(DOCKER_STOPPING_POLL_SECONDS * (attempt - 1))
         raise AssertionError("unreachable")
 
     def _stream(self, exec_id: str, deadline: float) -> tuple[bytes, bytes, bool]:
@@ -242,7 +235,7 @@ class DockerSandbox(ContainerSandbox):
         """Find the running container or make it; True when it was made now (by this process)."""
         with self._lock:
             kwargs = self._spec()
-            deadline = time.monotonic() + CREATED_GRACE_SECONDS + START_SLACK_SECONDS
+            deadline = time.monotonic() + DOCKER_CREATED_GRACE_SECONDS + DOCKER_START_SLACK_SECONDS
             while time.monotonic() < deadline:
                 found = self._find()
                 if found is None:
@@ -254,7 +247,7 @@ class DockerSandbox(ContainerSandbox):
                 if self._adopt(found, kwargs["labels"]):
                     return False
             raise SandboxError(f"docker: the container {self.container} did not start in "
-                               f"{CREATED_GRACE_SECONDS + START_SLACK_SECONDS:g} s")
+                               f"{DOCKER_CREATED_GRACE_SECONDS + DOCKER_START_SLACK_SECONDS:g} s")
 
     def _adopt(self, found: dict[str, Any], labels: dict[str, str]) -> bool:
         """Take the found container if it runs with our spec; wait while another process
@@ -264,8 +257,8 @@ class DockerSandbox(ContainerSandbox):
         if same and state.get("Running"):
             self._cid = found["Id"]
             return True
-        if same and spec.being_set_up(found, CREATED_GRACE_SECONDS):
-            time.sleep(ADOPT_POLL_SECONDS)
+        if same and spec.being_set_up(found, DOCKER_CREATED_GRACE_SECONDS):
+            time.sleep(DOCKER_ADOPT_POLL_SECONDS)
             return False
         self._remove(found["Id"])
         ended = found["State"].get("Status") == "exited" and not spec.idle_stopped(state)

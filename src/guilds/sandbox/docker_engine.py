@@ -27,15 +27,19 @@ import docker
 import requests
 
 from ..errors import SandboxError
+from ..limits import (
+    DOCKER_CHECK_SECONDS,
+    DOCKER_CLIENT_TIMEOUT_SECONDS,
+    DOCKER_EXIT_STATUS_POLL_SECONDS,
+    DOCKER_EXIT_STATUS_WAIT_SECONDS,
+    DOCKER_EXITED_POLL_SECONDS,
+)
 from ..settings import DEFAULT_SANDBOX_IMAGE
 from . import docker_spec as spec
 from ._container import POOL_THREADS
 from ._process import DRAIN_SECONDS, STDERR_KEEP_BYTES, STDOUT_MAX_BYTES
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
-CLIENT_TIMEOUT_SECONDS = 60
-EXITED_POLL_SECONDS = 0.5
-"""After this long without output, ask the engine whether the exec has exited."""
 _READ = 64 * 1024
 
 
@@ -43,7 +47,7 @@ def where(base_url: str | None) -> str:
     return base_url or os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
 
 
-def connect(base_url: str | None, *, timeout: float = CLIENT_TIMEOUT_SECONDS) -> docker.DockerClient:
+def connect(base_url: str | None, *, timeout: float = DOCKER_CLIENT_TIMEOUT_SECONDS) -> docker.DockerClient:
     """A client of the engine at base_url (DOCKER_HOST's when None); raises what the SDK raises."""
     _probe(where(base_url), timeout)
     kw = {"timeout": timeout, "max_pool_size": POOL_THREADS}
@@ -67,7 +71,7 @@ def engine_errors(what: str, base_url: str | None) -> Iterator[None]:
 def unavailable(image: str = DEFAULT_SANDBOX_IMAGE) -> str | None:
     """Why this backend cannot run here (no engine at DOCKER_HOST, no image), or None."""
     try:
-        client = connect(None, timeout=10)
+        client = connect(None, timeout=DOCKER_CHECK_SECONDS)
     except (OSError, docker.errors.DockerException) as exc:
         return f"no engine answers at {where(None)} ({exc})"
     try:
@@ -89,11 +93,11 @@ def exited(api: Any, exec_id: str) -> bool:
 
 def exit_code(api: Any, exec_id: str) -> int | None:
     """The exec's exit status, once recorded (the stream can end a moment before)."""
-    for _ in range(50):
+    for _ in range(round(DOCKER_EXIT_STATUS_WAIT_SECONDS / DOCKER_EXIT_STATUS_POLL_SECONDS)):
         info = api.exec_inspect(exec_id)
         if not info.get("Running"):
             return info.get("ExitCode")
-        time.sleep(0.01)
+        time.sleep(DOCKER_EXIT_STATUS_POLL_SECONDS)
     return None
 
 
@@ -124,7 +128,7 @@ def read_frames(reader: Any, deadline: float, exited: Callable[[], bool]
     """Read the exec's stream until EOF or the deadline: (stdout head, stderr tail, complete).
 
     reader is the response's buffered reader; its socket is made non-blocking
-    and waited on with select. After EXITED_POLL_SECONDS without output
+    and waited on with select. After DOCKER_EXITED_POLL_SECONDS without output
     ``exited()`` is asked: once the process has exited, what is left is read for
     DRAIN_SECONDS, so a process it left behind holding the stream cannot pin the call.
     """
@@ -134,7 +138,7 @@ def read_frames(reader: Any, deadline: float, exited: Callable[[], bool]
     while (left := deadline - time.monotonic()) > 0:
         chunk = _available(reader)
         if chunk == b"":
-            if not select.select([sock], [], [], min(left, EXITED_POLL_SECONDS))[0]:
+            if not select.select([sock], [], [], min(left, DOCKER_EXITED_POLL_SECONDS))[0]:
                 if exited():
                     deadline = min(deadline, time.monotonic() + DRAIN_SECONDS)
                 continue

@@ -34,10 +34,11 @@ from starlette.staticfiles import StaticFiles
 from guilds_code.redact import Redactor
 
 from ..auth import EndpointLock, Lock
+from ..limits import APP_RETRY_MS
 from ..records import CallRecord, RunRecord
 from ..store import Store
 from . import queries
-from .events import RETRY_MS, call_updates, sse_message
+from .events import call_updates, sse_message
 from .flow import MAX_SEQ, FlowPage, flow_item, flow_page, later_page, redact_call, runs_page, seq_in_range
 from .logs import LogReader, LogUnavailable
 from .savings import run_savings_of
@@ -167,7 +168,7 @@ class WebApp:
                                  headers={"cache-control": "no-store", "x-accel-buffering": "no"})
 
     async def _stream(self, run_id: str, after: int) -> AsyncIterator[str]:
-        yield f"retry: {RETRY_MS}\n\n"
+        yield f"retry: {APP_RETRY_MS}\n\n"
         row = self.env.get_template("_item.html")
         fetch = lambda seq: queries.flow_after(self.store, run_id, seq)
         async for call, point in call_updates(fetch, after, page=queries.FLOW_PAGE):

@@ -2,15 +2,15 @@
 
 The record is the only channel: a call made by this process, by ``guilds
 call`` or by an MCP client elsewhere all land in the same tables, so each open
-stream asks the store every ``POLL_SECONDS`` for the calls past the point it
+stream asks the store every ``APP_EVENTS_POLL_SECONDS`` for the calls past the point it
 has shown, and sends each call that is new or changed (a running call that
 finished) as one ``call`` event whose data is the row's HTML.
 
 Each event's id is the resume point (as ``flow.resume_after``): the seq up
 to which every call the stream has sent is final. The browser's
 EventSource sends it back as ``Last-Event-ID`` when it reconnects, and the new
-stream starts there. A stream is bounded: it ends after ``STREAM_MAX_SECONDS``
-(the browser reconnects after ``RETRY_MS``), or as soon as the client leaves
+stream starts there. A stream is bounded: it ends after ``APP_STREAM_MAX_SECONDS``
+(the browser reconnects after ``APP_RETRY_MS``), or as soon as the client leaves
 (Starlette's StreamingResponse listens for the disconnect and cancels it).
 """
 
@@ -20,12 +20,9 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from ..limits import APP_EVENTS_POLL_SECONDS, APP_STREAM_MAX_SECONDS
 from ..records import CallRecord
 from .flow import running
-
-POLL_SECONDS = 0.5
-STREAM_MAX_SECONDS = 300.0
-RETRY_MS = 1000
 
 Fetch = Callable[[int], Awaitable[list[CallRecord]]]
 """The calls past a seq, in seq order: a page of at most ``page`` of them."""
@@ -53,8 +50,8 @@ async def _past(fetch: Fetch, after: int, page: int) -> list[CallRecord]:
         after = more[-1].seq
 
 
-async def call_updates(fetch: Fetch, after: int, *, page: int, poll: float = POLL_SECONDS,
-                       max_seconds: float = STREAM_MAX_SECONDS) -> AsyncIterator[tuple[CallRecord, int]]:
+async def call_updates(fetch: Fetch, after: int, *, page: int, poll: float = APP_EVENTS_POLL_SECONDS,
+                       max_seconds: float = APP_STREAM_MAX_SECONDS) -> AsyncIterator[tuple[CallRecord, int]]:
     """(call, resume point) for each call past ``after`` that is new or changed, until
     ``max_seconds`` pass. The server cancels the stream when the client leaves."""
     sent: dict[int, tuple] = {}
