@@ -26,9 +26,13 @@ import tempfile
 import zlib
 from pathlib import Path
 
+CODE_HELPER = "guilds-code"
+"""The helper of the four check tools (shell, shell_status, file_read, code_search)."""
+HARNESS_HELPER = "guilds-harness"
+"""code_task's helper: it drives the coding harness."""
 HELPER_PACKAGES = {
-    "guilds-code": ("guilds_code",),
-    "guilds-harness": ("guilds_harness", "guilds_code"),
+    CODE_HELPER: ("guilds_code",),
+    HARNESS_HELPER: ("guilds_harness", "guilds_code"),
 }
 """Each helper's packages: the first holds its __main__; the rest are bundled
 beside it because it imports them."""

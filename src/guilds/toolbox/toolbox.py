@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from guilds_code.protocol import RequestError, validate_args
+from guilds_code.protocol import RequestError
 from guilds_code.redact import Redactor
-from guilds_harness.request import validate_task
 
 from .._checks import is_safe_name
 from ..errors import BadInput, HelperFailed, RecordError, SandboxError
+from ..helpers import HARNESS_HELPER
 from ..records import call_fields
 from ..rows import row_text
 from ..sandbox.base import Sandbox
@@ -58,6 +58,7 @@ CANCELLED = "the call was cancelled before it finished"
 NOT_RECORDED = "not_recorded"
 """Metadata key, only when the record could not take the result (a full disk): what failed."""
 _SPECS = tuple(tool_specs())
+_BY_NAME = {spec.name: spec for spec in _SPECS}
 
 
 @dataclass(frozen=True)
@@ -96,14 +97,6 @@ class _Call:
 
 def _error(text: str) -> _Outcome:
     return _Outcome(text, True)
-
-
-def _validated(tool: str, args: Any) -> Any:
-    """The tool's arguments checked as its helper will check them (RequestError if bad)."""
-    if tool == "code_task":
-        validate_task(args)
-        return args
-    return validate_args(tool, args)
 
 
 def new_call_id() -> str:
@@ -215,30 +208,29 @@ class Toolbox:
         return await self._record(call, outcome)
 
     async def _run(self, call: _Call) -> _Outcome:
-        tool, args = call.tool, call.args
-        if tool not in TOOL_NAMES:
+        tool, spec = call.tool, _BY_NAME.get(call.tool)
+        if spec is None:
             return _error(f"unknown tool {tool!r} (known: {', '.join(TOOL_NAMES)})")
         try:
-            valid = _validated(tool, args)
+            valid = spec.checked(call.args)
         except RequestError as exc:
             return _error(str(exc))
         request = self._request(call)
-        helper = transport.HELPER
         if tool == "file_read":
             request["reads"] = await earlier_reads(self.store, call.run_id, call.seq)
-        elif tool == "code_task":
+        if spec.helper == HARNESS_HELPER:  # the harness's request also names the harness and the repositories
             request.update(harness=self.settings.harness, repos=self._repo_folders())
-            helper = "guilds-harness"
         try:
             await self._ensure_started()
-            envelope = await self._transport.call(request, wait=transport.wait_for(tool, valid), helper=helper)
+            envelope = await self._transport.call(request, wait=transport.wait_for(tool, valid), helper=spec.helper)
         except HelperFailed as exc:
             return _error(exc.message)
         except SandboxError as exc:
             return _error(f"sandbox error: {exc}")
         if not envelope["ok"]:
             return _error(envelope["error"])
-        failed = tool == "code_task" and envelope["meta"].get("status") != "completed"
+        status = spec.error_unless_status
+        failed = status is not None and envelope["meta"].get("status") != status
         return _Outcome(envelope["text"], failed, envelope["meta"])
 
     @property

@@ -17,15 +17,32 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from guilds_code import limits
-from guilds_code.protocol import ARG_SPECS, REQUIRED
+from guilds_code.protocol import ARG_SPECS, REQUIRED, validate_args
 from guilds_harness import limits as task_limits
+from guilds_harness.request import validate_task
+
+from ..helpers import CODE_HELPER, HARNESS_HELPER
 
 
 @dataclass(frozen=True)
 class ToolSpec:
+    """A tool as a model sees it (name, description, input_schema: what ``export``
+    writes) and how the toolbox runs it."""
+
     name: str
     description: str
     input_schema: dict[str, Any]
+    helper: str = CODE_HELPER
+    """The one-file helper that runs it inside the sandbox."""
+    check_args: Callable[[Any], Any] | None = None
+    """The arguments checked as the helper will check them (RequestError if bad), or
+    None: guilds_code.protocol.validate_args for the tool's name."""
+    error_unless_status: str | None = None
+    """When set, a result whose meta ``status`` is another is an error result."""
+
+    def checked(self, args: Any) -> Any:
+        """args checked (RequestError if bad): what the toolbox computes the helper's wait from."""
+        return validate_args(self.name, args) if self.check_args is None else self.check_args(args)
 
 
 DESCRIPTIONS = {
@@ -160,11 +177,17 @@ def code_task_schema() -> dict[str, Any]:
 TOOL_NAMES = ("code_task", "shell", "shell_status", "file_read", "code_search")
 
 
+def _checked_task(args: Any) -> Any:
+    validate_task(args)
+    return args
+
+
 def tool_specs() -> list[ToolSpec]:
-    """The five tools, in the page's order."""
-    specs = [ToolSpec("code_task", DESCRIPTIONS["code_task"], code_task_schema())]
-    specs += [ToolSpec(op, DESCRIPTIONS[op], schema_for(op)) for op in TOOL_NAMES[1:]]
-    return specs
+    """The five tools, in the page's order: code_task runs on guilds-harness, and a
+    status other than ``completed`` is an error; the four check tools on guilds-code."""
+    code_task = ToolSpec("code_task", DESCRIPTIONS["code_task"], code_task_schema(), helper=HARNESS_HELPER,
+                         check_args=_checked_task, error_unless_status="completed")
+    return [code_task, *(ToolSpec(op, DESCRIPTIONS[op], schema_for(op)) for op in TOOL_NAMES[1:])]
 
 
 def to_anthropic(spec: ToolSpec) -> dict[str, Any]:

@@ -30,13 +30,14 @@ from guilds_harness import limits as task_limits
 
 from .._checks import is_safe_name
 from ..errors import BadInput, HelperFailed, SandboxError
+from ..helpers import CODE_HELPER
 from ..sandbox.base import ExecResult, Sandbox
 from ..settings import TRANSPORTS
 
 if TYPE_CHECKING:
     from .channel import ResidentChannel
 
-HELPER = "guilds-code"
+HELPER = CODE_HELPER
 FAILED = "code helper failed"
 
 
