@@ -147,5 +147,5 @@ async def test_file_reads_keep_only_finished_successful_uncut_reads(store):
     await finish(store, failed, is_error=True, meta=meta)
     await finish(store, cut, meta=meta, cut=True)
     await finish(store, other, meta=meta)
-    assert await store.file_reads("r1", 99) == [(1, meta)]
+    assert await store.file_reads("r1", 99) == [(1, meta, len("ok"))]
     assert await store.file_reads("r1", 1) == []

@@ -26,6 +26,14 @@ def with_trailer(text: str, remaining: int) -> str:
     return f"{text}{sep}{TRAILER.format(n=remaining)}"
 
 
+def answer_bytes(body_bytes: int, last_char: str, remaining: int | None) -> int:
+    """The UTF-8 size of answer_text(body, remaining), from the body's size and its last character."""
+    if remaining is None:
+        return body_bytes
+    sep = 0 if body_bytes == 0 or last_char == "\n" else 1
+    return body_bytes + sep + len(TRAILER.format(n=remaining))
+
+
 def answer_text(body: str | None, remaining: int | None) -> str | None:
     """The result as the model got it: the body with its trailer when it has one; None while running."""
     return with_trailer(body, remaining) if body is not None and remaining is not None else body

@@ -57,6 +57,7 @@ from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from . import lifecycle
@@ -64,7 +65,7 @@ from .errors import BadInput, RecordError
 from .limits import RECORD_BUSY_RETRY_SECONDS, RECORD_BUSY_WAIT_SECONDS
 from .private import private_file
 from .record_migration import migrate
-from .records import CallRecord, RunRecord, Savings, Slot, answer_text, call_savings
+from .records import CallRecord, RunRecord, Savings, Slot, answer_bytes, answer_text, call_savings
 from .rows import row_text
 
 DATABASE_URL_ENV = "GUILDS_DATABASE_URL"
@@ -161,8 +162,27 @@ _ORPHANED = sa.select(calls.c.owner).distinct().where(calls.c.owner.is_not(None)
                                                       calls.c.owner.not_in(sa.select(owners.c.id)))
 """Owners of running calls that are no longer registered (closed while a call ran)."""
 _RUNNING = sa.select(calls.c.run_id, calls.c.seq, calls.c.tool, calls.c.args, calls.c.started_at)
+class _Utf8Bytes(sa.sql.expression.FunctionElement):
+    """A text column's size in UTF-8 bytes (SQLite before 3.43 has no octet_length)."""
+
+    type = sa.Integer()
+    name = "utf8_bytes"
+    inherit_cache = True
+
+
+@compiles(_Utf8Bytes)
+def _octet_length(element: Any, compiler: Any, **kw: Any) -> str:
+    return f"octet_length({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(_Utf8Bytes, "sqlite")
+def _blob_length(element: Any, compiler: Any, **kw: Any) -> str:
+    return f"length(CAST({compiler.process(element.clauses, **kw)} AS BLOB))"
+
+
 _FILE_READS = (
-    sa.select(calls.c.seq, calls.c.meta)
+    sa.select(calls.c.seq, calls.c.meta, _Utf8Bytes(calls.c.text),
+              sa.func.substr(calls.c.text, sa.func.length(calls.c.text), 1), calls.c.remaining)
     .where(calls.c.run_id == sa.bindparam("run_id"), calls.c.tool == "file_read", calls.c.status == "done",
            calls.c.is_error.is_(False), calls.c.cut.is_(False), calls.c.seq < sa.bindparam("before_seq"))
     .order_by(calls.c.seq)
@@ -250,8 +270,9 @@ def _lost(call: Any, now: datetime) -> dict[str, Any]:
             "duration_ms": max(0, round((now - started).total_seconds() * 1000))}
 
 
-def _file_reads(conn: sa.Connection, run_id: str, before_seq: int) -> list[tuple[int, dict]]:
-    return [(seq, meta) for seq, meta in conn.execute(_FILE_READS, {"run_id": run_id, "before_seq": before_seq})]
+def _file_reads(conn: sa.Connection, run_id: str, before_seq: int) -> list[tuple[int, dict, int]]:
+    rows = conn.execute(_FILE_READS, {"run_id": run_id, "before_seq": before_seq})
+    return [(seq, meta, answer_bytes(size or 0, last or "", remaining)) for seq, meta, size, last, remaining in rows]
 
 
 def _reset_seq(conn: sa.Connection, run_id: str) -> int:
@@ -549,16 +570,17 @@ class Store:
             await asyncio.wait_for(self._idle.wait(), timeout)
         return self._idle.is_set()
 
-    async def file_reads(self, run_id: str, before_seq: int) -> list[tuple[int, dict]]:
-        """(seq, meta) of the run's finished file_read calls that did not fail and were not cut."""
+    async def file_reads(self, run_id: str, before_seq: int) -> list[tuple[int, dict, int]]:
+        """(seq, meta, size) of the run's finished file_read calls that did not fail and were
+        not cut; size: the result's UTF-8 bytes as the model got it (its text is not read)."""
         return await self._reading(lambda conn: _file_reads(conn, run_id, before_seq))
 
-    async def reads_since_reset(self, run_id: str, before_seq: int) -> list[tuple[int, dict]]:
+    async def reads_since_reset(self, run_id: str, before_seq: int) -> list[tuple[int, dict, int]]:
         """``file_reads`` made after the run's latest context reset: what the read ledger
         may offer, in one round trip."""
-        def read(conn: sa.Connection) -> list[tuple[int, dict]]:
+        def read(conn: sa.Connection) -> list[tuple[int, dict, int]]:
             after = _reset_seq(conn, run_id)
-            return [(seq, meta) for seq, meta in _file_reads(conn, run_id, before_seq) if seq > after]
+            return [read for read in _file_reads(conn, run_id, before_seq) if read[0] > after]
         return await self._reading(read)
 
     async def mark_context_reset(self, run_id: str, at: datetime) -> int:

@@ -12,6 +12,9 @@ request too large for argv travels as a request file).
 The ledger is read from the run record, not kept in memory: a run continued
 by another process (``guilds call --run``) or another orchestrator sees the same.
 
+Each entry's result size comes with it (the record measures the stored text), so a
+pointer's savings (``pointer_bytes_saved``) need not read the earlier text again.
+
 After the run's model context was compacted or rewound (``Toolbox.context_reset``,
 recorded in the store's context_marks), a read made before that point is not
 offered: the model may no longer hold its text, so the next read returns content.
@@ -19,6 +22,7 @@ offered: the model may no longer hold its text, so the next read returns content
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Mapping, TypeGuard
 
 from ..store import Store
@@ -42,9 +46,27 @@ def ledger_entry(seq: int, meta: Mapping[str, Any] | None) -> dict[str, Any] | N
     return {"path": path, "range": list(span), "content_hash": digest, "seq": seq}
 
 
-async def earlier_reads(store: Store, run_id: str, seq: int) -> list[dict[str, Any]]:
-    """The reads a file_read at `seq` may point to, oldest first (none for a run's first call)."""
+@dataclass(frozen=True)
+class Ledger:
+    """The reads a file_read may point to: ``entries`` as the helper gets them, oldest
+    first, and each one's result size (UTF-8 bytes, as the model got it) by seq."""
+
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    sizes: dict[int, int] = field(default_factory=dict)
+
+    def size_of(self, seq: Any) -> int | None:
+        """The size of the result of the entry with this seq (a pointer's repeat_of), or None."""
+        return self.sizes.get(seq) if isinstance(seq, int) and not isinstance(seq, bool) else None
+
+
+async def read_ledger(store: Store, run_id: str, seq: int) -> Ledger:
+    """The ledger of a file_read at `seq` (empty for a run's first call)."""
     if seq <= 1:
-        return []
-    entries = (ledger_entry(s, meta) for s, meta in await store.reads_since_reset(run_id, seq))
-    return [e for e in entries if e is not None]
+        return Ledger()
+    entries, sizes = [], {}
+    for earlier, meta, size in await store.reads_since_reset(run_id, seq):
+        entry = ledger_entry(earlier, meta)
+        if entry is not None:
+            entries.append(entry)
+            sizes[earlier] = size
+    return Ledger(entries, sizes)

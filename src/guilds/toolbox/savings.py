@@ -12,27 +12,23 @@ Each key is present only when its value is above 0.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 from guilds_code.redact import MARK
-
-from ..store import Store
 
 
 def utf8_len(text: str | None) -> int:
     return len((text or "").encode("utf-8", "surrogateescape"))
 
 
-async def savings_meta(store: Store, run_id: str, tool: str, meta: Mapping[str, Any], text: str) -> dict[str, int]:
-    """The savings keys of a call's metadata (see the module docstring)."""
+def savings_meta(text: str, pointed_bytes: int | None) -> dict[str, int]:
+    """The savings keys of a call's metadata (see the module docstring). text: the result
+    as returned; pointed_bytes: the size of the earlier result a pointer points to
+    (the read ledger's), None for any other call."""
     out: dict[str, int] = {}
     marks = text.count(MARK)
     if marks:
         out["secrets_redacted"] = marks
-    earlier = meta.get("repeat_of") if tool == "file_read" else None
-    if isinstance(earlier, int) and not isinstance(earlier, bool):
-        record = await store.call(run_id, earlier)
-        saved = utf8_len(record.text if record else None) - utf8_len(text)
+    if pointed_bytes is not None:
+        saved = pointed_bytes - utf8_len(text)
         if saved > 0:
             out["pointer_bytes_saved"] = saved
     return out

@@ -45,7 +45,7 @@ from ..sandbox.base import Sandbox
 from ..settings import AgentSettings
 from ..store import Store
 from . import transport
-from .ledger import earlier_reads
+from .ledger import Ledger, read_ledger
 from .pipeline import redact_meta, run_pipeline
 from .savings import savings_meta
 from .tools import TOOL_NAMES, ToolSpec, tool_specs
@@ -75,6 +75,8 @@ class _Outcome:
     text: str
     is_error: bool
     meta: dict[str, Any] = field(default_factory=dict)
+    pointed_bytes: int | None = None
+    """A file_read pointer: the size of the earlier result it points to (the ledger's)."""
 
 
 @dataclass(frozen=True)
@@ -216,8 +218,10 @@ class Toolbox:
         except RequestError as exc:
             return _error(str(exc))
         request = self._request(call)
+        ledger = Ledger()
         if tool == "file_read":
-            request["reads"] = await earlier_reads(self.store, call.run_id, call.seq)
+            ledger = await read_ledger(self.store, call.run_id, call.seq)
+            request["reads"] = ledger.entries
         if spec.helper == HARNESS_HELPER:  # the harness's request also names the harness and the repositories
             request.update(harness=self.settings.harness, repos=self._repo_folders())
         try:
@@ -231,7 +235,8 @@ class Toolbox:
             return _error(envelope["error"])
         status = spec.error_unless_status
         failed = status is not None and envelope["meta"].get("status") != status
-        return _Outcome(envelope["text"], failed, envelope["meta"])
+        pointed = ledger.size_of(envelope["meta"].get("repeat_of"))
+        return _Outcome(envelope["text"], failed, envelope["meta"], pointed)
 
     @property
     def transport(self) -> transport.Transport:
@@ -259,7 +264,7 @@ class Toolbox:
         duration_ms = round((time.monotonic() - call.t0) * 1000)
         row = self._redactor.redact(row_text(call.tool, call.args, outcome.meta, outcome.is_error))
         tool_meta = {**redact_meta(self._redactor, outcome.meta),
-                     **await savings_meta(self.store, call.run_id, call.tool, outcome.meta, shaped.text)}
+                     **savings_meta(shaped.text, outcome.pointed_bytes)}
         fields = call_fields(call.call_id, call.recorded_tool, call.run_id, call.seq, call.started_at, duration_ms, row)
         meta = {**tool_meta, **fields}
         try:

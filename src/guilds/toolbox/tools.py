@@ -2,7 +2,7 @@
 
 The schemas of the four check tools are built from ``guilds_code.protocol.ARG_SPECS``
 (the helper's own validation table), so names, defaults and ranges cannot
-drift from what the helper accepts. Exported for three formats:
+drift from what the helper accepts. Exported for four formats:
 
     anthropic  {"name", "description", "input_schema"}              (Messages API)
     openai     {"type": "function", "function": {"name", "description", "parameters"}}
