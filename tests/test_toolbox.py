@@ -14,8 +14,9 @@ import re
 import pytest
 
 from guilds.errors import BadInput, SandboxError
+from guilds.record.schema import metadata
 from guilds.sandbox.base import ExecResult
-from guilds.store import Store, metadata
+from guilds.store import Store
 from guilds.toolbox import Toolbox
 from toolbox_kit import FakeSandbox, local_toolbox, make_settings, ok, refused
 

@@ -30,11 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .cli import settings_options
 from .errors import SandboxError
 from .limits import DOCKER_PROBE_SECONDS
 from .settings import AgentSettings
-from .wiring import Wired, apply_overrides, resolve
+from .wiring import Wired, apply_overrides, resolve, settings_options
 
 BWRAP_FOLDER = "sandboxes"
 LOCAL_STATE_FOLDER = "state"

@@ -46,6 +46,7 @@ EXIT_SIGNAL = 128
 
 def _parser() -> argparse.ArgumentParser:
     from .toolbox.tools import FORMATS, TOOL_NAMES
+    from .wiring import settings_options
 
     parser = argparse.ArgumentParser(prog="guilds", description="Code tools for coding agents.")
     parser.add_argument("--version", action="version", version=f"guilds {_version()}")
@@ -82,14 +83,6 @@ def _parser() -> argparse.ArgumentParser:
                           "state; stop: end one (its files stay); rm: remove one with its state")
     box.add_argument("rest", nargs=argparse.REMAINDER, help="the action's options (--help)")
     return parser
-
-
-def settings_options(parser: argparse.ArgumentParser) -> None:
-    """--config and --sandbox, as every command that reads the settings takes them."""
-    from .settings import SANDBOXES
-
-    parser.add_argument("--config", help="the settings file (default: <data folder>/settings.toml)")
-    parser.add_argument("--sandbox", help=f"{' | '.join(SANDBOXES)} (overrides agent.sandbox)")
 
 
 def _version() -> str:

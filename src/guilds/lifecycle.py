@@ -33,13 +33,10 @@ import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .limits import OWNER_HEARTBEAT_SECONDS, OWNER_LEASE_SECONDS
 from .procfs import start_time
-
-if TYPE_CHECKING:
-    from .store import Store
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 LOST = "the process running this call ended before the call finished (it was killed or its machine stopped)"
@@ -120,6 +117,14 @@ def is_gone(owner: Owner, now: datetime, here: str) -> bool:
     return owner.heartbeat_at is None or now - owner.heartbeat_at > timedelta(seconds=OWNER_LEASE_SECONDS)
 
 
+class Beating(Protocol):
+    """What a Lease keeps alive: an open Store."""
+
+    async def heartbeat(self) -> None: ...
+
+    async def sweep_lost(self) -> list[tuple[str, int]]: ...
+
+
 class Lease:
     """The background task of an open Store: a heartbeat, then a sweep, every OWNER_HEARTBEAT_SECONDS.
 
@@ -127,7 +132,7 @@ class Lease:
     failure and tried again at the next beat; it never ends the process.
     """
 
-    def __init__(self, store: "Store", every: float = OWNER_HEARTBEAT_SECONDS):
+    def __init__(self, store: Beating, every: float = OWNER_HEARTBEAT_SECONDS):
         self.store, self.every = store, every
         self._task: asyncio.Task | None = None
         self._reported: set[str] = set()

@@ -25,6 +25,7 @@ when ``coding`` is overridden, it is that value.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import os
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
 from .settings import (
+    SANDBOXES,
     AgentSettings,
     coding_flag,
     default_settings_file,
@@ -139,11 +141,18 @@ def make_data_dir(data: Path) -> Path:
 @contextlib.asynccontextmanager
 async def open_toolbox(wired: Wired) -> AsyncIterator[Toolbox]:
     """The agent's toolbox: its sandbox (not started: the first call starts it) and the run record."""
+    from .record.engine import database_url
     from .sandbox import get_sandbox
-    from .store import Store, database_url
+    from .store import Store
     from .toolbox import Toolbox
 
     data = make_data_dir(wired.data_dir)
     sandbox = get_sandbox(wired.settings, data)
     async with Store(database_url(data, wired.env)) as store:
         yield Toolbox(wired.settings, sandbox, store, coding=wired.coding)
+
+
+def settings_options(parser: argparse.ArgumentParser) -> None:
+    """--config and --sandbox, as every command that reads the settings takes them."""
+    parser.add_argument("--config", help="the settings file (default: <data folder>/settings.toml)")
+    parser.add_argument("--sandbox", help=f"{' | '.join(SANDBOXES)} (overrides agent.sandbox)")
