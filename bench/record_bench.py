@@ -24,8 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from guilds.record.statements import FINISH_CALL, INSERT_CALL  # noqa: E402
-from guilds.store import Store  # noqa: E402
+from guilds.store import _FINISH_CALL, _INSERT_CALL, Store  # noqa: E402
 
 
 async def with_owner(store: Store, run: str) -> None:
@@ -43,13 +42,13 @@ async def floor(store: Store, run: str) -> None:
     def begin(conn):
         allocated = conn.execute(store._allocate, {"run_id": run, "agent_id": "a", "now": now, "budget": 10**9})
         _, seq, _, _ = allocated.one()
-        conn.execute(INSERT_CALL, {"run_id": run, "seq": seq, "call_id": "c", "tool": "shell",
+        conn.execute(_INSERT_CALL, {"run_id": run, "seq": seq, "call_id": "c", "tool": "shell",
                                     "args": {"command": "true"}, "counted": True, "status": "running",
                                     "started_at": now, "is_error": False, "cut": False})
         return seq
 
     seq = await store._in_transaction("a call's start", begin)
-    await store._in_transaction("a call's end", lambda conn: conn.execute(FINISH_CALL, {
+    await store._in_transaction("a call's end", lambda conn: conn.execute(_FINISH_CALL, {
         "k_run_id": run, "k_seq": seq, "text": "ok", "is_error": False, "meta": {}, "cut": False,
         "status": "done", "finished_at": now, "duration_ms": 1, "row": "Run true"}))
 

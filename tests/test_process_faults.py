@@ -30,10 +30,8 @@ from guilds.auth import TOKEN_FILE, Lock, host_names
 from guilds.lifecycle import LOST
 from guilds.limits import OWNER_HEARTBEAT_SECONDS as HEARTBEAT_SECONDS
 from guilds.limits import OWNER_LEASE_SECONDS as LEASE_SECONDS
-from guilds.record.engine import normalize_url
-from guilds.record.schema import calls, metadata, owners
 from guilds.sandbox.bwrap_argv import unavailable
-from guilds.store import Store
+from guilds.store import Store, calls, metadata, normalize_url, owners
 from guilds.web.app import create_app
 from guilds.web.logs import HelperLogReader
 from guilds_code.redact import Redactor

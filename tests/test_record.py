@@ -15,11 +15,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from guilds import record_migration
 from guilds.lifecycle import LOST
-from guilds.record.engine import normalize_url
-from guilds.record.schema import SAVINGS_COLUMNS, calls, metadata, runs
 from guilds.record_migration import split_trailer
 from guilds.records import Savings
-from guilds.store import Store
+from guilds.store import SAVINGS_COLUMNS, Store, calls, metadata, normalize_url, runs
 from guilds.web.savings import run_savings
 from toolbox_kit import local_toolbox
 

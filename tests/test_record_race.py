@@ -13,9 +13,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from guilds.record.engine import normalize_url
-from guilds.record.schema import metadata
-from guilds.store import Store
+from guilds.store import Store, metadata, normalize_url
 
 PROCESSES = 4
 ROUNDS = int(os.environ.get("RACE_ROUNDS", "30"))

@@ -11,10 +11,8 @@ import sqlalchemy as sa
 
 from guilds.errors import BadInput
 from guilds.lifecycle import LOST
-from guilds.record.engine import database_url, normalize_url
-from guilds.record.schema import calls, metadata
 from guilds.records import Savings
-from guilds.store import Store
+from guilds.store import Store, calls, database_url, metadata, normalize_url
 from guilds.web.savings import run_savings
 
 T0 = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)

@@ -12,10 +12,9 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from guilds.auth import Lock, host_names
-from guilds.record.schema import calls, runs
 from guilds.rows import row_text
 from guilds.serve import build_app
-from guilds.store import Store
+from guilds.store import Store, calls, runs
 from guilds.toolbox import Toolbox
 from toolbox_kit import local_toolbox
 

@@ -153,8 +153,7 @@ def check_data(wired: Wired) -> Check:
 
 
 def check_record(wired: Wired) -> Check:
-    from .record.engine import database_url
-    from .store import Store
+    from .store import Store, database_url
 
     url = database_url(Path(wired.data_dir), wired.env)
     shown = url.split("@")[-1] if "@" in url else url

@@ -141,9 +141,8 @@ def make_data_dir(data: Path) -> Path:
 @contextlib.asynccontextmanager
 async def open_toolbox(wired: Wired) -> AsyncIterator[Toolbox]:
     """The agent's toolbox: its sandbox (not started: the first call starts it) and the run record."""
-    from .record.engine import database_url
     from .sandbox import get_sandbox
-    from .store import Store
+    from .store import Store, database_url
     from .toolbox import Toolbox
 
     data = make_data_dir(wired.data_dir)
