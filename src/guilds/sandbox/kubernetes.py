@@ -212,8 +212,11 @@ class KubernetesSandbox(ContainerSandbox):
 
     def _check_helpers(self) -> None:
         expected = {f"{HELPER_DIR}/{n}": hashlib.sha256(data).hexdigest() for n, data in helper_files()}
-        out, _err, _, _ = self._stream(spec.helpers_check_argv(list(expected)), b"",
-                                      time.monotonic() + WRITE_SECONDS)
+        out, err, status, complete = self._stream(spec.helpers_check_argv(list(expected)), b"",
+                                                  time.monotonic() + WRITE_SECONDS)
+        code, problem = spec.exit_status(status) if complete else (None, "no answer")
+        if code is None:
+            raise SandboxError(f"kubernetes: checking the helpers in {self.pod} failed: {problem}")
         wrong = spec.helpers_mismatch(out, expected)
         if wrong:
             raise SandboxError(f"kubernetes: the image {self.config.image!r} has other helpers than "
