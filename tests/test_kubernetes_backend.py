@@ -24,6 +24,7 @@ from guilds.sandbox import kube_spec as spec
 from guilds.sandbox.kubernetes import KubernetesSandbox
 from guilds.settings import AgentSettings, KubernetesSettings, Repo
 from guilds.toolbox.transport import call_helper
+import kube_kit
 
 CFG = KubernetesSettings(namespace="agents", image="reg/guilds:1", runtime_class="gvisor",
                          cpu="500m", memory="1Gi", service_account="guilds-none", home_size="5Gi")
@@ -247,19 +248,16 @@ async def test_a_secret_never_rides_the_command_line(tmp_path):
 
 @pytest.fixture
 async def pod(tmp_path):
-    namespace = os.environ.get("GUILDS_TEST_NAMESPACE", "default")
-    image = os.environ.get("GUILDS_SANDBOX_IMAGE", "guilds-sandbox:latest")
     settings = AgentSettings(id=f"t{secrets.token_hex(4)}", home=Path("/home/agent"), sandbox="kubernetes",
-                             repos=(Repo("web", "repos/web", "ghp_token-4c8a9b0e"),),
-                             kubernetes=KubernetesSettings(namespace=namespace, image=image, home_size="1Gi"))
+                             repos=(Repo("web", "repos/web", "ghp_token-4c8a9b0e"),), kubernetes=kube_kit.SETTINGS)
     box = KubernetesSandbox(settings)
     await box.start()
     yield box
     await box.stop()
 
 
-@pytest.mark.kubernetes
-@pytest.mark.skipif(not os.environ.get("KUBECONFIG"), reason="kubernetes: KUBECONFIG is not set")
+@kube_kit.needs_cluster[0]
+@kube_kit.needs_cluster[1]
 async def test_cluster_exec_files_and_the_helper(pod):
     result = await pod.exec(["bash", "-c", "echo $HOME; echo err >&2; exit 3"], timeout=30)
     assert (result.exit_code, result.stdout, result.stderr) == (3, b"/home/agent\n", b"err\n")

@@ -39,6 +39,7 @@ import json
 import os
 import posixpath
 import secrets
+import shlex
 import signal
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
@@ -144,11 +145,24 @@ def init_argv(python: str, idle_seconds: float, clock: str = STAMP) -> list[str]
     return [python, "-I", "-S", "-c", INIT, clock, seconds(idle_seconds)]
 
 
-def exec_argv(argv: Sequence[str], timeout: float, *, stamp: bool = True) -> list[str]:
-    """argv wrapped for one call: refresh STAMP (when stamp), then run under ``timeout``."""
-    script = (f'true 2>/dev/null >{STAMP}; ' if stamp else "") + (
-        f'exec timeout -k {seconds(KILL_GRACE_SECONDS)} {seconds(timeout)} "$@"')
-    return ["/bin/sh", "-c", script, "sh", *argv]
+def exec_argv(argv: Sequence[str], timeout: float, *, stamp: bool = True,
+              token: str | None = None) -> list[str]:
+    """argv wrapped for one call: refresh STAMP (when stamp), then run under ``timeout``.
+
+    With token (argv's EXEC_ENV value), a call that ran out of time also stops what
+    escaped its group (setsid) by that token, before the wrapper exits with timeout's
+    status: an exec whose output an escaped process still holds open would otherwise
+    never end (kubernetes ends an exec only when every holder of its output closed it).
+    """
+    head = f'true 2>/dev/null >{STAMP}; ' if stamp else ""
+    run = f'timeout -k {seconds(KILL_GRACE_SECONDS)} {seconds(timeout)} "$@"'
+    if token is None:
+        return ["/bin/sh", "-c", f"{head}exec {run}", "sh", *argv]
+    grace = round(KILL_GRACE_SECONDS * 10)
+    reap = (f'{run}; s=$?; case $s in {TIMEOUT_EXIT}|{128 + signal.SIGKILL}) '
+            f'/bin/sh -c {shlex.quote(_KILL)} {EXEC_ENV}={token} {grace} </dev/null >/dev/null 2>&1;; esac; '
+            'exit $s')
+    return ["/bin/sh", "-c", head + reap, "sh", *argv]
 
 
 def kill_argv(token: str) -> list[str]:
