@@ -24,7 +24,8 @@
 # For the tests: the namespace guilds-test, a Role with what the backend needs
 # (docs/sandboxes.md) bound to the user guilds-orchestrator, whose kubeconfig
 # is the one exported; local PersistentVolumes of the default StorageClass,
-# each a folder, and a few small ones each a sized tmpfs (the full-disk cases).
+# each a folder, and a few small ones each a sized tmpfs (the full-disk cases);
+# a released volume is emptied and offered again (the recycler daemon).
 set -euo pipefail
 
 DIR=${GUILDS_KUBE_DIR:-/tmp/guilds-kube}
@@ -49,7 +50,7 @@ admin() { kubectl --kubeconfig "$DIR/pki/admin.kubeconfig" "$@"; }
 api_up() { admin get --raw /readyz >/dev/null 2>&1; }
 
 stop_all() {
-  for name in kubelet kube-scheduler kube-controller-manager kube-apiserver etcd containerd; do
+  for name in recycler kubelet kube-scheduler kube-controller-manager kube-apiserver etcd containerd; do
     [ -f "$DIR/run/$name.pid" ] || continue
     pid=$(cat "$DIR/run/$name.pid")
     kill "$pid" 2>/dev/null || true
@@ -338,7 +339,21 @@ make_volumes() {
   admin apply -f - >/dev/null <<<"$out"
 }
 
+# A released volume (its claim deleted) is emptied and offered again, as a
+# provisioner would: the tests delete every claim they make.
+recycle_once() {
+  local name path
+  admin get pv -l guilds-test=pv -o jsonpath='{range .items[?(@.status.phase=="Released")]}{.metadata.name} {.spec.local.path}{"\n"}{end}' 2>/dev/null \
+    | while read -r name path; do
+        [ -n "$name" ] && [ -d "$path" ] || continue
+        find "$path" -mindepth 1 -delete 2>/dev/null || true
+        admin patch pv "$name" --type json -p '[{"op": "remove", "path": "/spec/claimRef"}]' >/dev/null 2>&1 || true
+      done
+}
+recycle_loop() { while api_up || sleep 5; do recycle_once; sleep 1; done; }
+
 if [ "${1:-}" = "--stop" ]; then stop_all; exit 0; fi
+if [ "${1:-}" = "--recycle" ]; then recycle_loop; exit 0; fi
 began=$SECONDS
 mkdir -p "$DIR/run"
 stage packages install_packages
@@ -353,5 +368,7 @@ stage control-plane start_control_plane "$BIN"
 stage kubelet start_kubelet "$BIN"
 stage objects apply_objects
 stage volumes make_volumes
+recycle_once
+daemon recycler bash "$ROOT/scripts/kube-test-env.sh" --recycle
 log "ready in $((SECONDS - began)) s"
 echo "export KUBECONFIG=$DIR/pki/orchestrator.kubeconfig GUILDS_TEST_KUBE_IMAGE=$IMAGE GUILDS_TEST_KUBE_NAMESPACE=$NS"

@@ -77,3 +77,34 @@ def container_pid(pod: str) -> int:
         if fields and fields[0] == container_id:
             return int(fields[1])
     raise LookupError(f"no task of container {container_id} in containerd")
+
+
+REMOVE_WAIT_SECONDS = 120
+
+
+def remove_agent(pod: str) -> None:
+    """Delete an agent's pod, home claim and secret, and wait until the claim is gone (a
+    claim still being deleted cannot be made again under its name)."""
+    import time
+
+    from kubernetes.client import ApiException
+
+    api = core()
+    for delete, name, kw in ((api.delete_namespaced_pod, pod, {"grace_period_seconds": 0}),
+                             (api.delete_namespaced_persistent_volume_claim, f"{pod}-home", {}),
+                             (api.delete_namespaced_secret, f"{pod}-env", {})):
+        try:
+            delete(name, NAMESPACE, **kw)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    deadline = time.monotonic() + REMOVE_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            api.read_namespaced_persistent_volume_claim(f"{pod}-home", NAMESPACE)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        time.sleep(0.5)
+    raise TimeoutError(f"the claim {pod}-home was not gone after {REMOVE_WAIT_SECONDS} s")

@@ -59,7 +59,7 @@ def test_pod_manifest():
             "containers": [{
                 "name": "sandbox",
                 "image": "reg/guilds:1",
-                "command": ["python3", "-I", "-S", "-c", box_lib.INIT, "/run/guilds/.active", "600"],
+                "command": ["python3", "-I", "-S", "-c", box_lib.INIT, "", "600", "0.25"],
                 "workingDir": "/home/agent",
                 "env": [{"name": "HOME", "value": "/home/agent"}, {"name": "PORT", "value": "20000"}],
                 "envFrom": [{"secretRef": {"name": f"{name}-env"}}],

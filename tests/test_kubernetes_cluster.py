@@ -28,7 +28,9 @@ from guilds.settings import AgentSettings, Repo
 from guilds.store import Store
 from guilds.toolbox import Toolbox
 from guilds.toolbox.transport import call_helper
-from kube_kit import NAMESPACE, SETTINGS, SMALL_HOME, admin_kubectl, container_pid, core, kube_settings, needs_cluster
+from kube_kit import (
+    NAMESPACE, SETTINGS, SMALL_HOME, admin_kubectl, container_pid, core, kube_settings, needs_cluster, remove_agent,
+)
 
 pytestmark = needs_cluster
 TOKEN = "ghp_token-4c8a9b0e"
@@ -57,20 +59,7 @@ async def make():
     yield _make
     for box in made:
         await box.stop()
-        await asyncio.to_thread(_remove_claim_and_secret, box.pod)
-
-
-def _remove_claim_and_secret(pod: str) -> None:
-    from kubernetes.client import ApiException
-
-    api = core()
-    for delete, name in ((api.delete_namespaced_persistent_volume_claim, f"{pod}-home"),
-                         (api.delete_namespaced_secret, f"{pod}-env")):
-        try:
-            delete(name, NAMESPACE)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        await asyncio.to_thread(remove_agent, box.pod)
 
 
 async def sh(box, script: str, timeout: float = 30):
