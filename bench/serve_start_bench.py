@@ -1,6 +1,9 @@
 """How long `guilds serve` takes to print its URL: a first start and a warm one, against floors.
 
-Run: .venv/bin/python bench/serve_start_bench.py [--rounds N]
+Run: .venv/bin/python bench/serve_start_bench.py [--rounds N] [--src DIR]
+
+``--src DIR``: start guilds from the sources in DIR (on PYTHONPATH, ahead of the
+installed ones), e.g. an earlier tree from ``git archive``, to set it beside this one.
 
 Each start is the console script ``guilds serve --port 0`` (the embedded default
 agent, ``sandbox = "auto"``), timed from the spawn to its first line on stderr
@@ -105,9 +108,11 @@ def _base_env() -> dict[str, str]:
 class Kinds:
     """Each kind of start, made ready afresh for every round in tmp."""
 
-    def __init__(self, tmp: Path):
-        self.tmp, self.n = tmp, 0
+    def __init__(self, tmp: Path, src: Path | None):
+        self.tmp, self.n, self.src = tmp, 0, src or SRC
         self.env = _base_env()
+        if src is not None:
+            self.env["PYTHONPATH"] = str(src)
         self.warm = {**self.env, "GUILDS_DATA": str(tmp / "warm")}
         timed_serve(self.warm)  # the warm one's first start: not measured
 
@@ -117,7 +122,7 @@ class Kinds:
 
     def first_clone(self) -> tuple[float, float]:
         src = self._fresh("src")
-        shutil.copytree(SRC, src, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(self.src, src, ignore=shutil.ignore_patterns("__pycache__"))
         return timed_serve({**self.env, "GUILDS_DATA": str(self._fresh("data")), "PYTHONPATH": str(src)})
 
     def first(self) -> tuple[float, float]:
@@ -138,9 +143,9 @@ class Kinds:
         return timed_run([PYTHON, "-c", WEB_STACK], self.env)
 
 
-def measure(rounds: int) -> dict[str, list[tuple[float, float]]]:
+def measure(rounds: int, src: Path | None) -> dict[str, list[tuple[float, float]]]:
     with tempfile.TemporaryDirectory() as tmp:
-        kinds = Kinds(Path(tmp))
+        kinds = Kinds(Path(tmp), src)
         runs = {"first start, fresh clone": kinds.first_clone, "first start": kinds.first,
                 "warm start": kinds.warm_start, "no bytecode at all": kinds.no_bytecode,
                 "floor: python -c pass": kinds.bare, "floor: the web stack": kinds.web_stack}
@@ -155,9 +160,10 @@ def measure(rounds: int) -> dict[str, list[tuple[float, float]]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--src", type=Path, help="the guilds sources to start (default: this tree's)")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
-    times = measure(args.rounds)
+    times = measure(args.rounds, args.src.resolve() if args.src else None)
     load_after = os.getloadavg()[0]
     floor = [url for _, url in times["floor: the web stack"]]
     print(f"{'kind':26} {'first line':>11} {'URL':>9} {'URL / web stack':>16}")
