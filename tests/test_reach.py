@@ -22,6 +22,7 @@ from guilds.sandbox.bwrap_reach import out_of_reach
 from guilds.settings import AgentSettings, Repo
 from guilds.store import Store
 from guilds.toolbox import Toolbox
+from guilds.toolbox.log_read import read_log
 from guilds.wiring import Wired
 from guilds_code import reach
 
@@ -168,6 +169,13 @@ async def test_a_root_folder_inside_the_home_is_said_with_the_uid_and_the_chown(
         assert denied.text.splitlines()[0] == (
             f"path: ~/root-only.txt cannot be opened: the agent's uid {uid} may not read it "
             f"(-rw-------, owned by root): chmod o+r it, or chown it to {uid}")
+        run_dir = home / ".runs" / "r9"  # a run's folder made by root: the app's log reader says so
+        run_dir.mkdir(mode=0o700, parents=True)
+        (run_dir / "c1.log").write_text("out\n")
+        envelope = await read_log(toolbox, str(run_dir / "c1.log"))
+        assert envelope == {"ok": False, "error": (
+            f"The log cannot be read: the agent's uid {uid} cannot pass {run_dir} (drwx------, owned by root): "
+            f"let it through (chmod o+x {run_dir}, or chown -R {uid} {run_dir}).")}
         assert out_of_reach(settings, data) == [(f"repos.web {work}/web", *reason.split(": ", 1))]
         wired = Wired(settings=settings, data_dir=data, env={}, coding=lambda: True)
         lines = [c.line() for c in doctor.check_reach(wired)]

@@ -82,7 +82,7 @@ def start_bash(argv: List[str], cwd: str, env: Dict[str, str], stdout: int, pwd_
     try:
         return proc.spawn(argv, env, stdout=stdout, stderr=proc.STDOUT, cwd=cwd, session=True, pass_fd=passed)
     except OSError as exc:
-        raise protocol.OpError(f"cannot start bash in {cwd}: {reach.why(exc, cwd)}") from None
+        raise protocol.OpError(f"cannot start bash in {cwd}: {reach.why(exc, cwd, env.get('HOME'))}") from None
 
 
 def open_log(path: str) -> int:

@@ -109,8 +109,8 @@ def out_of_reach(path: str, home: Optional[str] = None) -> Optional[str]:
     """Why this process cannot reach path, when a folder on its way stops its uid; else None.
     home: the agent's home (a folder inside it is fixed by giving it to the agent)."""
     uid, gid = os.geteuid(), os.getegid()
-    found = blocker(path, uid, gid)
-    return None if found is None else describe(found[0], found[1], uid, home)
+    found = blocker(os.path.realpath(path), uid, gid)  # links resolved as far as they can be
+    return None if found is None else describe(*found, uid, None if home is None else os.path.realpath(home))
 
 
 def unreadable(st: os.stat_result) -> str:

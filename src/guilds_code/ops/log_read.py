@@ -85,7 +85,7 @@ def _open(home: str, parts: Tuple[str, str, str]) -> int:
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise protocol.OpError(LINKED) from None
-        raise protocol.OpError(f"The log cannot be read: {reach.why(exc, os.path.join(home, *parts))}.") from None
+        raise protocol.OpError(f"The log cannot be read: {reach.why(exc, os.path.join(home, *parts), home)}.") from None
 
 
 def open_beneath(root: str, parts: Iterable[str]) -> int:
