@@ -2,7 +2,8 @@
 
     blocker(path, uid, gid, skip=())  -> (folder, stat) of the first folder uid cannot pass, or None
     out_of_reach(path, home)          -> the one-line reason this process cannot reach path, or None
-    unreadable(st, path)              -> the one-line reason this process may not read the file st
+    why(exc, path, home)              -> out_of_reach for a PermissionError, else exc's strerror
+    unreadable(st)                    -> the one-line reason this process may not read the file st
 
 A folder is passed with its search (x) permission: the owner's bits for its
 owner, the group's for its group, the others' for everyone else; uid 0 passes
@@ -28,25 +29,16 @@ if TYPE_CHECKING:
     from typing import Iterable, List, Optional, Tuple
 
 
-def _allowed(st: os.stat_result, uid: int, gid: int, bits: Tuple[int, int, int]) -> bool:
-    """bits (owner's, group's, others') as the kernel checks them for uid and gid."""
+def can_pass(st: os.stat_result, uid: int, gid: int) -> bool:
+    """May uid (with gid, no other groups) pass through the folder st (search, x), as the
+    kernel checks the mode: the owner's bit, else the group's, else the others'?"""
     if uid == 0:
         return True
     if st.st_uid == uid:
-        return bool(st.st_mode & bits[0])
+        return bool(st.st_mode & stat.S_IXUSR)
     if st.st_gid == gid:
-        return bool(st.st_mode & bits[1])
-    return bool(st.st_mode & bits[2])
-
-
-def can_pass(st: os.stat_result, uid: int, gid: int) -> bool:
-    """May uid (with gid, no other groups) pass through the folder st (search, x)?"""
-    return _allowed(st, uid, gid, (stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH))
-
-
-def can_read(st: os.stat_result, uid: int, gid: int) -> bool:
-    """May uid (with gid, no other groups) read st (r)?"""
-    return _allowed(st, uid, gid, (stat.S_IRUSR, stat.S_IRGRP, stat.S_IROTH))
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
 
 
 def _folders(path: str) -> List[str]:

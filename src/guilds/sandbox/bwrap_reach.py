@@ -1,6 +1,6 @@
 """Whether the agent's uid can reach its home and repositories inside the bwrap sandbox.
 
-    out_of_reach(settings) -> [(what, problem, fix)]    empty when every one is reached
+    out_of_reach(settings, data_dir) -> [(what, problem, fix)]    empty when every one is reached
 
 Inside, the agent runs as its own uid (``sandbox_owner``) with no other groups.
 The folders on the way to the home that the sandbox makes itself (fresh mounts,
