@@ -9,6 +9,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import AsyncIterator, Iterator
@@ -107,6 +108,18 @@ async def test_a_home_under_a_0700_folder_of_roots_in_tmp_works(tmp_path):
         assert not read.is_error, read.text
 
 
+def _doctor(tmp_path: Path, home: Path) -> tuple[int, str]:
+    """`guilds doctor` on a settings file with this home: its exit status and its reach line."""
+    config = tmp_path / "agent.toml"
+    config.write_text(f'[agent]\nhome = "{home}"\nsandbox = "bwrap"\n')
+    env = {**os.environ, "GUILDS_DATA": str(tmp_path / "data")}
+    env.pop("GUILDS_DATABASE_URL", None)
+    proc = subprocess.run([sys.executable, "-m", "guilds.cli", "doctor", "--config", str(config)],
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
+    reach_lines = [line for line in proc.stdout.splitlines() if "agent's reach" in line]
+    return proc.returncode, reach_lines[0] if reach_lines else proc.stdout + proc.stderr
+
+
 @pytest.fixture
 def opt_locked() -> Iterator[Path]:
     """A 0700 folder of root's under /opt, a folder the sandbox binds from the host as it is."""
@@ -138,7 +151,10 @@ async def test_a_home_under_a_0700_folder_in_opt_is_said_by_every_tool(opt_locke
         assert read.is_error and read.text.splitlines()[0] == f"home {home} cannot be opened: {reason}"
         shell = await toolbox.call("r1", "shell", {"command": "true"})
         assert shell.is_error and reason in shell.text.splitlines()[0], shell.text
+        doctor_line = f"no   agent's reach: home {home}: {reason.replace(': let', ' -> let', 1)}"
+        assert _doctor(tmp_path, home) == (1, doctor_line)
         opt_locked.chmod(0o711)  # the fix it names
+        assert _doctor(tmp_path, home)[0] == 0
         assert out_of_reach(settings, data) == []
         shell = await toolbox.call("r1", "shell", {"command": "pwd"})
         assert not shell.is_error and shell.text.splitlines()[0] == str(home / "repos" / "web"), shell.text
