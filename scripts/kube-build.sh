@@ -21,7 +21,8 @@ have_all() {
 }
 if have_all; then echo "$out"; exit 0; fi
 
-command -v go >/dev/null || { echo "kube-build: no go on PATH" >&2; exit 1; }
+command -v go >/dev/null || PATH=$PATH:/usr/local/go/bin
+command -v go >/dev/null || { echo "kube-build: no go on PATH (Go 1.26 builds Kubernetes 1.36)" >&2; exit 1; }
 export GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0
 work="$cache/v$version/module"
 rm -rf "$work" && mkdir -p "$work/etcd" "$out"

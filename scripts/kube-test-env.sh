@@ -185,7 +185,8 @@ pause_image() {
   rm -rf "$work"; mkdir -p "$work"
   gcc -static -O2 -o "$work/pause" "$ROOT/scripts/kube/pause.c"
   printf 'FROM scratch\nCOPY pause /pause\nUSER 65535:65535\nENTRYPOINT ["/pause"]\n' >"$work/Dockerfile"
-  DOCKER_BUILDKIT=0 docker build -q -t "$PAUSE" "$work" >/dev/null
+  DOCKER_BUILDKIT=0 docker build -q -t "$PAUSE" "$work" >/dev/null 2>"$work/build.log" \
+    || { cat "$work/build.log" >&2; exit 1; }
   docker save "$PAUSE" -o "$work/pause.tar"
   ctr_k8s images import "$work/pause.tar" >/dev/null
 }
@@ -352,10 +353,25 @@ recycle_once() {
 }
 recycle_loop() { while api_up || sleep 5; do recycle_once; sleep 1; done; }
 
+# A cluster whose processes are gone (a new boot, a stopped session) starts
+# empty: its objects, the kubelet's mounts and containerd's task state go; the
+# PKI, the images and the built binaries stay.
+reset_state() {
+  api_up && return 0
+  stop_all 2>/dev/null
+  grep -o " $DIR/[^ ]*" /proc/mounts | sort -r | while read -r m; do
+    case "$m" in "$DIR/pv/small"*) ;; *) umount -l "$m" 2>/dev/null || true ;; esac
+  done
+  rm -rf "$DIR/etcd" "$DIR/kubelet" "$DIR/kubelet-pki" "$DIR/containerd/state"
+  for p in "$DIR"/pv/*/; do [ -d "$p" ] && find "$p" -mindepth 1 -delete 2>/dev/null; done
+  true
+}
+
 if [ "${1:-}" = "--stop" ]; then stop_all; exit 0; fi
 if [ "${1:-}" = "--recycle" ]; then recycle_loop; exit 0; fi
 began=$SECONDS
 mkdir -p "$DIR/run"
+[ -f "$DIR/pki/admin.kubeconfig" ] && stage reset reset_state
 stage packages install_packages
 BIN=$(bash "$ROOT/scripts/kube-build.sh")
 log "binaries: $BIN ($((SECONDS - began)) s so far)"
