@@ -132,3 +132,37 @@ def test_a_call_imports_only_what_it_needs(tmp_path):
     assert not {m for m in ours if m.startswith(("guilds.web", "guilds.sandbox.docker", "guilds.sandbox.kube",
                                                    "guilds.sandbox.bubblewrap", "sqlalchemy.dialects.postgresql"))}
 
+
+
+def _serve_lines(data: Path, *python_flags: str) -> list[str]:
+    """The stderr lines of a real `guilds serve` up to its MCP line; then it is stopped."""
+    env = {k: v for k, v in os.environ.items() if k != "GUILDS_DATABASE_URL"}
+    env["GUILDS_DATA"] = str(data)
+    proc = subprocess.Popen([sys.executable, *python_flags, "-m", "guilds.cli", "serve", "--port", "0"], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    try:
+        for line in proc.stderr:
+            lines.append(line.rstrip("\n"))
+            if "MCP at" in line:
+                break
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        proc.stderr.close()
+    return lines
+
+
+def test_serve_says_what_it_does_at_once_then_its_url(tmp_path):
+    data = tmp_path / "data"
+    lines = _serve_lines(data, "-X", "importtime")
+    ours = [i for i, line in enumerate(lines) if line.startswith("guilds serve:")]
+    assert lines[ours[0]] == (f"guilds serve: first run: the settings written to {data}/settings.toml; now the "
+                              'token, the run record, the sandbox check (sandbox = "auto") and the app')
+    heavy = [i for i, line in enumerate(lines) if line.startswith("import time:")
+             and line.split("|")[-1].strip() in ("sqlalchemy", "starlette", "uvicorn", "mcp")]
+    assert heavy and ours[0] < min(heavy), "the line comes before the web stack and the record's library load"
+    assert lines[ours[1]].startswith("guilds serve: the app at http://127.0.0.1:") and "MCP at" in lines[ours[2]]
+    again = [line for line in _serve_lines(data) if line.startswith("guilds serve:")]
+    assert again[0] == 'guilds serve: starting: the run record, the sandbox check (sandbox = "auto") and the app'
+    assert again[1].startswith("guilds serve: the app at") and again[2].startswith("guilds serve: MCP at")

@@ -48,7 +48,7 @@ def test_container_spec():
     got = spec.container_spec(cfg, network=False, **kwargs)
     assert got == {
         "image": "img:1",
-        "command": ["python3", "-I", "-S", "-c", box_lib.INIT, "/run/guilds-clock/active", "90"],
+        "command": ["python3", "-I", "-S", "-c", box_lib.INIT, "/run/guilds-clock/active", "90", "30"],
         "name": "guilds-a1",
         "labels": {"guilds.agent": "a1"},
         "environment": {"HOME": "/h/a1"},

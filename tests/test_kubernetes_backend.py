@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import secrets
 import subprocess
 import threading
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import kube_kit
 from guilds.errors import SandboxError
 from guilds.sandbox import _container as box_lib
 from guilds.sandbox import kube_spec as spec
@@ -58,7 +58,7 @@ def test_pod_manifest():
             "containers": [{
                 "name": "sandbox",
                 "image": "reg/guilds:1",
-                "command": ["python3", "-I", "-S", "-c", box_lib.INIT, "/run/guilds/.active", "600"],
+                "command": ["python3", "-I", "-S", "-c", box_lib.INIT, "", "600", "0.25"],
                 "workingDir": "/home/agent",
                 "env": [{"name": "HOME", "value": "/home/agent"}, {"name": "PORT", "value": "20000"}],
                 "envFrom": [{"secretRef": {"name": f"{name}-env"}}],
@@ -247,19 +247,16 @@ async def test_a_secret_never_rides_the_command_line(tmp_path):
 
 @pytest.fixture
 async def pod(tmp_path):
-    namespace = os.environ.get("GUILDS_TEST_NAMESPACE", "default")
-    image = os.environ.get("GUILDS_SANDBOX_IMAGE", "guilds-sandbox:latest")
     settings = AgentSettings(id=f"t{secrets.token_hex(4)}", home=Path("/home/agent"), sandbox="kubernetes",
-                             repos=(Repo("web", "repos/web", "ghp_token-4c8a9b0e"),),
-                             kubernetes=KubernetesSettings(namespace=namespace, image=image, home_size="1Gi"))
+                             repos=(Repo("web", "repos/web", "ghp_token-4c8a9b0e"),), kubernetes=kube_kit.SETTINGS)
     box = KubernetesSandbox(settings)
     await box.start()
     yield box
     await box.stop()
 
 
-@pytest.mark.kubernetes
-@pytest.mark.skipif(not os.environ.get("KUBECONFIG"), reason="kubernetes: KUBECONFIG is not set")
+@kube_kit.needs_cluster[0]
+@kube_kit.needs_cluster[1]
 async def test_cluster_exec_files_and_the_helper(pod):
     result = await pod.exec(["bash", "-c", "echo $HOME; echo err >&2; exit 3"], timeout=30)
     assert (result.exit_code, result.stdout, result.stderr) == (3, b"/home/agent\n", b"err\n")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import kube_kit
 from guilds.errors import ConfigError, SandboxError
 from guilds.sandbox import get_sandbox
 from guilds.sandbox.bubblewrap import BwrapSandbox
@@ -35,15 +36,17 @@ BACKENDS = [
         pytest.mark.bwrap, pytest.mark.skipif(NO_BWRAP is not None, reason=f"bwrap: {NO_BWRAP}")]),
     pytest.param("docker", id="docker", marks=[
         pytest.mark.docker, pytest.mark.skipif(NO_DOCKER is not None, reason=f"docker: {NO_DOCKER}")]),
+    kube_kit.PARAM,
 ]
 ISOLATED = [p for p in BACKENDS if p.values[0] == "bwrap"]  # docker's: tests/test_docker_backend.py
 
 
 def settings_for(tmp_path: Path, backend: str, **kw) -> AgentSettings:
-    return AgentSettings(
+    settings = AgentSettings(
         id="agent1", home=tmp_path / "home", sandbox=backend, secrets={"MY_SECRET": SECRET},
         repos=(Repo("web", "repos/web", TOKEN),), **kw,
     )
+    return kube_kit.kube_settings(settings) if backend == "kubernetes" else settings
 
 
 @pytest.fixture
@@ -60,6 +63,8 @@ async def make(tmp_path):
     yield _make
     for box in made:
         await box.stop()
+        if box.name == "kubernetes":  # a fresh home for the next test, as the others' tmp_path
+            await asyncio.to_thread(kube_kit.remove_agent, box.pod)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -184,7 +189,10 @@ async def test_cancelling_an_exec_stops_its_process_group(box, tmp_path):
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await eventually(lambda: not host_pids_running("sleep", "92"), timeout=5)
-    assert await eventually((tmp_path / "home" / "bye").exists, timeout=5)  # SIGTERM first
+    if box.name == "kubernetes":  # the home is the pod's claim, not a host folder
+        assert await sh(box, "cat ~/bye") == "bye\n"  # SIGTERM first
+    else:
+        assert await eventually((tmp_path / "home" / "bye").exists, timeout=5)  # SIGTERM first
 
 
 # --- choosing a backend ---------------------------------------------------

@@ -1,6 +1,6 @@
 """Trying to get out of the sandbox, as an attacker in the agent's commands would.
 
-Run on every isolating backend this machine has (bwrap, docker). ``local``
+Run on every isolating backend this machine has (bwrap, docker, kubernetes). ``local``
 isolates nothing (its docs say so), so none of this is asked of it.
 No test writes to a sysctl: a knob is only checked with ``[ -w ]`` and opened
 for writing with nothing written.
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+import kube_kit
 from guilds.sandbox import get_sandbox
 from guilds.sandbox.bwrap_argv import unavailable
 from guilds.sandbox.docker_engine import unavailable as docker_unavailable
@@ -32,6 +33,7 @@ ISOLATED = [
         pytest.mark.bwrap, pytest.mark.skipif(NO_BWRAP is not None, reason=f"bwrap: {NO_BWRAP}")]),
     pytest.param("docker", id="docker", marks=[
         pytest.mark.docker, pytest.mark.skipif(NO_DOCKER is not None, reason=f"docker: {NO_DOCKER}")]),
+    kube_kit.PARAM,
 ]
 KNOBS = ("/proc/sys/kernel/core_pattern", "/proc/sys/kernel/modprobe", "/proc/sysrq-trigger",
          "/proc/sys/vm/drop_caches")
@@ -40,11 +42,17 @@ IMAGE = os.environ.get("GUILDS_SANDBOX_IMAGE", "guilds-sandbox:latest")
 
 
 def settings_for(root: Path, backend: str, agent: str = "escape1", **kw) -> AgentSettings:
-    return AgentSettings(
+    settings = AgentSettings(
         id=agent, home=root / agent / "home", sandbox=backend, secrets={"B_SECRET": "b-secret-93c1f0"},
         bwrap=BwrapSettings(pids_limit=PIDS_LIMIT, memory=256 << 20, tmp_size=16 << 20),
         docker=DockerSettings(image=IMAGE, pids_limit=PIDS_LIMIT, memory="256m"), **kw,
     )
+    return kube_kit.kube_settings(settings) if backend == "kubernetes" else settings
+
+
+def pids_limit(box) -> int:
+    """kubernetes: the node's podPidsLimit (the pod spec has none of its own)."""
+    return kube_kit.POD_PIDS_LIMIT if box.name == "kubernetes" else PIDS_LIMIT
 
 
 @pytest.fixture
@@ -60,6 +68,8 @@ async def make(tmp_path):
     yield _make
     for box in made:
         await box.stop()
+        if box.name == "kubernetes":
+            await asyncio.to_thread(kube_kit.remove_agent, box.pod)
 
 
 @pytest.fixture(params=ISOLATED)
@@ -81,6 +91,8 @@ def pid_namespace_of(box) -> str:
     """The pid namespace of the sandbox's init, as the host names it."""
     if box.name == "bwrap":
         pid = json.loads(Path(box._record).read_text())["pid"]
+    elif box.name == "kubernetes":
+        pid = kube_kit.container_pid(box.pod)
     else:
         pid = box.client.api.inspect_container(box.container)["State"]["Pid"]
     return os.readlink(f"/proc/{pid}/ns/pid")
@@ -126,6 +138,7 @@ async def test_host_secrets_and_other_agents_are_unreadable(make, jail, tmp_path
     other = await make(jail.name, "escapeB")
     await out(other, 'echo "b home file" > ~/b.txt')
     b = tmp_path / "escapeB"
+    b.mkdir(exist_ok=True)  # kubernetes: the homes are claims, no host folder
     (b / "agent.toml").write_text('[secrets]\nB_SECRET = "b-secret-93c1f0"\n')
     db = b / "data" / "guilds.db"
     db.parent.mkdir(parents=True, exist_ok=True)
@@ -172,7 +185,7 @@ async def test_a_fork_loop_stops_at_the_pids_limit(jail):
             " if pid==0:\n  time.sleep(3);os._exit(0)\n n+=1\nprint(n)")
     began = time.monotonic()
     forked = int(await out(jail, f"python3 -c '{loop}'", timeout=60))
-    assert 0 < forked < PIDS_LIMIT
+    assert 0 < forked < pids_limit(jail)
     assert time.monotonic() - began < 30
     assert subprocess.run(["true"], check=False).returncode == 0  # the host still forks
 

@@ -172,10 +172,39 @@ def _run_call(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
     return EXIT_OK
 
 
+def starting_line(wired: Wired, first_run: bool) -> str:
+    """What `guilds serve` prints at once, before any slow step: what it is doing
+    until the URL lines come (``guilds.serve.served_urls``)."""
+    steps = f"the run record, the sandbox check (sandbox = \"{wired.settings.sandbox}\") and the app"
+    if first_run:
+        return (f"guilds serve: first run: the settings written to {wired.settings_file}; "
+                f"now the token, {steps}")
+    return f"guilds serve: starting: {steps}"
+
+
+def _first_run(opts: argparse.Namespace, env: Mapping[str, str]) -> bool:
+    """No settings file given and none yet in the data folder: this start writes it."""
+    from .settings import SETTINGS_FILE, data_dir
+
+    return opts.config is None and not (data_dir(env) / SETTINGS_FILE).exists()
+
+
+def _refuse_no_token_off_loopback(opts: argparse.Namespace) -> None:
+    """Refused before anything starts, as ``guilds.serve.endpoint_lock`` would refuse it."""
+    from .auth import is_loopback
+
+    if opts.no_token and not is_loopback(opts.host):
+        raise ConfigError(f"--no-token: serving on {opts.host} (not a loopback address) needs the token")
+
+
 def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
     import logging
 
+    first_run = opts.command == "serve" and _first_run(opts, env)
     wired = _wired(opts, env)
+    if opts.command == "serve":
+        _refuse_no_token_off_loopback(opts)
+        print(starting_line(wired, first_run), file=sys.stderr, flush=True)
     gc.enable()  # a server lives long: collections as usual
     # Plain lines on stderr, whatever is installed: the MCP SDK would otherwise
     # configure the root logger itself, with rich's handler where rich is importable.

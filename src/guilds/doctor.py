@@ -6,9 +6,12 @@
 Checked: bubblewrap (and why not), rg and its version, the sandbox's python,
 a Docker engine and the sandbox image, a kubeconfig and the rights in
 ``kubernetes.namespace``, the data folder, the run record (SQLite or
-PostgreSQL, reached), and the harness CLIs (``claude``, ``codex``). A line
+PostgreSQL, reached), the harness CLIs (``claude``, ``codex``), and in the
+bwrap sandbox whether the agent's uid can reach its home and repositories
+(a folder on the way it cannot pass: ``guilds.sandbox.bwrap_reach``). A line
 marked ``--`` is not needed by the configured agent. Exit status 1 when the
-configured sandbox cannot run or the record cannot be reached, else 0.
+configured sandbox cannot run, the agent cannot reach its home or a repository,
+or the record cannot be reached, else 0.
 """
 
 from __future__ import annotations
@@ -171,6 +174,21 @@ def check_record(wired: Wired) -> Check:
     return Check("run record", True, shown)
 
 
+def check_reach(wired: Wired) -> list[Check]:
+    """In the bwrap sandbox: can the agent's uid reach its home and each repository?"""
+    from .sandbox.bubblewrap import sandbox_owner
+    from .sandbox.bwrap_reach import out_of_reach
+
+    settings = wired.settings
+    problems = out_of_reach(settings, wired.data_dir)
+    if not problems:
+        uid = sandbox_owner(settings)[0]
+        count = len(settings.repos)
+        repos = f" and its {count} repositor{'y' if count == 1 else 'ies'}" if count else ""
+        return [Check("agent's reach", True, f"uid {uid} reaches the home {settings.home}{repos}")]
+    return [Check("agent's reach", False, f"{what}: {problem}", fix) for what, problem, fix in problems]
+
+
 def check_harnesses(wired: Wired) -> list[Check]:
     checks = []
     for harness in HARNESSES:
@@ -187,6 +205,8 @@ def checks(wired: Wired) -> list[Check]:
     found: list[Check] = [check_bwrap(sandbox == "bwrap"), check_rg(), check_python()]
     found.append(check_docker(wired, sandbox == "docker"))
     found.append(check_kubernetes(wired, sandbox == "kubernetes"))
+    if sandbox == "bwrap" or (sandbox == "auto" and found[0].ok):
+        found += check_reach(wired)
     found += [check_data(wired), check_record(wired), *check_harnesses(wired)]
     return found
 
@@ -199,7 +219,8 @@ def verdict(wired: Wired, found: list[Check]) -> tuple[bool, str]:
         "bwrap": lambda: by_name["bubblewrap"].ok, "docker": lambda: by_name["docker"].ok,
         "kubernetes": lambda: by_name["kubernetes"].ok, "local": lambda: True, "auto": lambda: True,
     }
-    runs = needs[sandbox]() and by_name["run record"].ok
+    reached = all(c.ok for c in found if c.name == "agent's reach")
+    runs = needs[sandbox]() and by_name["run record"].ok and reached
     effective = sandbox if sandbox != "auto" else ("bwrap" if by_name["bubblewrap"].ok else "local (no isolation)")
     if runs:
         return True, f"agent {wired.settings.id}: sandbox {effective} can run"

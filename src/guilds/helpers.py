@@ -126,6 +126,12 @@ def _comments(modules: dict) -> str:
     return "".join(f"#{text[i:i + _LINE]}\n" for i in range(0, len(text), _LINE))
 
 
+MARSHAL_VERSION = 2
+"""Compiled code is marshalled without references: from version 3 on, marshal writes a
+reference where an object's refcount is above one, which depends on what the building
+process did before, so the same sources gave other bytes in another process."""
+
+
 def build_bytes(packages: str | tuple[str, ...]) -> bytes:
     """The helper script's bytes: deterministic for the same sources and interpreter.
 
@@ -137,7 +143,7 @@ def build_bytes(packages: str | tuple[str, ...]) -> bytes:
     for package in packages:
         for name, is_package, rel, text in _sources(package):
             compiled = compile(text, rel, "exec", dont_inherit=True, optimize=2)
-            code[name] = (is_package, marshal.dumps(compiled))
+            code[name] = (is_package, marshal.dumps(compiled, MARSHAL_VERSION))
             source[name] = (is_package, text)
     script = _MAIN.format(packages=", ".join(packages), magic=importlib.util.MAGIC_NUMBER, pkg=packages[0])
     return (script + "#code\n" + _comments(code) + "#source\n" + _comments(source)).encode()

@@ -55,6 +55,9 @@ it may take to go before SIGKILL to its group."""
 CHANNEL_CANCEL_WAIT_SECONDS = 5.0
 """After a cancel frame to a resident helper, how long a call waits for its answer:
 the worker's own stop ends within guilds_code.limits.SERVE_WORKER_KILL_SECONDS."""
+KUBERNETES_STATUS_WAIT_SECONDS = 10.0
+"""kubernetes: after an exec found the pod's container gone, how long the pod's status
+may take to say how it ended (the kubelet reports it a moment after the exec saw it)."""
 
 # --- the run record ----------------------------------------------------------
 RECORD_BUSY_WAIT_SECONDS = 10.0

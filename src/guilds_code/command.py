@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from . import limits, proc, protocol, runstate
+from . import limits, proc, protocol, reach, runstate
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def start_bash(argv: List[str], cwd: str, env: Dict[str, str], stdout: int, pwd_
     try:
         return proc.spawn(argv, env, stdout=stdout, stderr=proc.STDOUT, cwd=cwd, session=True, pass_fd=passed)
     except OSError as exc:
-        raise protocol.OpError(f"cannot start bash in {cwd}: {exc.strerror}") from None
+        raise protocol.OpError(f"cannot start bash in {cwd}: {reach.why(exc, cwd, env.get('HOME'))}") from None
 
 
 def open_log(path: str) -> int:

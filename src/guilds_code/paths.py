@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 import stat
 
-from . import limits, protocol, shaping
+from . import limits, protocol, reach, shaping
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -113,6 +113,8 @@ class Resolved:
             raise fail(given, f"is not a regular file ({self.kind})")
         try:
             fd = os.open(self._name, _READ_FLAGS, dir_fd=self._parent_fd)
+        except PermissionError:
+            raise fail(given, f"cannot be opened: {reach.unreadable(self.st)}") from None
         except OSError as exc:
             raise fail(given, f"cannot be opened: {exc.strerror}") from None
         st = os.fstat(fd)
@@ -145,7 +147,7 @@ class _Walk:
         try:
             self.root = os.open(home, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
-            raise protocol.OpError(f"home {home} cannot be opened: {exc.strerror}") from None
+            raise protocol.OpError(f"home {home} cannot be opened: {reach.why(exc, home, home)}") from None
 
     def inside(self, absolute: str) -> List[str]:
         """The components of an absolute path below the home, or the 'outside' error."""
@@ -176,7 +178,8 @@ class _Walk:
         except NotADirectoryError:
             raise fail(self.given, "not found (a part of it is not a directory)") from None
         except OSError as exc:
-            raise fail(self.given, f"cannot be opened: {exc.strerror}") from None
+            where = os.path.join(self._path([n for n, _ in self.stack]), name)
+            raise fail(self.given, f"cannot be opened: {reach.why(exc, where, self.home)}") from None
 
     def follow(self, fd: int, pending: List[str]) -> None:
         """Queue a link's target in place of the link (pending is a reversed stack)."""

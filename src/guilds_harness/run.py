@@ -24,7 +24,7 @@ import os
 import shutil
 from typing import Deque, Dict
 
-from guilds_code import protocol, runstate
+from guilds_code import protocol, reach, runstate
 from guilds_code.command import command_env
 from guilds_code.ops.background import running_run_dirs
 
@@ -81,6 +81,9 @@ def run(request: HarnessRequest) -> protocol.Reply:
         raise protocol.OpError("code_task: the request has no task")
     name, repo = resolve_repo(request, runstate.current_cwd(request))
     if not os.path.isdir(repo):
+        blocked = reach.out_of_reach(repo, request.home)
+        if blocked is not None:
+            raise protocol.OpError(f"repo: the folder of {name}, {repo}, is out of reach: {blocked}")
         raise protocol.OpError(f"repo: the folder of {name}, {repo}, does not exist")
     adapter = adapters.get(request.harness)
     tokens = runstate.load_repo_tokens(request)

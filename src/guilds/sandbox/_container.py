@@ -3,15 +3,15 @@
 Inside every agent container:
 
 - the container's main process is INIT: it lives while a call is running or
-  the idle STAMP is younger than the idle time, then exits (the idle stop);
+  the idle clock is younger than the idle time, then exits (the idle stop);
   the container's init (docker's ``--init``, the pod's shared pid namespace)
   reaps orphans meanwhile;
 - the idle clock: in docker, CLOCK, a root-owned file the engine rewrites
   (``put_archive``) as calls come, which the agent's uid cannot touch; in
-  kubernetes, whose writes go through an exec as the agent, STAMP in the
-  state root, refreshed by each call's ``sh`` (the agent can touch it too);
-- each call runs as ``exec_argv(argv, timeout, stamp)``: ``sh`` (refreshes
-  STAMP when asked, then) ``timeout`` runs argv in a process group of its own, sends
+  kubernetes, whose writes go through an exec as the agent, no file (the agent
+  could touch any such file forever): the last call INIT saw running;
+- each call runs as ``exec_argv(argv, timeout)``: ``sh``, then
+  ``timeout`` runs argv in a process group of its own, sends
   that group SIGTERM at ``timeout`` seconds and SIGKILL KILL_GRACE_SECONDS
   later. The call's environment carries ``EXEC_ENV=token``, so
   ``kill_argv(token)`` finds every process of the call, setsid escapees too;
@@ -39,6 +39,7 @@ import json
 import os
 import posixpath
 import secrets
+import shlex
 import signal
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
@@ -85,10 +86,12 @@ def folders_of(path: str, root: str) -> list[str]:
     return names
 
 
-STAMP = f"{STATE_INSIDE}/.active"
-"""kubernetes: its mtime is the idle clock, refreshed by every call."""
 CLOCK = "/run/guilds-clock/active"
 """docker: its mtime is the idle clock, a root-owned file rewritten through the engine."""
+CLOCK_POLL_SECONDS = 30.0
+"""How often INIT looks at a clock file (at most; a quarter of the idle time when shorter)."""
+SEEN_POLL_SECONDS = 0.25
+"""How often INIT looks for a running call where there is no clock file (kubernetes)."""
 EXEC_ENV = "GUILDS_EXEC_ID"
 POOL_THREADS = 64
 """Container calls in flight at once across all sandboxes of this process."""
@@ -96,8 +99,8 @@ TIMEOUT_EXIT = 124
 """coreutils ``timeout``'s status when it stopped the command with SIGTERM."""
 INIT = (
     "import os,sys,time\n"
-    "stamp,idle=sys.argv[1],float(sys.argv[2])\n"
-    "began=time.time()\n"
+    "stamp,idle,poll=sys.argv[1],float(sys.argv[2]),float(sys.argv[3])\n"
+    "began=seen=time.time()\n"
     "def busy():\n"
     " skip=(1,os.getpid())\n"
     " for p in os.listdir('/proc'):\n"
@@ -108,22 +111,31 @@ INIT = (
     "   except (OSError,IndexError):pass\n"
     " return False\n"
     "def age():\n"
+    " if not stamp:return time.time()-seen\n"
     " try:return time.time()-max(os.stat(stamp).st_mtime,began)\n"
     " except OSError:return 0\n"
-    "try:\n"
-    " open(stamp,'a').close()\n"
-    " os.utime(stamp)\n"
-    "except OSError:pass\n"
-    "while busy() or age()<idle:\n"
-    " time.sleep(min(idle/4,30))\n"
+    "if stamp:\n"
+    " try:\n"
+    "  open(stamp,'a').close()\n"
+    "  os.utime(stamp)\n"
+    " except OSError:pass\n"
+    "while True:\n"
+    " if busy():seen=time.time()\n"
+    " elif age()>=idle:break\n"
+    " time.sleep(min(idle/4,poll))\n"
 )
 """The container's main process. A call is a process whose parent is outside
 the container (ppid 0: an exec), so a call longer than the idle time is never
 cut; orphans and background commands have a parent inside and do not count.
-The stamp is made by the first call when the state root is not the agent's yet
-(its age counts as 0 while it is missing); a clock older than INIT's own start
-counts from that start (a clock written with whole seconds cannot end a new
-container at once)."""
+
+The idle clock: with a clock file (docker's CLOCK, which only the engine
+writes), its mtime; a clock older than INIT's own start counts from that start
+(a clock written with whole seconds cannot end a new container at once).
+Without one (kubernetes, where every process, the calls' wrapper too, is the
+agent's, so any file the wrapper could touch the agent could touch forever),
+the last moment INIT saw a call running, looked for every ``poll`` seconds: a
+call shorter than that may go unseen, which can only bring the idle stop
+earlier, never keep the sandbox."""
 _KILL = (
     'pids() { for d in /proc/[0-9]*; do grep -qxzF -- "$0" "$d/environ" 2>/dev/null '
     '&& echo "${d#/proc/}"; done; }; '
@@ -139,16 +151,29 @@ def seconds(value: float) -> str:
     return f"{value:.3f}".rstrip("0").rstrip(".")
 
 
-def init_argv(python: str, idle_seconds: float, clock: str = STAMP) -> list[str]:
-    """The container's command: INIT with the idle clock's file and the idle time."""
-    return [python, "-I", "-S", "-c", INIT, clock, seconds(idle_seconds)]
+def init_argv(python: str, idle_seconds: float, clock: str = "") -> list[str]:
+    """The container's command: INIT with the idle clock's file ("": none, the calls
+    seen), the idle time and how often it looks."""
+    poll = CLOCK_POLL_SECONDS if clock else SEEN_POLL_SECONDS
+    return [python, "-I", "-S", "-c", INIT, clock, seconds(idle_seconds), seconds(poll)]
 
 
-def exec_argv(argv: Sequence[str], timeout: float, *, stamp: bool = True) -> list[str]:
-    """argv wrapped for one call: refresh STAMP (when stamp), then run under ``timeout``."""
-    script = (f'true 2>/dev/null >{STAMP}; ' if stamp else "") + (
-        f'exec timeout -k {seconds(KILL_GRACE_SECONDS)} {seconds(timeout)} "$@"')
-    return ["/bin/sh", "-c", script, "sh", *argv]
+def exec_argv(argv: Sequence[str], timeout: float, *, token: str | None = None) -> list[str]:
+    """argv wrapped for one call: run under ``timeout``.
+
+    With token (argv's EXEC_ENV value), a call that ran out of time also stops what
+    escaped its group (setsid) by that token, before the wrapper exits with timeout's
+    status: an exec whose output an escaped process still holds open would otherwise
+    never end (kubernetes ends an exec only when every holder of its output closed it).
+    """
+    run = f'timeout -k {seconds(KILL_GRACE_SECONDS)} {seconds(timeout)} "$@"'
+    if token is None:
+        return ["/bin/sh", "-c", f"exec {run}", "sh", *argv]
+    grace = round(KILL_GRACE_SECONDS * 10)
+    reap = (f'{run}; s=$?; case $s in {TIMEOUT_EXIT}|{128 + signal.SIGKILL}) '
+            f'/bin/sh -c {shlex.quote(_KILL)} {EXEC_ENV}={token} {grace} </dev/null >/dev/null 2>&1;; esac; '
+            'exit $s')
+    return ["/bin/sh", "-c", reap, "sh", *argv]
 
 
 def kill_argv(token: str) -> list[str]:

@@ -181,15 +181,28 @@ def _kernel(c: BwrapConfig) -> list[str]:
 _MOUNTED = ("/", "/tmp", "/run", "/dev", "/dev/shm", "/proc", HELPER_DIR)
 
 
+def parent_folders(home: str, system: Sequence[tuple[str, str | None]]) -> list[str]:
+    """The home's parent folders the sandbox makes 0755 itself, outermost first: those
+    neither mounted fresh (``/tmp``, ``/run``...) nor under a bound system folder."""
+    parents: list[str] = []
+    path = posixpath.dirname(home.rstrip("/"))
+    while path not in _MOUNTED and not any(_within(path, p) for p, _ in system):
+        parents.insert(0, path)
+        path = posixpath.dirname(path)
+    return parents
+
+
+def made_anew(home: str, system: Sequence[tuple[str, str | None]]) -> tuple[str, ...]:
+    """The folders on the way to the home whose host modes do not count inside (the sandbox
+    makes them: fresh mounts and ``parent_folders``); every other folder on the way is
+    the host's, bound with its host mode, which the agent's uid must be able to pass."""
+    return (*_MOUNTED, *parent_folders(home, system))
+
+
 def _parents(c: BwrapConfig) -> list[str]:
     """The home's parent folders made 0755 (bwrap would copy the host's modes,
     and a 0700 parent of root's would shut the agent's uid out of its home)."""
-    parents: list[str] = []
-    path = posixpath.dirname(c.home.rstrip("/"))
-    while path not in _MOUNTED and not any(_within(path, p) for p, _ in c.system):
-        parents.insert(0, path)
-        path = posixpath.dirname(path)
-    return [arg for p in parents for arg in ("--perms", "0755", "--dir", p)]
+    return [arg for p in parent_folders(c.home, c.system) for arg in ("--perms", "0755", "--dir", p)]
 
 
 def _local_bin(c: BwrapConfig) -> list[str]:

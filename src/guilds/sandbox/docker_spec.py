@@ -75,7 +75,7 @@ def container_spec(
 def exec_spec(container: str, argv: Sequence[str], *, env: Mapping[str, str], home: str,
               timeout: float) -> dict[str, Any]:
     """``api.exec_create`` keyword arguments for one call (pure): no stdin, no tty."""
-    return {"container": container, "cmd": exec_argv(argv, timeout, stamp=False), "environment": dict(env),
+    return {"container": container, "cmd": exec_argv(argv, timeout), "environment": dict(env),
             "workdir": home, "stdin": False, "stdout": True, "stderr": True, "tty": False}
 
 

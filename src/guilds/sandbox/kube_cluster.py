@@ -8,7 +8,9 @@
 - ``open_exec(core, ...)``: a command over a pods/exec websocket with stdin
   kept open (the resident helper), offering v5.channel.k8s.io then v4;
 - ``api_errors(what, namespace)``: the client's errors as SandboxError, in this one place;
-- ``ignoring(status)``: an ApiException of that status passes (404 on delete, 409 on create).
+- ``ignoring(status)``: an ApiException of that status passes (404 on delete, 409 on create);
+- ``PodGone``: an exec refused because the pod is not there (HTTP 404 on the
+  websocket's handshake): nothing ran, so the call may be made again on a new pod.
 
 The client is imported only here and only when used.
 """
@@ -16,12 +18,50 @@ The client is imported only here and only when used.
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 import time
 from typing import Any, Iterator
 
 from ..errors import SandboxError
 from . import kube_spec as spec
 from ._process import STDERR_KEEP_BYTES, STDOUT_MAX_BYTES
+
+
+class PodGone(Exception):
+    """The exec's handshake answered 404: the pod is gone; nothing ran."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+_HANDSHAKE = re.compile(r"Handshake status (\d{3})")
+
+
+@contextlib.contextmanager
+def handshake_errors() -> Iterator[None]:
+    """A refused websocket handshake as the API's own error: its HTTP status and body
+    (the client reports it as status 0, which would read as an unreachable cluster)."""
+    from kubernetes.client.exceptions import ApiException
+    from websocket import WebSocketBadStatusException
+
+    try:
+        yield
+    except (ApiException, WebSocketBadStatusException) as exc:
+        text = str(exc.reason if isinstance(exc, ApiException) else exc)
+        found = _HANDSHAKE.search(text)
+        if found is None or (isinstance(exc, ApiException) and exc.status):
+            raise
+        status, body = int(found.group(1)), text.rsplit("-+-+-", 1)[-1].strip()
+        if not body.startswith("{"):  # the kubelet's own refusals are plain text
+            body = json.dumps({"message": body})
+        if status == 404:
+            raise PodGone(spec.api_error_text("exec", 404, "", body, "")) from exc
+        refused = ApiException(status=status, reason=text.split("-+-+-", 1)[0].strip())
+        refused.body = body
+        raise refused from exc
+
 
 UPDATE_SECONDS = 1.0
 """The longest wait for one websocket frame before the deadline is looked at again."""
@@ -72,9 +112,10 @@ def exec_stream(core: Any, pod: str, namespace: str, command: list[str], stdin: 
     """Run command in the pod's sandbox container: (stdout head, stderr tail, status, complete)."""
     from kubernetes.stream import stream
 
-    ws = stream(core.connect_get_namespaced_pod_exec, pod, namespace, container=spec.CONTAINER,
-                command=command, stdin=bool(stdin), stdout=True, stderr=True, tty=False,
-                _preload_content=False, binary=True)
+    with handshake_errors():
+        ws = stream(core.connect_get_namespaced_pod_exec, pod, namespace, container=spec.CONTAINER,
+                    command=command, stdin=bool(stdin), stdout=True, stderr=True, tty=False,
+                    _preload_content=False, binary=True)
     out, err = bytearray(), bytearray()
     try:
         if stdin:
@@ -109,4 +150,5 @@ def open_exec(core: Any, pod: str, namespace: str, command: list[str]) -> Any:
     token = config.get_api_key_with_prefix("BearerToken")
     if token:
         headers["authorization"] = token
-    return create_websocket(config, url, headers)
+    with handshake_errors():
+        return create_websocket(config, url, headers)

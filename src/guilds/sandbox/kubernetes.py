@@ -36,10 +36,10 @@ import secrets
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from ..errors import SandboxError
-from ..limits import KUBERNETES_DEADLINE_SLACK_SECONDS
+from ..limits import KUBERNETES_DEADLINE_SLACK_SECONDS, KUBERNETES_STATUS_WAIT_SECONDS
 from ..settings import AgentSettings
 from . import kube_cluster as cluster
 from . import kube_spec as spec
@@ -53,9 +53,11 @@ from ._process import KILL_GRACE_SECONDS
 from .base import ExecResult
 from .channel import KubeProcess
 
+T = TypeVar("T")
 START_SECONDS = 180
 """How long a new pod may take to run (scheduling, pulling the image, the claim)."""
 WRITE_SECONDS = 60
+STATUS_POLL_SECONDS = 0.2
 
 
 class KubernetesSandbox(ContainerSandbox):
@@ -83,11 +85,9 @@ class KubernetesSandbox(ContainerSandbox):
         return await blocking(self._open_process, list(argv))
 
     def _open_process(self, argv: list[str]) -> KubeProcess:
-        self._ensure()
         token = secrets.token_hex(8)
-        with self._api(f"exec in {self.pod}"):
-            ws = cluster.open_exec(self.core, self.pod, self.config.namespace,
-                                   spec.with_env(argv, {EXEC_ENV: token}))
+        ws = self._in_pod(lambda: cluster.open_exec(self.core, self.pod, self.config.namespace,
+                                                    spec.with_env(argv, {EXEC_ENV: token})))
         return KubeProcess(ws, stop=lambda: self._kill(token))
 
     # --- blocking steps ---------------------------------------------------------
@@ -101,12 +101,11 @@ class KubernetesSandbox(ContainerSandbox):
     def _call(self, argv: list[str], env: dict[str, str], timeout: float, token: str) -> ExecResult:
         if set(env.values()) & set(self.settings.secret_values()):
             raise SandboxError("kubernetes: a secret cannot travel as a per-call variable")
-        command = exec_argv(spec.with_env(argv, {**env, EXEC_ENV: token}), timeout)
-        self._ensure()
+        command = exec_argv(spec.with_env(argv, {**env, EXEC_ENV: token}), timeout, token=token)
         began = time.monotonic()
         try:
-            out, err, status, complete = self._stream(
-                command, b"", began + timeout + KILL_GRACE_SECONDS + KUBERNETES_DEADLINE_SLACK_SECONDS)
+            out, err, status, complete = self._stream(  # the wrapper's grace, then its reap's
+                command, b"", began + timeout + 2 * KILL_GRACE_SECONDS + KUBERNETES_DEADLINE_SLACK_SECONDS)
         except SandboxError:
             self._ready = False  # the pod may be gone: look again before the next call
             raise
@@ -118,16 +117,43 @@ class KubernetesSandbox(ContainerSandbox):
             self._ready = False  # look at the pod again before the next call
             raise SandboxError(f"kubernetes: exec in {self.pod}: {problem}")
         code, timed_out = exec_status(raw, elapsed=time.monotonic() - began, timeout=timeout)
+        if code is not None and code < 0 and not timed_out:
+            self._check_running()
         return ExecResult(code, out, err, timed_out)
 
-    def _put(self, files: list[tuple[str, bytes, int]]) -> None:
-        """Write files with one tar over exec: each under a temporary name, then renamed."""
+    def _check_running(self) -> None:
+        """After a call that ended by a signal: was it the whole pod? An exec of ``true``
+        says at once (the pod's status reaches the API a moment later, and is waited for)."""
+        try:
+            _, _, status, complete = self._exec_stream(["true"], b"", time.monotonic() + WRITE_SECONDS)
+            if complete and spec.exit_status(status)[0] == 0:
+                return
+        except SandboxError:
+            pass
+        self._ready = False
+        deadline = time.monotonic() + KUBERNETES_STATUS_WAIT_SECONDS
+        phase, detail = spec.pod_phase(self._read_pod() or {})
+        while phase != "ended" and time.monotonic() < deadline:
+            time.sleep(STATUS_POLL_SECONDS)
+            phase, detail = spec.pod_phase(self._read_pod() or {})
+        with self._lock:
+            self._delete_pod()
+        raise SandboxError(self._ended_text(detail if phase == "ended" else "its container is gone"))
+
+    def _ended_text(self, detail: str) -> str:
+        return (f"the sandbox pod {self.pod} ended ({detail}); its running commands ended. "
+                "Nothing in the home was lost; the next call starts a new pod")
+
+    def _put(self, files: list[tuple[str, bytes, int]], *, making: bool = False) -> None:
+        """Write files with one tar over exec: each under a temporary name, then renamed
+        (making: the pod is being made, under the lock)."""
         tag = secrets.token_hex(4)
         staged = [(f"{name}.{tag}.tmp", data, mode) for name, data, mode in files]
         archive = tar_bytes(staged, mtime=int(time.time()))
         moves = [(tmp, name) for (tmp, _, _), (name, _, _) in zip(staged, files)]
-        _, err, status, complete = self._stream(spec.untar_argv(len(archive), moves), archive,
-                                                time.monotonic() + WRITE_SECONDS)
+        stream = self._exec_stream if making else self._stream
+        _, err, status, complete = stream(spec.untar_argv(len(archive), moves), archive,
+                                          time.monotonic() + WRITE_SECONDS)
         code, problem = spec.exit_status(status) if complete else (None, "no answer")
         if code != 0:
             detail = problem or err.decode("utf-8", "replace").strip()[-300:]
@@ -135,13 +161,38 @@ class KubernetesSandbox(ContainerSandbox):
 
     def _kill(self, token: str) -> None:
         with contextlib.suppress(SandboxError):
-            self._stream(kill_argv(token), b"", time.monotonic() + WRITE_SECONDS)
+            self._exec_stream(kill_argv(token), b"", time.monotonic() + WRITE_SECONDS)
 
     def _stream(self, command: list[str], stdin: bytes, deadline: float
                 ) -> tuple[bytes, bytes, bytes, bool]:
+        return self._in_pod(lambda: self._exec(command, stdin, deadline))
+
+    def _exec_stream(self, command: list[str], stdin: bytes, deadline: float
+                     ) -> tuple[bytes, bytes, bytes, bool]:
+        """One exec in the pod as it is, making none (while it is made, under the lock)."""
         with self._api(f"exec in {self.pod}"):
-            return cluster.exec_stream(self.core, self.pod, self.config.namespace, command, stdin,
-                                       deadline)
+            try:
+                return self._exec(command, stdin, deadline)
+            except cluster.PodGone as gone:
+                raise SandboxError(f"kubernetes: exec in {self.pod}: {gone.message}") from gone
+
+    def _exec(self, command: list[str], stdin: bytes, deadline: float) -> tuple[bytes, bytes, bytes, bool]:
+        return cluster.exec_stream(self.core, self.pod, self.config.namespace, command, stdin, deadline)
+
+    def _in_pod(self, step: Callable[[], T]) -> T:
+        """step() once the pod runs; once more on a new pod when the first found it gone
+        (deleted behind this process's back, by another orchestrator's stop, say): a
+        refused exec ran nothing."""
+        for attempt in (1, 2):
+            self._ensure()
+            with self._api(f"exec in {self.pod}"):
+                try:
+                    return step()
+                except cluster.PodGone as gone:
+                    self._ready = False
+                    if attempt == 2:
+                        raise SandboxError(f"kubernetes: exec in {self.pod}: {gone.message}") from gone
+        raise AssertionError("unreachable")
 
     def _stop(self) -> None:
         with self._lock:
@@ -166,9 +217,7 @@ class KubernetesSandbox(ContainerSandbox):
                     return False
                 self._delete_pod()
                 if phase == "ended":
-                    raise SandboxError(f"the sandbox pod {self.pod} ended ({detail}); its running "
-                                       "commands ended. Nothing in the home was lost; the next "
-                                       "call starts a new pod")
+                    raise SandboxError(self._ended_text(detail))
             self._create(manifest)
             self._ready = True
             return True
@@ -208,12 +257,15 @@ class KubernetesSandbox(ContainerSandbox):
                 return
         self._wait_running()
         self._check_helpers()
-        self._put([(repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600)])
+        self._put([(repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600)], making=True)
 
     def _check_helpers(self) -> None:
         expected = {f"{HELPER_DIR}/{n}": hashlib.sha256(data).hexdigest() for n, data in helper_files()}
-        out, _err, _, _ = self._stream(spec.helpers_check_argv(list(expected)), b"",
-                                      time.monotonic() + WRITE_SECONDS)
+        out, _err, status, complete = self._exec_stream(spec.helpers_check_argv(list(expected)), b"",
+                                                  time.monotonic() + WRITE_SECONDS)
+        code, problem = spec.exit_status(status) if complete else (None, "no answer")
+        if code is None:
+            raise SandboxError(f"kubernetes: checking the helpers in {self.pod} failed: {problem}")
         wrong = spec.helpers_mismatch(out, expected)
         if wrong:
             raise SandboxError(f"kubernetes: the image {self.config.image!r} has other helpers than "

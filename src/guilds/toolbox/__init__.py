@@ -2,9 +2,27 @@
 
     Toolbox(settings, sandbox, store).call(run_id, tool, args) -> CallResult(text, is_error, meta)
     Toolbox(...).tools() -> [ToolSpec]   (while the agent's coding flag is on)
+
+``Toolbox`` and ``CallResult`` are imported on first use (they bring the run
+record's database layer): the tool definitions alone (``guilds tools``, the
+CLI's parser) cost none of it.
 """
 
-from .toolbox import CallResult, Toolbox
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from .tools import ToolSpec, export, tool_specs
 
+if TYPE_CHECKING:
+    from .toolbox import CallResult, Toolbox
+
 __all__ = ["CallResult", "ToolSpec", "Toolbox", "export", "tool_specs"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("CallResult", "Toolbox"):
+        from . import toolbox
+
+        return getattr(toolbox, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,7 +32,7 @@ import os
 import posixpath
 import stat
 
-from .. import limits, protocol, redact, runstate
+from .. import limits, protocol, reach, redact, runstate
 from ..shaping import redraw, strip_ansi
 
 TYPE_CHECKING = False
@@ -85,7 +85,7 @@ def _open(home: str, parts: Tuple[str, str, str]) -> int:
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise protocol.OpError(LINKED) from None
-        raise protocol.OpError(f"The log cannot be read: {exc.strerror}.") from None
+        raise protocol.OpError(f"The log cannot be read: {reach.why(exc, os.path.join(home, *parts), home)}.") from None
 
 
 def open_beneath(root: str, parts: Iterable[str]) -> int:

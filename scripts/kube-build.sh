@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Builds the binaries of a single-node Kubernetes from Go modules and prints the
+# folder that holds them: kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubelet and etcd.
+#
+# k8s.io/kubernetes' module zip leaves its staging/ tree out, so a small wrapper
+# module requires it and replaces each staging module with its published
+# v0.<minor>.<patch> release; etcd comes from go.etcd.io/etcd/server/v3 through
+# etcdmain.Main in the same module (one set of shared dependencies).
+#
+# The binaries are kept in $GUILDS_KUBE_CACHE (default /var/cache/guilds-kube)
+# under the version, so a later run on the same machine builds nothing.
+set -euo pipefail
+version=${GUILDS_KUBE_VERSION:-1.36.3}
+cache=${GUILDS_KUBE_CACHE:-/var/cache/guilds-kube}
+out="$cache/v$version/bin"
+programs=(kube-apiserver kube-controller-manager kube-scheduler kubelet etcd)
+
+have_all() {
+  for p in "${programs[@]}"; do [ -x "$out/$p" ] || return 1; done
+}
+if have_all; then echo "$out"; exit 0; fi
+
+command -v go >/dev/null || PATH=$PATH:/usr/local/go/bin
+command -v go >/dev/null || { echo "kube-build: no go on PATH (Go 1.26 builds Kubernetes 1.36)" >&2; exit 1; }
+export GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0
+work="$cache/v$version/module"
+rm -rf "$work" && mkdir -p "$work/etcd" "$out"
+here=$(cd "$(dirname "$0")" && pwd)
+cp "$here/kube/etcd.go" "$work/etcd/main.go"
+
+staging_minor="v0.${version#1.}"
+{
+  echo "module guilds.local/kubebuild"
+  echo
+  echo "go 1.26.0"
+  echo
+  echo "require k8s.io/kubernetes v$version"
+  echo
+  echo "replace ("
+  go mod download -json "k8s.io/kubernetes@v$version" >/dev/null
+  modfile=$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/v$version.mod
+  sed -n 's#^\t\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\t\1 => \1 '"$staging_minor"'#p' "$modfile"
+  echo ")"
+} >"$work/go.mod"
+
+cd "$work"
+cat >tools.go <<'GO'
+//go:build tools
+
+package kubebuild
+
+import (
+	_ "go.etcd.io/etcd/server/v3/etcdmain"
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+)
+GO
+go mod tidy >&2
+flags=(-trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=v$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${version#1.}")
+for p in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+  go build "${flags[@]}" -o "$out/$p" "k8s.io/kubernetes/cmd/$p" >&2
+done
+go build -trimpath -ldflags "-s -w" -o "$out/etcd" ./etcd >&2
+have_all
+echo "$out"

@@ -1,0 +1,390 @@
+#!/usr/bin/env bash
+# A single-node Kubernetes of our own for the kubernetes backend's tests.
+#
+#   eval "$(bash scripts/kube-test-env.sh)"    # prints: export KUBECONFIG=... GUILDS_TEST_KUBE_IMAGE=...
+#   bash scripts/kube-test-env.sh --stop        # stops the cluster's processes
+#
+# Idempotent: a cluster whose API server answers is kept; each stage is skipped
+# when its result is there. Everything lives under $GUILDS_KUBE_DIR (default
+# /tmp/guilds-kube); the built binaries under $GUILDS_KUBE_CACHE (see
+# scripts/kube-build.sh). Progress goes to stderr, with the seconds each stage
+# took; stdout is only the export line.
+#
+# The parts: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
+# a kubelet, built from Go modules; Debian's containerd, runc and CNI plugins
+# (a containerd of its own, apart from the Docker engine's); a pause image
+# built here from scripts/kube/pause.c; the sandbox image built by the Docker
+# engine of scripts/docker-test-env.sh and imported into containerd. The node
+# is 127.0.0.1; the API server listens on 127.0.0.1 only.
+#
+# Pods get a network namespace on a bridge with no gateway and no route out
+# (the bridge plugin with isGateway false, no masquerade): nothing reaches
+# past the node. The CNI plugins here do not enforce NetworkPolicy objects.
+#
+# For the tests: the namespace guilds-test, a Role with what the backend needs
+# (docs/sandboxes.md) bound to the user guilds-orchestrator, whose kubeconfig
+# is the one exported; local PersistentVolumes of the default StorageClass,
+# each a folder, and a few small ones each a sized tmpfs (the full-disk cases);
+# a released volume is emptied and offered again (the recycler daemon).
+set -euo pipefail
+
+DIR=${GUILDS_KUBE_DIR:-/tmp/guilds-kube}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+NS=guilds-test
+PAUSE=registry.k8s.io/pause:3.10
+IMAGE=${GUILDS_TEST_KUBE_IMAGE:-guilds-sandbox:kube-test}
+CTR_SOCK=$DIR/containerd/containerd.sock
+PVS=${GUILDS_KUBE_PVS:-64}
+SMALL_PVS=4
+SMALL_PV_SIZE=32Mi  # a tmpfs of 32m each
+PACKAGES=(containerd runc containernetworking-plugins openssl gcc libc6-dev iproute2 util-linux mount)
+
+log() { echo "kube-test-env: $*" >&2; }
+stage() {  # stage NAME COMMAND...: run a stage and say how long it took
+  local stage_name=$1 stage_began=$SECONDS
+  shift
+  "$@"
+  log "$stage_name: $((SECONDS - stage_began)) s"
+}
+admin() { kubectl --kubeconfig "$DIR/pki/admin.kubeconfig" "$@"; }
+api_up() { admin get --raw /readyz >/dev/null 2>&1; }
+
+stop_all() {
+  for name in recycler kubelet kube-scheduler kube-controller-manager kube-apiserver etcd containerd; do
+    [ -f "$DIR/run/$name.pid" ] || continue
+    pid=$(cat "$DIR/run/$name.pid")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$DIR/run/$name.pid"
+  done
+  # The pods' shims and processes outlive containerd: stop them too.
+  pkill -f "containerd-shim-runc-v2 -namespace k8s.io .*-address $CTR_SOCK" 2>/dev/null || true
+  log "stopped"
+}
+
+install_packages() {
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null | grep -qx installed || missing+=("$p")
+  done
+  command -v kubectl >/dev/null || missing+=(kubernetes-client)
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "installing ${missing[*]}"
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 \
+    --no-install-recommends "${missing[@]}" >&2
+}
+
+# --- PKI ------------------------------------------------------------------------------
+cert() {  # cert NAME SUBJECT [SAN]: a key and a certificate signed by the cluster's CA
+  local name=$1 subject=$2 san=${3:-}
+  [ -f "$DIR/pki/$name.crt" ] && return 0
+  openssl genrsa -out "$DIR/pki/$name.key" 2048 2>/dev/null
+  openssl req -new -key "$DIR/pki/$name.key" -subj "$subject" -out "$DIR/pki/$name.csr" 2>/dev/null
+  local ext=$DIR/pki/$name.ext
+  printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n' >"$ext"
+  [ -n "$san" ] && echo "subjectAltName=$san" >>"$ext"
+  openssl x509 -req -in "$DIR/pki/$name.csr" -CA "$DIR/pki/ca.crt" -CAkey "$DIR/pki/ca.key" \
+    -CAcreateserial -days 365 -extfile "$ext" -out "$DIR/pki/$name.crt" 2>/dev/null
+}
+
+kubeconfig() {  # kubeconfig NAME: a kubeconfig for the certificate NAME
+  local name=$1
+  cat >"$DIR/pki/$name.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: guilds-test
+  cluster:
+    server: https://127.0.0.1:6443
+    certificate-authority: $DIR/pki/ca.crt
+users:
+- name: $name
+  user:
+    client-certificate: $DIR/pki/$name.crt
+    client-key: $DIR/pki/$name.key
+contexts:
+- name: $name
+  context: {cluster: guilds-test, user: $name, namespace: $NS}
+current-context: $name
+EOF
+}
+
+make_pki() {
+  local name
+  mkdir -p "$DIR/pki"
+  if [ ! -f "$DIR/pki/ca.crt" ]; then
+    openssl genrsa -out "$DIR/pki/ca.key" 2048 2>/dev/null
+    openssl req -x509 -new -key "$DIR/pki/ca.key" -subj "/CN=guilds-test-ca" -days 365 \
+      -out "$DIR/pki/ca.crt" 2>/dev/null
+  fi
+  [ -f "$DIR/pki/sa.key" ] || openssl genrsa -out "$DIR/pki/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$DIR/pki/sa.key" -pubout -out "$DIR/pki/sa.pub" 2>/dev/null
+  cert apiserver "/CN=kube-apiserver" \
+    "IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+  cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+  cert admin "/O=system:masters/CN=guilds-test-admin"
+  cert controller-manager "/CN=system:kube-controller-manager"
+  cert scheduler "/CN=system:kube-scheduler"
+  cert kubelet "/O=system:nodes/CN=system:node:127.0.0.1" "IP:127.0.0.1,DNS:localhost"
+  cert orchestrator "/CN=guilds-orchestrator"
+  for name in admin controller-manager scheduler kubelet orchestrator; do kubeconfig "$name"; done
+}
+
+# --- containerd, the pause image, the sandbox image -----------------------------------------
+start_containerd() {
+  mkdir -p "$DIR/containerd" "$DIR/cni" "$DIR/run"
+  cat >"$DIR/containerd/config.toml" <<EOF
+version = 2
+root = "$DIR/containerd/root"
+state = "$DIR/containerd/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "$CTR_SOCK"
+[ttrpc]
+  address = "$CTR_SOCK.ttrpc"
+[debug]
+  address = "$CTR_SOCK.debug"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE"
+  enable_unprivileged_ports = false
+  # This machine gives root no CAP_SYS_RESOURCE: no score below containerd's own.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$DIR/cni"
+EOF
+  cat >"$DIR/cni/10-guilds.conflist" <<EOF
+{"cniVersion": "0.4.0", "name": "guilds-test",
+ "plugins": [{"type": "bridge", "bridge": "guildskube0", "isGateway": false, "ipMasq": false,
+              "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]]}},
+             {"type": "loopback"}]}
+EOF
+  ctr_up && return 0
+  setsid containerd --config "$DIR/containerd/config.toml" </dev/null >"$DIR/containerd.log" 2>&1 &
+  echo $! >"$DIR/run/containerd.pid"
+  for _ in $(seq 100); do ctr_up && return 0; sleep 0.2; done
+  log "containerd did not answer:"; tail -5 "$DIR/containerd.log" >&2; exit 1
+}
+ctr_up() { ctr -a "$CTR_SOCK" version >/dev/null 2>&1; }
+ctr_k8s() { ctr -a "$CTR_SOCK" -n k8s.io "$@"; }
+has_image() { ctr_k8s images ls -q | grep -qx "$1"; }
+
+pause_image() {
+  has_image "$PAUSE" && return 0
+  local work=$DIR/pause
+  rm -rf "$work"; mkdir -p "$work"
+  gcc -static -O2 -o "$work/pause" "$ROOT/scripts/kube/pause.c"
+  printf 'FROM scratch\nCOPY pause /pause\nUSER 65535:65535\nENTRYPOINT ["/pause"]\n' >"$work/Dockerfile"
+  DOCKER_BUILDKIT=0 docker build -q -t "$PAUSE" "$work" >/dev/null 2>"$work/build.log" \
+    || { cat "$work/build.log" >&2; exit 1; }
+  docker save "$PAUSE" -o "$work/pause.tar"
+  ctr_k8s images import "$work/pause.tar" >/dev/null
+}
+
+sandbox_image() {
+  # Tagged after the helpers' digest: a changed helper gives a new tag, never a stale pull.
+  local want
+  want=$(docker image inspect -f '{{.Id}}' guilds-sandbox:latest)
+  if [ -f "$DIR/image.id" ] && [ "$(cat "$DIR/image.id")" = "$want" ] && has_image "docker.io/library/$IMAGE"; then
+    return 0
+  fi
+  docker tag guilds-sandbox:latest "$IMAGE"
+  docker save "$IMAGE" | ctr_k8s images import - >/dev/null
+  echo "$want" >"$DIR/image.id"
+}
+
+# --- the control plane and the kubelet --------------------------------------------------
+daemon() {  # daemon NAME COMMAND...: started in its own session, its pid and log kept
+  local name=$1
+  shift
+  if [ -f "$DIR/run/$name.pid" ] && kill -0 "$(cat "$DIR/run/$name.pid")" 2>/dev/null; then return 0; fi
+  setsid "$@" </dev/null >"$DIR/$name.log" 2>&1 &
+  echo $! >"$DIR/run/$name.pid"
+}
+
+start_control_plane() {
+  local bin=$1 pki=$DIR/pki
+  daemon etcd "$bin/etcd" --data-dir "$DIR/etcd" --name guilds-test \
+    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster guilds-test=http://127.0.0.1:2380 --quota-backend-bytes 1073741824
+  daemon kube-apiserver "$bin/kube-apiserver" --etcd-servers http://127.0.0.1:2379 \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port 6443 \
+    --endpoint-reconciler-type none --kubelet-preferred-address-types Hostname \
+    --client-ca-file "$pki/ca.crt" --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+    --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$pki/apiserver-kubelet-client.key" --kubelet-certificate-authority "$pki/ca.crt" \
+    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+    --service-account-issuer https://kubernetes.default.svc --service-cluster-ip-range 10.96.0.0/24 \
+    --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+    --allow-privileged=false --profiling=false
+  for _ in $(seq 300); do api_up && break; sleep 0.2; done
+  api_up || { log "the API server did not answer:"; tail -20 "$DIR/kube-apiserver.log" >&2; exit 1; }
+  daemon kube-controller-manager "$bin/kube-controller-manager" \
+    --kubeconfig "$pki/controller-manager.kubeconfig" --bind-address 127.0.0.1 \
+    --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
+    --use-service-account-credentials=true --leader-elect=false --profiling=false
+  daemon kube-scheduler "$bin/kube-scheduler" --kubeconfig "$pki/scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --leader-elect=false --profiling=false
+}
+
+start_kubelet() {
+  local bin=$1 pki=$DIR/pki
+  cat >"$DIR/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+readOnlyPort: 0
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+containerRuntimeEndpoint: unix://$CTR_SOCK
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $pki/ca.crt}
+authorization: {mode: Webhook}
+tlsCertFile: $pki/kubelet.crt
+tlsPrivateKeyFile: $pki/kubelet.key
+evictionHard: {memory.available: "50Mi", nodefs.available: "1%", nodefs.inodesFree: "1%", imagefs.available: "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+maxPods: 64
+podPidsLimit: 256
+protectKernelDefaults: false
+makeIPTablesUtilChains: false
+EOF
+  daemon kubelet "$bin/kubelet" --config "$DIR/kubelet.yaml" --kubeconfig "$pki/kubelet.kubeconfig" \
+    --hostname-override 127.0.0.1 --root-dir "$DIR/kubelet" \
+    --cert-dir "$DIR/kubelet-pki"
+  for _ in $(seq 300); do
+    admin get node 127.0.0.1 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null \
+      | grep -qx True && return 0
+    sleep 0.5
+  done
+  log "the node did not become Ready:"; tail -20 "$DIR/kubelet.log" >&2; exit 1
+}
+
+# --- what the tests use: namespace, Role, storage ---------------------------------------
+apply_objects() {
+  admin apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Namespace
+metadata: {name: $NS}
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: guilds-local
+  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
+provisioner: kubernetes.io/no-provisioner
+volumeBindingMode: WaitForFirstConsumer
+reclaimPolicy: Retain
+EOF
+  sed -e "s/namespace: guilds$/namespace: $NS/" "$ROOT/docs/kubernetes-role.yaml" | admin apply -f - >/dev/null
+  admin apply -f - >/dev/null <<EOF
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: guilds-orchestrator, namespace: $NS}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: guilds-orchestrator}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: guilds-orchestrator}]
+EOF
+  for _ in $(seq 100); do admin -n "$NS" get serviceaccount default >/dev/null 2>&1 && break; sleep 0.2; done
+}
+
+pv() {  # pv NAME SIZE PATH
+  cat <<EOF
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: $1, labels: {guilds-test: "pv"}}
+spec:
+  capacity: {storage: $2}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: guilds-local
+  local: {path: $3}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+      - matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: ["127.0.0.1"]}]
+EOF
+}
+
+make_volumes() {
+  # Free volumes: PVS folders of 10Gi (the default claim size) and SMALL_PVS sized tmpfs.
+  local have i out=""
+  have=$(admin get pv -l guilds-test=pv -o name 2>/dev/null | wc -l)
+  [ "$have" -ge $((PVS + SMALL_PVS)) ] && return 0
+  mkdir -p "$DIR/pv"
+  for i in $(seq "$PVS"); do
+    mkdir -p "$DIR/pv/pv$i"
+    out+=$(pv "guilds-test-pv$i" 10Gi "$DIR/pv/pv$i")$'\n'
+  done
+  for i in $(seq "$SMALL_PVS"); do
+    mkdir -p "$DIR/pv/small$i"
+    mountpoint -q "$DIR/pv/small$i" || mount -t tmpfs -o "size=${SMALL_PV_SIZE%i},mode=0755" tmpfs "$DIR/pv/small$i"
+    out+=$(pv "guilds-test-small$i" "$SMALL_PV_SIZE" "$DIR/pv/small$i")$'\n'
+  done
+  admin apply -f - >/dev/null <<<"$out"
+}
+
+# A released volume (its claim deleted) is emptied and offered again, as a
+# provisioner would: the tests delete every claim they make.
+recycle_once() {
+  local name path
+  admin get pv -l guilds-test=pv -o jsonpath='{range .items[?(@.status.phase=="Released")]}{.metadata.name} {.spec.local.path}{"\n"}{end}' 2>/dev/null \
+    | while read -r name path; do
+        [ -n "$name" ] && [ -d "$path" ] || continue
+        find "$path" -mindepth 1 -delete 2>/dev/null || true
+        admin patch pv "$name" --type json -p '[{"op": "remove", "path": "/spec/claimRef"}]' >/dev/null 2>&1 || true
+      done
+}
+recycle_loop() { while api_up || sleep 5; do recycle_once; sleep 1; done; }
+
+# A cluster whose processes are gone (a new boot, a stopped session) starts
+# empty: its objects, the kubelet's mounts and containerd's task state go; the
+# PKI, the images and the built binaries stay.
+reset_state() {
+  api_up && return 0
+  stop_all 2>/dev/null
+  grep -o " $DIR/[^ ]*" /proc/mounts | sort -r | while read -r m; do
+    case "$m" in "$DIR/pv/small"*) ;; *) umount -l "$m" 2>/dev/null || true ;; esac
+  done
+  rm -rf "$DIR/etcd" "$DIR/kubelet" "$DIR/kubelet-pki" "$DIR/containerd/state"
+  for p in "$DIR"/pv/*/; do [ -d "$p" ] && find "$p" -mindepth 1 -delete 2>/dev/null; done
+  true
+}
+
+if [ "${1:-}" = "--stop" ]; then stop_all; exit 0; fi
+if [ "${1:-}" = "--recycle" ]; then recycle_loop; exit 0; fi
+began=$SECONDS
+mkdir -p "$DIR/run"
+[ -f "$DIR/pki/admin.kubeconfig" ] && stage reset reset_state
+stage packages install_packages
+BIN=$(bash "$ROOT/scripts/kube-build.sh")
+log "binaries: $BIN ($((SECONDS - began)) s so far)"
+[ -n "${DOCKER_HOST:-}" ] || eval "$(bash "$ROOT/scripts/docker-test-env.sh")"
+stage pki make_pki
+stage containerd start_containerd
+stage pause-image pause_image
+stage sandbox-image sandbox_image
+stage control-plane start_control_plane "$BIN"
+stage kubelet start_kubelet "$BIN"
+stage objects apply_objects
+stage volumes make_volumes
+recycle_once
+daemon recycler bash "$ROOT/scripts/kube-test-env.sh" --recycle
+log "ready in $((SECONDS - began)) s"
+echo "export KUBECONFIG=$DIR/pki/orchestrator.kubeconfig GUILDS_TEST_KUBE_IMAGE=$IMAGE GUILDS_TEST_KUBE_NAMESPACE=$NS"

@@ -1,0 +1,10 @@
+// etcd for the single-node test cluster: the server's own entry point.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }

@@ -1,0 +1,110 @@
+"""What the tests on a real cluster share: whether one answers, its settings, its node.
+
+The cluster is the one KUBECONFIG names (scripts/kube-test-env.sh starts a
+single-node one and exports KUBECONFIG, GUILDS_TEST_KUBE_IMAGE and
+GUILDS_TEST_KUBE_NAMESPACE); the image must be on the node under a tag other
+than ``latest`` (a ``latest`` tag is always pulled, and no registry is reachable).
+Without a cluster that answers, the tests say why and are skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from guilds.settings import AgentSettings, KubernetesSettings
+
+IMAGE = os.environ.get("GUILDS_TEST_KUBE_IMAGE", "guilds-sandbox:kube-test")
+NAMESPACE = os.environ.get("GUILDS_TEST_KUBE_NAMESPACE", "guilds-test")
+CONTAINERD = os.environ.get("GUILDS_TEST_KUBE_CONTAINERD", "/tmp/guilds-kube/containerd/containerd.sock")
+SETTINGS = KubernetesSettings(namespace=NAMESPACE, image=IMAGE, cpu="500m", memory="256Mi", home_size="1Gi")
+SMALL_HOME = "32Mi"
+"""The size of the sized-tmpfs volumes the test cluster keeps for the full-disk cases."""
+POD_PIDS_LIMIT = 256
+"""The test kubelet's podPidsLimit (scripts/kube-test-env.sh)."""
+
+
+def _unavailable() -> str | None:
+    if not os.environ.get("KUBECONFIG"):
+        return "KUBECONFIG is not set (scripts/kube-test-env.sh starts a cluster)"
+    try:
+        from guilds.sandbox import kube_cluster
+
+        kube_cluster.connect().list_namespaced_pod(NAMESPACE, limit=1, _request_timeout=5)
+    except Exception as exc:  # noqa: BLE001 - any failure is the reason to skip
+        return f"the cluster at KUBECONFIG does not answer ({type(exc).__name__}: {str(exc)[:200]})"
+    return None
+
+
+WHY = _unavailable()
+needs_cluster = [pytest.mark.kubernetes, pytest.mark.skipif(WHY is not None, reason=f"kubernetes: {WHY}")]
+PARAM = pytest.param("kubernetes", id="kubernetes", marks=needs_cluster)
+
+
+def kube_settings(settings: AgentSettings, **kw: Any) -> AgentSettings:
+    """settings on the test cluster: its namespace and image, a 1Gi home (kw: other keys)."""
+    return replace(settings, sandbox="kubernetes", kubernetes=replace(SETTINGS, **kw))
+
+
+def core() -> Any:
+    from guilds.sandbox import kube_cluster
+
+    return kube_cluster.connect()
+
+
+def admin_kubectl(*args: str, timeout: float = 60) -> str:
+    """kubectl with the cluster admin's kubeconfig beside the orchestrator's (for what the
+    orchestrator's Role may not do: deleting a pod's container from the node, reading nodes)."""
+    admin = Path(os.environ["KUBECONFIG"]).with_name("admin.kubeconfig")
+    done = subprocess.run(["kubectl", "--kubeconfig", str(admin), "-n", NAMESPACE, *args],
+                          capture_output=True, timeout=timeout, check=True)
+    return done.stdout.decode()
+
+
+def container_pid(pod: str) -> int:
+    """The host pid of the sandbox container's first process, from containerd."""
+    status = core().read_namespaced_pod(pod, NAMESPACE).status
+    container_id = status.container_statuses[0].container_id.split("://", 1)[1]
+    listing = subprocess.run(["ctr", "-a", CONTAINERD, "-n", "k8s.io", "tasks", "ls"],
+                             capture_output=True, check=True, timeout=30).stdout.decode()
+    for line in listing.splitlines()[1:]:
+        fields = line.split()
+        if fields and fields[0] == container_id:
+            return int(fields[1])
+    raise LookupError(f"no task of container {container_id} in containerd")
+
+
+REMOVE_WAIT_SECONDS = 120
+
+
+def remove_agent(pod: str) -> None:
+    """Delete an agent's pod, home claim and secret, and wait until the claim is gone (a
+    claim still being deleted cannot be made again under its name)."""
+    import time
+
+    from kubernetes.client import ApiException
+
+    api = core()
+    for delete, name, kw in ((api.delete_namespaced_pod, pod, {"grace_period_seconds": 0}),
+                             (api.delete_namespaced_persistent_volume_claim, f"{pod}-home", {}),
+                             (api.delete_namespaced_secret, f"{pod}-env", {})):
+        try:
+            delete(name, NAMESPACE, **kw)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    deadline = time.monotonic() + REMOVE_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            api.read_namespaced_persistent_volume_claim(f"{pod}-home", NAMESPACE)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        time.sleep(0.5)
+    raise TimeoutError(f"the claim {pod}-home was not gone after {REMOVE_WAIT_SECONDS} s")
