@@ -28,10 +28,9 @@ from pathlib import Path
 from guilds_harness import adapters
 from guilds_harness.adapters import HARNESSES
 
+from .limits import DOCTOR_PROBE_SECONDS
 from .wiring import Wired
 
-PROBE_SECONDS = 10
-"""The longest any one check waits (a command, an engine, a cluster, a database)."""
 KUBE_VERBS = (("create", "pods", ""), ("get", "pods", ""), ("delete", "pods", ""), ("create", "pods", "exec"),
               ("create", "persistentvolumeclaims", ""))
 """What the kubernetes backend does in its namespace."""
@@ -60,7 +59,7 @@ class Check:
 
 def _run(argv: list[str]) -> str | None:
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_SECONDS, check=False)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=DOCTOR_PROBE_SECONDS, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return (proc.stdout or proc.stderr).strip() if proc.returncode == 0 else None
@@ -124,7 +123,7 @@ def _kube_rights(namespace: str) -> list[str]:
         attrs = client.V1ResourceAttributes(namespace=namespace, verb=verb, resource=resource,
                                             subresource=sub or None)
         review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(resource_attributes=attrs))
-        answer = api.create_self_subject_access_review(review, _request_timeout=PROBE_SECONDS)
+        answer = api.create_self_subject_access_review(review, _request_timeout=DOCTOR_PROBE_SECONDS)
         if not answer.status.allowed:
             missing.append(f"{verb} {resource}{'/' + sub if sub else ''}")
     return missing
@@ -167,7 +166,7 @@ def check_record(wired: Wired) -> Check:
 
     try:
         Path(wired.data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
-        asyncio.run(asyncio.wait_for(reach(), PROBE_SECONDS))
+        asyncio.run(asyncio.wait_for(reach(), DOCTOR_PROBE_SECONDS))
     except Exception as exc:  # the driver's errors, any of them: the record is out of reach
         return Check("run record", False, f"{shown}: {type(exc).__name__}: {exc}"[:300],
                      "start the database, or fix GUILDS_DATABASE_URL")

@@ -119,3 +119,26 @@ beats, room for a loaded machine and some clock skew between machines."""
 # --- the adapters ----------------------------------------------------------------
 MINISWEAGENT_TIMEOUT_SECONDS_DEFAULT = 120
 """mini-swe-agent's environment: a command's timeout when its config names none."""
+
+# --- kubernetes --------------------------------------------------------------------
+KUBERNETES_START_SECONDS = 180
+"""How long a new pod may take to run (scheduling, pulling the image, the claim)."""
+KUBERNETES_START_POLL_SECONDS = 1.0
+"""While a new pod starts: how often its phase is read again."""
+KUBERNETES_WRITE_SECONDS = 60
+"""How long one of the backend's own execs may take (a file written, a kill, the check
+that the pod still runs after a call ended by a signal)."""
+KUBERNETES_STATUS_POLL_SECONDS = 0.2
+"""While a pod that lost a call is waited for to say it ended: how often to read it."""
+KUBERNETES_FRAME_WAIT_SECONDS = 1.0
+"""The longest wait for one websocket frame before the deadline is looked at again."""
+
+# --- the containers' init (docker, kubernetes) ----------------------------------------
+CONTAINER_CLOCK_POLL_SECONDS = 30.0
+"""How often INIT looks at a clock file (at most; a quarter of the idle time when shorter)."""
+CONTAINER_SEEN_POLL_SECONDS = 0.25
+"""How often INIT looks for a running call where there is no clock file (kubernetes)."""
+
+# --- doctor ------------------------------------------------------------------------
+DOCTOR_PROBE_SECONDS = 10
+"""The longest any one check waits (a command, an engine, a cluster, a database)."""

@@ -174,6 +174,10 @@ signalled is gone; without a pidfd, also how often it looks whether the command
 has exited."""
 SUPERVISE_IDLE_WAKE_SECONDS = 1.0
 """The supervise loop's longest sleep, whatever its clocks say."""
+STOP_POLL_SECONDS = 0.05
+"""shell_status stop: while the command's group has its grace, how often to look whether it is gone."""
+STOP_KILLER_POLL_SECONDS = 0.1
+"""The killer left behind a stop that outlasts the call: how often it looks whether the group is gone."""
 
 # --- notes on a shell result -------------------------------------------------
 PROMPT_MAX_CHARS = 120

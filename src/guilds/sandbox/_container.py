@@ -48,6 +48,7 @@ from typing import Any, Callable, Mapping, Sequence
 from guilds_code import limits
 
 from ..helpers import HELPER_PACKAGES, build_bytes, source_digest
+from ..limits import CONTAINER_CLOCK_POLL_SECONDS, CONTAINER_SEEN_POLL_SECONDS
 from ..settings import AgentSettings
 from ._agent import locate
 from ._process import KILL_GRACE_SECONDS
@@ -88,10 +89,6 @@ def folders_of(path: str, root: str) -> list[str]:
 
 CLOCK = "/run/guilds-clock/active"
 """docker: its mtime is the idle clock, a root-owned file rewritten through the engine."""
-CLOCK_POLL_SECONDS = 30.0
-"""How often INIT looks at a clock file (at most; a quarter of the idle time when shorter)."""
-SEEN_POLL_SECONDS = 0.25
-"""How often INIT looks for a running call where there is no clock file (kubernetes)."""
 EXEC_ENV = "GUILDS_EXEC_ID"
 POOL_THREADS = 64
 """Container calls in flight at once across all sandboxes of this process."""
@@ -154,7 +151,7 @@ def seconds(value: float) -> str:
 def init_argv(python: str, idle_seconds: float, clock: str = "") -> list[str]:
     """The container's command: INIT with the idle clock's file ("": none, the calls
     seen), the idle time and how often it looks."""
-    poll = CLOCK_POLL_SECONDS if clock else SEEN_POLL_SECONDS
+    poll = CONTAINER_CLOCK_POLL_SECONDS if clock else CONTAINER_SEEN_POLL_SECONDS
     return [python, "-I", "-S", "-c", INIT, clock, seconds(idle_seconds), seconds(poll)]
 
 

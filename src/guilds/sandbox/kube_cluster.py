@@ -24,6 +24,7 @@ import time
 from typing import Any, Iterator
 
 from ..errors import SandboxError
+from ..limits import KUBERNETES_FRAME_WAIT_SECONDS
 from . import kube_spec as spec
 from ._process import STDERR_KEEP_BYTES, STDOUT_MAX_BYTES
 
@@ -63,8 +64,6 @@ def handshake_errors() -> Iterator[None]:
         raise refused from exc
 
 
-UPDATE_SECONDS = 1.0
-"""The longest wait for one websocket frame before the deadline is looked at again."""
 
 
 def connect(api_client: Any = None) -> Any:
@@ -121,7 +120,7 @@ def exec_stream(core: Any, pod: str, namespace: str, command: list[str], stdin: 
         if stdin:
             ws.write_stdin(stdin)
         while ws.is_open() and (left := deadline - time.monotonic()) > 0:
-            ws.update(timeout=min(left, UPDATE_SECONDS))
+            ws.update(timeout=min(left, KUBERNETES_FRAME_WAIT_SECONDS))
             out += (ws.read_channel(1) or b"")[: STDOUT_MAX_BYTES - len(out)]  # "" when none came
             err += ws.read_channel(2) or b""
             del err[:-STDERR_KEEP_BYTES]

@@ -39,7 +39,10 @@ from collections.abc import Sequence
 from typing import Any, Callable, TypeVar
 
 from ..errors import SandboxError
-from ..limits import KUBERNETES_DEADLINE_SLACK_SECONDS, KUBERNETES_STATUS_WAIT_SECONDS
+from ..limits import (
+    KUBERNETES_DEADLINE_SLACK_SECONDS, KUBERNETES_START_POLL_SECONDS, KUBERNETES_START_SECONDS,
+    KUBERNETES_STATUS_POLL_SECONDS, KUBERNETES_STATUS_WAIT_SECONDS, KUBERNETES_WRITE_SECONDS,
+)
 from ..settings import AgentSettings
 from . import kube_cluster as cluster
 from . import kube_spec as spec
@@ -54,10 +57,6 @@ from .base import ExecResult
 from .channel import KubeProcess
 
 T = TypeVar("T")
-START_SECONDS = 180
-"""How long a new pod may take to run (scheduling, pulling the image, the claim)."""
-WRITE_SECONDS = 60
-STATUS_POLL_SECONDS = 0.2
 
 
 class KubernetesSandbox(ContainerSandbox):
@@ -125,7 +124,7 @@ class KubernetesSandbox(ContainerSandbox):
         """After a call that ended by a signal: was it the whole pod? An exec of ``true``
         says at once (the pod's status reaches the API a moment later, and is waited for)."""
         try:
-            _, _, status, complete = self._exec_stream(["true"], b"", time.monotonic() + WRITE_SECONDS)
+            _, _, status, complete = self._exec_stream(["true"], b"", time.monotonic() + KUBERNETES_WRITE_SECONDS)
             if complete and spec.exit_status(status)[0] == 0:
                 return
         except SandboxError:
@@ -134,7 +133,7 @@ class KubernetesSandbox(ContainerSandbox):
         deadline = time.monotonic() + KUBERNETES_STATUS_WAIT_SECONDS
         phase, detail = spec.pod_phase(self._read_pod() or {})
         while phase != "ended" and time.monotonic() < deadline:
-            time.sleep(STATUS_POLL_SECONDS)
+            time.sleep(KUBERNETES_STATUS_POLL_SECONDS)
             phase, detail = spec.pod_phase(self._read_pod() or {})
         with self._lock:
             self._delete_pod()
@@ -153,7 +152,7 @@ class KubernetesSandbox(ContainerSandbox):
         moves = [(tmp, name) for (tmp, _, _), (name, _, _) in zip(staged, files)]
         stream = self._exec_stream if making else self._stream
         _, err, status, complete = stream(spec.untar_argv(len(archive), moves), archive,
-                                          time.monotonic() + WRITE_SECONDS)
+                                          time.monotonic() + KUBERNETES_WRITE_SECONDS)
         code, problem = spec.exit_status(status) if complete else (None, "no answer")
         if code != 0:
             detail = problem or err.decode("utf-8", "replace").strip()[-300:]
@@ -161,7 +160,7 @@ class KubernetesSandbox(ContainerSandbox):
 
     def _kill(self, token: str) -> None:
         with contextlib.suppress(SandboxError):
-            self._exec_stream(kill_argv(token), b"", time.monotonic() + WRITE_SECONDS)
+            self._exec_stream(kill_argv(token), b"", time.monotonic() + KUBERNETES_WRITE_SECONDS)
 
     def _stream(self, command: list[str], stdin: bytes, deadline: float
                 ) -> tuple[bytes, bytes, bytes, bool]:
@@ -262,7 +261,7 @@ class KubernetesSandbox(ContainerSandbox):
     def _check_helpers(self) -> None:
         expected = {f"{HELPER_DIR}/{n}": hashlib.sha256(data).hexdigest() for n, data in helper_files()}
         out, _err, status, complete = self._exec_stream(spec.helpers_check_argv(list(expected)), b"",
-                                                  time.monotonic() + WRITE_SECONDS)
+                                                  time.monotonic() + KUBERNETES_WRITE_SECONDS)
         code, problem = spec.exit_status(status) if complete else (None, "no answer")
         if code is None:
             raise SandboxError(f"kubernetes: checking the helpers in {self.pod} failed: {problem}")
@@ -277,7 +276,7 @@ class KubernetesSandbox(ContainerSandbox):
             create()
 
     def _wait_running(self) -> None:
-        deadline = time.monotonic() + START_SECONDS
+        deadline = time.monotonic() + KUBERNETES_START_SECONDS
         while time.monotonic() < deadline:
             pod = self._read_pod()
             phase, detail = spec.pod_phase(pod or {})
@@ -286,8 +285,8 @@ class KubernetesSandbox(ContainerSandbox):
             if phase in ("image", "ended"):
                 raise SandboxError(f"kubernetes: pod {self.pod} cannot run: {detail} "
                                    f"(image {self.config.image!r})")
-            time.sleep(1)
-        raise SandboxError(f"kubernetes: pod {self.pod} not running after {START_SECONDS} s")
+            time.sleep(KUBERNETES_START_POLL_SECONDS)
+        raise SandboxError(f"kubernetes: pod {self.pod} not running after {KUBERNETES_START_SECONDS} s")
 
     def _read_pod(self) -> dict[str, Any] | None:
         with self._api("read the pod"), cluster.ignoring(404):

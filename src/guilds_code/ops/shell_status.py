@@ -34,7 +34,7 @@ _KILLER = (
     "while time.monotonic()<end:\n"
     "    try: os.killpg(g,0)\n"
     "    except OSError: sys.exit(0)\n"
-    "    time.sleep(0.1)\n"
+    f"    time.sleep({limits.STOP_KILLER_POLL_SECONDS})\n"
     "try: os.killpg(g,signal.SIGKILL)\n"
     "except OSError: pass\n"
 )
@@ -243,7 +243,7 @@ def _stop(request: protocol.Request, folder: str, bid: str, record: Dict[str, An
         proc.signal_group(pgid, proc.signals.SIGTERM)
     deadline = time.monotonic() + limits.STOP_WAIT_SECONDS
     while signalled and time.monotonic() < deadline and proc.group_alive(pgid):
-        time.sleep(0.05)
+        time.sleep(limits.STOP_POLL_SECONDS)
     if signalled and proc.group_alive(pgid):
         stop_time = mtime(os.path.join(folder, f"{bid}.stop")) or time.time()
         _spawn_killer(pgid, stop_time + limits.STOP_KILL_GRACE_SECONDS - time.time())
