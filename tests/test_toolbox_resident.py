@@ -192,7 +192,7 @@ async def test_auto_falls_back_to_exec_when_the_server_cannot_start(tmp_path):
         assert await tb.transport.opened() is None
         assert body((await tb.call("r", "shell", {"command": "echo again"})).text) == "again"
         assert await tb.transport.opened() is None
-        assert NoServer.opens == 1  # no second try within REOPEN_AFTER_SECONDS
+        assert NoServer.opens == 1  # no second try within CHANNEL_REOPEN_AFTER_SECONDS
         strict = Toolbox(make_settings(tmp_path, agent={"transport": "resident"}),
                          NoServer(settings, tmp_path / "data"), store)
         result = await strict.call("r", "shell", {"command": "true"})

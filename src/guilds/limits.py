@@ -55,6 +55,14 @@ it may take to go before SIGKILL to its group."""
 CHANNEL_CANCEL_WAIT_SECONDS = 5.0
 """After a cancel frame to a resident helper, how long a call waits for its answer:
 the worker's own stop ends within guilds_code.limits.SERVE_WORKER_KILL_SECONDS."""
+CHANNEL_HELLO_SECONDS = 30.0
+"""How long a new resident helper may take to say hello (a container's first exec included)."""
+CHANNEL_REOPEN_AFTER_SECONDS = 30.0
+"""auto transport: after the channel failed to open, calls go by exec this long before it is tried again."""
+RESIDENT_IDLE_EXIT_SECONDS_DEFAULT = 1800
+"""A resident helper with nothing to do exits after this long (a sandbox's own idle time when it has one)."""
+SERVE_START_POLL_SECONDS = 0.02
+"""guilds serve: how often it looks whether uvicorn has started listening (no event says so)."""
 KUBERNETES_STATUS_WAIT_SECONDS = 10.0
 """kubernetes: after an exec found the pod's container gone, how long the pod's status
 may take to say how it ended (the kubelet reports it a moment after the exec saw it)."""

@@ -104,7 +104,7 @@ async def _run_server(server, host: str, lock: Lock) -> None:
     try:
         task = asyncio.ensure_future(server.serve())
         while not server.started and not task.done():
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(limits.SERVE_START_POLL_SECONDS)
         if server.started:
             port = server.servers[0].sockets[0].getsockname()[1]
             print("\n".join(served_urls(host, port, lock.token)), file=sys.stderr, flush=True)

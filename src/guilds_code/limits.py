@@ -174,6 +174,10 @@ signalled is gone; without a pidfd, also how often it looks whether the command
 has exited."""
 SUPERVISE_IDLE_WAKE_SECONDS = 1.0
 """The supervise loop's longest sleep, whatever its clocks say."""
+SERVE_TICK_SECONDS = 1.0
+"""guilds-code serve: the longest sleep of its loop: reaping and the kill clocks are looked at this often."""
+SERVE_REAP_TICK_SECONDS = 0.01
+"""...and this often while an answered worker has yet to be reaped (it is exiting)."""
 STOP_POLL_SECONDS = 0.05
 """shell_status stop: while the command's group has its grace, how often to look whether it is gone."""
 STOP_KILLER_POLL_SECONDS = 0.1

@@ -47,10 +47,6 @@ if TYPE_CHECKING:
     from typing import Callable, Dict, List, Optional, Set
 
 READ_BYTES = 64 * 1024
-TICK_SECONDS = 1.0
-"""The longest sleep of the loop: reaping and the kill clocks are looked at this often."""
-REAP_TICK_SECONDS = 0.01
-"""...and this often while an answered worker has yet to be reaped (it is exiting)."""
 CANCELLED = "cancelled: the call was stopped before it finished"
 STOP_SIGNALS = (signals.SIGTERM, signals.SIGHUP, signals.SIGINT)
 WARM_MODULES = (
@@ -159,7 +155,8 @@ class Server:
         self.kill_late()
 
     def _sleep(self) -> float:
-        now, wait = time.monotonic(), (REAP_TICK_SECONDS if self.unreaped else TICK_SECONDS)
+        wait = limits.SERVE_REAP_TICK_SECONDS if self.unreaped else limits.SERVE_TICK_SECONDS
+        now = time.monotonic()
         for worker in self.workers.values():
             if worker.kill_at is not None:
                 wait = min(wait, max(0.0, worker.kill_at - now))

@@ -3,7 +3,7 @@ agent, opened with ``Sandbox.open_process``, its frames (``guilds_code.frames``)
 shared by all of the agent's calls.
 
 - ``ResidentChannel.open(sandbox, argv)`` starts the server and waits up to
-  HELLO_SECONDS for its hello; a server of another protocol version is
+  CHANNEL_HELLO_SECONDS for its hello; a server of another protocol version is
   refused (ChannelDied naming both versions) and closed.
 - ``call(request, wait)`` sends one request frame and waits for its answer:
   the decoded envelope. Past ``wait`` seconds a cancel frame is sent and the
@@ -33,12 +33,10 @@ from guilds_code import frames, limits
 from guilds_code.protocol import decode_envelope
 
 from ..errors import HelperFailed
-from ..limits import CHANNEL_CANCEL_WAIT_SECONDS
+from ..limits import CHANNEL_CANCEL_WAIT_SECONDS, CHANNEL_HELLO_SECONDS
 from ..sandbox.base import Sandbox
 from ..sandbox.channel import ChannelClosed, ProcessChannel
 
-HELLO_SECONDS = 30.0
-"""How long a new server may take to say hello (a container's first exec included)."""
 DIRECT_SEND_BYTES = 16 * 1024
 """A frame up to this size is written from the event loop (a pipe takes it at
 once); a larger one from a worker thread, so a slow reader cannot stall the loop."""
@@ -74,12 +72,12 @@ class ResidentChannel:
     async def open(cls, sandbox: Sandbox, argv: list[str]) -> ResidentChannel:
         channel = cls(await sandbox.open_process(argv))
         try:
-            seen = await asyncio.to_thread(channel._hello_seen.wait, HELLO_SECONDS)
+            seen = await asyncio.to_thread(channel._hello_seen.wait, CHANNEL_HELLO_SECONDS)
         except BaseException:  # cancelled while it started: it must not be left running
             threading.Thread(target=channel.abandon, daemon=True).start()
             raise
         if channel.dead or not seen:
-            reason = channel.dead or f"no hello within {HELLO_SECONDS:g} s"
+            reason = channel.dead or f"no hello within {CHANNEL_HELLO_SECONDS:g} s"
             await channel.close()
             raise ChannelDied(f"the resident helper did not start: {reason}")
         return channel

@@ -31,6 +31,7 @@ from guilds_harness import limits as task_limits
 from .._checks import is_safe_name
 from ..errors import BadInput, HelperFailed, SandboxError
 from ..helpers import CODE_HELPER
+from ..limits import CHANNEL_REOPEN_AFTER_SECONDS, RESIDENT_IDLE_EXIT_SECONDS_DEFAULT
 from ..sandbox.base import ExecResult, Sandbox
 from ..settings import TRANSPORTS
 
@@ -127,10 +128,6 @@ def _failure(headline: str, result: ExecResult) -> str:
 
 
 # --- the resident transport ---------------------------------------------------
-REOPEN_AFTER_SECONDS = 30.0
-"""auto: after the channel failed to open, calls go by exec this long before it is tried again."""
-SERVE_IDLE_EXIT_DEFAULT = 1800
-"""A resident helper with nothing to do exits after this long (a sandbox's own idle time when it has one)."""
 
 
 def rerunnable(request: Mapping[str, Any]) -> bool:
@@ -144,7 +141,7 @@ def rerunnable(request: Mapping[str, Any]) -> bool:
 
 def serve_argv(sandbox: Sandbox, max_in_flight: int) -> list[str]:
     """How the resident helper is started inside the sandbox."""
-    idle = getattr(sandbox, "idle_seconds", None) or SERVE_IDLE_EXIT_DEFAULT
+    idle = getattr(sandbox, "idle_seconds", None) or RESIDENT_IDLE_EXIT_SECONDS_DEFAULT
     return [sandbox.python, "-I", "-S", sandbox.helper_path(HELPER), "serve",
             "--max-in-flight", str(max_in_flight), "--idle-exit", str(max(1, round(idle)))]
 
@@ -158,7 +155,7 @@ class Transport:
     for it. ``auto`` never makes a call wait for it: the call that finds no
     channel starts opening one in the background and goes by exec, as do the
     calls made while it opens; after a failed opening, calls go by exec for
-    REOPEN_AFTER_SECONDS before the next try. A dead channel is replaced the
+    CHANNEL_REOPEN_AFTER_SECONDS before the next try. A dead channel is replaced the
     same way. A call in flight when its channel died is run once more (on a new
     channel, or by exec under ``auto``) if ``rerunnable``; otherwise it fails
     with HelperFailed saying so.
@@ -213,7 +210,7 @@ class Transport:
             return channel
         if self.mode == "resident":
             return await self._open()
-        backing_off = self._failed_at is not None and time.monotonic() - self._failed_at < REOPEN_AFTER_SECONDS
+        backing_off = self._failed_at is not None and time.monotonic() - self._failed_at < CHANNEL_REOPEN_AFTER_SECONDS
         if self._opening is None and not backing_off:
             self._opening = asyncio.ensure_future(self._open())
             self._opening.add_done_callback(self._opened)
