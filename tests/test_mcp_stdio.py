@@ -138,3 +138,18 @@ def handshake_and_call(command: str) -> list[dict]:
         {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
          "params": {"name": "shell", "arguments": {"command": command}}},
     ]
+
+
+async def test_a_run_handle_continues_a_run_of_an_earlier_process(tmp_path):
+    """The process is the run of its connection; a later `guilds mcp` that names it as the
+    ``run`` argument continues it (the cd carries over), and one that names none starts anew."""
+    (tmp_path / "home" / "sub").mkdir(parents=True)
+    async with stdio_client(tmp_path) as client:
+        first = await client.call_tool("shell", {"command": "cd sub"})
+    run = kit.meta_of(first)["run"]
+    assert first.structured_content is None  # stdio: the connection already has its run
+    async with stdio_client(tmp_path) as client:
+        named = await client.call_tool("shell", {"command": "pwd", "run": run})
+        fresh = await client.call_tool("shell", {"command": "pwd"})
+    assert kit.meta_of(named)["run"] == run and kit.text_of(named).startswith(str(tmp_path / "home" / "sub"))
+    assert kit.meta_of(fresh)["run"] != run

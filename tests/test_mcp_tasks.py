@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import subprocess
+import sys
 from pathlib import Path
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -236,3 +238,50 @@ def _with_marker(marker: str) -> list[str]:
             if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes() and pid != str(os.getpid()):
                 found.append(pid)
     return found
+
+
+# --- a real `guilds serve`, killed and started again ------------------------------------
+def _serve(tmp_path: Path, fake_path: str) -> tuple[subprocess.Popen, str]:
+    """`guilds serve --no-token` on a free port, the fake harness on its PATH; (process, /mcp's URL)."""
+    config = tmp_path / "agent.toml"
+    config.write_text(f'[agent]\nhome = "{tmp_path / "home"}"\nsandbox = "local"\n\n'
+                      '[repos.web]\npath = "repos/web"\n')
+    env = {**os.environ, "GUILDS_DATA": str(tmp_path / "data"), "PATH": fake_path}
+    env.pop("GUILDS_DATABASE_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "guilds.cli", "serve", "--port", "0", "--no-token", "--config",
+                             str(config)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        if found := re.search(r"MCP at (http://\S+/mcp)", line):
+            return proc, found.group(1)
+    proc.kill()
+    raise AssertionError("guilds serve did not start")
+
+
+async def test_a_restart_reports_a_running_task_lost_and_keeps_following_a_command(tmp_path, fake_path):
+    repo = tmp_path / "home" / "repos" / "web"
+    repo.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    proc, url = _serve(tmp_path, fake_path)
+    try:
+        raw = RawClient(url)
+        command = (await raw.call("shell", {"command": "sleep 4; echo outlived", "background": True}))["taskId"]
+        task = await raw.call("code_task", {"brief": "fake: sleep 300.6161\nfake: say never"})
+        assert task["resultType"] == "task" and _with_marker("300.6161")
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
+    assert await kit.wait_for(lambda: not _with_marker("300.6161"), kit.SETTLE_SECONDS)  # its harness went with it
+    proc, url = _serve(tmp_path, fake_path)
+    try:
+        raw = RawClient(url)
+        lost = (await raw.task("tasks/get", task["taskId"]))["result"]
+        followed = await until_status(raw, command, {"completed"})
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        proc.stderr.close()
+    assert lost["status"] == "failed" and lost["statusMessage"].startswith("lost: the process running this call")
+    assert lost["error"]["code"] == -32603
+    assert followed["status"] == "completed" and "outlived" in followed["result"]["content"][0]["text"]
