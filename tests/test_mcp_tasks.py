@@ -99,6 +99,10 @@ async def test_a_client_without_the_extension_gets_plain_results(url):
     assert refused["error"]["data"]["requiredCapabilities"]["extensions"] == {TASKS: {}}
     unknown = await RawClient(url).task("tasks/get", "task-nope")
     assert unknown["error"] == {"code": -32602, "message": "Failed to retrieve task: Task not found"}
+    misrouted = await RawClient(url).post("tasks/get", {"taskId": task_id}, name="task-other")
+    assert misrouted["error"]["code"] == -32020 and "mcp-name" in misrouted["error"]["message"]
+    unnamed = await RawClient(url).post("tasks/get", {"taskId": task_id})
+    assert unnamed["error"]["code"] == -32020
     quick = await RawClient(url).call("shell", {"command": "echo now"})
     assert quick["resultType"] == "complete" and quick["content"][0]["text"].startswith("now")
 
@@ -152,6 +156,12 @@ class TaskState(types.Result):
     result: dict[str, Any] | None = None
 
 
+class GetTask(types.GetTaskRequest):
+    """tasks/get as the extension sends it: its task id in the Mcp-Name header too."""
+
+    name_param = "taskId"
+
+
 class TasksClient(ClientExtension):
     """The client side of the extension: a task answer is polled with tasks/get to its result."""
 
@@ -165,7 +175,7 @@ class TasksClient(ClientExtension):
 
     async def resolve(self, created: TaskCreated, ctx: ClaimContext) -> types.CallToolResult:
         while True:
-            request = types.GetTaskRequest(params=types.GetTaskRequestParams(task_id=created.task_id))
+            request = GetTask(params=types.GetTaskRequestParams(task_id=created.task_id))
             state = await ctx.session.send_request(request, TaskState)
             self.seen.append(state.status)
             if state.status == "completed":

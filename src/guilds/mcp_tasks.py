@@ -26,7 +26,8 @@ call (its helper stops the harness's group; the call is recorded
 ``cancelled``); ``tasks/update`` acknowledges (no task of guilds asks for
 input). A task is its principal's (the token that made it): another's task id
 is unknown to it (-32602), as is an id never made. A client that did not
-declare the extension gets -32021.
+declare the extension gets -32021; over HTTP, a ``Mcp-Name`` header other
+than the task id gets -32020 (HTTP 400).
 
 A task outlives its request, not its process: a server that stops (or dies)
 while a code_task task runs leaves its row ``working`` under an owner that is
@@ -51,6 +52,7 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver.server import require_client_extension
 from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import MCP_NAME_HEADER, decode_header_value
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
@@ -249,6 +251,7 @@ class TasksExtension(Extension):
     # --- tasks/* ----------------------------------------------------------------------
     async def _row(self, ctx: ServerRequestContext, task_id: str) -> dict[str, Any]:
         require_client_extension(ctx, TASKS_EXTENSION)
+        _check_routing_header(ctx, task_id)
         row = await self.store.get_task(task_id)
         if (row is None or row["principal"] != principal_of(ctx)
                 or row["agent_id"] != self.front.toolbox.settings.id):
@@ -304,6 +307,14 @@ class TasksExtension(Extension):
 
 def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _check_routing_header(ctx: ServerRequestContext, task_id: str) -> None:
+    """Over HTTP a tasks/* request names its task in ``Mcp-Name`` too (SEP-2663); else -32020."""
+    headers = getattr(ctx.request, "headers", None)
+    if headers is not None and decode_header_value(headers.get(MCP_NAME_HEADER)) != task_id:
+        raise MCPError(code=types.HEADER_MISMATCH,
+                       message=f"{MCP_NAME_HEADER} header does not match the request body's 'taskId' parameter")
 
 
 def _takes_tasks(ctx: ServerRequestContext) -> bool:
