@@ -20,9 +20,8 @@ from mcp import Client
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp_raw import TASKS, RawClient
 from pydantic import ConfigDict
-from test_mcp_http import serving
+from test_mcp_http import serving, toolbox, url  # noqa: F401 - toolbox and url: fixtures
 from test_toolbox_code_task import fake_path  # noqa: F401 - a fixture
-from toolbox_kit import local_toolbox
 
 from guilds.auth import EndpointLock, Lock, host_names
 from guilds.mcp_server import META_KEY, streamable_http_app
@@ -30,18 +29,6 @@ from guilds.toolbox import Toolbox
 
 TOKEN_A = "a" * 43
 TOKEN_B = "b" * 43
-
-
-@pytest.fixture
-async def toolbox(tmp_path) -> AsyncIterator[Toolbox]:
-    async with local_toolbox(tmp_path) as box:
-        yield box
-
-
-@pytest.fixture
-async def url(toolbox) -> AsyncIterator[str]:
-    async with serving(streamable_http_app(toolbox)) as endpoint:
-        yield endpoint
 
 
 async def until_status(client: RawClient, task_id: str, wanted: set[str], timeout: float = 30) -> dict:

@@ -26,25 +26,31 @@ public surface only:
   handling when the calls have stopped.
 
 MCPServer adds what it always serves: empty ``prompts/list`` and
-``resources/list`` (and their capabilities).
+``resources/list`` (and their capabilities). Its extension interface
+(``MCPServer(extensions=...)``) carries the tasks (``TasksExtension``).
 
 Contract:
 
 - ``tools/list`` asks ``toolbox.tools()`` at every call (the live coding
-  flag): each tool with its ToolSpec's description and input schema unchanged,
-  a title, and the annotations of ``ANNOTATIONS``.
+  flag): each tool with its ToolSpec's description and input schema (plus
+  the optional ``run`` argument), a title, and the annotations of ``ANNOTATIONS``.
 - ``tools/call`` -> one ``Toolbox.call``: the result text as one text content
   block, ``isError`` as the toolbox says, its metadata under
   ``_meta["guilds/meta"]`` (``run``, ``seq``, ``call``, ``row``, ...). Bad
   arguments, an unknown tool, a call while coding is off, any GuildsError:
-  an ``isError`` result naming what was wrong, made in ``_Front.call`` only.
-- Runs: one MCP session is one run, ``mcp-<32 hex>``. stdio: the process's
-  connection (``run_id``). HTTP with a session (``Mcp-Session-Id``, the
-  handshake era): derived from that id. A client may name the run itself
-  with ``_meta["guilds/run"]`` on the call. HTTP without a session (the
-  2026-07-28 revision): the agent's current sessionless run (``SessionlessRun``),
-  new after SESSIONLESS_IDLE_SECONDS without such a call; a run such a call
-  names becomes the current one.
+  an ``isError`` result naming what was wrong, made in ``_Front`` only.
+- Runs (``guilds.mcp_runs``): every tool takes an optional ``run`` argument,
+  the handle of a run an earlier result gave (SEP-2567), checked against the
+  token that made the run. Without it: stdio, the process's connection
+  (``run_id``); ``_meta["guilds/run"]`` on the call; HTTP with a session
+  (``Mcp-Session-Id``, the handshake era), a run derived from that id; HTTP
+  without a session (the 2026-07-28 revision), the principal's current
+  sessionless run (new after SESSIONLESS_IDLE_SECONDS without such a call),
+  named in the result's ``structuredContent`` (``{"run": id}``) too.
+- Tasks (``guilds.mcp_tasks``, the ``io.modelcontextprotocol/tasks``
+  extension, on the 2026-07-28 revision for a client that declares it): a
+  background ``shell`` command and a long ``code_task`` call answer with a
+  task; ``tasks/get``, ``tasks/update``, ``tasks/cancel``.
 - Context resets: ``_meta["guilds/context_reset"]: true`` on a call says the
   model's context was compacted or rewound before it (``Toolbox.context_reset``):
   no file_read points to a result from before that call.

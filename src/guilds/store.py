@@ -654,15 +654,16 @@ class Store:
 
     # --- the MCP front's run principals and tasks
     async def claim_run(self, run_id: str, principal: str) -> str:
-        """The principal of run_id: ``principal`` when this is the run's first claim, else the one recorded."""
-        def claim(conn: sa.Connection) -> str:
-            recorded = conn.execute(sa.select(run_principals.c.principal)
-                                    .where(run_principals.c.run_id == run_id)).scalar()
-            if recorded is None:
-                conn.execute(sa.insert(run_principals), {"run_id": run_id, "principal": principal})
-                return principal
-            return str(recorded)
-        return await self._in_transaction(f"the principal of run {run_id}", claim)
+        """The principal of run_id: ``principal`` when this is the run's first claim, else the one
+        recorded (two first claims at once: one insert wins, both read it)."""
+        claim = (_dialect_module(self.sqlite).insert(run_principals)
+                 .values(run_id=run_id, principal=principal).on_conflict_do_nothing(index_elements=["run_id"]))
+        recorded = sa.select(run_principals.c.principal).where(run_principals.c.run_id == run_id)
+
+        def claimed(conn: sa.Connection) -> str:
+            conn.execute(claim)
+            return str(conn.execute(recorded).scalar_one())
+        return await self._in_transaction(f"the principal of run {run_id}", claimed)
 
     async def create_task(self, **values: Any) -> None:
         """Record a new task (the ``tasks`` columns), owned by this process."""
