@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -92,6 +93,22 @@ async def test_a_client_without_the_extension_gets_plain_results(url):
     assert unnamed["error"]["code"] == -32020
     quick = await RawClient(url).call("shell", {"command": "echo now"})
     assert quick["resultType"] == "complete" and quick["content"][0]["text"].startswith("now")
+
+
+async def test_a_command_the_sandbox_no_longer_knows_is_reported_lost(url, tmp_path):
+    """A new container (its background records gone): the task fails, saying so, never stays working."""
+    import shutil
+
+    raw = RawClient(url)
+    command, arg = kit.sleep_command()
+    created = await raw.call("shell", {"command": command, "background": True})
+    shutil.rmtree(tmp_path / "data" / "state" / "agent1" / "background")
+    task = (await raw.task("tasks/get", created["taskId"]))["result"]
+    for pid in kit.processes("sleep", arg):  # nothing follows it any more
+        os.kill(pid, signal.SIGKILL)
+    assert task["status"] == "failed" and task["statusMessage"] == "lost: id: no background command b1"
+    assert task["error"] == {"code": -32603, "message": "lost: id: no background command b1"}
+    assert (await raw.task("tasks/get", created["taskId"]))["result"]["status"] == "failed"
 
 
 async def test_update_acknowledges_and_a_known_task_answers_every_method(url):
@@ -203,7 +220,7 @@ async def test_a_long_code_task_is_a_task_that_outlives_its_request(coding_toolb
         quick = await raw.call("code_task", {"brief": "fake: say at once"})
         assert quick["resultType"] == "complete" and "at once" in quick["content"][0]["text"]
         created = await raw.call("code_task", {"brief": "fake: sleep 4\nfake: say slow done"})
-        assert created["resultType"] == "task"
+        assert created["resultType"] == "task" and created["_meta"][META_KEY]["run"].startswith("mcp-")
         working = (await raw.task("tasks/get", created["taskId"]))["result"]
         assert working["status"] == "working" and working["statusMessage"].startswith("code_task: running for")
         done = await until_status(raw, created["taskId"], {"completed"})

@@ -178,7 +178,7 @@ class TasksExtension(Extension):
             return result
         text = result.content[0].text if result.content and isinstance(result.content[0], types.TextContent) else ""
         row = await self._new_row(ctx, meta["run"], "shell", meta["background_id"], text)
-        return result if row is None else self._created(row, result)
+        return result if row is None else self._created(row, result.meta)
 
     async def _code_task(self, ctx: ServerRequestContext, arguments: dict[str, Any],
                          call_next: CallNext) -> HandlerResult:
@@ -189,7 +189,8 @@ class TasksExtension(Extension):
         call = asyncio.ensure_future(self.front.run_prepared(ctx, "code_task", prepared, _quiet))
         if await _awaited(call, TASK_AFTER_SECONDS):
             return call.result()
-        row = await self._new_row(ctx, prepared.choice.run_id, "code_task", None, "code_task: running")
+        run_id = prepared.choice.run_id
+        row = await self._new_row(ctx, run_id, "code_task", None, "code_task: running")
         if row is None:  # no record for it: the call is answered as an ordinary one
             await _awaited(call)
             return call.result()
@@ -197,7 +198,7 @@ class TasksExtension(Extension):
         follower = asyncio.ensure_future(self._follow(row["id"], call))
         self._followers.add(follower)
         follower.add_done_callback(self._followers.discard)
-        return self._created(row, None)
+        return self._created(row, {META_KEY: {"run": run_id, "tool": "code_task"}})
 
     async def _new_row(self, ctx: ServerRequestContext, run_id: str, tool: str, bid: str | None,
                        message: str) -> dict[str, Any] | None:
@@ -214,12 +215,9 @@ class TasksExtension(Extension):
         return row
 
     @staticmethod
-    def _created(row: dict[str, Any], result: types.CallToolResult | None) -> dict[str, Any]:
-        """The CreateTaskResult; a started command's metadata and run stay on it."""
-        created = {"resultType": "task", **wire_task(row)}
-        if result is not None:
-            created["_meta"] = result.meta
-        return created
+    def _created(row: dict[str, Any], meta: dict[str, Any] | None) -> dict[str, Any]:
+        """The CreateTaskResult, with the call's metadata (its run) in ``_meta``."""
+        return {"resultType": "task", **wire_task(row), "_meta": meta}
 
     async def _follow(self, task_id: str, call: asyncio.Future) -> None:
         """Record the task's end once its call ends. A call cancelled by the server's end leaves the
@@ -287,15 +285,20 @@ class TasksExtension(Extension):
         if row["owner_alive"]:
             elapsed = (datetime.now(UTC) - _aware(row["created_at"])).total_seconds()
             return {**row, "status_message": f"code_task: running for {round(elapsed)} s"}
-        error = {"code": types.INTERNAL_ERROR, "message": LOST_MESSAGE}
-        await self._end(row["id"], "failed", error, LOST_MESSAGE)
-        return {**row, "status": "failed", "result": error, "status_message": LOST_MESSAGE,
-                "updated_at": datetime.now(UTC)}
+        return await self._lost(row, LOST_MESSAGE)
+
+    async def _lost(self, row: dict[str, Any], message: str) -> dict[str, Any]:
+        """The task ended without its result: failed, with an internal error saying so."""
+        error = {"code": types.INTERNAL_ERROR, "message": message}
+        await self._end(row["id"], "failed", error, message)
+        return {**row, "status": "failed", "result": error, "status_message": message, "updated_at": datetime.now(UTC)}
 
     async def _command_state(self, row: dict[str, Any]) -> dict[str, Any]:
         state = await background_state(self.front.toolbox, row["run_id"], row["background_id"])
-        if not state.get("ok"):
+        if not state.get("ok") and state.get("unreachable"):
             return {**row, "status_message": state["error"]}
+        if not state.get("ok"):  # the sandbox no longer knows the command (a new container)
+            return await self._lost(row, f"lost: {state['error']}")
         if state["meta"].get("state") in RUNNING_STATES:
             return {**row, "status_message": state["text"]}
         meta = {**state["meta"], "run": row["run_id"], "background_id": row["background_id"]}

@@ -6,7 +6,9 @@ through the agent's sandbox as a tool call goes, but records no call and uses
 none of the run's budget: the MCP front's tasks (guilds/mcp_tasks.py) follow a
 command so. The text is the helper's (state, elapsed time, log path, the log's
 last lines), redacted with the agent's secrets as every result is. A failure
-to reach the sandbox comes back as an error envelope, a sentence.
+to reach the sandbox comes back as an error envelope, a sentence, marked
+``"unreachable": true`` (the helper's own refusal, such as an id it does not
+know, is not).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ async def background_state(toolbox: Toolbox, run_id: str, bid: str, *, stop: boo
         envelope = await transport.call_helper(toolbox.sandbox, status_request(toolbox, run_id, bid, stop),
                                                wait=float(limits.OP_WAIT_SECONDS))
     except (HelperFailed, SandboxError) as exc:
-        return {"ok": False, "error": f"the command's state cannot be read now: {exc}"}
+        return {"ok": False, "error": f"the command's state cannot be read now: {exc}", "unreachable": True}
     if envelope.get("ok"):
         envelope["text"] = Redactor(toolbox.settings.secret_values()).redact(envelope["text"])
     return envelope
