@@ -272,7 +272,8 @@ def _serve(tmp_path: Path, fake_path: str) -> tuple[subprocess.Popen, str]:
     raise AssertionError("guilds serve did not start")
 
 
-async def test_a_restart_reports_a_running_task_lost_and_keeps_following_a_command(tmp_path, fake_path):
+@pytest.mark.parametrize("stop", [signal.SIGKILL, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
+async def test_a_restart_reports_a_running_task_lost_and_keeps_following_a_command(tmp_path, fake_path, stop):
     repo = tmp_path / "home" / "repos" / "web"
     repo.mkdir(parents=True)
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
@@ -283,8 +284,8 @@ async def test_a_restart_reports_a_running_task_lost_and_keeps_following_a_comma
         task = await raw.call("code_task", {"brief": "fake: sleep 300.6161\nfake: say never"})
         assert task["resultType"] == "task" and _with_marker("300.6161")
     finally:
-        proc.kill()
-        proc.wait()
+        proc.send_signal(stop)
+        proc.wait(30)
         proc.stderr.close()
     assert await kit.wait_for(lambda: not _with_marker("300.6161"), kit.SETTLE_SECONDS)  # its harness went with it
     proc, url = _serve(tmp_path, fake_path)
