@@ -68,3 +68,11 @@ could deadlock (two transactions that read, then want to write; the first
 process to make a fresh file's schema): the transaction is then run again from
 its start after this pause, doubled each time up to 0.32 s, within
 RECORD_BUSY_WAIT_SECONDS."""
+
+# --- the MCP front's tasks ------------------------------------------------------
+MCP_TASK_AFTER_SECONDS = 2.0
+"""A code_task call of a client that takes tasks becomes a task once it has run this
+long without an answer: a quick refusal (bad arguments, no repository) comes back
+as an ordinary result."""
+MCP_TASK_POLL_SECONDS = 2.0
+"""The poll interval a task suggests (``pollIntervalMs``)."""
