@@ -69,9 +69,10 @@ class Fleet:
         return toolbox
 
     async def close(self) -> None:
-        await asyncio.gather(*(self._remove(tb) for tb in self.toolboxes))
+        await asyncio.gather(*(self.remove(tb) for tb in self.toolboxes))
+        self.toolboxes.clear()
 
-    async def _remove(self, toolbox: Toolbox) -> None:
+    async def remove(self, toolbox: Toolbox) -> None:
         await toolbox.close()
         if toolbox.sandbox.name == "local":
             return
@@ -104,7 +105,12 @@ async def first_calls(fleet: Fleet, rounds: int, docker: bool) -> str:
     backends = ["kubernetes", "local"] + (["docker"] if docker else [])
     for backend in backends:
         for transport in ("resident", "exec"):
-            found = [await first_call(fleet.toolbox(backend, transport)) for _ in range(rounds)]
+            found = []
+            for _ in range(rounds):
+                toolbox = fleet.toolbox(backend, transport)
+                found.append(await first_call(toolbox))
+                await fleet.remove(toolbox)
+                fleet.toolboxes.remove(toolbox)
             each = ", ".join(f"{t * 1000:.0f}" for t in found)
             rows.append(f"| {backend} | {transport} | {statistics.median(found) * 1000:.0f} | {each} |")
     return "\n".join(rows)
@@ -169,11 +175,9 @@ async def main() -> None:
                 print("### First call of a new agent\n")
                 print(await first_calls(fleet, args.rounds, docker=not args.no_docker))
                 await fleet.close()
-                fleet.toolboxes.clear()
                 print("\n### Per call\n")
                 print(await per_call(fleet, args.calls))
                 await fleet.close()
-                fleet.toolboxes.clear()
                 print(f"\n### {args.agents} agents at once (each pod {args.fleet_cpu} cpu)\n")
                 print(await agents_at_once(fleet, args.agents, args.per_agent, args.fleet_cpu))
             finally:
