@@ -127,13 +127,25 @@ STUB_META = {"exit_code": 0, "cwd": "/home/agent", "timed_out": False, "call": "
              "row": "Run echo hi"}
 
 
+class StubStore:
+    """The run record's part the MCP front asks of (a run's principal), answered at once."""
+
+    async def claim_run(self, run_id: str, principal: str) -> str:
+        return principal
+
+    async def get_run(self, run_id: str) -> None:
+        return None
+
+
 class StubToolbox:
     """Answers every call at once with a result shaped like a real one: the MCP layer alone."""
+
+    store = StubStore()
 
     def tools(self) -> list:
         return tool_specs()
 
-    async def call(self, run_id: str, tool: str, args: Any) -> CallResult:
+    async def call(self, run_id: str, tool: str, args: Any, *, context_reset: bool = False) -> CallResult:
         return CallResult(STUB_TEXT, False, STUB_META)
 
 

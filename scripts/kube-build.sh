@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the binaries of a single-node Kubernetes from Go modules and prints the
 # folder that holds them: kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubelet and etcd.
+# kube-scheduler, kubelet, kubectl and etcd.
 #
 # k8s.io/kubernetes' module zip leaves its staging/ tree out, so a small wrapper
 # module requires it and replaces each staging module with its published
@@ -14,7 +14,7 @@ set -euo pipefail
 version=${GUILDS_KUBE_VERSION:-1.36.3}
 cache=${GUILDS_KUBE_CACHE:-/var/cache/guilds-kube}
 out="$cache/v$version/bin"
-programs=(kube-apiserver kube-controller-manager kube-scheduler kubelet etcd)
+programs=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd)
 
 have_all() {
   for p in "${programs[@]}"; do [ -x "$out/$p" ] || return 1; done
@@ -56,11 +56,12 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 GO
 go mod tidy >&2
 flags=(-trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=v$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${version#1.}")
-for p in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+for p in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do
   go build "${flags[@]}" -o "$out/$p" "k8s.io/kubernetes/cmd/$p" >&2
 done
 go build -trimpath -ldflags "-s -w" -o "$out/etcd" ./etcd >&2

@@ -68,7 +68,6 @@ install_packages() {
   for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null | grep -qx installed || missing+=("$p")
   done
-  command -v kubectl >/dev/null || missing+=(kubernetes-client)
   [ ${#missing[@]} -eq 0 ] && return 0
   log "installing ${missing[*]}"
   apt-get update -qq >&2
@@ -371,10 +370,11 @@ if [ "${1:-}" = "--stop" ]; then stop_all; exit 0; fi
 if [ "${1:-}" = "--recycle" ]; then recycle_loop; exit 0; fi
 began=$SECONDS
 mkdir -p "$DIR/run"
-[ -f "$DIR/pki/admin.kubeconfig" ] && stage reset reset_state
 stage packages install_packages
 BIN=$(bash "$ROOT/scripts/kube-build.sh")
+export PATH="$BIN:$PATH"  # its own kubectl, of the cluster's version
 log "binaries: $BIN ($((SECONDS - began)) s so far)"
+if [ -f "$DIR/pki/admin.kubeconfig" ]; then stage reset reset_state; fi
 [ -n "${DOCKER_HOST:-}" ] || eval "$(bash "$ROOT/scripts/docker-test-env.sh")"
 stage pki make_pki
 stage containerd start_containerd
@@ -387,4 +387,4 @@ stage volumes make_volumes
 recycle_once
 daemon recycler bash "$ROOT/scripts/kube-test-env.sh" --recycle
 log "ready in $((SECONDS - began)) s"
-echo "export KUBECONFIG=$DIR/pki/orchestrator.kubeconfig GUILDS_TEST_KUBE_IMAGE=$IMAGE GUILDS_TEST_KUBE_NAMESPACE=$NS"
+echo "export KUBECONFIG=$DIR/pki/orchestrator.kubeconfig GUILDS_TEST_KUBE_IMAGE=$IMAGE GUILDS_TEST_KUBE_NAMESPACE=$NS PATH=$BIN:\$PATH"

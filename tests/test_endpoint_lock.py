@@ -62,9 +62,32 @@ async def test_every_route_refuses_a_request_without_the_token(toolbox):
                             {"authorization": f"Basic {TOKEN}"}):
                 r = await c.get(path, headers=headers)
                 assert r.status_code == 401, (path, headers, r.status_code)
-                assert r.headers["www-authenticate"] == "Bearer" and "secret-output-7" not in r.text
+                assert r.headers["www-authenticate"] == challenge(path, headers) and "secret-output-7" not in r.text
         r = await c.post("/mcp", json=INITIALIZE, headers=MCP_HEADERS)
         assert r.status_code == 401 and "Authorization: Bearer" in r.text
+
+
+def challenge(path: str, headers: dict) -> str:
+    """The app's pages ask for the token; the MCP endpoint names its resource metadata (RFC 9728)."""
+    if path != "/mcp":
+        return "Bearer"
+    named = 'Bearer resource_metadata="http://127.0.0.1:8765/.well-known/oauth-protected-resource/mcp"'
+    return named + (', error="invalid_token"' if "authorization" in headers else "")
+
+
+async def test_the_protected_resource_metadata_is_public_and_names_the_endpoint(toolbox):
+    async with client_of(toolbox, LOCK) as c:
+        refused = await c.post("/mcp", json=INITIALIZE, headers=MCP_HEADERS)
+        url = re.fullmatch(r'Bearer resource_metadata="([^"]+)"', refused.headers["www-authenticate"]).group(1)
+        for path in (url.removeprefix("http://127.0.0.1:8765"), "/.well-known/oauth-protected-resource"):
+            document = await c.get(path, headers={"origin": "http://elsewhere.example"})
+            assert document.status_code == 200 and document.headers["content-type"] == "application/json"
+            assert document.headers["access-control-allow-origin"] == "*"
+            assert document.json() == {"resource": "http://127.0.0.1:8765/mcp", "bearer_methods_supported": ["header"],
+                                       "resource_name": "guilds"}
+        assert (await c.get(url, headers={"host": "evil.example"})).status_code == 400
+    async with client_of(toolbox, Lock(None, LOCK.hosts)) as c:  # --no-token: nothing to describe
+        assert (await c.get("/.well-known/oauth-protected-resource/mcp")).status_code == 404
 
 
 async def test_the_token_lets_in(toolbox):

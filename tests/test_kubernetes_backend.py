@@ -250,9 +250,12 @@ async def pod(tmp_path):
     settings = AgentSettings(id=f"t{secrets.token_hex(4)}", home=Path("/home/agent"), sandbox="kubernetes",
                              repos=(Repo("web", "repos/web", "ghp_token-4c8a9b0e"),), kubernetes=kube_kit.SETTINGS)
     box = KubernetesSandbox(settings)
-    await box.start()
-    yield box
-    await box.stop()
+    try:
+        await box.start()
+        yield box
+    finally:
+        await box.stop()
+        await asyncio.to_thread(kube_kit.remove_agent, box.pod)
 
 
 @kube_kit.needs_cluster[0]

@@ -151,3 +151,51 @@ async def test_the_endpoint_mounts_in_another_app(toolbox):
     async with serving(Starlette(routes=[endpoint.route], lifespan=lifespan)) as url, client(url) as c:
         result = await c.call_tool("shell", {"command": "echo mounted"})
     assert kit.text_of(result).startswith("mounted")
+
+
+# --- the run handle (SEP-2567): the run id a result gives, named back as the `run` argument
+async def test_a_first_call_gets_its_run_and_names_it_back(url, tmp_path, toolbox):
+    """The SDK's client in its modern mode: the run the server chose comes back in
+    structuredContent; another client naming it continues it (the cd carries over)."""
+    (tmp_path / "home" / "sub").mkdir(parents=True)
+    async with client(url, "2026-07-28") as c:
+        first = await c.call_tool("shell", {"command": "cd sub"})
+    run = first.structured_content["run"]
+    assert run == kit.meta_of(first)["run"] and run.startswith("mcp-")
+    assert kit.text_of(first) == "(no output)\n[working directory now: ~/sub]\nremaining_tool_calls: 199"
+    async with client(url, "legacy") as c:  # a session of its own, but the handle wins
+        named = await c.call_tool("shell", {"command": "pwd", "run": run})
+    assert kit.meta_of(named)["run"] == run and named.structured_content is None
+    assert kit.text_of(named).startswith(str(tmp_path / "home" / "sub"))
+    (call,) = [c for c in await toolbox.store.calls(run) if c.seq == 2]
+    assert call.args == {"command": "pwd"}  # the handle is the call's run, not an argument of the tool
+
+
+async def test_a_bad_run_handle_is_refused_by_name(url):
+    async with client(url, "2026-07-28") as c:
+        run = (await c.call_tool("shell", {"command": "true"})).structured_content["run"]
+        unknown = await c.call_tool("shell", {"command": "true", "run": "mcp-" + "0" * 32})
+        typed = await c.call_tool("file_read", {"path": "x", "run": 7})
+        unsafe = await c.call_tool("shell", {"command": "true", "run": "../x"})
+        both = await c.call_tool("shell", {"command": "true", "run": run}, meta={RUN_KEY: "mcp-other"})
+        same = await c.call_tool("shell", {"command": "true", "run": run}, meta={RUN_KEY: run})
+    assert unknown.is_error and kit.text_of(unknown) == (
+        f"run: no run 'mcp-{'0' * 32}' on this server; omit run to start a new one")
+    assert typed.is_error and kit.text_of(typed) == "run: must be a run id from an earlier result (a string), got 7"
+    assert unsafe.is_error and kit.text_of(unsafe).startswith("run id: must be letters, digits")
+    assert both.is_error and "name one run" in kit.text_of(both)
+    assert not same.is_error and kit.meta_of(same)["run"] == run
+
+
+async def test_raw_requests_of_the_current_revision(url):
+    """No SDK: a self-contained POST per call (no initialize, no Mcp-Session-Id)."""
+    from mcp_raw import RawClient
+
+    raw = RawClient(url, tasks=False)
+    first = await raw.call("shell", {"command": "echo raw"})
+    run = first["structuredContent"]["run"]
+    assert first["resultType"] == "complete" and first["content"][0]["text"].startswith("raw\n")
+    again = await raw.call("shell", {"command": "echo again", "run": run})
+    assert again["_meta"]["guilds/meta"]["run"] == run and "structuredContent" not in again
+    listed = await raw.post("tools/list", {})
+    assert all(t["inputSchema"]["properties"]["run"]["type"] == "string" for t in listed["result"]["tools"])

@@ -138,3 +138,53 @@ def handshake_and_call(command: str) -> list[dict]:
         {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
          "params": {"name": "shell", "arguments": {"command": command}}},
     ]
+
+
+async def test_a_run_handle_continues_a_run_of_an_earlier_process(tmp_path):
+    """The process is the run of its connection; a later `guilds mcp` that names it as the
+    ``run`` argument continues it (the cd carries over), and one that names none starts anew."""
+    (tmp_path / "home" / "sub").mkdir(parents=True)
+    async with stdio_client(tmp_path) as client:
+        first = await client.call_tool("shell", {"command": "cd sub"})
+    run = kit.meta_of(first)["run"]
+    assert first.structured_content is None  # stdio: the connection already has its run
+    async with stdio_client(tmp_path) as client:
+        named = await client.call_tool("shell", {"command": "pwd", "run": run})
+        fresh = await client.call_tool("shell", {"command": "pwd"})
+    assert kit.meta_of(named)["run"] == run and kit.text_of(named).startswith(str(tmp_path / "home" / "sub"))
+    assert kit.meta_of(fresh)["run"] != run
+
+
+async def test_raw_requests_of_the_current_revision_and_a_task(tmp_path):
+    """No handshake: each line a self-contained 2026-07-28 request; a background command
+    as a task (stdio has no routing headers), followed with tasks/get to its end."""
+    from mcp_raw import envelope
+
+    params = server_params(tmp_path)
+    proc = await asyncio.create_subprocess_exec(params.command, *params.args, env=params.env,
+                                                stdin=PIPE, stdout=PIPE, stderr=DEVNULL)
+
+    async def ask(message: dict) -> dict:
+        proc.stdin.write(json.dumps(message).encode() + b"\n")
+        await proc.stdin.drain()
+        while True:
+            answer = json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))
+            if answer.get("id") == message["id"]:
+                return answer
+
+    try:
+        plain = await ask(envelope("tools/call", {"name": "shell", "arguments": {"command": "echo raw"}}))
+        assert plain["result"]["content"][0]["text"].startswith("raw\n")
+        assert plain["result"]["_meta"][kit.META_KEY]["run"].startswith("mcp-")
+        created = (await ask(envelope("tools/call", {"name": "shell", "arguments": {
+            "command": "sleep 1; echo bye", "background": True}}, tasks=True, request_id=2)))["result"]
+        assert created["resultType"] == "task"
+        for attempt in range(100):
+            got = await ask(envelope("tasks/get", {"taskId": created["taskId"]}, tasks=True, request_id=3 + attempt))
+            if got["result"]["status"] != "working":
+                break
+            await asyncio.sleep(0.2)
+        assert got["result"]["status"] == "completed" and "bye" in got["result"]["result"]["content"][0]["text"]
+    finally:
+        proc.stdin.close()
+        await asyncio.wait_for(proc.wait(), 30)

@@ -149,3 +149,25 @@ async def test_file_reads_keep_only_finished_successful_uncut_reads(store):
     await finish(store, other, meta=meta)
     assert await store.file_reads("r1", 99) == [(1, meta, len("ok"))]
     assert await store.file_reads("r1", 1) == []
+
+
+async def test_a_runs_principal_is_its_first_claim(store):
+    assert await store.claim_run("r1", "token:aaaa") == "token:aaaa"
+    assert await store.claim_run("r1", "token:bbbb") == "token:aaaa"
+    assert await asyncio.gather(*(store.claim_run("r2", f"p{i}") for i in range(4))) == ["p0"] * 4
+
+
+async def test_a_task_row_and_its_owners_life(store):
+    row = {"id": "task-1", "run_id": "r1", "agent_id": "a1", "tool": "code_task", "background_id": None,
+           "principal": "", "status": "working", "status_message": "running", "result": None,
+           "created_at": T0, "updated_at": T0}
+    await store.create_task(**row)
+    task = await store.get_task("task-1")
+    assert task["owner_alive"] and task["owner"] == store.owner.id and task["status"] == "working"
+    await store.update_task("task-1", status="completed", result={"content": [], "isError": False}, owner=None)
+    done = await store.get_task("task-1")
+    assert done["status"] == "completed" and done["result"] == {"content": [], "isError": False}
+    assert not done["owner_alive"] and await store.get_task("task-2") is None
+    await store.create_task(**{**row, "id": "task-3"})
+    await store.update_task("task-3", owner="gone-owner")  # a process that is not registered
+    assert (await store.get_task("task-3"))["owner_alive"] is False

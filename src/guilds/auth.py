@@ -28,8 +28,10 @@ runs commands as the agent and reads every run.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
+import json
 import os
 import secrets
 import socket
@@ -51,6 +53,21 @@ COOKIE_PREFIX = "guilds-token-"
 """The cookie's name ends with the server's port: two servers on one machine keep apart."""
 TOKEN_PARAM = "token"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+METADATA_PREFIX = "/.well-known/oauth-protected-resource"
+"""RFC 9728's well-known path of a protected resource's metadata."""
+PRINCIPAL_KEY = "guilds.principal"
+"""The ASGI scope key of a let-in request's principal."""
+RESOURCE_NAME = "guilds"
+
+
+def principal(token: str | None) -> str:
+    """Who a token is, without the token: "token:<16 hex of its SHA-256>"; "" for no token."""
+    return "token:" + hashlib.sha256(token.encode()).hexdigest()[:16] if token else ""
+
+
+def principal_of_scope(scope: dict) -> str:
+    """The principal EndpointLock put in a request's scope; "" where no lock or no token."""
+    return str(scope.get(PRINCIPAL_KEY, ""))
 
 
 def is_loopback(host: str) -> bool:
@@ -103,10 +120,11 @@ def _read_token(path: Path) -> str:
 @dataclass(frozen=True)
 class Lock:
     """What EndpointLock checks: ``token`` (None: no token asked, loopback only) and the
-    Host header names accepted."""
+    Host header names accepted; ``resource_path``: the MCP endpoint's path."""
 
     token: str | None
     hosts: tuple[str, ...]
+    resource_path: str = "/mcp"
 
 
 def _host_name(host_header: str) -> str:
@@ -136,7 +154,7 @@ class EndpointLock:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         refusal = self._refusal(scope, headers)
         if refusal is None:
-            await self.app(scope, receive, send)
+            await self.app({**scope, PRINCIPAL_KEY: principal(self.lock.token)}, receive, send)
         else:
             await _respond(send, *refusal)
 
@@ -144,6 +162,10 @@ class EndpointLock:
         host = headers.get("host", "")
         if _host_name(host).lower() not in self.lock.hosts:
             return 400, "Invalid host header", []
+        if (self.lock.token is not None and scope["path"] in self._metadata_paths()
+                and scope.get("method") in ("GET", "HEAD")):
+            return 200, self._metadata(scope, host), [(b"content-type", b"application/json"),
+                                                      (b"access-control-allow-origin", b"*")]
         origin = headers.get("origin")
         if origin is not None and not _same_origin(origin, host):
             return 403, "Cross-origin request refused", []
@@ -163,13 +185,35 @@ class EndpointLock:
             return 303, "Logged in", [(b"location", location.encode()), (b"set-cookie", set_cookie.encode())]
         if _same(_bearer(headers.get("authorization")), token) or _same(_cookie(headers, cookie), token):
             return None
+        if self._is_resource(scope["path"]):
+            return _unauthorized(self._challenge(scope, host, "authorization" in headers))
         return _unauthorized()
 
+    def _is_resource(self, path: str) -> bool:
+        base = self.lock.resource_path.rstrip("/")
+        return path == base or path.startswith(base + "/")
 
-def _unauthorized() -> tuple[int, str, list]:
+    def _metadata_paths(self) -> tuple[str, str]:
+        return METADATA_PREFIX + self.lock.resource_path, METADATA_PREFIX
+
+    def _metadata(self, scope: dict, host: str) -> str:
+        """The RFC 9728 document of the MCP endpoint, as this Host reaches it."""
+        return json.dumps({"resource": f"{_scheme(scope)}://{host}{self.lock.resource_path}",
+                           "bearer_methods_supported": ["header"], "resource_name": RESOURCE_NAME})
+
+    def _challenge(self, scope: dict, host: str, token_sent: bool) -> bytes:
+        url = f"{_scheme(scope)}://{host}{self._metadata_paths()[0]}"
+        return f'Bearer resource_metadata="{url}"'.encode() + (b', error="invalid_token"' if token_sent else b"")
+
+
+def _scheme(scope: dict) -> str:
+    return "https" if scope.get("scheme") == "https" else "http"
+
+
+def _unauthorized(challenge: bytes = b"Bearer") -> tuple[int, str, list]:
     return (401, "This server needs its token: open the URL `guilds serve` printed (it ends in ?token=...), "
                  "or send the header Authorization: Bearer <token> (the token is in the data folder's "
-                 f"{TOKEN_FILE}).", [(b"www-authenticate", b"Bearer")])
+                 f"{TOKEN_FILE}).", [(b"www-authenticate", challenge)])
 
 
 def _same_origin(origin: str, host: str) -> bool:
@@ -201,7 +245,9 @@ def _cookie(headers: dict[str, str], name: str) -> str | None:
 
 async def _respond(send: Callable, status: int, text: str, headers: list) -> None:
     body = (text + "\n").encode()
+    plain = [(b"content-type", b"text/plain; charset=utf-8")]
+    kind = [] if any(name == b"content-type" for name, _ in headers) else plain
     await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode()),
+        *kind, (b"content-length", str(len(body)).encode()),
         (b"cache-control", b"no-store"), (b"referrer-policy", b"no-referrer"), *headers]})
     await send({"type": "http.response.body", "body": body})

@@ -150,3 +150,11 @@ CONTAINER_SEEN_POLL_SECONDS = 0.25
 # --- doctor ------------------------------------------------------------------------
 DOCTOR_PROBE_SECONDS = 10
 """The longest any one check waits (a command, an engine, a cluster, a database)."""
+
+# --- the MCP front's tasks ------------------------------------------------------
+MCP_TASK_AFTER_SECONDS = 2.0
+"""A code_task call of a client that takes tasks becomes a task once it has run this
+long without an answer: a quick refusal (bad arguments, no repository) comes back
+as an ordinary result."""
+MCP_TASK_POLL_SECONDS = 2.0
+"""The poll interval a task suggests (``pollIntervalMs``)."""

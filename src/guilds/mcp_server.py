@@ -26,25 +26,31 @@ public surface only:
   handling when the calls have stopped.
 
 MCPServer adds what it always serves: empty ``prompts/list`` and
-``resources/list`` (and their capabilities).
+``resources/list`` (and their capabilities). Its extension interface
+(``MCPServer(extensions=...)``) carries the tasks (``TasksExtension``).
 
 Contract:
 
 - ``tools/list`` asks ``toolbox.tools()`` at every call (the live coding
-  flag): each tool with its ToolSpec's description and input schema unchanged,
-  a title, and the annotations of ``ANNOTATIONS``.
+  flag): each tool with its ToolSpec's description and input schema (plus
+  the optional ``run`` argument), a title, and the annotations of ``ANNOTATIONS``.
 - ``tools/call`` -> one ``Toolbox.call``: the result text as one text content
   block, ``isError`` as the toolbox says, its metadata under
   ``_meta["guilds/meta"]`` (``run``, ``seq``, ``call``, ``row``, ...). Bad
   arguments, an unknown tool, a call while coding is off, any GuildsError:
-  an ``isError`` result naming what was wrong, made in ``_Front.call`` only.
-- Runs: one MCP session is one run, ``mcp-<32 hex>``. stdio: the process's
-  connection (``run_id``). HTTP with a session (``Mcp-Session-Id``, the
-  handshake era): derived from that id. A client may name the run itself
-  with ``_meta["guilds/run"]`` on the call. HTTP without a session (the
-  2026-07-28 revision): the agent's current sessionless run (``SessionlessRun``),
-  new after SESSIONLESS_IDLE_SECONDS without such a call; a run such a call
-  names becomes the current one.
+  an ``isError`` result naming what was wrong, made in ``_Front`` only.
+- Runs (``guilds.mcp_runs``): every tool takes an optional ``run`` argument,
+  the handle of a run an earlier result gave (SEP-2567), checked against the
+  token that made the run. Without it: stdio, the process's connection
+  (``run_id``); ``_meta["guilds/run"]`` on the call; HTTP with a session
+  (``Mcp-Session-Id``, the handshake era), a run derived from that id; HTTP
+  without a session (the 2026-07-28 revision), the principal's current
+  sessionless run (new after SESSIONLESS_IDLE_SECONDS without such a call),
+  named in the result's ``structuredContent`` (``{"run": id}``) too.
+- Tasks (``guilds.mcp_tasks``, the ``io.modelcontextprotocol/tasks``
+  extension, on the 2026-07-28 revision for a client that declares it): a
+  background ``shell`` command and a long ``code_task`` call answer with a
+  task; ``tasks/get``, ``tasks/update``, ``tasks/cancel``.
 - Context resets: ``_meta["guilds/context_reset"]: true`` on a call says the
   model's context was compacted or rewound before it (``Toolbox.context_reset``):
   no file_read points to a result from before that call.
@@ -62,12 +68,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
 import logging
 import os
 import signal
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -84,8 +88,10 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
 from . import limits
-from ._checks import is_safe_name
 from .errors import GuildsError
+from .mcp_runs import META_KEY, RUN_ARG, RunChoice, Runs, new_run_id, with_run_argument
+from .mcp_runs import RUN_KEY as RUN_KEY  # the tests and embedders name it from here
+from .mcp_tasks import TasksExtension
 from .toolbox import CallResult, Toolbox
 from .toolbox.tools import TOOL_NAMES, ToolSpec, tool_specs
 from .wiring import Wired, open_toolbox, resolve
@@ -93,15 +99,9 @@ from .wiring import Wired, open_toolbox, resolve
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "guilds"
-META_KEY = "guilds/meta"
-"""Where a result's metadata travels: ``_meta["guilds/meta"]``."""
-RUN_KEY = "guilds/run"
-"""A request ``_meta`` key naming the run a call belongs to."""
 CONTEXT_RESET_KEY = "guilds/context_reset"
 """A request ``_meta`` key: true when the model's context was compacted or
 rewound before this call (Toolbox.context_reset): no read points before it."""
-RUN_PREFIX = "mcp-"
-SESSION_HEADER = "mcp-session-id"
 SESSIONLESS_IDLE_SECONDS = 30 * 60.0
 """A client without a session (the 2026-07-28 revision over HTTP) that names no
 run continues the agent's current sessionless run until that run has had no
@@ -164,7 +164,7 @@ class ToolboxTool(Tool):
     def of(cls, spec: ToolSpec, call: ToolCall) -> ToolboxTool:
         hints = ANNOTATIONS[spec.name]
         return cls(fn=call, name=spec.name, title=hints.title, description=spec.description,
-                   parameters=spec.input_schema, annotations=hints.annotations(),
+                   parameters=with_run_argument(spec.input_schema), annotations=hints.annotations(),
                    fn_metadata=FuncMetadata(arg_model=ArgModelBase), is_async=True, context_kwarg=None)
 
     async def run(self, arguments: dict[str, Any], context: Context[Any, Any],
@@ -172,53 +172,32 @@ class ToolboxTool(Tool):
         return await self.fn(context, self.name, arguments)
 
 
-def new_run_id() -> str:
-    return RUN_PREFIX + uuid.uuid4().hex
-
-
-def session_run_id(session_id: str) -> str:
-    """The run of an HTTP session: stable per session, without showing the session id."""
-    return RUN_PREFIX + hashlib.sha256(session_id.encode()).hexdigest()[:32]
-
-
-class SessionlessRun:
-    """The agent's current run for calls that come with no session and name no run.
-
-    ``current()`` gives the run of such a call: the one of the previous such
-    call while it started or ended less than ``idle_seconds`` ago, else a new one. A
-    sessionless call that names a run (``_meta["guilds/run"]``) makes that the
-    current run (``follow``), so a client that names its run once keeps it.
-    """
-
-    def __init__(self, idle_seconds: float):
-        self.idle_seconds = idle_seconds
-        self._run: str | None = None
-        self._last = 0.0
-
-    def current(self) -> str:
-        now = time.monotonic()
-        if self._run is None or now - self._last > self.idle_seconds:
-            self._run = new_run_id()
-        self._last = now
-        return self._run
-
-    def follow(self, run_id: Any) -> None:
-        if isinstance(run_id, str) and is_safe_name(run_id):
-            self._run, self._last = run_id, time.monotonic()
-
-    def touch(self, run_id: str) -> None:
-        """A call of run_id ended: the idle time counts from now."""
-        if run_id == self._run:
-            self._last = time.monotonic()
-
-
 def error_result(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
 
 
-def to_result(result: CallResult) -> types.CallToolResult:
+def to_result(result: CallResult, choice: RunChoice) -> types.CallToolResult:
+    """The MCP result of a toolbox call; a run the server chose is named in structuredContent too."""
+    structured = {RUN_ARG: choice.run_id} if choice.chosen else None
     return types.CallToolResult(content=[types.TextContent(text=result.text)], is_error=result.is_error,
-                                _meta={META_KEY: result.meta})
+                                _meta={META_KEY: result.meta}, structured_content=structured)
+
+
+Report = Callable[[float], Awaitable[None]]
+"""Told the elapsed seconds while a call runs (``notifications/progress``)."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A call whose run is settled: the run, the arguments for the toolbox, the context reset flag."""
+
+    choice: RunChoice
+    arguments: dict[str, Any]
+    context_reset: bool
+
+
+async def _quiet(elapsed: float) -> None:
+    """The progress report of a call no request waits for (a task)."""
 
 
 async def run_call(call: Awaitable[CallResult], report: Callable[[float], Awaitable[None]]) -> CallResult:
@@ -246,44 +225,49 @@ class _Front:
     def __init__(self, toolbox: Toolbox, run_id: str | None,
                  sessionless_idle_seconds: float = SESSIONLESS_IDLE_SECONDS):
         self.toolbox = toolbox
-        self.run_id = run_id
+        self.runs = Runs(toolbox.store, run_id, sessionless_idle_seconds)
         self.ended = asyncio.Event()
         """Set as the server's lifespan ends (``_lifespan``): every call has stopped."""
-        self.sessionless = SessionlessRun(sessionless_idle_seconds)
-
-    def run_for(self, request: ServerRequestContext | None) -> str:
-        named: Any = (request.meta or {}).get(RUN_KEY) if request is not None else None
-        if self.run_id is not None and named is None:
-            return self.run_id
-        http = request.request if request is not None else None
-        session = http.headers.get(SESSION_HEADER) if http is not None else None
-        if named is not None:
-            if not session:
-                self.sessionless.follow(named)
-            return named  # the toolbox checks it is a safe name
-        if session:
-            return session_run_id(session)
-        return self.sessionless.current()
 
     async def call(self, context: Context | None, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        """The one place a failed call becomes an isError result."""
         request = _request_of(context)
+        return await self.call_in(request, name, arguments, functools.partial(_progress, request, name))
+
+    async def call_in(self, request: ServerRequestContext | None, name: str, arguments: dict[str, Any],
+                      report: Report) -> types.CallToolResult:
+        """The one place a failed call becomes an isError result (with ``run_prepared``)."""
         try:
             if not self.toolbox.tools():
                 return error_result(CODING_OFF.format(name=name))
-            run_id = self.run_for(request)
-            reset = (request.meta or {}).get(CONTEXT_RESET_KEY) is True if request is not None else False
-            try:
-                result = await run_call(self.toolbox.call(run_id, name, arguments, context_reset=reset),
-                                        functools.partial(_progress, request, name))
-            finally:
-                self.sessionless.touch(run_id)
+            prepared = await self.prepare(request, arguments)
         except GuildsError as exc:
             return error_result(str(exc))
         except Exception as exc:
             log.exception("tool %s failed", name)
             return error_result(f"internal error: {type(exc).__name__}")
-        return to_result(result)
+        return await self.run_prepared(request, name, prepared, report)
+
+    async def prepare(self, request: ServerRequestContext | None, arguments: dict[str, Any]) -> Prepared:
+        """The call's run (``mcp_runs``) and arguments; GuildsError naming what was wrong."""
+        choice, rest = await self.runs.choose(request, arguments)
+        reset = (request.meta or {}).get(CONTEXT_RESET_KEY) is True if request is not None else False
+        return Prepared(choice, rest, reset)
+
+    async def run_prepared(self, request: ServerRequestContext | None, name: str, prepared: Prepared,
+                           report: Report) -> types.CallToolResult:
+        run_id = prepared.choice.run_id
+        try:
+            try:
+                result = await run_call(self.toolbox.call(run_id, name, prepared.arguments,
+                                                          context_reset=prepared.context_reset), report)
+            finally:
+                self.runs.ended(request, run_id)
+        except GuildsError as exc:
+            return error_result(str(exc))
+        except Exception as exc:
+            log.exception("tool %s failed", name)
+            return error_result(f"internal error: {type(exc).__name__}")
+        return to_result(result, prepared.choice)
 
 
 def _request_of(context: Context | None) -> ServerRequestContext | None:
@@ -315,8 +299,9 @@ class GuildsServer(MCPServer):
     def __init__(self, toolbox: Toolbox, *, run_id: str | None = None,
                  sessionless_idle_seconds: float = SESSIONLESS_IDLE_SECONDS):
         self.front = _Front(toolbox, run_id, sessionless_idle_seconds)
+        self.tasks = TasksExtension(self.front)
         super().__init__(SERVER_NAME, version=_version(), instructions=INSTRUCTIONS, log_level="WARNING",
-                         subscriptions=False, lifespan=_lifespan,
+                         subscriptions=False, lifespan=_lifespan, extensions=[self.tasks],
                          tools=[ToolboxTool.of(spec, self.front.call) for spec in tool_specs()])
 
     async def list_tools(self) -> list[types.Tool]:
@@ -339,6 +324,7 @@ async def _lifespan(server: MCPServer[Any]) -> AsyncIterator[dict[str, Any]]:
         yield {}
     finally:
         if isinstance(server, GuildsServer):  # the only server it is given
+            await server.tasks.close()
             server.front.ended.set()
 
 

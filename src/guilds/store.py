@@ -21,6 +21,14 @@ Tables:
            machine, pid, pid_start, heartbeat_at
     context_marks  run_id, after_seq, at: the run's model context was compacted
            or rewound after its call after_seq
+    run_principals run_id, principal: who made the run, for fronts that
+           authenticate (the MCP endpoint: a fingerprint of its token; "" for
+           none); claimed once, by the run's first such call
+    tasks  id (a task id, unguessable), run_id, agent_id, tool, background_id,
+           principal, status (working, completed, failed, cancelled),
+           status_message, result (the final result or error, as sent),
+           created_at, updated_at, owner (the process following it; none once
+           it has ended): the MCP front's tasks (guilds/mcp_tasks.py)
 
 The schema is made once, whichever process comes first (``_create_schema``).
 Opening a Store registers its process as an owner and records as ``lost`` the
@@ -143,6 +151,26 @@ context_marks = sa.Table(
 )
 """Where a run's model context was compacted or rewound: no file_read points to
 a call at or before after_seq (toolbox/ledger.py)."""
+run_principals = sa.Table(
+    "run_principals", metadata,
+    sa.Column("run_id", sa.String(128), primary_key=True),
+    sa.Column("principal", sa.String(64), nullable=False),
+)
+tasks = sa.Table(
+    "tasks", metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("run_id", sa.String(128), nullable=False),
+    sa.Column("agent_id", sa.String(128), nullable=False),
+    sa.Column("tool", sa.String(32), nullable=False),
+    sa.Column("background_id", sa.String(32)),
+    sa.Column("principal", sa.String(64), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("status_message", sa.Text),
+    sa.Column("result", _JSON),
+    sa.Column("created_at", _TS, nullable=False),
+    sa.Column("updated_at", _TS, nullable=False),
+    sa.Column("owner", sa.String(32)),
+)
 
 
 FLOW_PAGE = 200
@@ -645,3 +673,39 @@ class Store:
                  .order_by(calls.c.seq).limit(limit))
         async with self.engine.connect() as conn:
             return [CallRecord.from_row(r) for r in (await conn.execute(query)).mappings()]
+
+    # --- the MCP front's run principals and tasks
+    async def claim_run(self, run_id: str, principal: str) -> str:
+        """The principal of run_id: ``principal`` when this is the run's first claim, else the one
+        recorded (two first claims at once: one insert wins, both read it)."""
+        claim = (_dialect_module(self.sqlite).insert(run_principals)
+                 .values(run_id=run_id, principal=principal).on_conflict_do_nothing(index_elements=["run_id"]))
+        recorded = sa.select(run_principals.c.principal).where(run_principals.c.run_id == run_id)
+
+        def claimed(conn: sa.Connection) -> str:
+            conn.execute(claim)
+            return str(conn.execute(recorded).scalar_one())
+        return await self._in_transaction(f"the principal of run {run_id}", claimed)
+
+    async def create_task(self, **values: Any) -> None:
+        """Record a new task (the ``tasks`` columns), owned by this process."""
+        row = {**values, "owner": self.owner.id}
+        await self._in_transaction("a new task", lambda conn: conn.execute(sa.insert(tasks), row))
+
+    async def update_task(self, task_id: str, **values: Any) -> None:
+        """Change a task's columns (an ended task: ``owner=None``)."""
+        change = sa.update(tasks).where(tasks.c.id == task_id).values(**values)
+        await self._in_transaction(f"task {task_id[:12]}", lambda conn: conn.execute(change))
+
+    async def get_task(self, task_id: str) -> dict[str, Any] | None:
+        """A task's columns, and ``owner_alive``: its owner is this process or still registered."""
+        query = (sa.select(tasks, owners.c.id.label("registered"))
+                 .select_from(tasks.outerjoin(owners, owners.c.id == tasks.c.owner))
+                 .where(tasks.c.id == task_id))
+        row = await self._reading(lambda conn: conn.execute(query).mappings().first())
+        if row is None:
+            return None
+        task = {k: v for k, v in row.items() if k != "registered"}
+        task["owner_alive"] = row["owner"] is not None and (row["registered"] is not None
+                                                            or row["owner"] == self.owner.id)
+        return task

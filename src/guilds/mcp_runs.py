@@ -1,0 +1,188 @@
+"""Which run an MCP call belongs to, and who may continue it.
+
+    Runs(store, fixed_run, idle_seconds).choose(request, arguments) -> (RunChoice, arguments)
+    with_run_argument(schema) -> the tool's schema with the optional ``run`` argument
+
+A call's run, first rule that applies:
+
+1. the ``run`` argument (SEP-2567's explicit handle): a run this server already
+   knows (its id came back in an earlier result); an unknown id is refused,
+   so a mistyped handle never starts an empty run. A ``_meta["guilds/run"]``
+   naming another run beside it is refused too;
+2. stdio: the connection's own run (``fixed_run``), unless ``_meta`` names one;
+3. ``_meta["guilds/run"]``: that run (made on its first call, as before);
+4. an HTTP session of the handshake era (``Mcp-Session-Id``): a run derived from it;
+5. none of these (the 2026-07-28 revision over HTTP, naming nothing): the
+   principal's current sessionless run (``SessionlessRun``), new after
+   ``idle_seconds`` without such a call. Its id travels back in the result's
+   ``structuredContent`` (``{"run": id}``) besides ``_meta["guilds/meta"]``, so
+   the client can name it from then on (``RunChoice.chosen``).
+
+Every run belongs to the principal of its first call through this front: the
+endpoint's token (a fingerprint, ``guilds.auth.principal_of_scope``), or ""
+where no token is asked (stdio, ``--no-token``). A call of another principal
+naming it, by any of the rules above, is refused by name (``BadInput``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from mcp.server.context import ServerRequestContext
+
+from ._checks import is_safe_name
+from .auth import principal_of_scope
+from .errors import BadInput
+from .store import Store
+from .toolbox.toolbox import check_run_id
+
+RUN_PREFIX = "mcp-"
+META_KEY = "guilds/meta"
+"""Where a result's metadata travels: ``_meta["guilds/meta"]``."""
+RUN_KEY = "guilds/run"
+"""A request ``_meta`` key naming the run a call belongs to."""
+RUN_ARG = "run"
+"""The optional argument of every tool naming its run (the handle a result gave)."""
+RUN_ARG_DESCRIPTION = (
+    "The run this call continues: the run id an earlier result of this server gave "
+    "(structuredContent.run). Omit it on the first call; a run keeps the working directory "
+    "and the read pointers."
+)
+SESSION_HEADER = "mcp-session-id"
+PRINCIPAL_CACHE_MAX = 4096
+"""Runs whose principal this process remembers (a claim never changes; past this many the memory starts over)."""
+
+
+def new_run_id() -> str:
+    return RUN_PREFIX + uuid.uuid4().hex
+
+
+def session_run_id(session_id: str) -> str:
+    """The run of an HTTP session: stable per session, without showing the session id."""
+    return RUN_PREFIX + hashlib.sha256(session_id.encode()).hexdigest()[:32]
+
+
+def with_run_argument(schema: dict[str, Any]) -> dict[str, Any]:
+    """schema with the optional ``run`` string argument added to its properties."""
+    properties = {**schema.get("properties", {}), RUN_ARG: {"type": "string", "description": RUN_ARG_DESCRIPTION}}
+    return {**schema, "properties": properties}
+
+
+@dataclass(frozen=True)
+class RunChoice:
+    run_id: str
+    chosen: bool
+    """The server picked the run (rule 5): the result names it in structuredContent."""
+
+
+class SessionlessRun:
+    """One principal's current run for calls that come with no session and name no run.
+
+    ``current()`` gives the run of such a call: the one of the previous such
+    call while it started or ended less than ``idle_seconds`` ago, else a new one. A
+    sessionless call that names a run in ``_meta`` makes that the current run
+    (``follow``), so a client that names its run once keeps it.
+    """
+
+    def __init__(self, idle_seconds: float):
+        self.idle_seconds = idle_seconds
+        self._run: str | None = None
+        self._last = 0.0
+
+    def current(self) -> str:
+        now = time.monotonic()
+        if self._run is None or now - self._last > self.idle_seconds:
+            self._run = new_run_id()
+        self._last = now
+        return self._run
+
+    def follow(self, run_id: Any) -> None:
+        if isinstance(run_id, str) and is_safe_name(run_id):
+            self._run, self._last = run_id, time.monotonic()
+
+    def touch(self, run_id: str) -> None:
+        """A call of run_id ended: the idle time counts from now."""
+        if run_id == self._run:
+            self._last = time.monotonic()
+
+
+def principal_of(request: ServerRequestContext | None) -> str:
+    """The caller's principal: the token's fingerprint the endpoint lock put in the scope, else ""."""
+    http = request.request if request is not None else None
+    scope = getattr(http, "scope", None)
+    return principal_of_scope(scope) if scope is not None else ""
+
+
+def _session_of(request: ServerRequestContext | None) -> str | None:
+    http = request.request if request is not None else None
+    headers = getattr(http, "headers", None)
+    return headers.get(SESSION_HEADER) if headers is not None else None
+
+
+class Runs:
+    """The run rules of the module docstring, over one run record."""
+
+    def __init__(self, store: Store, fixed_run: str | None, idle_seconds: float):
+        self.store = store
+        self.fixed_run = fixed_run
+        self.idle_seconds = idle_seconds
+        self._sessionless: dict[str, SessionlessRun] = {}
+        self._principals: dict[str, str] = {}
+
+    def sessionless(self, principal: str) -> SessionlessRun:
+        return self._sessionless.setdefault(principal, SessionlessRun(self.idle_seconds))
+
+    async def choose(self, request: ServerRequestContext | None,
+                     arguments: dict[str, Any]) -> tuple[RunChoice, dict[str, Any]]:
+        """The call's run and its arguments without ``run``; BadInput naming what was wrong."""
+        principal = principal_of(request)
+        named = (request.meta or {}).get(RUN_KEY) if request is not None else None
+        if RUN_ARG in arguments:
+            rest = {k: v for k, v in arguments.items() if k != RUN_ARG}
+            run_id = _checked_argument(arguments[RUN_ARG])
+            if named is not None and named != run_id:
+                raise BadInput(f"run: {run_id!r}, but _meta[{RUN_KEY!r}] names {named!r}; name one run")
+            if run_id not in self._principals and await self.store.get_run(run_id) is None:
+                raise BadInput(f"run: no run {run_id!r} on this server; omit run to start a new one")
+            await self._check(run_id, principal)
+            return RunChoice(run_id, False), rest
+        choice = self._by_transport(request, named, principal)
+        await self._check(check_run_id(choice.run_id), principal)
+        return choice, arguments
+
+    def _by_transport(self, request: ServerRequestContext | None, named: Any, principal: str) -> RunChoice:
+        if self.fixed_run is not None and named is None:
+            return RunChoice(self.fixed_run, False)
+        session = _session_of(request)
+        if named is not None:
+            if not session:
+                self.sessionless(principal).follow(named)
+            return RunChoice(named, False)
+        if session:
+            return RunChoice(session_run_id(session), False)
+        return RunChoice(self.sessionless(principal).current(), True)
+
+    async def _check(self, run_id: str, principal: str) -> None:
+        """Claim the run for principal on its first call; refuse another principal's run."""
+        owner = self._principals.get(run_id)
+        if owner is None:
+            owner = await self.store.claim_run(run_id, principal)
+            if len(self._principals) >= PRINCIPAL_CACHE_MAX:
+                self._principals.clear()
+            self._principals[run_id] = owner
+        if owner != principal:
+            raise BadInput(f"run {run_id!r} was started with another token; omit run to start a new one")
+
+    def ended(self, request: ServerRequestContext | None, run_id: str) -> None:
+        """A call of run_id ended: its principal's sessionless idle time counts from now."""
+        self.sessionless(principal_of(request)).touch(run_id)
+
+
+def _checked_argument(value: Any) -> str:
+    if not isinstance(value, str):
+        raise BadInput(f"run: must be a run id from an earlier result (a string), got {value!r}")
+    return check_run_id(value)
