@@ -1,6 +1,10 @@
-"""Every grace, drain and wait time of the orchestrator's side (an exec's stop, the
-sandboxes' and channels' waits, a cancelled call, a stopping server), named, with
-the reason beside it.
+"""Every grace, drain, poll and wait time of the orchestrator's side, named, with the
+reason beside it: an exec's stop, a cancelled call, a stopping server, the
+sandboxes' (docker, bubblewrap, kubernetes, the containers' init) and the
+resident channel's waits, the record's busy waits and owners' lease, the app's
+event stream, the MCP front's, doctor's probes, mini-swe-agent's default command
+timeout. A module that names one under a shorter name of its own says which limit
+it is (tests/test_layout.py finds a wait of a number of its own anywhere else).
 
 The sandbox's side has its own in ``guilds_code.limits`` ("process control");
 the two are tied by name below and checked against each other in
@@ -151,7 +155,13 @@ CONTAINER_SEEN_POLL_SECONDS = 0.25
 DOCTOR_PROBE_SECONDS = 10
 """The longest any one check waits (a command, an engine, a cluster, a database)."""
 
-# --- the MCP front's tasks ------------------------------------------------------
+# --- the MCP front -------------------------------------------------------------------
+MCP_SESSIONLESS_IDLE_SECONDS = 30 * 60.0
+"""A client without a session (the 2026-07-28 revision over HTTP) that names no
+run continues the agent's current sessionless run until that run has had no
+call for this long; then its next call starts a new run."""
+MCP_PROGRESS_SECONDS = 1.0
+"""How often a running call reports progress (elapsed seconds)."""
 MCP_TASK_AFTER_SECONDS = 2.0
 """A code_task call of a client that takes tasks becomes a task once it has run this
 long without an answer: a quick refusal (bad arguments, no repository) comes back

@@ -102,12 +102,10 @@ SERVER_NAME = "guilds"
 CONTEXT_RESET_KEY = "guilds/context_reset"
 """A request ``_meta`` key: true when the model's context was compacted or
 rewound before this call (Toolbox.context_reset): no read points before it."""
-SESSIONLESS_IDLE_SECONDS = 30 * 60.0
-"""A client without a session (the 2026-07-28 revision over HTTP) that names no
-run continues the agent's current sessionless run until that run has had no
-call for this long; then its next call starts a new run."""
-PROGRESS_SECONDS = 1.0
-"""How often a running call reports progress (elapsed seconds)."""
+SESSIONLESS_IDLE_SECONDS = limits.MCP_SESSIONLESS_IDLE_SECONDS
+"""guilds.limits.MCP_SESSIONLESS_IDLE_SECONDS."""
+PROGRESS_SECONDS = limits.MCP_PROGRESS_SECONDS
+"""guilds.limits.MCP_PROGRESS_SECONDS."""
 CANCEL_WAIT_SECONDS = limits.CALL_CANCEL_WAIT_SECONDS
 """guilds.limits.CALL_CANCEL_WAIT_SECONDS."""
 STOP_WAIT_SECONDS = limits.STDIO_STOP_WAIT_SECONDS
