@@ -6,7 +6,7 @@ Records a run of N calls (default 5000) on SQLite through ``Store.begin_call``
 and ``Store.finish_call`` (each a shell call with a 4 KiB result, the shape the
 toolbox records), and beside it, in the same store, a run of 10 calls and one
 of 200 (one page of the flow, ``queries.FLOW_PAGE``); serves the whole app
-(``guilds.serve.build_app``) with uvicorn on 127.0.0.1, and times over real
+(``guilds.fronts.serve.build_app``) with uvicorn on 127.0.0.1, and times over real
 HTTP, median and 95th percentile of ``--repeat`` requests each:
 
   1. the run's page (its Chat tab: the newest 200 rows);
@@ -44,12 +44,12 @@ sys.path.insert(0, str(ROOT / "src"))
 import httpx2
 import uvicorn
 
-from guilds.auth import Lock, host_names
-from guilds.rows import row_text
+from guilds.web.endpoint_lock import Lock, host_names
+from guilds.record.rows import row_text
 from guilds.sandbox.local import LocalSandbox
-from guilds.serve import build_app
-from guilds.settings import parse_settings
-from guilds.store import Store
+from guilds.fronts.serve import build_app
+from guilds.config.settings import parse_settings
+from guilds.record.store import Store
 from guilds.toolbox import Toolbox
 
 RUN, SMALL, PAGE = "bench", "small", "page"

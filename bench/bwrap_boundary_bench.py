@@ -35,12 +35,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from guilds.sandbox._process import run_process  # noqa: E402
+from guilds.sandbox._spawn import run_process  # noqa: E402
 from guilds.sandbox.bubblewrap import BwrapSandbox  # noqa: E402
 from guilds.sandbox.bwrap_argv import (  # noqa: E402
     HELPER_DIR, NAMESPACES, STATE_INSIDE, BwrapConfig, Limits, unavailable,
 )
-from guilds.settings import AgentSettings  # noqa: E402
+from guilds.config.settings import AgentSettings  # noqa: E402
 from guilds.toolbox.transport import call_helper  # noqa: E402
 
 LEGACY_INIT = (

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from guilds.helpers import build_helper  # noqa: E402
+from guilds.sandbox.helpers import build_helper  # noqa: E402
 
 PYTHON = os.path.realpath(sys.executable)
 GIB = 1 << 30

@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from resident_bench import interleaved, median_ms, pct_ms, tool_call  # noqa: E402
 
 from guilds.sandbox import get_sandbox  # noqa: E402
-from guilds.settings import parse_settings  # noqa: E402
-from guilds.store import Store  # noqa: E402
+from guilds.config.settings import parse_settings  # noqa: E402
+from guilds.record.store import Store  # noqa: E402
 from guilds.toolbox import Toolbox  # noqa: E402
 
 IMAGE = os.environ.get("GUILDS_TEST_KUBE_IMAGE", "guilds-sandbox:kube-test")

@@ -13,7 +13,7 @@ Two calls, each measured the same way in the same run on the same machine
 Paths:
     toolbox      Toolbox.call in this process: the floor the front adds to
     front        the official SDK client against build_server() in memory (no transport)
-    guilds mcp   the SDK client over stdio against `python -m guilds.mcp_server`
+    guilds mcp   the SDK client over stdio against `python -m guilds.fronts.mcp_server`
     dc           the SDK client over stdio against desktop-commander (node), telemetry off
 and the MCP layer alone, over a stub toolbox that answers at once (so the
 helper's and the machine's noise drop out): in memory, and over stdio
@@ -42,10 +42,10 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from mcp import Client, StdioServerParameters
 
-from guilds.mcp_server import build_server, serve_streams
+from guilds.fronts.mcp_server import build_server, serve_streams
 from guilds.sandbox import get_sandbox
-from guilds.settings import load_settings
-from guilds.store import Store
+from guilds.config.settings import load_settings
+from guilds.record.store import Store
 from guilds.toolbox import CallResult, Toolbox, tool_specs
 
 DC_SCRIPT = ROOT / "bench/.out/node_modules/@wonderwhy-er/desktop-commander/dist/index.js"
@@ -112,7 +112,7 @@ async def open_paths(stack: AsyncExitStack, folder: Path, home: Path, sandbox: s
     paths = {"toolbox": guilds_call(lambda tool, args: _direct(toolbox, tool, args), home)}
     front = await stack.enter_async_context(Client(build_server(toolbox, run_id="mcp-bench-front")))
     paths["front"] = guilds_call(front.call_tool, home)
-    params = StdioServerParameters(command=sys.executable, args=["-m", "guilds.mcp_server", str(settings_file),
+    params = StdioServerParameters(command=sys.executable, args=["-m", "guilds.fronts.mcp_server", str(settings_file),
                                                                   str(data)], env=_env())
     stdio = await stack.enter_async_context(Client(params, read_timeout_seconds=120))
     paths["guilds mcp"] = guilds_call(stdio.call_tool, home)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from guilds.store import _FINISH_CALL, _INSERT_CALL, Store  # noqa: E402
+from guilds.record.store import _FINISH_CALL, _INSERT_CALL, Store  # noqa: E402
 
 
 async def with_owner(store: Store, run: str) -> None:

@@ -54,8 +54,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from guilds.sandbox import get_sandbox
-from guilds.settings import parse_settings
-from guilds.store import Store
+from guilds.config.settings import parse_settings
+from guilds.record.store import Store
 from guilds.toolbox import Toolbox
 from guilds_code.ops.rg import rg_argv
 from guilds_code.protocol import validate_args

@@ -49,8 +49,8 @@ from guilds.sandbox import get_sandbox
 from guilds.sandbox.base import ExecResult
 from guilds.sandbox.bwrap_argv import unavailable as bwrap_unavailable
 from guilds.sandbox.local import LocalSandbox
-from guilds.settings import parse_settings
-from guilds.store import Store
+from guilds.config.settings import parse_settings
+from guilds.record.store import Store
 from guilds.toolbox import Toolbox, transport
 from guilds_code.protocol import Reply, ok_envelope
 

@@ -18,7 +18,7 @@ echo "wheel check: built $(basename "$WHEEL")"
 
 listing=$("$PYTHON" -m zipfile -l "$WHEEL")
 for path in guilds/web/templates/ guilds/web/static/ guilds_code/__main__.py guilds_harness/__main__.py \
-    guilds/helpers.py guilds/adapters/anthropic.py; do
+    guilds/sandbox/helpers.py guilds/adapters/anthropic.py; do
   grep -q "$path" <<<"$listing" || fail "$path is missing from the wheel"
 done
 [ "$(grep -c 'guilds/web/templates/.*\.html' <<<"$listing")" -gt 0 ] || fail "no templates in the wheel"

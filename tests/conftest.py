@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from guilds.helpers import build_helper
+from guilds.sandbox.helpers import build_helper
 from guilds_code.protocol import decode_envelope
 from resident_kit import ResidentServer
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from guilds.settings import AgentSettings, KubernetesSettings
+from guilds.config.settings import AgentSettings, KubernetesSettings
 
 IMAGE = os.environ.get("GUILDS_TEST_KUBE_IMAGE", "guilds-sandbox:kube-test")
 NAMESPACE = os.environ.get("GUILDS_TEST_KUBE_NAMESPACE", "guilds-test")

@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 from mcp import Client
 
-from guilds.mcp_server import ANNOTATIONS, META_KEY
+from guilds.fronts.mcp_server import ANNOTATIONS, META_KEY
 from guilds.toolbox import export, tool_specs
 
 SETTLE_SECONDS = 10.0

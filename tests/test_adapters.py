@@ -50,7 +50,7 @@ def models() -> Iterator[ScriptedModels]:
 
 
 @pytest.fixture
-async def agent(tmp_path) -> AsyncIterator[guilds.agent.Agent]:
+async def agent(tmp_path) -> AsyncIterator[guilds.fronts.agent.Agent]:
     async with guilds.open(settings_file(tmp_path), data_dir=tmp_path / "data", env={}) as opened:
         yield opened
 

@@ -152,8 +152,8 @@ def test_init_is_plain_python():
 def test_bwrap_settings_and_their_edges(tmp_path):
     import pytest
 
+    from guilds.config.settings import parse_settings
     from guilds.errors import ConfigError
-    from guilds.settings import parse_settings
 
     got = parse_settings({"bwrap": {"uid": 2**31 - 2, "memory": "1m", "pids_limit": 16,
                                     "tmp_size": "3G", "state_size": "1m"}}, tmp_path).bwrap

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from guilds.config.settings import AgentSettings, BwrapSettings, Repo
 from guilds.errors import SandboxError
 from guilds.sandbox.bubblewrap import BwrapSandbox
 from guilds.sandbox.bwrap_argv import unavailable
-from guilds.settings import AgentSettings, BwrapSettings, Repo
 from guilds.toolbox.transport import call_helper
 
 NO_BWRAP = unavailable()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from guilds.cli import main
+from guilds.fronts.cli import main
 
 
 def config(tmp_path: Path, extra: str = "") -> Path:
@@ -117,7 +117,7 @@ def test_the_console_script(tmp_path):
 def test_a_call_imports_only_what_it_needs(tmp_path):
     """Not the MCP SDK, the app's web stack, another sandbox backend, nor PostgreSQL's dialect."""
     code = (
-        "import sys; from guilds.cli import main; "
+        "import sys; from guilds.fronts.cli import main; "
         f"main(['call', 'shell', '{{}}', '--config', {str(config(tmp_path))!r}]); "
         "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})), file=sys.stderr); "
         "print(' '.join(sorted(m for m in sys.modules if m.startswith(('guilds.', 'sqlalchemy.dialects.')))), "
@@ -138,7 +138,7 @@ def _serve_lines(data: Path, *python_flags: str) -> list[str]:
     """The stderr lines of a real `guilds serve` up to its MCP line; then it is stopped."""
     env = {k: v for k, v in os.environ.items() if k != "GUILDS_DATABASE_URL"}
     env["GUILDS_DATA"] = str(data)
-    proc = subprocess.Popen([sys.executable, *python_flags, "-m", "guilds.cli", "serve", "--port", "0"], env=env,
+    proc = subprocess.Popen([sys.executable, *python_flags, "-m", "guilds.fronts.cli", "serve", "--port", "0"], env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     try:

@@ -15,8 +15,8 @@ import pytest
 from mcp import Client
 
 from guilds.errors import BadInput
-from guilds.mcp_server import CONTEXT_RESET_KEY, RUN_KEY, streamable_http_app
-from guilds.store import Store, metadata
+from guilds.fronts.mcp_server import CONTEXT_RESET_KEY, RUN_KEY, streamable_http_app
+from guilds.record.store import Store, metadata
 from test_cli import config, run
 from test_mcp_http import serving
 from toolbox_kit import local_toolbox

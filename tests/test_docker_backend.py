@@ -22,13 +22,13 @@ import docker
 import pytest
 
 from conftest import sized_tmpfs
+from guilds.config.settings import AgentSettings, DockerSettings, Repo, parse_settings
 from guilds.errors import ConfigError, SandboxError
 from guilds.sandbox import _container as box_lib
 from guilds.sandbox import docker_spec as spec
 from guilds.sandbox import image
 from guilds.sandbox.docker import DockerSandbox
 from guilds.sandbox.docker_engine import unavailable
-from guilds.settings import AgentSettings, DockerSettings, Repo, parse_settings
 from guilds.toolbox.transport import call_helper
 
 IMAGE = os.environ.get("GUILDS_SANDBOX_IMAGE", "guilds-sandbox:latest")
@@ -50,7 +50,7 @@ def test_container_spec():
         "image": "img:1",
         "command": ["python3", "-I", "-S", "-c", box_lib.INIT, "/run/guilds-clock/active", "90", "30"],
         "name": "guilds-a1",
-        "labels": {"guilds.agent": "a1"},
+        "labels": {"guilds.fronts.agent": "a1"},
         "environment": {"HOME": "/h/a1"},
         "working_dir": "/h/a1",
         "volumes": {"/h/a1": {"bind": "/h/a1", "mode": "rw"},
@@ -333,9 +333,9 @@ def test_a_call_the_runtime_refused_to_start_is_known_as_such():
 async def test_the_full_output_log_is_read_inside_the_container(make, tmp_path):
     """The app's reader (as serve hands it) opens a shell call's log where it lives: in the
     container, through guilds-code's log_read, shaped and redacted there."""
-    from guilds.store import Store
+    from guilds.record.store import Store
     from guilds.toolbox import Toolbox
-    from guilds.toolbox.log_read import log_reading
+    from guilds.toolbox.log_reading import log_reading
     from guilds.web.logs import HelperLogReader, LogUnavailable
 
     secret = "sk-live-docker-5e1f0a"

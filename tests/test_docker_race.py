@@ -23,7 +23,7 @@ FIRST_CALL = """
 import asyncio, sys
 from pathlib import Path
 from guilds.sandbox.docker import DockerSandbox
-from guilds.settings import AgentSettings, DockerSettings
+from guilds.config.settings import AgentSettings, DockerSettings
 
 async def main():
     settings = AgentSettings(id="race1", home=Path(sys.argv[1]), sandbox="docker",

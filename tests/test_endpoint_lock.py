@@ -25,9 +25,9 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from guilds.auth import TOKEN_FILE, Lock, host_names, server_token
 from guilds.errors import RecordError
-from guilds.serve import build_app
+from guilds.fronts.serve import build_app
+from guilds.web.endpoint_lock import TOKEN_FILE, Lock, host_names, server_token
 from test_mcp_http import serving
 from toolbox_kit import local_toolbox
 from web_kit import AUTH, LOCK, TOKEN
@@ -175,7 +175,7 @@ def _serve(data: Path, *args: str) -> subprocess.Popen:
     (data.parent / "agent.toml").write_text(f'[agent]\nhome = "{data.parent / "home"}"\nsandbox = "local"\n')
     env = {**os.environ, "GUILDS_DATA": str(data)}
     env.pop("GUILDS_DATABASE_URL", None)
-    return subprocess.Popen([sys.executable, "-m", "guilds.cli", "serve", "--port", "0", "--config",
+    return subprocess.Popen([sys.executable, "-m", "guilds.fronts.cli", "serve", "--port", "0", "--config",
                              str(data.parent / "agent.toml"), *args], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -271,8 +271,8 @@ async def test_guilds_call_makes_the_data_folder_and_the_record_private(tmp_path
     old.mkdir(mode=0o755)
     (old / "guilds.db").touch(mode=0o644)
     for data in (tmp_path / "data", old):
-        done = subprocess.run([sys.executable, "-m", "guilds.cli", "call", "shell", '{"command": "true"}', "--config",
-                               str(config)], check=False, env={**env, "GUILDS_DATA": str(data)},
+        done = subprocess.run([sys.executable, "-m", "guilds.fronts.cli", "call", "shell", '{"command": "true"}',
+                               "--config", str(config)], check=False, env={**env, "GUILDS_DATA": str(data)},
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert _mode(data) == 0o700 and _mode(data / "guilds.db") == 0o600, data

@@ -12,8 +12,8 @@ import pytest
 
 from guilds_code.protocol import RequestError
 from guilds_code.redact import Redactor
-from guilds_harness import adapters, diffstat, limits, report, request
-from guilds_harness.adapters.base import Outcome
+from guilds_harness import diffstat, harnesses, limits, report, request
+from guilds_harness.harnesses.contract import Outcome
 from guilds_harness.process import Exit
 from guilds_harness.stream import EventLog, LineFramer, decode_event
 
@@ -75,11 +75,11 @@ STREAMS = {
     "claude-code": {"success": CLAUDE_SUCCESS, "failed": CLAUDE_FAILED},
     "codex": {"success": CODEX_SUCCESS, "failed": CODEX_FAILED},
 }
-ALL = sorted(adapters.HARNESSES)
+ALL = sorted(harnesses.HARNESSES)
 
 
 def parse(name, events):
-    parser = adapters.get(name).parser()
+    parser = harnesses.get(name).parser()
     for event in events:
         parser.feed(json.loads(json.dumps(event)))
     return parser.outcome()
@@ -92,7 +92,7 @@ def test_every_adapter_has_streams_here():
 
 @pytest.mark.parametrize("name", ALL)
 def test_argv_starts_with_the_program_and_ends_with_the_prompt(name):
-    adapter = adapters.get(name)
+    adapter = harnesses.get(name)
     assert adapter.name == name
     for session in (None, SESSION):
         argv = adapter.argv("-rf: a brief starting with a dash", session)
@@ -104,7 +104,7 @@ def test_argv_starts_with_the_program_and_ends_with_the_prompt(name):
 
 @pytest.mark.parametrize("name", ALL)
 def test_environ_is_strings_and_no_secret(name):
-    env = adapters.get(name).environ()
+    env = harnesses.get(name).environ()
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
     assert not any(word in k for k in env for word in ("KEY", "TOKEN", "SECRET"))
 
@@ -152,7 +152,7 @@ def test_unknown_events_and_odd_fields_are_ignored(name):
 
 @pytest.mark.parametrize("name", ALL)
 def test_a_fresh_parser_per_call(name):
-    adapter = adapters.get(name)
+    adapter = harnesses.get(name)
     first = adapter.parser()
     for event in STREAMS[name]["success"]:
         first.feed(event)
@@ -176,20 +176,20 @@ def test_claude_result_fields():
 
 
 def test_claude_argv_resume_and_permissions():
-    argv = adapters.get("claude-code").argv("do it", SESSION)
+    argv = harnesses.get("claude-code").argv("do it", SESSION)
     assert argv == ["claude", "-p", "--output-format", "stream-json", "--verbose",
                     "--dangerously-skip-permissions", f"--resume={SESSION}", "--", "do it"]
-    assert adapters.get("claude-code").environ() == {"IS_SANDBOX": "1"}
+    assert harnesses.get("claude-code").environ() == {"IS_SANDBOX": "1"}
 
 
 def test_codex_argv_resume():
-    argv = adapters.get("codex").argv("do it", SESSION)
+    argv = harnesses.get("codex").argv("do it", SESSION)
     assert argv == ["codex", "exec", "--json", "--skip-git-repo-check",
                     "--dangerously-bypass-approvals-and-sandbox", "resume", SESSION, "--", "do it"]
 
 
 def test_codex_sessions_are_looked_up_in_its_rollout_files(tmp_path):
-    codex = adapters.get("codex")
+    codex = harnesses.get("codex")
     env = {"HOME": str(tmp_path)}
     assert codex.unknown_session(SESSION, env)
     day = tmp_path / ".codex" / "sessions" / "2025" / "10" / "12"

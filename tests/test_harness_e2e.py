@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PYTHON, Sandbox, error_text, ok_text
-from guilds.helpers import build_helper
+from guilds.sandbox.helpers import build_helper
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FAKES = {"claude": "fake_claude.py", "codex": "fake_codex.py"}

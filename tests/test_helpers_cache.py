@@ -6,7 +6,7 @@ import subprocess
 import time
 
 from conftest import PYTHON
-from guilds import helpers
+from guilds.sandbox import helpers
 from guilds_code.protocol import decode_envelope
 
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 import kube_kit
+from guilds.config.settings import AgentSettings, KubernetesSettings, Repo
 from guilds.errors import SandboxError
 from guilds.sandbox import _container as box_lib
 from guilds.sandbox import kube_spec as spec
 from guilds.sandbox.kubernetes import KubernetesSandbox
-from guilds.settings import AgentSettings, KubernetesSettings, Repo
 from guilds.toolbox.transport import call_helper
 
 CFG = KubernetesSettings(namespace="agents", image="reg/guilds:1", runtime_class="gvisor",
@@ -45,7 +45,7 @@ def test_pod_manifest():
     assert got == {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "agents",
-                     "labels": {"guilds.agent": name, "guilds.network": "off"},
+                     "labels": {"guilds.fronts.agent": name, "guilds.network": "off"},
                      "annotations": {"guilds/agent-id": "Web_1", "guilds/fingerprint": "f00"}},
         "spec": {
             "restartPolicy": "Never",
@@ -95,7 +95,7 @@ def test_secret_claim_and_network_policy():
     name = spec.object_name("a")
     assert spec.secret_manifest(CFG, name, {"API_KEY": "v" * 12}) == {
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": {"name": f"{name}-env", "namespace": "agents", "labels": {"guilds.agent": name}},
+        "metadata": {"name": f"{name}-env", "namespace": "agents", "labels": {"guilds.fronts.agent": name}},
         "stringData": {"API_KEY": "v" * 12}}
     assert spec.claim_manifest(CFG, name)["spec"] == {
         "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "5Gi"}}}
@@ -276,7 +276,7 @@ async def test_cluster_exec_files_and_the_helper(pod):
 # --- the resident helper over pods/exec, against a local server speaking its framing --
 @pytest.fixture
 def built_helper(tmp_path):
-    from guilds.helpers import build_helper
+    from guilds.sandbox.helpers import build_helper
 
     return str(build_helper(tmp_path / "helper" / "guilds-code"))
 
@@ -289,8 +289,8 @@ async def test_the_resident_helper_over_pods_exec(tmp_path, built_helper, server
     import sys
 
     from guilds.sandbox import kube_cluster as cluster
-    from guilds.sandbox.channel import KubeProcess
-    from guilds.toolbox.channel import ResidentChannel
+    from guilds.sandbox.process_channel import KubeProcess
+    from guilds.toolbox.resident_channel import ResidentChannel
     from kube_exec_server import ExecServer
 
     home, state = tmp_path / "home", tmp_path / "state"
@@ -346,7 +346,7 @@ async def test_the_sandbox_opens_its_process_over_pods_exec(tmp_path, built_help
     the exec websocket, then, on close, the kill exec by the process's token."""
     import sys
 
-    from guilds.toolbox.channel import ResidentChannel
+    from guilds.toolbox.resident_channel import ResidentChannel
     from guilds.toolbox.transport import serve_argv
     from kube_exec_server import ExecServer
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
+from guilds.config.settings import AgentSettings, Repo
 from guilds.errors import SandboxError
+from guilds.record.store import Store
 from guilds.sandbox import kube_spec as spec
 from guilds.sandbox.kubernetes import KubernetesSandbox
-from guilds.settings import AgentSettings, Repo
-from guilds.store import Store
 from guilds.toolbox import Toolbox
 from guilds.toolbox.transport import call_helper
 from kube_kit import (
@@ -232,7 +232,7 @@ RACE = """
 import asyncio, sys
 from pathlib import Path
 from guilds.sandbox.kubernetes import KubernetesSandbox
-from guilds.settings import AgentSettings, KubernetesSettings
+from guilds.config.settings import AgentSettings, KubernetesSettings
 
 async def main():
     settings = AgentSettings(id=sys.argv[1], home=Path("/home/agent"), sandbox="kubernetes",
@@ -264,7 +264,7 @@ async def test_eight_processes_make_one_pod_at_once(make):
 
 def guilds_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "GUILDS_DATA": str(tmp_path / "data")}
-    return subprocess.run([sys.executable, "-m", "guilds.cli", *args], check=False, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "guilds.fronts.cli", *args], check=False, env=env, capture_output=True,
                           timeout=300, text=True)
 
 

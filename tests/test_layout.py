@@ -256,3 +256,161 @@ def test_the_orchestrators_channel_waits_leave_room_for_the_helpers_stop():
     assert orchestrator.CHANNEL_CANCEL_WAIT_SECONDS > sandbox_side.SERVE_WORKER_KILL_SECONDS
     assert orchestrator.CHANNEL_CLOSE_WAIT_SECONDS > sandbox_side.CANCEL_KILL_GRACE_SECONDS
     assert orchestrator.KUBERNETES_DEADLINE_SLACK_SECONDS >= orchestrator.DOCKER_DEADLINE_SLACK_SECONDS
+
+
+# --- the orchestrator's rooms -----------------------------------------------
+
+BASE = ("guilds.errors", "guilds.limits", "guilds.procfs")
+"""The base modules: every room may import them; they import nothing of the house."""
+ROOMS = {
+    "base": set(),
+    "config": {"base"},
+    "record": {"base", "config"},
+    "sandbox": {"base", "config"},
+    "toolbox": {"base", "config", "record", "sandbox"},
+    "web": {"base", "config", "record"},
+    "adapters": {"base"},
+    "fronts": {"base", "config", "record", "sandbox", "toolbox", "web"},
+    "package": {"fronts"},
+}
+"""Which rooms of guilds each room may import (besides itself, the standard library,
+the third-party packages and the in-sandbox helpers): config (the settings), the
+record, the sandboxes and the web app stand on the base alone or with the
+settings and the record; the toolbox joins the record and the sandboxes; the
+fronts (CLI, MCP, serve, the Python API, doctor) join everything; ``guilds.open``
+(the package) opens a front. The package's own name is no room: ``from .. import
+limits`` names it, and the adapters call ``guilds.open``."""
+
+
+def room_of(module: str) -> str | None:
+    """The room of a dotted module name of guilds ("loose" outside every room), None outside guilds."""
+    parts = module.split(".")
+    if parts[0] != "guilds":
+        return None
+    if len(parts) == 1 or parts[1] == "__init__":
+        return "package"
+    if ".".join(parts[:2]) in BASE:
+        return "base"
+    return parts[1] if parts[1] in ROOMS else "loose"
+
+
+def _guilds_modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in _modules("guilds")}
+
+
+def test_every_module_of_guilds_is_in_a_room():
+    loose = [name for name in _guilds_modules() if room_of(name) == "loose"]
+    assert loose == []
+
+
+def _room_breaches(modules: dict[str, Path], root: Path = SRC) -> list[str]:
+    breaches = []
+    for name, path in sorted(modules.items()):
+        here = room_of(name)
+        for imported in sorted(_imported(path, root)):
+            there = room_of(imported) if imported != "guilds" else None
+            if there is not None and there != here and there not in ROOMS[here]:
+                breaches.append(f"{name} ({here}) imports {imported} ({there})")
+    return breaches
+
+
+def test_a_room_imports_only_the_rooms_it_stands_on():
+    assert _room_breaches(_guilds_modules()) == []
+
+
+def test_the_room_rule_catches_a_breach(tmp_path):
+    """The check above fails for an import it must refuse (not vacuous)."""
+    record = tmp_path / "guilds" / "record"
+    record.mkdir(parents=True)
+    (record / "bad.py").write_text("def f():\n    from ..toolbox import Toolbox\n    from ..config import settings\n")
+    modules = {"guilds.record.bad": record / "bad.py"}
+    assert _room_breaches(modules, tmp_path) == [
+        "guilds.record.bad (record) imports guilds.toolbox (toolbox)",
+        "guilds.record.bad (record) imports guilds.toolbox.Toolbox (toolbox)",
+    ]
+
+
+def test_the_base_modules_import_nothing_of_the_house():
+    for name in BASE:
+        path = SRC / (name.replace(".", "/") + ".py")
+        ours = {n for n in _imported(path) if n.split(".")[0] in ("guilds", "guilds_code", "guilds_harness")}
+        assert ours == set(), name
+
+
+def test_the_orchestrators_modules_import_one_another_without_a_circle():
+    """Imports anywhere in a module count (a function's too); a package's __init__ is left out."""
+    modules = {name: path for name, path in _guilds_modules().items() if path.name != "__init__.py"}
+    graph = {name: _imported(path) & set(modules) for name, path in modules.items()}
+    assert _cycle(graph) == []
+
+
+NAMES_SHARED = {"__init__.py", "__main__.py", "limits.py"}
+"""File names more than one package has: a package's front, a program's entry, and
+each side's limits module (the same thing on each side)."""
+
+
+def test_one_name_means_one_thing():
+    """No two modules, and no two packages, of the three share a name."""
+    files: dict[str, list[str]] = {}
+    folders: dict[str, list[str]] = {}
+    for package in ("guilds", "guilds_code", "guilds_harness"):
+        for path in _modules(package):
+            rel = str(path.relative_to(SRC))
+            if path.name not in NAMES_SHARED:
+                files.setdefault(path.name, []).append(rel)
+            if path.name == "__init__.py" and path.parent != SRC / package:
+                folders.setdefault(path.parent.name, []).append(rel)
+    assert {n: p for n, p in files.items() if len(p) > 1} == {}
+    assert {n: p for n, p in folders.items() if len(p) > 1} == {}
+
+
+def _string_lists(path: Path) -> list[tuple[int, frozenset[str]]]:
+    """(line, strings) of every tuple, list or set literal of two or more strings in path."""
+    return [(node.lineno, frozenset(e.value for e in node.elts))
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) > 1
+            and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)]
+
+
+def test_each_name_list_is_written_once():
+    """The sandboxes, the transports and the harnesses: one literal each in the whole tree."""
+    from guilds.config.settings import SANDBOXES, TRANSPORTS
+    from guilds_harness.harnesses import HARNESSES
+
+    lists = {"sandboxes": frozenset(SANDBOXES), "transports": frozenset(TRANSPORTS)}
+    written: dict[str, list[str]] = {name: [] for name in lists}
+    for package in ("guilds", "guilds_code", "guilds_harness"):
+        for path in _modules(package):
+            for line, strings in _string_lists(path):
+                for name, names in lists.items():
+                    if strings == names:
+                        written[name].append(f"{path.relative_to(SRC)}:{line}")
+                assert strings != frozenset(HARNESSES), f"{path.relative_to(SRC)}:{line} lists the harnesses again"
+    assert {name: len(places) for name, places in written.items()} == {"sandboxes": 1, "transports": 1}, written
+
+
+def _literal_waits(path: Path, root: Path = SRC) -> list[str]:
+    """Where path names a wait with a number of its own: a ``*_SECONDS``/``*_MS`` constant
+    set from a literal, or a sleep of a literal."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and re.search(r"_(SECONDS|MS)(_[A-Z]+)?$", t.id) for t in node.targets):
+            if not any(isinstance(n, (ast.Name, ast.Attribute)) for n in ast.walk(node.value)):  # a number alone
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "sleep" and node.args
+              and isinstance(node.args[0], ast.Constant) and node.args[0].value):
+            found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_every_wait_is_named_in_a_limits_module():
+    found = [where for package in ("guilds", "guilds_code", "guilds_harness") for path in _modules(package)
+             if path.name != "limits.py" for where in _literal_waits(path)]
+    assert found == []
+
+
+def test_the_wait_rule_catches_a_literal_wait(tmp_path):
+    module = tmp_path / "bad.py"
+    module.write_text("import time\nPOLL_SECONDS = 0.5\nALIAS_SECONDS = limits.X\ntime.sleep(0.1)\ntime.sleep(0)\n")
+    assert [w.split(":")[1] for w in _literal_waits(module, tmp_path)] == ["2", "4"]

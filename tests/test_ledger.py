@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from guilds.store import Store
+from guilds.record.store import Store
 from guilds.toolbox.ledger import ledger_entry, read_ledger
 
 META = {"path": "/home/a/x.py", "range": [1, 20], "content_hash": "ab12", "lines": 20}

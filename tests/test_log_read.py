@@ -9,11 +9,11 @@ import os
 
 import pytest
 
+from guilds.record.store import Store
 from guilds.sandbox import get_sandbox
 from guilds.sandbox.bwrap_argv import unavailable
-from guilds.store import Store
 from guilds.toolbox import Toolbox
-from guilds.toolbox.log_read import log_reading
+from guilds.toolbox.log_reading import log_reading
 from guilds.web.logs import LOG_HEAD_BYTES, LOG_TAIL_BYTES, HelperLogReader, LogUnavailable
 from guilds_code.ops.log_read import GONE, log_parts, secret_lines
 from guilds_code.protocol import OpError

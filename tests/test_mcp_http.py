@@ -12,7 +12,7 @@ from mcp import Client
 from mcp.server.mcpserver import MCPServer
 
 import mcp_kit as kit
-from guilds.mcp_server import RUN_KEY, build_server, http_endpoint, streamable_http_app
+from guilds.fronts.mcp_server import RUN_KEY, build_server, http_endpoint, streamable_http_app
 from guilds.toolbox import Toolbox
 from toolbox_kit import local_toolbox
 

@@ -17,15 +17,15 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 import mcp_kit as kit
+from guilds.record.store import Store
 from guilds.sandbox.bwrap_argv import unavailable
-from guilds.store import Store
 
 
 def server_params(tmp_path: Path, sandbox: str = "local") -> StdioServerParameters:
-    """`python -m guilds.mcp_server SETTINGS DATA`: what `guilds mcp` runs, without the CLI's wiring."""
+    """`python -m guilds.fronts.mcp_server SETTINGS DATA`: what `guilds mcp` runs, without the CLI's wiring."""
     settings = kit.write_settings(tmp_path, sandbox=sandbox)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GUILDS_")}
-    args = ["-m", "guilds.mcp_server", str(settings), str(tmp_path / "data")]
+    args = ["-m", "guilds.fronts.mcp_server", str(settings), str(tmp_path / "data")]
     return StdioServerParameters(command=sys.executable, args=args, env=env)
 
 

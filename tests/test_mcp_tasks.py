@@ -21,9 +21,9 @@ from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from pydantic import ConfigDict
 
 import mcp_kit as kit
-from guilds.auth import EndpointLock, Lock, host_names
-from guilds.mcp_server import META_KEY, streamable_http_app
+from guilds.fronts.mcp_server import META_KEY, streamable_http_app
 from guilds.toolbox import Toolbox
+from guilds.web.endpoint_lock import EndpointLock, Lock, host_names
 from mcp_raw import TASKS, RawClient
 from test_mcp_http import serving, toolbox, url  # noqa: F401 - toolbox and url: fixtures
 from test_toolbox_code_task import fake_path  # noqa: F401 - a fixture
@@ -200,8 +200,8 @@ async def test_the_sdk_client_in_modern_mode_gets_a_tasks_result(url):
 # --- code_task as a task ----------------------------------------------------------------
 @pytest.fixture
 async def coding_toolbox(tmp_path, fake_path) -> AsyncIterator[Toolbox]:
+    from guilds.record.store import Store
     from guilds.sandbox.local import LocalSandbox
-    from guilds.store import Store
     from toolbox_kit import make_settings
 
     repo = tmp_path / "home" / "repos" / "web"
@@ -262,8 +262,8 @@ def _serve(tmp_path: Path, fake_path: str) -> tuple[subprocess.Popen, str]:
                       '[repos.web]\npath = "repos/web"\n')
     env = {**os.environ, "GUILDS_DATA": str(tmp_path / "data"), "PATH": fake_path}
     env.pop("GUILDS_DATABASE_URL", None)
-    proc = subprocess.Popen([sys.executable, "-m", "guilds.cli", "serve", "--port", "0", "--no-token", "--config",
-                             str(config)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", "guilds.fronts.cli", "serve", "--port", "0", "--no-token",
+                             "--config", str(config)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
         if found := re.search(r"MCP at (http://\S+/mcp)", line):

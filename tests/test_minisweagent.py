@@ -13,7 +13,7 @@ from minisweagent.environments import get_environment
 from minisweagent.models.test_models import DeterministicModel, make_output
 
 from guilds.adapters.minisweagent import GuildsEnvironment, body
-from guilds.store import Store
+from guilds.record.store import Store
 
 SYSTEM = "You fix bugs. Reply with one bash command in a ```bash block."
 INSTANCE = "Task: {{task}} (run {{run_id}} on {{system}})"

@@ -26,13 +26,13 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import mcp_kit as kit
 from conftest import sized_tmpfs
-from guilds.auth import TOKEN_FILE, Lock, host_names
-from guilds.lifecycle import LOST
 from guilds.limits import OWNER_HEARTBEAT_SECONDS as HEARTBEAT_SECONDS
 from guilds.limits import OWNER_LEASE_SECONDS as LEASE_SECONDS
+from guilds.record.owners import LOST
+from guilds.record.store import Store, calls, metadata, normalize_url, owners
 from guilds.sandbox.bwrap_argv import unavailable
-from guilds.store import Store, calls, metadata, normalize_url, owners
 from guilds.web.app import create_app
+from guilds.web.endpoint_lock import TOKEN_FILE, Lock, host_names
 from guilds.web.logs import HelperLogReader
 from guilds_code.redact import Redactor
 
@@ -55,7 +55,7 @@ def agent(tmp_path: Path, sandbox: str = "local") -> tuple[Path, dict[str, str]]
 
 def start_call(tmp_path: Path, command: str, run: str, sandbox: str = "local") -> subprocess.Popen:
     config, env = agent(tmp_path, sandbox)
-    return subprocess.Popen([sys.executable, "-m", "guilds.cli", "call", "shell", f'{{"command": "{command}"}}',
+    return subprocess.Popen([sys.executable, "-m", "guilds.fronts.cli", "call", "shell", f'{{"command": "{command}"}}',
                              "--config", str(config), "--run", run], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -196,9 +196,9 @@ async def test_a_call_of_an_owner_elsewhere_is_lost_once_its_lease_has_passed(tm
 def start_serve(tmp_path: Path) -> tuple[subprocess.Popen, str, str]:
     """A real `guilds serve` on a free loopback port: (process, /mcp's URL, token)."""
     config, env = agent(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "guilds.cli", "serve", "--port", "0", "--config", str(config)],
-                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "guilds.fronts.cli", "serve", "--port", "0",
+                             "--config", str(config)], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
         if found := re.search(r"(http://127\.0\.0\.1:\d+)/\?token=", line):
             return proc, found.group(1) + "/mcp", (tmp_path / "data" / TOKEN_FILE).read_text().strip()

@@ -12,8 +12,8 @@ import subprocess
 import pytest
 
 from conftest import PYTHON, error_text, ok_text
-from guilds import helpers
-from guilds.helpers import build_bytes
+from guilds.sandbox import helpers
+from guilds.sandbox.helpers import build_bytes
 from guilds_code import codec, limits, protocol
 from guilds_code.protocol import decode_envelope
 

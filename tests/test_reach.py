@@ -16,15 +16,15 @@ from typing import AsyncIterator, Iterator
 
 import pytest
 
-from guilds import doctor
+from guilds.config.settings import AgentSettings, Repo
+from guilds.fronts import doctor
+from guilds.fronts.wiring import Wired
+from guilds.record.store import Store
 from guilds.sandbox.bubblewrap import BwrapSandbox, sandbox_owner
 from guilds.sandbox.bwrap_argv import unavailable
 from guilds.sandbox.bwrap_reach import out_of_reach
-from guilds.settings import AgentSettings, Repo
-from guilds.store import Store
 from guilds.toolbox import Toolbox
-from guilds.toolbox.log_read import read_log
-from guilds.wiring import Wired
+from guilds.toolbox.log_reading import read_log
 from guilds_code import reach
 
 NO_BWRAP = unavailable()
@@ -114,7 +114,7 @@ def _doctor(tmp_path: Path, home: Path) -> tuple[int, str]:
     config.write_text(f'[agent]\nhome = "{home}"\nsandbox = "bwrap"\n')
     env = {**os.environ, "GUILDS_DATA": str(tmp_path / "data")}
     env.pop("GUILDS_DATABASE_URL", None)
-    proc = subprocess.run([sys.executable, "-m", "guilds.cli", "doctor", "--config", str(config)],
+    proc = subprocess.run([sys.executable, "-m", "guilds.fronts.cli", "doctor", "--config", str(config)],
                           capture_output=True, text=True, env=env, timeout=120, check=False)
     reach_lines = [line for line in proc.stdout.splitlines() if "agent's reach" in line]
     return proc.returncode, reach_lines[0] if reach_lines else proc.stdout + proc.stderr

@@ -13,12 +13,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from guilds import record_migration
-from guilds.lifecycle import LOST
-from guilds.record_migration import split_trailer
-from guilds.records import Savings
-from guilds.store import SAVINGS_COLUMNS, Store, calls, metadata, normalize_url, runs
-from guilds.web.savings import run_savings
+from guilds.record import migration
+from guilds.record.migration import split_trailer
+from guilds.record.owners import LOST
+from guilds.record.store import SAVINGS_COLUMNS, Store, calls, metadata, normalize_url, runs
+from guilds.record.values import Savings
+from guilds.web.savings_view import run_savings
 from toolbox_kit import local_toolbox
 
 SECRET = "sk-live-7f3a9c2e4b1d"
@@ -163,7 +163,7 @@ def _old_call(run_id: str, seq: int, text: str | None, meta: dict | None, remain
 async def test_an_older_record_gets_its_runs_totals_once(tmp_path, backend, monkeypatch):
     """Runs without totals get them from their calls, batch by batch, in the setup that adds the
     columns; a call its gone process left running is then lost, in the totals too; a second setup adds nothing."""
-    monkeypatch.setattr(record_migration, "BATCH", 2)
+    monkeypatch.setattr(migration, "BATCH", 2)
     url = _url(backend, tmp_path)
     old, t0 = _old_metadata(remaining=True), datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
     engine = create_async_engine(url)

@@ -13,14 +13,14 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from guilds.store import Store, metadata, normalize_url
+from guilds.record.store import Store, metadata, normalize_url
 
 PROCESSES = 4
 ROUNDS = int(os.environ.get("RACE_ROUNDS", "30"))
 RACER = r"""
 import asyncio, os, sys
 from datetime import datetime, timezone
-from guilds.store import Store
+from guilds.record.store import Store
 
 async def main(url, name):
     print("ready", flush=True)

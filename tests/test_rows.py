@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from guilds.rows import ROW_MAX_CHARS, row_text
+from guilds.record.rows import ROW_MAX_CHARS, row_text
 
 CASES = [
     # tool, args, meta, is_error, row

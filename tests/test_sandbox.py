@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 import kube_kit
+from guilds.config.settings import AgentSettings, Repo
 from guilds.errors import ConfigError, SandboxError
 from guilds.sandbox import get_sandbox
 from guilds.sandbox.bubblewrap import BwrapSandbox
 from guilds.sandbox.bwrap_argv import unavailable
 from guilds.sandbox.docker_engine import unavailable as docker_unavailable
-from guilds.settings import AgentSettings, Repo
 from guilds.toolbox.transport import call_helper
 
 SECRET = "s3cret-value-7d1f2e"

@@ -13,7 +13,7 @@ import pytest
 
 from guilds.errors import HelperFailed
 from guilds.sandbox import get_sandbox
-from guilds.toolbox.channel import ChannelDied, ResidentChannel
+from guilds.toolbox.resident_channel import ChannelDied, ResidentChannel
 from guilds.toolbox.transport import serve_argv
 from test_sandbox import BACKENDS, SECRET, box, settings_for  # noqa: F401 - fixtures
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 import kube_kit
+from guilds.config.settings import AgentSettings, BwrapSettings, DockerSettings
 from guilds.sandbox import get_sandbox
 from guilds.sandbox.bwrap_argv import unavailable
 from guilds.sandbox.docker_engine import unavailable as docker_unavailable
-from guilds.settings import AgentSettings, BwrapSettings, DockerSettings
 
 NO_BWRAP = unavailable()
 NO_DOCKER = docker_unavailable()
@@ -229,7 +229,7 @@ AS_USER = """
 import asyncio, json, sys
 from pathlib import Path
 from guilds.sandbox import get_sandbox
-from guilds.settings import AgentSettings
+from guilds.config.settings import AgentSettings
 
 async def main():
     root = Path(sys.argv[1])

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 import httpx2
 import pytest
 
-from guilds.records import CallRecord
-from guilds.web.savings import BAR_WIDTH, metadata_rows, row_savings, run_savings, size, tokens
+from guilds.record.values import CallRecord
+from guilds.web.savings_view import BAR_WIDTH, metadata_rows, row_savings, run_savings, size, tokens
 from toolbox_kit import local_toolbox
 from web_kit import AUTH, SECRET, served
 

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from guilds.errors import ConfigError
-from guilds.settings import (
+from guilds.config.settings import (
     DEFAULT_MAX_TOOL_CALLS,
     AgentSettings,
     coding_flag,
@@ -17,6 +16,7 @@ from guilds.settings import (
     default_settings_file,
     load_settings,
 )
+from guilds.errors import ConfigError
 
 FULL = """
 [agent]

@@ -10,10 +10,10 @@ import pytest
 import sqlalchemy as sa
 
 from guilds.errors import BadInput
-from guilds.lifecycle import LOST
-from guilds.records import Savings
-from guilds.store import Store, calls, database_url, metadata, normalize_url
-from guilds.web.savings import run_savings
+from guilds.record.owners import LOST
+from guilds.record.store import Store, calls, database_url, metadata, normalize_url
+from guilds.record.values import Savings
+from guilds.web.savings_view import run_savings
 
 T0 = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 PG_URL = os.environ.get("GUILDS_TEST_POSTGRES_URL")

@@ -14,8 +14,8 @@ import re
 import pytest
 
 from guilds.errors import BadInput, SandboxError
+from guilds.record.store import Store, metadata
 from guilds.sandbox.base import ExecResult
-from guilds.store import Store, metadata
 from guilds.toolbox import Toolbox
 from toolbox_kit import FakeSandbox, local_toolbox, make_settings, ok, refused
 

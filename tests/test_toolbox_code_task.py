@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import PYTHON
+from guilds.record.store import Store
 from guilds.sandbox.local import LocalSandbox
-from guilds.store import Store
 from guilds.toolbox import Toolbox
 from toolbox_kit import make_settings
 

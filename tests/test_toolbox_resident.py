@@ -15,10 +15,10 @@ import time
 
 import pytest
 
+from guilds.record.store import Store
 from guilds.sandbox.local import LocalSandbox
-from guilds.store import Store
 from guilds.toolbox import Toolbox
-from guilds.toolbox.channel import ChannelDied, ResidentChannel
+from guilds.toolbox.resident_channel import ChannelDied, ResidentChannel
 from guilds_code import limits
 from toolbox_kit import FakeSandbox, local_toolbox, make_settings, ok
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from guilds.config.settings import AgentSettings
 from guilds.errors import BadInput, HelperFailed
 from guilds.sandbox.local import LocalSandbox
-from guilds.settings import AgentSettings
 from guilds.toolbox.transport import call_helper, wait_for
 from guilds_code import limits
 from guilds_code.protocol import encode_request

@@ -8,9 +8,9 @@ import os
 import pytest
 
 import mcp_kit as kit
-from guilds.auth import Lock, host_names
 from guilds.limits import OWNER_HEARTBEAT_SECONDS as HEARTBEAT_SECONDS
 from guilds.web.app import create_app
+from guilds.web.endpoint_lock import Lock, host_names
 from guilds.web.logs import HelperLogReader
 from guilds_code.redact import Redactor
 from test_process_faults import record, running_sleep, start_call

@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from guilds.record_migration import split_answer
-from guilds.records import CallRecord
-from guilds.rows import row_text
+from guilds.record.migration import split_answer
+from guilds.record.rows import row_text
+from guilds.record.values import CallRecord
 from guilds.web.events import sse_message
 from guilds.web.flow import (
     CodeTaskBlock,
@@ -42,7 +42,7 @@ T0 = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 def record(tool: str, args=None, meta=None, *, text: str = "ok\nremaining_tool_calls: 9", is_error=False,
            status="done", seq=5, duration_ms=12) -> CallRecord:
-    """A call as the toolbox records it: its row made by guilds.rows when it finished,
+    """A call as the toolbox records it: its row made by guilds.record.rows when it finished,
     its body and the trailer's count apart."""
     args = {} if args is None else args
     body, remaining = split_answer(text)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from guilds.config.settings import parse_settings
 from guilds.errors import ConfigError
-from guilds.settings import parse_settings
-from guilds.wiring import apply_overrides, open_toolbox, resolve
+from guilds.fronts.wiring import apply_overrides, open_toolbox, resolve
 
 
 def settings_file(tmp_path: Path, extra: str = "") -> Path:

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
+from guilds.config.settings import AgentSettings, parse_settings
 from guilds.errors import SandboxError
+from guilds.record.store import Store
 from guilds.sandbox.base import ExecResult
 from guilds.sandbox.local import LocalSandbox
-from guilds.settings import AgentSettings, parse_settings
-from guilds.store import Store
 from guilds.toolbox import Toolbox
 from guilds_code.protocol import Reply, error_envelope, ok_envelope
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from guilds.auth import Lock, host_names
-from guilds.rows import row_text
-from guilds.serve import build_app
-from guilds.store import Store, calls, runs
+from guilds.fronts.serve import build_app
+from guilds.record.rows import row_text
+from guilds.record.store import Store, calls, runs
 from guilds.toolbox import Toolbox
+from guilds.web.endpoint_lock import Lock, host_names
 from toolbox_kit import local_toolbox
 
 SECRET = "sk-live-0123456789abcdef"

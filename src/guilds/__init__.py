@@ -1,6 +1,6 @@
 """guilds: the orchestrator side of the code tools (toolbox, sandboxes, record, fronts).
 
-    async with guilds.open("agent.toml") as agent: ...      (guilds.agent)
+    async with guilds.open("agent.toml") as agent: ...      (guilds.fronts.agent)
 
 Importing the package costs nothing more: ``open`` loads its module when called.
 """
@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .agent import Agent
+    from .fronts.agent import Agent
 
 __all__ = ["open"]
 
 
 def open(*args: Any, **kwargs: Any) -> Agent:
-    """An agent's tools, to enter with ``async with``: see ``guilds.agent.open``."""
-    from .agent import open as open_agent
+    """An agent's tools, to enter with ``async with``: see ``guilds.fronts.agent.open``."""
+    from .fronts.agent import open as open_agent
 
     return open_agent(*args, **kwargs)

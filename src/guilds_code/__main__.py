@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     """One request from argv; or ``serve [options]``, the resident helper (``serve.py``)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:  # "serve" is not base64 (5 characters): never a request
-        from . import serve as resident
+        from . import resident
 
         return resident.main(argv[1:], lambda data: envelope(data, dispatch_object))
     return serve(argv, dispatch)

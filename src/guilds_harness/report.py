@@ -30,8 +30,8 @@ from guilds_code.protocol import Reply
 from guilds_code.redact import Redactor
 
 from . import limits
-from .adapters.base import Outcome
 from .diffstat import Stat, Unavailable, describe
+from .harnesses.contract import Outcome
 from .process import Exit
 
 MIN_MESSAGE_BYTES = 200

@@ -17,7 +17,7 @@ from guilds_code import protocol
 from guilds_code.protocol import RequestError
 
 from . import limits
-from .adapters import DEFAULT_HARNESS, HARNESSES
+from .harnesses import DEFAULT_HARNESS, HARNESSES
 
 OP = "code_task"
 _SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")

@@ -28,7 +28,7 @@ from guilds_code import protocol, reach, runstate
 from guilds_code.command import command_env
 from guilds_code.ops.background import running_run_dirs
 
-from . import adapters, diffstat, limits, process, report
+from . import diffstat, harnesses, limits, process, report
 from .request import HarnessRequest, TaskArgs, resolve_repo
 from .stream import EventLog, LineFramer
 
@@ -85,7 +85,7 @@ def run(request: HarnessRequest) -> protocol.Reply:
         if blocked is not None:
             raise protocol.OpError(f"repo: the folder of {name}, {repo}, is out of reach: {blocked}")
         raise protocol.OpError(f"repo: the folder of {name}, {repo}, does not exist")
-    adapter = adapters.get(request.harness)
+    adapter = harnesses.get(request.harness)
     tokens = runstate.load_repo_tokens(request)
     env = command_env(request, repo, tokens)  # what a shell command there would get
     env.update(adapter.environ())

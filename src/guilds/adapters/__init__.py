@@ -5,7 +5,7 @@
     openai.chat_messages(run, completion)       Chat Completions: tool_calls -> role "tool" messages
 
 ``run`` is anything with ``async call(tool, args) -> CallResult``: a
-``guilds.agent.Run`` (``agent.run(...)``). A response is the SDK's object or
+``guilds.fronts.agent.Run`` (``agent.run(...)``). A response is the SDK's object or
 the same thing as a plain dict (its JSON). The calls of one turn run
 concurrently, each recorded in the run; the results come back in the order the
 model asked. A call the toolbox refuses with an error (an unsafe run id aside,

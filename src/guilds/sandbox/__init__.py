@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import os
 
+from ..config.settings import SANDBOXES, AgentSettings
 from ..errors import ConfigError, SandboxError
-from ..settings import SANDBOXES, AgentSettings
 from .base import ExecResult, Sandbox
 
 __all__ = ["ExecResult", "Sandbox", "get_sandbox"]

@@ -47,11 +47,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 from guilds_code import limits
 
-from ..helpers import HELPER_PACKAGES, build_bytes, source_digest
+from ..config.settings import AgentSettings
 from ..limits import CONTAINER_CLOCK_POLL_SECONDS, CONTAINER_SEEN_POLL_SECONDS
-from ..settings import AgentSettings
-from ._agent import locate
-from ._process import KILL_GRACE_SECONDS
+from ._host_folder import locate
+from ._spawn import KILL_GRACE_SECONDS
+from .helpers import HELPER_PACKAGES, build_bytes, source_digest
 
 STATE_INSIDE = limits.DEFAULT_STATE_DIR
 HELPER_DIR = "/usr/local/bin"

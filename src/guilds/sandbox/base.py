@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
 if TYPE_CHECKING:
-    from .channel import ProcessChannel
+    from .process_channel import ProcessChannel
 
 
 @dataclass(frozen=True)

@@ -69,13 +69,13 @@ from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 from ..errors import SandboxError
-from ..helpers import HELPER_PACKAGES, cached_helper
-from ..settings import AgentSettings
+from .helpers import HELPER_PACKAGES, cached_helper
+from ..config.settings import AgentSettings
 from . import _cgroup
-from ._agent import agent_env, checked_id, locate, own_tree, real_python, write_beneath, write_repos
-from ._process import kill_and_wait, parent_pid, read_until, run_process, spawn_detached, start_time
+from ._host_folder import agent_env, checked_id, locate, own_tree, real_python, write_beneath, write_repos
+from ._spawn import kill_and_wait, parent_pid, read_until, run_process, spawn_detached, start_time
 from .base import ExecResult
-from .channel import LocalProcess
+from .process_channel import LocalProcess
 from .bwrap_argv import (
     HELPER_DIR, READY, STATE_INSIDE, BwrapConfig, Limits, bwrap_argv,
     enter_argv, host_local_bin, host_system, keep_run, limited_argv, limits_in_child, sandbox_python,

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Collection, Sequence
 
 from ..limits import BWRAP_IDLE_SECONDS_DEFAULT
-from ._process import succeeds
+from ._spawn import succeeds
 
 STATE_INSIDE = "/run/guilds"
 CLOCK_INSIDE = "/run/guilds-clock"

@@ -20,7 +20,7 @@ import posixpath
 
 from guilds_code.reach import blocker, problem_and_fix
 
-from ..settings import AgentSettings
+from ..config.settings import AgentSettings
 from .bubblewrap import sandbox_owner
 from .bwrap_argv import host_system, made_anew
 

@@ -49,18 +49,18 @@ from ..limits import (
     DOCKER_ADOPT_POLL_SECONDS, DOCKER_CREATED_GRACE_SECONDS, DOCKER_DEADLINE_SLACK_SECONDS,
     DOCKER_KILL_WAIT_SECONDS, DOCKER_START_SLACK_SECONDS, DOCKER_STOPPING_POLL_SECONDS,
 )
-from ..settings import AgentSettings
+from ..config.settings import AgentSettings
 from . import docker_engine as engine
 from . import docker_spec as spec
-from ._agent import DEFAULT_PATH, agent_env, checked_id, own_tree
+from ._host_folder import DEFAULT_PATH, agent_env, checked_id, own_tree
 from ._container import (
     CLOCK, EXEC_ENV, HELPER_DIR, STATE_INSIDE, blocking, container_owner, exec_status, fingerprint,
     folders_of, helper_files, ContainerSandbox,
     helpers_digest, kill_argv, repos_file, repos_json, tar_bytes,
 )
-from ._process import KILL_GRACE_SECONDS
+from ._spawn import KILL_GRACE_SECONDS
 from .base import ExecResult
-from .channel import DockerProcess
+from .process_channel import DockerProcess
 
 IN_CONTAINER_TRIES = 4
 """A step refused because the container is gone or not running is tried again this

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 from ..errors import SandboxError
 from ..limits import KUBERNETES_FRAME_WAIT_SECONDS
 from . import kube_spec as spec
-from ._process import STDERR_KEEP_BYTES, STDOUT_MAX_BYTES
+from ._spawn import STDERR_KEEP_BYTES, STDOUT_MAX_BYTES
 
 
 class PodGone(Exception):

@@ -43,18 +43,18 @@ from ..limits import (
     KUBERNETES_DEADLINE_SLACK_SECONDS, KUBERNETES_START_POLL_SECONDS, KUBERNETES_START_SECONDS,
     KUBERNETES_STATUS_POLL_SECONDS, KUBERNETES_STATUS_WAIT_SECONDS, KUBERNETES_WRITE_SECONDS,
 )
-from ..settings import AgentSettings
+from ..config.settings import AgentSettings
 from . import kube_cluster as cluster
 from . import kube_spec as spec
-from ._agent import DEFAULT_PATH, agent_env, checked_id
+from ._host_folder import DEFAULT_PATH, agent_env, checked_id
 from ._container import (
     EXEC_ENV, HELPER_DIR, STATE_INSIDE, blocking, exec_argv, exec_status, fingerprint, helper_files,
     ContainerSandbox,
     helpers_digest, kill_argv, repos_file, repos_json, tar_bytes,
 )
-from ._process import KILL_GRACE_SECONDS
+from ._spawn import KILL_GRACE_SECONDS
 from .base import ExecResult
-from .channel import KubeProcess
+from .process_channel import KubeProcess
 
 T = TypeVar("T")
 

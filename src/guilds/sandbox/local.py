@@ -22,13 +22,13 @@ import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from ..config.settings import AgentSettings
 from ..errors import SandboxError
-from ..helpers import HELPER_PACKAGES, cached_helper
-from ..settings import AgentSettings
-from ._agent import agent_env, checked_id, locate, real_python, write_beneath, write_repos
-from ._process import run_process
+from ._host_folder import agent_env, checked_id, locate, real_python, write_beneath, write_repos
+from ._spawn import run_process
 from .base import ExecResult
-from .channel import LocalProcess
+from .helpers import HELPER_PACKAGES, cached_helper
+from .process_channel import LocalProcess
 
 
 class LocalSandbox:

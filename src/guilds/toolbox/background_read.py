@@ -3,7 +3,7 @@
 ``background_state(toolbox, run_id, bid, stop=False)`` sends guilds-code a
 ``shell_status`` request for one background command (``stop``: end it first),
 through the agent's sandbox as a tool call goes, but records no call and uses
-none of the run's budget: the MCP front's tasks (guilds/mcp_tasks.py) follow a
+none of the run's budget: the MCP front's tasks (guilds/fronts/mcp_tasks.py) follow a
 command so. The text is the helper's (state, elapsed time, log path, the log's
 last lines), redacted with the agent's secrets as every result is. A failure
 to reach the sandbox comes back as an error envelope, a sentence, marked

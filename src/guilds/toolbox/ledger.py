@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, TypeGuard
 
-from ..store import Store
+from ..record.store import Store
 
 
 def _is_range(value: Any) -> TypeGuard[list[int]]:

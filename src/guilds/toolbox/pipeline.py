@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from guilds_code.limits import PLATFORM_CAP_BYTES
 from guilds_code.redact import Redactor
 
-from ..records import TRAILER, with_trailer
-from ..redaction import redact_meta
+from ..record.redaction import redact_meta
+from ..record.values import TRAILER, with_trailer
 
 __all__ = ["CUT_MARK", "TRAILER", "Shaped", "cap", "redact_meta", "run_pipeline", "with_trailer"]
 

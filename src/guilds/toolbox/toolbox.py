@@ -36,14 +36,14 @@ from typing import Any, Callable
 from guilds_code.protocol import RequestError
 from guilds_code.redact import Redactor
 
-from .._checks import is_safe_name
+from ..config.checks import is_safe_name
+from ..config.settings import AgentSettings
 from ..errors import BadInput, HelperFailed, RecordError, SandboxError
-from ..helpers import HARNESS_HELPER
-from ..records import call_fields
-from ..rows import row_text
+from ..record.rows import row_text
+from ..record.store import Store
+from ..record.values import call_fields
 from ..sandbox.base import Sandbox
-from ..settings import AgentSettings
-from ..store import Store
+from ..sandbox.helpers import HARNESS_HELPER
 from . import transport
 from .ledger import Ledger, read_ledger
 from .pipeline import redact_meta, run_pipeline
@@ -118,7 +118,7 @@ class Toolbox:
     """The five tools for one agent: its settings, its sandbox, the shared run record.
 
     ``coding`` is the live coding flag, asked at every ``tools()``: by default
-    the flag in ``settings``; pass ``guilds.settings.coding_flag(path)`` to
+    the flag in ``settings``; pass ``guilds.config.settings.coding_flag(path)`` to
     follow the settings file, or any callable. Secrets, repositories and the
     budget are read from ``settings`` once, when the toolbox is made.
     """

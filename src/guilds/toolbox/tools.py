@@ -21,7 +21,7 @@ from guilds_code.protocol import ARG_SPECS, REQUIRED, validate_args
 from guilds_harness import limits as task_limits
 from guilds_harness.request import validate_task
 
-from ..helpers import CODE_HELPER, HARNESS_HELPER
+from ..sandbox.helpers import CODE_HELPER, HARNESS_HELPER
 
 
 @dataclass(frozen=True)

@@ -28,15 +28,15 @@ from guilds_code import limits
 from guilds_code.protocol import decode_envelope, encode_request
 from guilds_harness import limits as task_limits
 
-from .._checks import is_safe_name
+from ..config.checks import is_safe_name
+from ..config.settings import TRANSPORTS
 from ..errors import BadInput, HelperFailed, SandboxError
-from ..helpers import CODE_HELPER
 from ..limits import CHANNEL_REOPEN_AFTER_SECONDS, RESIDENT_IDLE_EXIT_SECONDS_DEFAULT
 from ..sandbox.base import ExecResult, Sandbox
-from ..settings import TRANSPORTS
+from ..sandbox.helpers import CODE_HELPER
 
 if TYPE_CHECKING:
-    from .channel import ResidentChannel
+    from .resident_channel import ResidentChannel
 
 HELPER = CODE_HELPER
 FAILED = "code helper failed"
@@ -185,7 +185,7 @@ class Transport:
     async def call(self, request: dict[str, Any], *, wait: float, helper: str = HELPER) -> dict[str, Any]:
         if helper != HELPER or self.mode == "exec":
             return await call_helper(self.sandbox, request, wait=wait, helper=helper)
-        from .channel import ChannelDied
+        from .resident_channel import ChannelDied
 
         for attempt in (1, 2):
             channel = await self._channel_for_call()
@@ -223,7 +223,7 @@ class Transport:
 
     async def _open(self) -> ResidentChannel | None:
         """Open the channel unless one is live; None when auto falls back to exec."""
-        from .channel import ChannelDied, ResidentChannel
+        from .resident_channel import ChannelDied, ResidentChannel
 
         async with self._lock:
             if self._live() is not None:

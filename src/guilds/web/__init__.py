@@ -1,7 +1,7 @@
 """The app: a run's flow of calls as rows, and each call's views, live (docs/app.md).
 
     create_app(store, redactor=..., logs=...) -> Starlette     (app.py)
-    guilds.serve.serve(settings, data_dir, host, port, sandbox) runs it with /mcp
+    guilds.fronts.serve.serve(settings, data_dir, host, port, sandbox) runs it with /mcp
 """
 
 from .app import create_app

@@ -33,15 +33,15 @@ from starlette.staticfiles import StaticFiles
 
 from guilds_code.redact import Redactor
 
-from ..auth import EndpointLock, Lock
 from ..limits import APP_RETRY_MS
-from ..records import CallRecord, RunRecord
-from ..store import Store
+from ..record.store import Store
+from ..record.values import CallRecord, RunRecord
 from . import queries
+from .endpoint_lock import EndpointLock, Lock
 from .events import call_updates, sse_message
 from .flow import MAX_SEQ, FlowPage, flow_item, flow_page, later_page, redact_call, runs_page, seq_in_range
 from .logs import LogReader, LogUnavailable
-from .savings import run_savings_of
+from .savings_view import run_savings_of
 from .views import CallPage, call_page, log_view
 
 HERE = Path(__file__).parent
@@ -213,7 +213,7 @@ def create_app(store: Store, *, redactor: Redactor, logs: LogReader, extra_route
                lifespan: Callable[[Starlette], contextlib.AbstractAsyncContextManager] | None = None) -> Starlette:
     """The app over a run record. ``redactor`` holds the secret values of every agent whose
     runs it shows; ``extra_routes`` (the MCP endpoint) come first; ``lock`` puts every route, the
-    extra ones too, behind ``guilds.auth.EndpointLock`` (Host, Origin, token)."""
+    extra ones too, behind ``guilds.web.endpoint_lock.EndpointLock`` (Host, Origin, token)."""
     web = WebApp(store, redactor, logs)
     middleware = [Middleware(SecurityHeaders)]
     if lock is not None:

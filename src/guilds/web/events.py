@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from ..limits import APP_EVENTS_POLL_SECONDS, APP_STREAM_MAX_SECONDS
-from ..records import CallRecord
+from ..record.values import CallRecord
 from .flow import running
 
 Fetch = Callable[[int], Awaitable[list[CallRecord]]]

@@ -2,7 +2,7 @@
 
 The product page: each call other than code_task is a row of the run's flow
 on its Chat tab, with a summary of what it did; a code_task is a block of its
-own. The row is the text stored with the call (``guilds.rows.row_text``,
+own. The row is the text stored with the call (``guilds.record.rows.row_text``,
 computed when the call finished); a call still running has none yet and gets
 the same function's text without a result.
 
@@ -25,10 +25,10 @@ from typing import Any
 
 from guilds_code.redact import Redactor
 
-from ..records import CallRecord, RunRecord
-from ..redaction import redact_meta
-from ..rows import row_text
-from .savings import row_savings
+from ..record.redaction import redact_meta
+from ..record.rows import row_text
+from ..record.values import CallRecord, RunRecord
+from .savings_view import row_savings
 
 
 def run_path(run_id: str) -> str:

@@ -21,11 +21,11 @@ from typing import Any
 
 from markupsafe import Markup
 
-from ..records import CallRecord
+from ..record.values import CallRecord
 from .flow import FlowItem, call_path, flow_item, log_url, running, text_of
 from .logs import LOG_HEAD_BYTES, LOG_TAIL_BYTES, LogExcerpt
 from .render import JsonNode, json_tree, markdown_html, parse_json
-from .savings import metadata_rows
+from .savings_view import metadata_rows
 
 VIEWS = {"arguments": "Arguments", "result": "Result", "metadata": "Metadata"}
 DEFAULT_VIEW = "result"

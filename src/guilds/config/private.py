@@ -16,7 +16,7 @@ import os
 import stat
 from pathlib import Path
 
-from .errors import RecordError
+from ..errors import RecordError
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600

@@ -17,7 +17,7 @@ Tables:
            cancelled, or lost: its process ended first), started_at,
            finished_at, duration_ms, row, owner (the process running it; none
            once it has ended)
-    owners the processes that have the record open (``guilds.lifecycle``): id,
+    owners the processes that have the record open (``guilds.record.owners``): id,
            machine, pid, pid_start, heartbeat_at
     context_marks  run_id, after_seq, at: the run's model context was compacted
            or rewound after its call after_seq
@@ -28,7 +28,7 @@ Tables:
            principal, status (working, completed, failed, cancelled),
            status_message, result (the final result or error, as sent),
            created_at, updated_at, owner (the process following it; none once
-           it has ended): the MCP front's tasks (guilds/mcp_tasks.py)
+           it has ended): the MCP front's tasks (guilds/fronts/mcp_tasks.py)
 
 The schema is made once, whichever process comes first (``_create_schema``).
 Opening a Store registers its process as an owner and records as ``lost`` the
@@ -68,13 +68,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-from . import lifecycle
-from .errors import BadInput, RecordError
-from .limits import RECORD_BUSY_RETRY_SECONDS, RECORD_BUSY_WAIT_SECONDS
-from .private import private_file
-from .record_migration import migrate
-from .records import CallRecord, RunRecord, Savings, Slot, answer_bytes, answer_text, call_savings
+from ..config.private import private_file
+from ..errors import BadInput, RecordError
+from ..limits import RECORD_BUSY_RETRY_SECONDS, RECORD_BUSY_WAIT_SECONDS
+from .migration import migrate
+from .owners import LOST, Lease, Owner, is_gone, machine_id
 from .rows import row_text
+from .values import CallRecord, RunRecord, Savings, Slot, answer_bytes, answer_text, call_savings
 
 DATABASE_URL_ENV = "GUILDS_DATABASE_URL"
 DB_FILE = "guilds.db"
@@ -292,7 +292,7 @@ def _utc_row(row: Mapping[Any, Any]) -> dict[str, Any]:
 def _lost(call: Any, now: datetime) -> dict[str, Any]:
     """The finish of a call whose process is gone: an error, "· lost" on its row."""
     started = call.started_at if call.started_at.tzinfo else call.started_at.replace(tzinfo=UTC)
-    return {"k_run_id": call.run_id, "k_seq": call.seq, "text": lifecycle.LOST, "is_error": True, "meta": None,
+    return {"k_run_id": call.run_id, "k_seq": call.seq, "text": LOST, "is_error": True, "meta": None,
             "cut": False, "status": "lost", "finished_at": now, "owner": None,
             "row": f"{row_text(call.tool, call.args, {}, False)} · lost",
             "duration_ms": max(0, round((now - started).total_seconds() * 1000))}
@@ -424,8 +424,8 @@ class Store:
     """The run record. ``async with Store(url) as store`` makes the tables and disposes the engine."""
 
     def __init__(self, url: str):
-        self.owner = lifecycle.Owner.of_this_process()
-        self._lease = lifecycle.Lease(self)
+        self.owner = Owner.of_this_process()
+        self._lease = Lease(self)
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -496,8 +496,8 @@ class Store:
         async with self.engine.connect() as conn:
             rows = (await conn.execute(sa.select(owners).where(owners.c.id != self.owner.id))).mappings().all()
             orphaned = (await conn.execute(_ORPHANED)).scalars().all()
-        now, here = _now(), lifecycle.machine_id()
-        gone = [r["id"] for r in rows if lifecycle.is_gone(lifecycle.Owner(**_utc_row(r)), now, here)]
+        now, here = _now(), machine_id()
+        gone = [r["id"] for r in rows if is_gone(Owner(**_utc_row(r)), now, here)]
         gone += orphaned
         if not gone:
             return []

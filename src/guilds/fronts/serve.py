@@ -1,16 +1,16 @@
 """``guilds serve``: one agent's tools, the app at ``/`` and the MCP endpoint at ``/mcp``.
 
-    await serve(guilds.wiring.resolve(...), host="127.0.0.1", port=8765)
+    await serve(guilds.fronts.wiring.resolve(...), host="127.0.0.1", port=8765)
 
-runs until interrupted, on the toolbox the one wiring opens (``guilds.wiring``):
+runs until interrupted, on the toolbox the one wiring opens (``guilds.fronts.wiring``):
 the run record in SQLite under the data folder (or ``$GUILDS_DATABASE_URL``),
 the agent's sandbox by name (``auto`` is bwrap where it works, else local).
 ``build_app`` makes the same ASGI app without running a server.
 
-The MCP endpoint is ``guilds.mcp_server.http_endpoint``: its route goes first,
+The MCP endpoint is ``guilds.fronts.mcp_server.http_endpoint``: its route goes first,
 and its lifespan (the SDK's session manager) runs inside this app's.
 
-Both sit behind ``guilds.auth.EndpointLock``: the token (``<data>/serve.token``,
+Both sit behind ``guilds.web.endpoint_lock.EndpointLock``: the token (``<data>/serve.token``,
 made on first run) is printed with the URLs once the server listens; Host and
 Origin are checked on every bind. ``no_token`` serves without the token, on a
 loopback address only. SIGTERM, SIGINT and SIGHUP stop the server: running
@@ -33,16 +33,16 @@ from starlette.applications import Starlette
 
 from guilds_code.redact import Redactor
 
-from . import limits
-from .auth import Lock, host_names, is_loopback, server_token
-from .errors import ConfigError
-from .private import private_dir
-from .settings import AgentSettings
-from .store import Store
-from .toolbox import Toolbox
-from .toolbox.log_read import log_reading
-from .web.app import create_app
-from .web.logs import HelperLogReader
+from .. import limits
+from ..config.private import private_dir
+from ..config.settings import AgentSettings
+from ..errors import ConfigError
+from ..record.store import Store
+from ..toolbox import Toolbox
+from ..toolbox.log_reading import log_reading
+from ..web.app import create_app
+from ..web.endpoint_lock import Lock, host_names, is_loopback, server_token
+from ..web.logs import HelperLogReader
 from .wiring import Wired, open_toolbox
 
 DEFAULT_HOST = "127.0.0.1"
@@ -115,7 +115,7 @@ async def _run_server(server, host: str, lock: Lock) -> None:
 
 async def serve(wired: Wired, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, no_token: bool = False,
                 allow_hosts: tuple[str, ...] = ()) -> None:
-    """Serve until a stop signal; ``wired`` from ``guilds.wiring.resolve``, as for every front.
+    """Serve until a stop signal; ``wired`` from ``guilds.fronts.wiring.resolve``, as for every front.
     ``allow_hosts``: more Host names to answer (the names this machine is reached by)."""
     import uvicorn
 

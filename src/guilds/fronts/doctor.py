@@ -25,10 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from guilds_harness import adapters
-from guilds_harness.adapters import HARNESSES
+from guilds_harness import harnesses
+from guilds_harness.harnesses import HARNESSES
 
-from .limits import DOCTOR_PROBE_SECONDS
+from ..limits import DOCTOR_PROBE_SECONDS
 from .wiring import Wired
 
 KUBE_VERBS = (("create", "pods", ""), ("get", "pods", ""), ("delete", "pods", ""), ("create", "pods", "exec"),
@@ -66,7 +66,7 @@ def _run(argv: list[str]) -> str | None:
 
 
 def check_bwrap(needed: bool) -> Check:
-    from .sandbox.bwrap_argv import unavailable
+    from ..sandbox.bwrap_argv import unavailable
 
     reason = unavailable()
     if reason is None:
@@ -86,7 +86,7 @@ def check_rg() -> Check:
 
 
 def check_python() -> Check:
-    from .sandbox._agent import real_python
+    from ..sandbox._host_folder import real_python
 
     python = real_python()
     version = sys.version_info[:3] if python == os.path.realpath(sys.executable) else None
@@ -97,7 +97,7 @@ def check_python() -> Check:
 
 
 def check_docker(wired: Wired, needed: bool) -> Check:
-    from .sandbox import docker_engine
+    from ..sandbox import docker_engine
 
     image = wired.settings.docker.image
     reason = docker_engine.unavailable(image)
@@ -155,7 +155,7 @@ def check_data(wired: Wired) -> Check:
 
 
 def check_record(wired: Wired) -> Check:
-    from .store import Store, database_url
+    from ..record.store import Store, database_url
 
     url = database_url(Path(wired.data_dir), wired.env)
     shown = url.split("@")[-1] if "@" in url else url
@@ -175,8 +175,8 @@ def check_record(wired: Wired) -> Check:
 
 def check_reach(wired: Wired) -> list[Check]:
     """In the bwrap sandbox: can the agent's uid reach its home and each repository?"""
-    from .sandbox.bubblewrap import sandbox_owner
-    from .sandbox.bwrap_reach import out_of_reach
+    from ..sandbox.bubblewrap import sandbox_owner
+    from ..sandbox.bwrap_reach import out_of_reach
 
     settings = wired.settings
     problems = out_of_reach(settings, wired.data_dir)
@@ -191,7 +191,7 @@ def check_reach(wired: Wired) -> list[Check]:
 def check_harnesses(wired: Wired) -> list[Check]:
     checks = []
     for harness in HARNESSES:
-        cli = adapters.get(harness).executable
+        cli = harnesses.get(harness).executable
         found = shutil.which(cli)
         needed = harness == wired.settings.harness
         detail = f"{cli} at {found}" if found else f"{cli} not found on PATH (code_task with harness {harness})"

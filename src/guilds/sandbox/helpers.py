@@ -38,7 +38,7 @@ HELPER_PACKAGES = {
 beside it because it imports them."""
 _MAIN = """\
 #!/usr/bin/env python3
-# Built by guilds.helpers from {packages}: do not edit.
+# Built by guilds.sandbox.helpers from {packages}: do not edit.
 import gc
 import sys
 
@@ -183,7 +183,7 @@ def cached_helper(cache_dir: Path, name: str = "guilds-code") -> Path:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m guilds.helpers", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m guilds.sandbox.helpers", description=__doc__)
     parser.add_argument("dest", help="where to write the one-file helper")
     parser.add_argument("--name", default="guilds-code", choices=sorted(HELPER_PACKAGES))
     args = parser.parse_args(argv)

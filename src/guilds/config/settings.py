@@ -62,10 +62,10 @@ from typing import Any, Callable, Mapping
 
 from guilds_code import limits
 from guilds_code.redact import MIN_SECRET_CHARS
-from guilds_harness.adapters import DEFAULT_HARNESS, HARNESSES
+from guilds_harness.harnesses import DEFAULT_HARNESS, HARNESSES
 
-from . import _checks as check
-from .errors import ConfigError
+from ..errors import ConfigError
+from . import checks as check
 
 DEFAULT_AGENT_ID = "agent1"
 DEFAULT_SANDBOX = "auto"

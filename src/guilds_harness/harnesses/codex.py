@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional
 
-from .base import Outcome, as_int, as_object, as_text, says_unknown_session
+from .contract import Outcome, as_int, as_object, as_text, says_unknown_session
 
 SESSION_FOLDERS = ("sessions", "archived_sessions")
 

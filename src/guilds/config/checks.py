@@ -8,7 +8,7 @@ from typing import Any, Iterable, Mapping
 
 from guilds_code import limits, protocol
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def _show(value: Any) -> str:

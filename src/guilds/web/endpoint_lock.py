@@ -41,8 +41,8 @@ from http.cookies import SimpleCookie
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
-from .errors import RecordError
-from .private import FILE_MODE, read_private
+from ..config.private import FILE_MODE, read_private
+from ..errors import RecordError
 
 TOKEN_FILE = "serve.token"
 TOKEN_BYTES = 32

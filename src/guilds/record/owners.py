@@ -1,13 +1,8 @@
-"""The orchestrator process's life: stop signals, and calls left behind by a process that died.
+"""The processes that record calls, and the calls a process that died left behind.
 
-    until_stopped(awaitable)       run it; SIGTERM, SIGINT or SIGHUP cancels it -> Stopped(signum)
     Owner.of_this_process()        who records a call: this process, on this machine
     is_gone(owner, now, here)      whether a recorded owner is known to have ended
     Lease(store).start()/stop()    the heartbeat and sweep task of an open Store
-
-**Stop signals.** A cancelled toolbox call stops its helper (SIGTERM, then SIGKILL
-to the helper's group; the helper stops its command's group) and records the call
-``cancelled``; ``until_stopped`` turns a stop signal into that cancellation, once.
 
 **Lost calls.** Every process that opens the run record registers itself as an
 owner (a random id, the machine, its pid and the pid's start time) and refreshes
@@ -27,57 +22,19 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
 import uuid
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
-from .limits import OWNER_HEARTBEAT_SECONDS, OWNER_LEASE_SECONDS
-from .procfs import start_time
+from ..limits import OWNER_HEARTBEAT_SECONDS, OWNER_LEASE_SECONDS
+from ..procfs import start_time
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 LOST = "the process running this call ended before the call finished (it was killed or its machine stopped)"
 """The result text of a lost call."""
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-
-class Stopped(Exception):
-    """A stop signal arrived; what ran was cancelled (and its call recorded so)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-        self.name = signal.Signals(signum).name
-
-
-async def until_stopped(awaitable: Awaitable[T]) -> T:
-    """Await it; the first SIGTERM, SIGINT or SIGHUP cancels it once (later ones are
-    ignored: the stop is under way) and, once it has ended, raises Stopped."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(awaitable)
-    got: list[int] = []
-
-    def stop(signum: int) -> None:
-        if not got:
-            got.append(signum)
-            task.cancel()
-
-    for signum in STOP_SIGNALS:
-        loop.add_signal_handler(signum, stop, signum)
-    try:
-        return await task
-    except asyncio.CancelledError:
-        if got:
-            raise Stopped(got[0]) from None
-        raise
-    finally:
-        for signum in STOP_SIGNALS:
-            loop.remove_signal_handler(signum)
 
 
 def machine_id() -> str:

@@ -13,9 +13,9 @@ from typing import Mapping
 
 from guilds_code import limits
 
-from .._checks import is_safe_name
+from ..config.checks import is_safe_name
+from ..config.settings import AgentSettings
 from ..errors import SandboxError
-from ..settings import AgentSettings
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """PATH of the agent's commands when the orchestrator has none."""

@@ -33,7 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import BadInput, ConfigError, GuildsError
+from ..errors import BadInput, ConfigError, GuildsError
 
 if TYPE_CHECKING:
     from .wiring import Wired
@@ -45,7 +45,7 @@ EXIT_SIGNAL = 128
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .toolbox.tools import FORMATS, TOOL_NAMES
+    from ..toolbox.tools import FORMATS, TOOL_NAMES
     from .wiring import settings_options
 
     parser = argparse.ArgumentParser(prog="guilds", description="Code tools for coding agents.")
@@ -154,7 +154,7 @@ async def _call(opts: argparse.Namespace, env: Mapping[str, str]) -> dict[str, A
 
 
 def _run_call(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from .lifecycle import Stopped, until_stopped
+    from .signals import Stopped, until_stopped
 
     try:
         result = asyncio.run(until_stopped(_call(opts, env)))
@@ -174,7 +174,7 @@ def _run_call(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 def starting_line(wired: Wired, first_run: bool) -> str:
     """What `guilds serve` prints at once, before any slow step: what it is doing
-    until the URL lines come (``guilds.serve.served_urls``)."""
+    until the URL lines come (``guilds.fronts.serve.served_urls``)."""
     steps = f"the run record, the sandbox check (sandbox = \"{wired.settings.sandbox}\") and the app"
     if first_run:
         return (f"guilds serve: first run: the settings written to {wired.settings_file}; "
@@ -184,14 +184,14 @@ def starting_line(wired: Wired, first_run: bool) -> str:
 
 def _first_run(opts: argparse.Namespace, env: Mapping[str, str]) -> bool:
     """No settings file given and none yet in the data folder: this start writes it."""
-    from .settings import SETTINGS_FILE, data_dir
+    from ..config.settings import SETTINGS_FILE, data_dir
 
     return opts.config is None and not (data_dir(env) / SETTINGS_FILE).exists()
 
 
 def _refuse_no_token_off_loopback(opts: argparse.Namespace) -> None:
-    """Refused before anything starts, as ``guilds.serve.endpoint_lock`` would refuse it."""
-    from .auth import is_loopback
+    """Refused before anything starts, as ``guilds.fronts.serve.endpoint_lock`` would refuse it."""
+    from ..web.endpoint_lock import is_loopback
 
     if opts.no_token and not is_loopback(opts.host):
         raise ConfigError(f"--no-token: serving on {opts.host} (not a loopback address) needs the token")
@@ -226,17 +226,17 @@ def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 def _sandbox_command(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
     if opts.action == "image":
-        from .sandbox.image import main as image_main
+        from ..sandbox.image import main as image_main
 
         return image_main(opts.rest)
-    from .boxes import main as boxes_main
+    from .sandbox_commands import main as sandbox_commands_main
 
-    return boxes_main(opts.action, opts.rest, env)
+    return sandbox_commands_main(opts.action, opts.rest, env)
 
 
 def _run(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
     if opts.command == "tools":
-        from .toolbox.tools import export, tool_specs
+        from ..toolbox.tools import export, tool_specs
 
         print(json.dumps(export(tool_specs(), opts.format), ensure_ascii=False, indent=2))
         return EXIT_OK

@@ -6,7 +6,7 @@
         run = agent.run()                                # a new run id; agent.run("run-1") names one
         result = await run.call("file_read", {"path": "README.md"})
 
-The toolbox behind it is the one every front opens (``guilds.wiring``): the
+The toolbox behind it is the one every front opens (``guilds.fronts.wiring``): the
 settings file (or an ``AgentSettings``, or the data folder's default), the
 data folder, the environment and checked overrides. Leaving the block closes
 the run record; the sandbox is left to its idle stop (``guilds sandbox stop``
@@ -22,12 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import BadInput
+from ..errors import BadInput
 from .wiring import SettingsSource, Wired, open_toolbox, resolve
 
 if TYPE_CHECKING:
-    from .settings import AgentSettings
-    from .toolbox import CallResult, Toolbox
+    from ..config.settings import AgentSettings
+    from ..toolbox import CallResult, Toolbox
 
 RUN_PREFIX = "py-"
 
@@ -77,7 +77,7 @@ class Agent:
 
     def tools(self, format: str = "anthropic") -> list[dict[str, Any]]:
         """The tool definitions offered now (none while the coding flag is off), in a model API's format."""
-        from .toolbox.tools import FORMATS, export
+        from ..toolbox.tools import FORMATS, export
 
         if format not in FORMATS:
             raise BadInput(f"format: must be one of {', '.join(sorted(FORMATS))}, got {format!r}")
@@ -94,7 +94,7 @@ class Agent:
 
 def open(settings: SettingsSource = None, *, data_dir: str | os.PathLike | None = None,
          env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> Agent:
-    """An agent to enter with ``async with``; the arguments are ``guilds.wiring.resolve``'s.
+    """An agent to enter with ``async with``; the arguments are ``guilds.fronts.wiring.resolve``'s.
 
     Bad settings or overrides raise ``ConfigError`` here, naming the key.
     """

@@ -56,12 +56,12 @@ from mcp.shared.inbound import MCP_NAME_HEADER, decode_header_value
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
-from . import limits
-from .errors import GuildsError, RecordError
-from .lifecycle import LOST
+from .. import limits
+from ..errors import GuildsError, RecordError
+from ..record.owners import LOST
+from ..toolbox import Toolbox
+from ..toolbox.background_read import background_state
 from .mcp_runs import META_KEY, principal_of
-from .toolbox import Toolbox
-from .toolbox.background_read import background_state
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class UpdateTaskParams(types.RequestParams):
 
 
 class Front(Protocol):
-    """What the tasks need of the MCP front (guilds.mcp_server._Front)."""
+    """What the tasks need of the MCP front (guilds.fronts.mcp_server._Front)."""
 
     toolbox: Toolbox
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from .base import Outcome, as_int, as_object, as_text, says_unknown_session
+from .contract import Outcome, as_int, as_object, as_text, says_unknown_session
 
 
 class ClaudeCodeParser:

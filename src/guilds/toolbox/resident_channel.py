@@ -35,7 +35,7 @@ from guilds_code.protocol import decode_envelope
 from ..errors import HelperFailed
 from ..limits import CHANNEL_CANCEL_WAIT_SECONDS, CHANNEL_HELLO_SECONDS
 from ..sandbox.base import Sandbox
-from ..sandbox.channel import ChannelClosed, ProcessChannel
+from ..sandbox.process_channel import ChannelClosed, ProcessChannel
 
 DIRECT_SEND_BYTES = 16 * 1024
 """A frame up to this size is written from the event loop (a pipe takes it at

@@ -3,7 +3,7 @@
 A thin translation over ``Toolbox.call``; no tool logic lives here.
 
     build_server(toolbox, run_id=None) -> GuildsServer, an MCPServer
-    run_stdio(wired)                               `guilds mcp` (wired: guilds.wiring.resolve)
+    run_stdio(wired)                               `guilds mcp` (wired: guilds.fronts.wiring.resolve)
     http_endpoint(toolbox, ...) -> McpEndpoint                `/mcp` in `guilds serve`
     streamable_http_app(toolbox, ...) -> Starlette            the endpoint as an app of its own
 
@@ -39,7 +39,7 @@ Contract:
   ``_meta["guilds/meta"]`` (``run``, ``seq``, ``call``, ``row``, ...). Bad
   arguments, an unknown tool, a call while coding is off, any GuildsError:
   an ``isError`` result naming what was wrong, made in ``_Front`` only.
-- Runs (``guilds.mcp_runs``): every tool takes an optional ``run`` argument,
+- Runs (``guilds.fronts.mcp_runs``): every tool takes an optional ``run`` argument,
   the handle of a run an earlier result gave (SEP-2567), checked against the
   token that made the run. Without it: stdio, the process's connection
   (``run_id``); ``_meta["guilds/run"]`` on the call; HTTP with a session
@@ -47,7 +47,7 @@ Contract:
   without a session (the 2026-07-28 revision), the principal's current
   sessionless run (new after SESSIONLESS_IDLE_SECONDS without such a call),
   named in the result's ``structuredContent`` (``{"run": id}``) too.
-- Tasks (``guilds.mcp_tasks``, the ``io.modelcontextprotocol/tasks``
+- Tasks (``guilds.fronts.mcp_tasks``, the ``io.modelcontextprotocol/tasks``
   extension, on the 2026-07-28 revision for a client that declares it): a
   background ``shell`` command and a long ``code_task`` call answer with a
   task; ``tasks/get``, ``tasks/update``, ``tasks/cancel``.
@@ -87,13 +87,13 @@ from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetad
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
-from . import limits
-from .errors import GuildsError
+from .. import limits
+from ..errors import GuildsError
+from ..toolbox import CallResult, Toolbox
+from ..toolbox.tools import TOOL_NAMES, ToolSpec, tool_specs
 from .mcp_runs import META_KEY, RUN_ARG, RunChoice, Runs, new_run_id, with_run_argument
 from .mcp_runs import RUN_KEY as RUN_KEY  # the tests and embedders name it from here
 from .mcp_tasks import TasksExtension
-from .toolbox import CallResult, Toolbox
-from .toolbox.tools import TOOL_NAMES, ToolSpec, tool_specs
 from .wiring import Wired, open_toolbox, resolve
 
 log = logging.getLogger(__name__)
@@ -370,7 +370,7 @@ def streamable_http_app(toolbox: Toolbox, *, path: str = "/mcp", host: str = "12
 def run_stdio(wired: Wired) -> None:
     """`guilds mcp`: serve the agent's tools on stdin/stdout until the client closes stdin.
 
-    ``wired`` comes from ``guilds.wiring.resolve`` (settings, data folder,
+    ``wired`` comes from ``guilds.fronts.wiring.resolve`` (settings, data folder,
     environment, overrides), as for every front. SIGTERM, SIGINT and SIGHUP
     end the server as a closed stdin does: running calls are cancelled, their
     commands stopped and the calls recorded. Nothing but MCP messages is
@@ -409,7 +409,7 @@ async def _end_on_signal(scope: anyio.CancelScope, ended: asyncio.Event) -> None
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m guilds.mcp_server SETTINGS_FILE DATA_DIR``: `guilds mcp --config FILE`
+    """``python -m guilds.fronts.mcp_server SETTINGS_FILE DATA_DIR``: `guilds mcp --config FILE`
     without the CLI (the tests and the benchmark launch it so)."""
     import sys
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from ..records import CallRecord, RunRecord, Savings, call_savings
-from ..records import count as _count
+from ..record.values import CallRecord, RunRecord, Savings, call_savings
+from ..record.values import count as _count
 
 TOKEN_BYTES = 4
 """Bytes per token for the estimate: about right for English text and code."""

@@ -3,7 +3,7 @@
     list   every guilds sandbox this machine knows of, one line each: the backend, the
            agent, what it is (a bwrap process, a container, a pod) and its state.
            bwrap: the data folder's records; docker: the containers labelled
-           ``guilds.agent`` at DOCKER_HOST (when an engine answers there); kubernetes:
+           ``guilds.fronts.agent`` at DOCKER_HOST (when an engine answers there); kubernetes:
            the pods so labelled in ``kubernetes.namespace`` (when the agent's sandbox
            is kubernetes).
     stop   the agent's sandbox ends now, as its idle stop would end it; its files stay
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import SandboxError
-from .limits import DOCKER_PROBE_SECONDS
-from .settings import AgentSettings
+from ..config.settings import AgentSettings
+from ..errors import SandboxError
+from ..limits import DOCKER_PROBE_SECONDS
 from .wiring import Wired, apply_overrides, resolve, settings_options
 
 BWRAP_FOLDER = "sandboxes"
@@ -53,7 +53,7 @@ class Box:
 
 
 def _bwrap_boxes(data: Path) -> list[Box]:
-    from .sandbox._process import start_time
+    from ..sandbox._spawn import start_time
 
     boxes = []
     folder = data / BWRAP_FOLDER
@@ -70,7 +70,7 @@ def _bwrap_boxes(data: Path) -> list[Box]:
 
 
 def _docker_client(settings: AgentSettings, required: bool) -> Any:
-    from .sandbox import docker_engine
+    from ..sandbox import docker_engine
 
     try:
         return docker_engine.connect(None, timeout=DOCKER_PROBE_SECONDS)
@@ -81,7 +81,7 @@ def _docker_client(settings: AgentSettings, required: bool) -> Any:
 
 
 def _docker_boxes(settings: AgentSettings) -> list[Box]:
-    from .sandbox.docker_spec import LABEL_AGENT
+    from ..sandbox.docker_spec import LABEL_AGENT
 
     client = _docker_client(settings, settings.sandbox == "docker")
     if client is None:
@@ -95,8 +95,8 @@ def _docker_boxes(settings: AgentSettings) -> list[Box]:
 
 
 def _kube_boxes(settings: AgentSettings) -> list[Box]:
-    from .sandbox import kube_cluster
-    from .sandbox.kube_spec import LABEL_AGENT
+    from ..sandbox import kube_cluster
+    from ..sandbox.kube_spec import LABEL_AGENT
 
     namespace = settings.kubernetes.namespace
     with kube_cluster.api_errors("list the pods", namespace):
@@ -133,8 +133,8 @@ def _docker_things(sandbox: Any) -> Iterator[str]:
     """The container and volume of a docker sandbox that exist now, by name."""
     import docker
 
-    from .sandbox.docker_engine import engine_errors
-    from .sandbox.docker_spec import state_volume
+    from ..sandbox.docker_engine import engine_errors
+    from ..sandbox.docker_spec import state_volume
 
     with engine_errors("look for the sandbox", None):
         api = sandbox.client.api
@@ -148,7 +148,7 @@ def _docker_things(sandbox: Any) -> Iterator[str]:
 
 def _kube_remove(sandbox: Any) -> Iterator[str]:
     """Delete the pod's home claim and secret; yield each one deleted."""
-    from .sandbox import kube_cluster
+    from ..sandbox import kube_cluster
 
     namespace = sandbox.config.namespace
     core = kube_cluster.connect()
@@ -161,7 +161,7 @@ def _kube_remove(sandbox: Any) -> Iterator[str]:
 
 async def stop_box(wired: Wired, *, remove: bool) -> list[str]:
     """Stop the agent's sandbox (rm: and remove its state); what was stopped or removed."""
-    from .sandbox import get_sandbox
+    from ..sandbox import get_sandbox
 
     sandbox = get_sandbox(wired.settings, wired.data_dir)
     backend = sandbox.name

@@ -9,7 +9,7 @@ and ``guilds.open``.
 - ``settings``: a settings file (path), an ``AgentSettings``, or None for the
   data folder's ``settings.toml`` (written on first run).
 - ``data_dir``: the data folder; default ``$GUILDS_DATA``, else
-  ``~/.local/share/guilds``. Made private (mode 0700, ``guilds.private``)
+  ``~/.local/share/guilds``. Made private (mode 0700, ``guilds.config.private``)
   when a toolbox opens.
 - ``env``: read for ``$GUILDS_DATA``, ``$GUILDS_DATABASE_URL`` and
   ``$CODE_RESULT_MAX_BYTES`` (default ``os.environ``).
@@ -34,8 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError
-from .settings import (
+from ..config.settings import (
     SANDBOXES,
     AgentSettings,
     coding_flag,
@@ -43,12 +42,11 @@ from .settings import (
     load_settings,
     parse_settings,
 )
-from .settings import (
-    data_dir as default_data_dir,
-)
+from ..config.settings import data_dir as default_data_dir
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from .toolbox import Toolbox
+    from ..toolbox import Toolbox
 
 SettingsSource = AgentSettings | str | os.PathLike | None
 
@@ -133,7 +131,7 @@ def _constant(value: bool) -> Callable[[], bool]:
 
 def make_data_dir(data: Path) -> Path:
     """The data folder, made private (0700; RecordError naming it when it cannot be)."""
-    from .private import private_dir
+    from ..config.private import private_dir
 
     return private_dir(data)
 
@@ -141,9 +139,9 @@ def make_data_dir(data: Path) -> Path:
 @contextlib.asynccontextmanager
 async def open_toolbox(wired: Wired) -> AsyncIterator[Toolbox]:
     """The agent's toolbox: its sandbox (not started: the first call starts it) and the run record."""
-    from .sandbox import get_sandbox
-    from .store import Store, database_url
-    from .toolbox import Toolbox
+    from ..record.store import Store, database_url
+    from ..sandbox import get_sandbox
+    from ..toolbox import Toolbox
 
     data = make_data_dir(wired.data_dir)
     sandbox = get_sandbox(wired.settings, data)

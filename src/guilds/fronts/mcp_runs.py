@@ -19,7 +19,7 @@ A call's run, first rule that applies:
    the client can name it from then on (``RunChoice.chosen``).
 
 Every run belongs to the principal of its first call through this front: the
-endpoint's token (a fingerprint, ``guilds.auth.principal_of_scope``), or ""
+endpoint's token (a fingerprint, ``guilds.web.endpoint_lock.principal_of_scope``), or ""
 where no token is asked (stdio, ``--no-token``). A call of another principal
 naming it, by any of the rules above, is refused by name (``BadInput``).
 """
@@ -34,11 +34,11 @@ from typing import Any
 
 from mcp.server.context import ServerRequestContext
 
-from ._checks import is_safe_name
-from .auth import principal_of_scope
-from .errors import BadInput
-from .store import Store
-from .toolbox.toolbox import check_run_id
+from ..config.checks import is_safe_name
+from ..errors import BadInput
+from ..record.store import Store
+from ..toolbox.toolbox import check_run_id
+from ..web.endpoint_lock import principal_of_scope
 
 RUN_PREFIX = "mcp-"
 META_KEY = "guilds/meta"

@@ -8,8 +8,8 @@ suite.
 from __future__ import annotations
 
 HARNESSES = {
-    "claude-code": "guilds_harness.adapters.claude_code",
-    "codex": "guilds_harness.adapters.codex",
+    "claude-code": "guilds_harness.harnesses.claude_code",
+    "codex": "guilds_harness.harnesses.codex",
 }
 """Every harness code_task can run, by the name agent.harness gives, and its module."""
 DEFAULT_HARNESS = "claude-code"

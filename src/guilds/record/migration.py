@@ -21,7 +21,7 @@ from typing import Any, Iterator, Sequence
 
 import sqlalchemy as sa
 
-from .records import CALL_FIELDS, TRAILER, Savings, answer_text, call_savings
+from .values import CALL_FIELDS, TRAILER, Savings, answer_text, call_savings
 
 _TRAILER_RE = re.compile("\n?" + re.escape(TRAILER).replace(r"\{n\}", r"(\d+)") + r"\n?\Z")
 BATCH = 500
