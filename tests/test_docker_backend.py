@@ -50,7 +50,7 @@ def test_container_spec():
         "image": "img:1",
         "command": ["python3", "-I", "-S", "-c", box_lib.INIT, "/run/guilds-clock/active", "90", "30"],
         "name": "guilds-a1",
-        "labels": {"guilds.fronts.agent": "a1"},
+        "labels": {"guilds.agent": "a1"},
         "environment": {"HOME": "/h/a1"},
         "working_dir": "/h/a1",
         "volumes": {"/h/a1": {"bind": "/h/a1", "mode": "rw"},

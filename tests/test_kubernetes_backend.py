@@ -45,7 +45,7 @@ def test_pod_manifest():
     assert got == {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "agents",
-                     "labels": {"guilds.fronts.agent": name, "guilds.network": "off"},
+                     "labels": {"guilds.agent": name, "guilds.network": "off"},
                      "annotations": {"guilds/agent-id": "Web_1", "guilds/fingerprint": "f00"}},
         "spec": {
             "restartPolicy": "Never",
@@ -95,7 +95,7 @@ def test_secret_claim_and_network_policy():
     name = spec.object_name("a")
     assert spec.secret_manifest(CFG, name, {"API_KEY": "v" * 12}) == {
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": {"name": f"{name}-env", "namespace": "agents", "labels": {"guilds.fronts.agent": name}},
+        "metadata": {"name": f"{name}-env", "namespace": "agents", "labels": {"guilds.agent": name}},
         "stringData": {"API_KEY": "v" * 12}}
     assert spec.claim_manifest(CFG, name)["spec"] == {
         "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "5Gi"}}}

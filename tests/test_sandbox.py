@@ -305,3 +305,11 @@ async def test_idle_stop(tmp_path):
         assert not Path(f"/proc/{record['pid']}").exists()
     finally:
         await box.stop()
+
+
+def test_the_container_backends_label_their_sandboxes_guilds_agent():
+    """The label containers and pods already running carry: `guilds sandbox list` and a
+    later orchestrator find them by it, so it never changes."""
+    from guilds.sandbox import docker_spec, kube_spec
+
+    assert docker_spec.LABEL_AGENT == kube_spec.LABEL_AGENT == "guilds.agent"

@@ -3,7 +3,7 @@
     list   every guilds sandbox this machine knows of, one line each: the backend, the
            agent, what it is (a bwrap process, a container, a pod) and its state.
            bwrap: the data folder's records; docker: the containers labelled
-           ``guilds.fronts.agent`` at DOCKER_HOST (when an engine answers there); kubernetes:
+           ``guilds.agent`` at DOCKER_HOST (when an engine answers there); kubernetes:
            the pods so labelled in ``kubernetes.namespace`` (when the agent's sandbox
            is kubernetes).
     stop   the agent's sandbox ends now, as its idle stop would end it; its files stay

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 from ..config.settings import DockerSettings
 from ._container import CLOCK, STATE_INSIDE, exec_argv, init_argv
 
-LABEL_AGENT = "guilds.fronts.agent"
+LABEL_AGENT = "guilds.agent"
 LABEL_FINGERPRINT = "guilds.fingerprint"
 PYTHON = "python3"
 """The interpreter inside the image (found on the exec's PATH)."""

@@ -32,7 +32,7 @@ from typing import Any, Mapping, Sequence
 from ..config.settings import KubernetesSettings
 from ._container import CONTAINER_UID, STATE_INSIDE, init_argv
 
-LABEL_AGENT = "guilds.fronts.agent"
+LABEL_AGENT = "guilds.agent"
 LABEL_NETWORK = "guilds.network"
 ANNOTATION_AGENT = "guilds/agent-id"
 ANNOTATION_FINGERPRINT = "guilds/fingerprint"
