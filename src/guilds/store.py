@@ -52,6 +52,7 @@ import asyncio
 import contextlib
 import os
 import random
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple
@@ -380,6 +381,8 @@ class _RecordThread:
         self._checkpointing = False
         """A checkpoint is in the thread: writes queue behind it there, so the next one
         finds the log copied whole and SQLite writes it over from its start."""
+        self._loop_thread: int | None = None
+        """The thread whose loop writes at once (the first to write): one connection, one user."""
 
     async def run(self, work: Callable[[sa.Connection], T], *, write: bool) -> T:
         """work(conn): in a transaction that commits when write, else on a plain connection.
@@ -389,7 +392,7 @@ class _RecordThread:
         hops to a thread and back, which wait for the thread to be scheduled);
         one that would wait for another writer, and every read, runs in the thread.
         """
-        if write and not self._checkpointing:
+        if write and not self._checkpointing and self._is_loop_thread():
             try:
                 return self._write_at_once(work)
             except sa.exc.OperationalError as exc:  # rolled back: nothing of it was written
@@ -397,6 +400,11 @@ class _RecordThread:
                     raise
         return await asyncio.get_running_loop().run_in_executor(
             self.thread, self._write if write else self._read, work)
+
+    def _is_loop_thread(self) -> bool:
+        if self._loop_thread is None:
+            self._loop_thread = threading.get_ident()
+        return self._loop_thread == threading.get_ident()
 
     def _write_at_once(self, work: Callable[[sa.Connection], T]) -> T:
         with self.at_once.begin() as conn:
