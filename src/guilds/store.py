@@ -395,8 +395,9 @@ class _RecordThread:
         if write and not self._checkpointing and self._is_loop_thread():
             try:
                 return self._write_at_once(work)
-            except sa.exc.OperationalError as exc:  # rolled back: nothing of it was written
-                if not _is_locked(exc):
+            except sa.exc.DBAPIError as exc:  # nothing of it was written
+                self.at_once.dispose()  # nor is anything of it left open on the connection
+                if not (isinstance(exc, sa.exc.OperationalError) and _is_locked(exc)):
                     raise
         return await asyncio.get_running_loop().run_in_executor(
             self.thread, self._write if write else self._read, work)
