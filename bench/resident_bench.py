@@ -8,9 +8,9 @@ the pipeline), with ``agent.transport`` = ``resident`` and ``exec`` side by side
 
 1. per call, median wall time, all paths taking turns call by call, each round
    in a new shuffled order (seeded: the same every run), so the machine's load
-   falls on all alike and no path always follows the same one (the call after
-   rg's 25 ms over the standard library ran about 1 ms slower, wherever it was
-   in the round: in a fixed rotation that was always shell on resident):
+   falls on all alike and no path always follows the same one (the call right
+   after rg's 25 ms over the standard library runs slower, whichever it is: in a
+   fixed rotation that was always shell on resident):
      shell     shell `true`
      read      file_read of a 200-line file (each call a run of its own: read in full)
      search    code_search `def __init__` (files mode) over a copy of the Python
