@@ -6,8 +6,11 @@ Run: .venv/bin/python bench/resident_bench.py [--calls N] [--backends local,bwra
 Everything goes through ``Toolbox.call`` (the run record on SQLite, redaction,
 the pipeline), with ``agent.transport`` = ``resident`` and ``exec`` side by side.
 
-1. per call, median wall time, all paths taking turns call by call in a
-   rotating order (so the machine's load falls on all alike):
+1. per call, median wall time, all paths taking turns call by call, each round
+   in a new shuffled order (seeded: the same every run), so the machine's load
+   falls on all alike and no path always follows the same one (the call right
+   after rg's 25 ms over the standard library runs slower, whichever it is: in a
+   fixed rotation that was always shell on resident):
      shell     shell `true`
      read      file_read of a 200-line file (each call a run of its own: read in full)
      search    code_search `def __init__` (files mode) over a copy of the Python
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import secrets
 import shutil
 import statistics
@@ -63,6 +67,8 @@ from guilds_code.protocol import validate_args
 LINES = "".join(f"line {n}: the quick brown fox jumps over the lazy dog\n" for n in range(200))
 SEARCH = {"pattern": "def __init__"}
 WARMUP = 3
+ORDER_SEED = 20261203
+"""The shuffled orders of the rounds are drawn from this seed: the same in every run."""
 SECRET = {"API_KEY": "bench-secret-0123456789"}
 Timed = Callable[[], Awaitable[Any]]
 
@@ -141,15 +147,17 @@ def tool_call(toolbox: Toolbox, tool: str, args: dict, fresh_run: bool = False) 
 
 
 async def interleaved(paths: dict[str, Timed], calls: int) -> dict[str, list[float]]:
-    """Each path `calls` times (after WARMUP), all taking turns in a rotating order."""
+    """Each path `calls` times (after WARMUP), all taking turns, each round in a new
+    shuffled order (ORDER_SEED): what the call before leaves behind (the machine's
+    caches after rg, a process exiting) falls on every path alike."""
     names = list(paths)
     for name in names:
         for _ in range(WARMUP):
             await paths[name]()
     times: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(calls):
-        shift = i % len(names)
-        for name in names[shift:] + names[:shift]:
+    order = random.Random(ORDER_SEED)
+    for _ in range(calls):
+        for name in order.sample(names, len(names)):
             began = time.perf_counter()
             await paths[name]()
             times[name].append(time.perf_counter() - began)

@@ -16,10 +16,10 @@ from guilds_code.protocol import decode_envelope
 class ResidentServer:
     """One running ``guilds-code serve`` and the frames it wrote that no one read yet."""
 
-    def __init__(self, python: str, helper: str, env: Mapping[str, str], *extra: str):
+    def __init__(self, python: str, helper: str, env: Mapping[str, str], *extra: str, pass_fds: tuple = ()):
         self.proc = subprocess.Popen([python, "-I", "-S", helper, "serve", *extra], env=dict(env),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, bufsize=0)
+                                     stderr=subprocess.PIPE, bufsize=0, pass_fds=pass_fds)
         self.env = dict(env)
         self._buffer = b""
         self._ids = 0

@@ -11,9 +11,10 @@ import time
 
 import pytest
 
-from conftest import ok_text
+from conftest import PYTHON, ok_text
 from guilds_code import limits
 from guilds_code.proc import live_groups, proc_stat
+from resident_kit import ResidentServer
 from test_helper_faults import _wait_for
 from test_resident import children_of, sandbox, server, shell  # noqa: F401  (fixtures)
 
@@ -136,3 +137,68 @@ def test_a_worker_done_in_time_leaves_its_commands_leftovers_alone(sandbox, serv
         os.kill(pid, 0)
     finally:
         os.kill(pid, signal.SIGKILL)
+
+
+def _watchdog_of(server) -> int:
+    """The server's watchdog: a process of the server's own command line that is none of its children."""
+    with open(f"/proc/{server.proc.pid}/cmdline", "rb") as fh:
+        argv = fh.read()
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                same = fh.read() == argv
+        except OSError:
+            continue
+        stat = proc_stat(int(entry)) if same else None
+        if stat is not None and int(entry) != server.proc.pid and stat.ppid != server.proc.pid:
+            found.append(int(entry))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _woken(pid: int) -> int:
+    """How many times pid has gone to sleep and been woken (its voluntary context switches)."""
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("voluntary_ctxt_switches:"))
+
+
+def test_calls_in_a_row_do_not_wake_the_watchdog_at_each_line(sandbox, server):
+    watchdog = _watchdog_of(server)
+    calls = 100
+    before = _woken(watchdog)
+    for _ in range(calls):
+        server.call(shell(sandbox, "true"))
+    assert _woken(watchdog) - before < calls  # each call writes it two lines
+
+
+def test_a_worker_dead_before_the_watchdog_read_its_line_has_its_command_killed(sandbox, server):
+    watchdog = _watchdog_of(server)
+    os.kill(watchdog, signal.SIGSTOP)  # the lines wait in its pipe, as they do between two reads
+    try:
+        pgid, _ = _group_of_a_running_command(sandbox, server)  # the server's first worker
+        worker = proc_stat(pgid).ppid
+        os.kill(worker, signal.SIGKILL)
+        assert _wait_for(lambda: worker not in {pid for pid, _ in children_of(server.proc.pid)})  # reaped
+    finally:
+        os.kill(watchdog, signal.SIGCONT)
+    try:
+        assert _wait_for(lambda: pgid not in live_groups()), "the command outlived its worker"
+    finally:
+        if pgid in live_groups():
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def test_no_descriptor_the_server_inherited_reaches_a_command_in_any_of_its_calls(sandbox):
+    read, write = os.pipe()
+    try:
+        served = ResidentServer(PYTHON, str(sandbox.helper), sandbox.process_env(), pass_fds=(write,))
+    finally:
+        os.close(read)
+        os.close(write)
+    try:
+        listings = [ok_text(served.call(shell(sandbox, "echo $PPID; ls /proc/$$/fd"))).split() for _ in range(3)]
+    finally:
+        served.close()
+    assert len({worker for worker, *_ in listings}) == 1  # one warm worker ran the three
+    assert [fds for _, *fds in listings] == [["0", "1", "2", "87"]] * 3

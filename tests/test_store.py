@@ -171,3 +171,39 @@ async def test_a_task_row_and_its_owners_life(store):
     await store.create_task(**{**row, "id": "task-3"})
     await store.update_task("task-3", owner="gone-owner")  # a process that is not registered
     assert (await store.get_task("task-3"))["owner_alive"] is False
+
+async def test_a_write_while_another_connection_holds_the_lock_waits_for_it(tmp_path):
+    """The event loop writes at once only when the lock is free; else the record thread waits for it."""
+    import sqlite3
+
+    async with Store(f"sqlite:///{tmp_path}/guilds.db") as st:
+        await finish(st, await begin(st))  # the loop's own connection is open
+        other = sqlite3.connect(tmp_path / "guilds.db", isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another writer holds the lock (another process, say)
+        try:
+            writing = asyncio.ensure_future(begin(st))
+            await asyncio.sleep(0.3)
+            assert not writing.done()  # waiting, not failed, and the loop runs meanwhile
+        finally:
+            other.execute("COMMIT")
+            other.close()
+        slot = await asyncio.wait_for(writing, 10)
+        assert slot.seq == 2 and (await st.call("r1", 2)).status == "running"
+
+
+async def test_writes_on_the_loop_are_checkpointed_so_the_log_stays_bounded(tmp_path):
+    from guilds.limits import RECORD_CHECKPOINT_COMMITS
+
+    wal = tmp_path / "guilds.db-wal"
+    async with Store(f"sqlite:///{tmp_path}/guilds.db") as st:
+
+        async def calls(n: int) -> None:
+            for _ in range(n):
+                await finish(st, await begin(st, budget=10**6))
+
+        await calls(RECORD_CHECKPOINT_COMMITS)  # 2 transactions a call: one checkpoint handed over
+        await asyncio.sleep(0.5)  # the thread has made it
+        one_round = wal.stat().st_size
+        await calls(4 * RECORD_CHECKPOINT_COMMITS)
+        await asyncio.sleep(0.5)
+        assert wal.stat().st_size <= 2 * one_round  # written over from its start, not grown fivefold

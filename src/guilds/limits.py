@@ -81,6 +81,10 @@ could deadlock (two transactions that read, then want to write; the first
 process to make a fresh file's schema): the transaction is then run again from
 its start after this pause, doubled each time up to 0.32 s, within
 RECORD_BUSY_WAIT_SECONDS."""
+RECORD_CHECKPOINT_COMMITS = 200
+"""A SQLite record: after this many transactions written on the event loop, the
+record thread copies the write-ahead log into the database (a passive checkpoint,
+which syncs the disk), so the loop never waits on a disk sync."""
 
 # --- docker's engine and container ---------------------------------------------
 DOCKER_CREATED_GRACE_SECONDS = 30.0
@@ -168,3 +172,4 @@ long without an answer: a quick refusal (bad arguments, no repository) comes bac
 as an ordinary result."""
 MCP_TASK_POLL_SECONDS = 2.0
 """The poll interval a task suggests (``pollIntervalMs``)."""
+

@@ -168,6 +168,11 @@ fork runs the request."""
 SERVE_IDLE_WORKERS_MAX = 4
 """guilds-code serve: workers kept waiting for the next request; one that answers
 past this many exits."""
+WATCHDOG_READ_SECONDS = 0.05
+"""guilds-code serve's watchdog: once lines have come, it reads its pipe this often
+instead of waking at each line (two a shell call), until a read finds none; a
+worker it follows that exits is acted on at once all the same. A worker that
+dies before its first line was read is acted on at the next read."""
 PROCESS_POLL_SECONDS = 0.05
 """While a grace runs: how often the supervise loop looks whether what was
 signalled is gone; without a pidfd, also how often it looks whether the command

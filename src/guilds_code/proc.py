@@ -150,8 +150,19 @@ def _pipe_or(spec: Optional[int], null: int, made: List[int]):
     return None, null if spec is None else spec
 
 
+class _Inherited:
+    swept = False
+    """_close_on_exec_inherited ran in this process (or in the one it was forked from)."""
+
+
 def _close_on_exec_inherited() -> None:
-    """Mark every descriptor above 2 close-on-exec (Python's own already are)."""
+    """Mark every descriptor above 2 close-on-exec (Python's own already are), once
+    per process: every descriptor Python opens afterwards is close-on-exec already
+    but for os.dup2's, which the helpers make onto 0, 1 and 2 only; and a fork keeps
+    the marks, so a resident worker sweeps only before its first command."""
+    if _Inherited.swept:
+        return
+    _Inherited.swept = True
     try:
         fds = [int(name) for name in os.listdir("/proc/self/fd")]
     except OSError:  # no /proc: every possible descriptor

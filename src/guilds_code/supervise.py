@@ -148,16 +148,26 @@ class Supervisor:
         os.close(self.wake_w)
 
 
+class _Malloc:
+    settled = False
+    """_raise_malloc_thresholds ran in this process (or in the one it was forked from)."""
+
+
 def _raise_malloc_thresholds() -> None:
-    """Allocate and free one block above glibc's default mmap threshold (128 KiB).
+    """Allocate and free one block above glibc's default mmap threshold (128 KiB),
+    once per process.
 
     glibc then raises that threshold, and its trim threshold to twice the block,
     so the loop's buffers (a read, its text, its shaped bytes: 64 KiB each) stop
     handing the top of the heap back to the kernel after every read, to fault it
     in again at the next: two brk calls a read, a third of the helper's time when
-    a command prints a GiB. Elsewhere than glibc, an allocation and nothing more.
+    a command prints a GiB. The thresholds only ever rise and a fork keeps them,
+    so a resident worker pays the 1 MiB block at its first command only.
+    Elsewhere than glibc, an allocation and nothing more.
     """
-    bytearray(_MALLOC_SETTLE_BYTES)
+    if not _Malloc.settled:
+        bytearray(_MALLOC_SETTLE_BYTES)
+        _Malloc.settled = True
 
 
 class _Loop:

@@ -16,6 +16,13 @@ watchdog, having seen an exit, reads every line already in the pipe before it
 acts on it; so a worker done in time is never acted on. The watchdog exits when
 the pipe ends (the server and all its workers gone) and nothing is watched.
 
+The lines need no answer, so while they keep coming the watchdog does not wake
+for each (two a shell call, each a process to schedule beside the command): it
+reads the pipe every limits.WATCHDOG_READ_SECONDS, and waits on the pipe again
+once a read finds nothing. An exit of a worker it follows, and the pipe's end,
+still wake it at once. The pipe holds thousands of lines meanwhile; a line that
+does not fit is not written, and the call watches its group itself.
+
 ``watch_group`` and ``release`` are what an op calls: the shared watchdog where
 it runs, else (the one-shot helper; no ``os.pidfd_open``: Python before 3.9 or
 a kernel before 5.3; a line that cannot be written: the watchdog was killed,
@@ -27,7 +34,7 @@ from __future__ import annotations
 import os
 import select
 
-from . import proc
+from . import limits, proc
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -126,27 +133,32 @@ class _Watchdog:
         self.groups: Dict[int, Set[int]] = {}  # worker pid -> its watched groups
         self.pidfds: Dict[int, int] = {}  # pidfd -> worker pid
         self.gone: Set[int] = set()  # workers found exited while reading, acted on next turn
+        self.lines_coming = False  # the last read found lines: read again at the next tick
         os.set_blocking(fd, False)
 
     def run(self) -> None:
         while self.open or self.groups:
             exited = self._wait()
-            self._read()
+            self.lines_coming = self._read()
             for pid in exited:
                 self._end(pid)
 
     def _wait(self) -> List[int]:
-        """Sleep until a line or an exit; the workers seen exited (before the lines are read)."""
+        """Sleep until an exit, the pipe's end, and a line (or, while lines come, the
+        next tick); the workers seen exited (before the lines are read)."""
         poller = select.poll()
-        if self.open:
-            poller.register(self.fd, select.POLLIN)
+        if self.open:  # POLLHUP (the pipe's end) is reported without being asked for
+            poller.register(self.fd, 0 if self.lines_coming else select.POLLIN)
         for pidfd in self.pidfds:
             poller.register(pidfd, select.POLLIN)
-        ready = poller.poll(0 if self.gone else None)
+        tick = int(limits.WATCHDOG_READ_SECONDS * 1000) if self.lines_coming else None
+        ready = poller.poll(0 if self.gone else tick)
         exited, self.gone = list(self.gone), set()
         return exited + [self.pidfds[fd] for fd, _ in ready if fd in self.pidfds]
 
-    def _read(self) -> None:
+    def _read(self) -> bool:
+        """Take every line in the pipe; True when there was any."""
+        got = False
         while self.open:
             try:
                 data = os.read(self.fd, READ_BYTES)
@@ -156,10 +168,12 @@ class _Watchdog:
                 self.open = False
                 os.close(self.fd)
                 break
+            got = True
             lines = (self.pending + data).split(b"\n")
             self.pending = lines.pop()
             for line in lines:
                 self._take(line)
+        return got
 
     def _take(self, line: bytes) -> None:
         try:

@@ -44,10 +44,14 @@ process also queue on an asyncio lock, so they never wait on SQLITE_BUSY.
 
 A call's own statements (its start, its end, the reads a file_read and its
 savings need) are each one function on a plain connection (``_in_transaction``,
-``_reading``). On a SQLite file they run in the Store's one record thread, on
-a synchronous engine of the same file: one hop between threads per transaction
-instead of one per statement, which is most of what a call's record costs. On
-PostgreSQL they run on the async engine's connection (``run_sync``).
+``_reading``). On a SQLite file a write runs at once on the event loop, on a
+synchronous connection of its own, when SQLite's write lock is free (a fraction
+of a millisecond: less than the hops to a thread and back, each waiting for a
+thread to be scheduled); one that would wait for another writer, every read,
+and the checkpoints of the loop's writes (RECORD_CHECKPOINT_COMMITS) run in the
+Store's one record thread, on a synchronous engine of the same file: one hop
+per transaction, never one per statement. On PostgreSQL they run on the async
+engine's connection (``run_sync``).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ import asyncio
 import contextlib
 import os
 import random
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple
@@ -70,7 +75,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 
 from ..config.private import private_file
 from ..errors import BadInput, RecordError
-from ..limits import RECORD_BUSY_RETRY_SECONDS, RECORD_BUSY_WAIT_SECONDS
+from ..limits import RECORD_BUSY_RETRY_SECONDS, RECORD_BUSY_WAIT_SECONDS, RECORD_CHECKPOINT_COMMITS
 from .migration import migrate
 from .owners import LOST, Lease, Owner, is_gone, machine_id
 from .rows import row_text
@@ -255,10 +260,25 @@ def normalize_url(url: str) -> str:
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    _pragmas(dbapi_conn, f"busy_timeout={SQLITE_BUSY_MS}", "journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON")
+
+
+def _at_once_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    """The event loop's connection: a lock held elsewhere fails at once (the record
+    thread waits for it instead), and no checkpoint (the record thread makes them)."""
+    _pragmas(dbapi_conn, "busy_timeout=0", "journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON",
+             "wal_autocheckpoint=0")
+
+
+def _pragmas(dbapi_conn: Any, *pragmas: str) -> None:
     cur = dbapi_conn.cursor()
-    for pragma in (f"busy_timeout={SQLITE_BUSY_MS}", "journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON"):
+    for pragma in pragmas:
         cur.execute(f"PRAGMA {pragma}")
     cur.close()
+
+
+def _is_locked(exc: sa.exc.OperationalError) -> bool:
+    return "database is locked" in str(exc.orig)
 
 
 def _dialect_module(is_sqlite: bool) -> Any:
@@ -395,17 +415,65 @@ def _private_record(database: str | None) -> None:
 
 
 class _RecordThread:
-    """A SQLite file's synchronous engine and the one thread that uses it."""
+    """A SQLite file's synchronous engine and the one thread that uses it; and the
+    event loop's own connection, for a write that can be had at once."""
 
     def __init__(self, url: sa.URL):
         self.engine = sa.create_engine(url.set(drivername="sqlite"), pool_reset_on_return=None)
         sa.event.listen(self.engine, "connect", _sqlite_pragmas)
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="guilds-record")
+        self.at_once = sa.create_engine(url.set(drivername="sqlite"), poolclass=sa.pool.StaticPool,
+                                        pool_reset_on_return=None)
+        sa.event.listen(self.at_once, "connect", _at_once_pragmas)
+        self._unchecked = 0
+        """Transactions written on the loop since the last checkpoint was handed to the thread."""
+        self._checkpointing = False
+        """A checkpoint is in the thread: writes queue behind it there, so the next one
+        finds the log copied whole and SQLite writes it over from its start."""
+        self._loop_thread: int | None = None
+        """The thread whose loop writes at once (the first to write): one connection, one user."""
 
     async def run(self, work: Callable[[sa.Connection], T], *, write: bool) -> T:
-        """work(conn) in the thread: in a transaction that commits when write, else on a plain connection."""
+        """work(conn): in a transaction that commits when write, else on a plain connection.
+
+        A write runs on the event loop when SQLite's write lock is free (a call's
+        start or end is a fraction of a millisecond of work, less than the two
+        hops to a thread and back, which wait for the thread to be scheduled);
+        one that would wait for another writer, and every read, runs in the thread.
+        """
+        if write and not self._checkpointing and self._is_loop_thread():
+            try:
+                return self._write_at_once(work)
+            except sa.exc.DBAPIError as exc:  # nothing of it was written
+                self.at_once.dispose()  # nor is anything of it left open on the connection
+                if not (isinstance(exc, sa.exc.OperationalError) and _is_locked(exc)):
+                    raise
         return await asyncio.get_running_loop().run_in_executor(
             self.thread, self._write if write else self._read, work)
+
+    def _is_loop_thread(self) -> bool:
+        if self._loop_thread is None:
+            self._loop_thread = threading.get_ident()
+        return self._loop_thread == threading.get_ident()
+
+    def _write_at_once(self, work: Callable[[sa.Connection], T]) -> T:
+        with self.at_once.begin() as conn:
+            done = work(conn)
+        self._unchecked += 1
+        if self._unchecked >= RECORD_CHECKPOINT_COMMITS:
+            self._unchecked = 0
+            self._checkpointing = True
+            self.thread.submit(self._checkpoint)
+        return done
+
+    def _checkpoint(self) -> None:
+        """Copy the write-ahead log into the database, as SQLite's own automatic checkpoint
+        would; not done now (another process reading, a full disk) is for the next one."""
+        try:
+            with contextlib.suppress(sa.exc.DBAPIError), self.engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            self._checkpointing = False
 
     def _write(self, work: Callable[[sa.Connection], T]) -> T:
         with self.engine.begin() as conn:
@@ -416,6 +484,7 @@ class _RecordThread:
             return work(conn)
 
     async def close(self) -> None:
+        self.at_once.dispose()
         await asyncio.get_running_loop().run_in_executor(self.thread, self.engine.dispose)
         self.thread.shutdown()
 
@@ -532,7 +601,7 @@ class Store:
             try:
                 return await attempt()
             except sa.exc.OperationalError as exc:
-                if not (self.sqlite and "database is locked" in str(exc.orig)) or time.monotonic() > deadline:
+                if not (self.sqlite and _is_locked(exc)) or time.monotonic() > deadline:
                     raise
             await asyncio.sleep(pause * random.uniform(0.5, 1.5))  # noqa: S311 - a jitter, not a secret
             pause = min(pause * 2, 0.32)
