@@ -24,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from guilds.record.store import _FINISH_CALL, _INSERT_CALL, Store  # noqa: E402
+from guilds.record.statements import FINISH_CALL as _FINISH_CALL, INSERT_CALL as _INSERT_CALL  # noqa: E402
+from guilds.record.store import Store
 
 
 async def with_owner(store: Store, run: str) -> None:

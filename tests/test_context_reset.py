@@ -16,7 +16,8 @@ from mcp import Client
 
 from guilds.errors import BadInput
 from guilds.fronts.mcp_server import CONTEXT_RESET_KEY, RUN_KEY, streamable_http_app
-from guilds.record.store import Store, metadata
+from guilds.record.schema import metadata
+from guilds.record.store import Store
 from test_cli import config, run
 from test_mcp_http import serving
 from toolbox_kit import local_toolbox

@@ -28,8 +28,10 @@ import mcp_kit as kit
 from conftest import sized_tmpfs
 from guilds.limits import OWNER_HEARTBEAT_SECONDS as HEARTBEAT_SECONDS
 from guilds.limits import OWNER_LEASE_SECONDS as LEASE_SECONDS
+from guilds.record.engine import normalize_url
 from guilds.record.owners import LOST
-from guilds.record.store import Store, calls, metadata, normalize_url, owners
+from guilds.record.schema import calls, metadata, owners
+from guilds.record.store import Store
 from guilds.sandbox.bwrap_argv import unavailable
 from guilds.web.app import create_app
 from guilds.web.endpoint_lock import TOKEN_FILE, Lock, host_names

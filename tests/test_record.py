@@ -14,9 +14,11 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from guilds.record import migration
+from guilds.record.engine import normalize_url
 from guilds.record.migration import split_trailer
 from guilds.record.owners import LOST
-from guilds.record.store import SAVINGS_COLUMNS, Store, calls, metadata, normalize_url, runs
+from guilds.record.schema import SAVINGS_COLUMNS, calls, metadata, runs
+from guilds.record.store import Store
 from guilds.record.values import Savings
 from guilds.web.savings_view import run_savings
 from toolbox_kit import local_toolbox

@@ -13,7 +13,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from guilds.record.store import Store, metadata, normalize_url
+from guilds.record.engine import normalize_url
+from guilds.record.schema import metadata
+from guilds.record.store import Store
 
 PROCESSES = 4
 ROUNDS = int(os.environ.get("RACE_ROUNDS", "30"))

@@ -10,8 +10,10 @@ import pytest
 import sqlalchemy as sa
 
 from guilds.errors import BadInput
+from guilds.record.engine import database_url, normalize_url
 from guilds.record.owners import LOST
-from guilds.record.store import Store, calls, database_url, metadata, normalize_url
+from guilds.record.schema import calls, metadata
+from guilds.record.store import Store
 from guilds.record.values import Savings
 from guilds.web.savings_view import run_savings
 

@@ -14,7 +14,8 @@ import re
 import pytest
 
 from guilds.errors import BadInput, SandboxError
-from guilds.record.store import Store, metadata
+from guilds.record.schema import metadata
+from guilds.record.store import Store
 from guilds.sandbox.base import ExecResult
 from guilds.toolbox import Toolbox
 from toolbox_kit import FakeSandbox, local_toolbox, make_settings, ok, refused

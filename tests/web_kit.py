@@ -13,7 +13,8 @@ import sqlalchemy as sa
 
 from guilds.fronts.serve import build_app
 from guilds.record.rows import row_text
-from guilds.record.store import Store, calls, runs
+from guilds.record.schema import calls, runs
+from guilds.record.store import Store
 from guilds.toolbox import Toolbox
 from guilds.web.endpoint_lock import Lock, host_names
 from toolbox_kit import local_toolbox

@@ -155,7 +155,8 @@ def check_data(wired: Wired) -> Check:
 
 
 def check_record(wired: Wired) -> Check:
-    from ..record.store import Store, database_url
+    from ..record.engine import database_url
+    from ..record.store import Store
 
     url = database_url(Path(wired.data_dir), wired.env)
     shown = url.split("@")[-1] if "@" in url else url

@@ -139,7 +139,8 @@ def make_data_dir(data: Path) -> Path:
 @contextlib.asynccontextmanager
 async def open_toolbox(wired: Wired) -> AsyncIterator[Toolbox]:
     """The agent's toolbox: its sandbox (not started: the first call starts it) and the run record."""
-    from ..record.store import Store, database_url
+    from ..record.engine import database_url
+    from ..record.store import Store
     from ..sandbox import get_sandbox
     from ..toolbox import Toolbox
 

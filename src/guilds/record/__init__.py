@@ -5,6 +5,7 @@ an older record, and the values read back (values, rows, redaction).
     async with Store(database_url(data_dir, os.environ)) as store: ...
 """
 
-from .store import Store, database_url, normalize_url
+from .engine import database_url, normalize_url
+from .store import Store
 
 __all__ = ["Store", "database_url", "normalize_url"]

@@ -21,6 +21,8 @@ from typing import Any, Iterator, Sequence
 
 import sqlalchemy as sa
 
+from .schema import SAVINGS_COLUMNS, calls
+from .statements import add_savings
 from .values import CALL_FIELDS, TRAILER, Savings, answer_text, call_savings
 
 _TRAILER_RE = re.compile("\n?" + re.escape(TRAILER).replace(r"\{n\}", r"(\d+)") + r"\n?\Z")
@@ -44,8 +46,6 @@ def split_answer(text: str) -> tuple[str, int | None]:
 
 def migrate(conn: sa.Connection) -> None:
     """Add what the record lacks and split what older versions kept joined (sync, in a transaction)."""
-    from .store import SAVINGS_COLUMNS
-
     if conn.dialect.name == "sqlite":
         # A write first: it takes the one writer's lock (a racing process waits here) and opens
         # the transaction, so the ALTERs below are part of it (SQLite's driver runs DDL outside one).
@@ -65,8 +65,6 @@ def _columns(conn: sa.Connection, table: str) -> set[str]:
 
 def _finished_calls(conn: sa.Connection, columns: Sequence[Any], *where: Any) -> Iterator[Sequence[Any]]:
     """Batches of (run_id, seq, *columns) of the calls with a result, in (run_id, seq) order."""
-    from .store import calls
-
     pending = (sa.select(calls.c.run_id, calls.c.seq, *columns)
                .where(calls.c.text.is_not(None), *where,
                       sa.tuple_(calls.c.run_id, calls.c.seq) > sa.tuple_(sa.bindparam("run"), sa.bindparam("seq")))
@@ -78,8 +76,6 @@ def _finished_calls(conn: sa.Connection, columns: Sequence[Any], *where: Any) ->
 
 
 def _split_old_calls(conn: sa.Connection) -> None:
-    from .store import calls
-
     update = sa.update(calls).where(calls.c.run_id == sa.bindparam("k_run"), calls.c.seq == sa.bindparam("k_seq"))
     for rows in _finished_calls(conn, [calls.c.text, calls.c.meta], calls.c.remaining.is_(None)):
         changes = []
@@ -94,8 +90,6 @@ def _split_old_calls(conn: sa.Connection) -> None:
 
 def _fill_savings(conn: sa.Connection) -> None:
     """Each run's totals from its calls, as ``store`` adds them at each call's end."""
-    from .store import add_savings, calls
-
     for rows in _finished_calls(conn, [calls.c.text, calls.c.remaining, calls.c.meta]):
         per_run: defaultdict[str, Savings] = defaultdict(Savings)
         for run_id, _seq, text, remaining, meta in rows:

@@ -6,7 +6,8 @@ The app sees no table and no engine: the store owns every query
 
 from __future__ import annotations
 
-from ..record.store import FLOW_PAGE, Store
+from ..record.statements import FLOW_PAGE
+from ..record.store import Store
 from ..record.values import CallRecord, RunRecord
 
 __all__ = ["FLOW_PAGE", "flow_after", "flow_before", "get_run"]

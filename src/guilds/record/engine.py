@@ -1,0 +1,205 @@
+"""Where the run record lives and how it is opened: its URL, SQLite's settings,
+the one record thread of a SQLite file, and the schema made once, whichever
+process comes first (``create_schema``, the migration of an older record in it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Mapping, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.schema import CreateIndex, CreateTable
+
+from ..config.private import private_file
+from ..limits import RECORD_BUSY_WAIT_SECONDS, RECORD_CHECKPOINT_COMMITS
+from .migration import migrate
+from .schema import calls, metadata
+from .statements import RUNNING, finish_lost, utc_now
+
+T = TypeVar("T")
+DATABASE_URL_ENV = "GUILDS_DATABASE_URL"
+DB_FILE = "guilds.db"
+SQLITE_BUSY_MS = int(RECORD_BUSY_WAIT_SECONDS * 1000)
+"""Another process writing the same SQLite file: SQLite's busy handler waits this long for it."""
+SCHEMA_LOCK_KEY = 0x6775_696C_6473
+"""The PostgreSQL advisory lock held while the schema is made ("guilds" in ASCII)."""
+
+
+def database_url(data: Path, env: Mapping[str, str]) -> str:
+    """$GUILDS_DATABASE_URL, else SQLite at <data>/guilds.db."""
+    return normalize_url(env.get(DATABASE_URL_ENV) or f"sqlite:///{Path(data) / DB_FILE}")
+
+
+def normalize_url(url: str) -> str:
+    """Give a plain sqlite:// or postgresql:// URL its async driver."""
+    for plain, driver in (("sqlite://", "sqlite+aiosqlite://"), ("postgresql://", "postgresql+asyncpg://"),
+                          ("postgres://", "postgresql+asyncpg://")):
+        if url.startswith(plain):
+            return driver + url[len(plain):]
+    return url
+
+
+def sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    _pragmas(dbapi_conn, f"busy_timeout={SQLITE_BUSY_MS}", "journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON")
+
+
+def _at_once_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    """The event loop's connection: a lock held elsewhere fails at once (the record
+    thread waits for it instead), and no checkpoint (the record thread makes them)."""
+    _pragmas(dbapi_conn, "busy_timeout=0", "journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON",
+             "wal_autocheckpoint=0")
+
+
+def _pragmas(dbapi_conn: Any, *pragmas: str) -> None:
+    cur = dbapi_conn.cursor()
+    for pragma in pragmas:
+        cur.execute(f"PRAGMA {pragma}")
+    cur.close()
+
+
+def is_locked(exc: sa.exc.OperationalError) -> bool:
+    return "database is locked" in str(exc.orig)
+
+
+def dialect_module(is_sqlite: bool) -> Any:
+    """sqlalchemy.dialects.sqlite or .postgresql (their insert ... on conflict), imported on use."""
+    if is_sqlite:
+        from sqlalchemy.dialects import sqlite
+
+        return sqlite
+    from sqlalchemy.dialects import postgresql
+
+    return postgresql
+
+
+def reason(exc: BaseException) -> str:
+    """The driver's own words, on one line: "database or disk is full"."""
+    orig = getattr(exc, "orig", None) or exc
+    text = getattr(orig, "strerror", None) or str(orig) or type(orig).__name__
+    return " ".join(text.split())[:300]
+
+
+def create_schema(conn: sa.Connection) -> None:
+    """Make the missing tables and indexes, once, whichever process comes first.
+
+    PostgreSQL: under a transaction-level advisory lock (its CREATE TABLE IF NOT
+    EXISTS still fails when two run at once). SQLite: each CREATE ... IF NOT
+    EXISTS is atomic under its one writer. An index already there is not made
+    again: CREATE INDEX takes a lock on its table first, which would wait on the
+    calls other processes are writing while this transaction holds the lock on
+    another table (a deadlock on PostgreSQL).
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
+    for table in metadata.sorted_tables:
+        conn.execute(CreateTable(table, if_not_exists=True))
+    migrate(conn)  # an older record brought up to date, under the same lock
+    _add_owner_column(conn)
+    inspector = sa.inspect(conn)
+    for table in metadata.sorted_tables:
+        present = {index["name"] for index in inspector.get_indexes(table.name)}
+        for index in table.indexes:
+            if index.name not in present:  # CREATE INDEX locks its table even when the index exists
+                conn.execute(CreateIndex(index, if_not_exists=True))
+
+
+def _add_owner_column(conn: sa.Connection) -> None:
+    """A record made before calls had owners gets the column; its calls still ``running``
+    then (no process can finish them any more) are recorded lost."""
+    if "owner" in {c["name"] for c in sa.inspect(conn).get_columns("calls")}:
+        return
+    try:
+        conn.execute(sa.text("ALTER TABLE calls ADD COLUMN owner VARCHAR(32)"))
+    except sa.exc.OperationalError as exc:  # SQLite: another process added it meanwhile
+        if "duplicate column" in str(exc):
+            return
+        raise
+    now = utc_now()
+    finish_lost(conn, conn.execute(RUNNING.where(calls.c.status == "running")).all(), now)
+
+
+def private_record(database: str | None) -> None:
+    """Make the SQLite file 0600 before SQLite does (its -wal and -shm files take its mode)."""
+    if database and database != ":memory:" and not database.startswith("file:"):
+        os.close(private_file(Path(database)))
+
+
+class RecordThread:
+    """A SQLite file's synchronous engine and the one thread that uses it; and the
+    event loop's own connection, for a write that can be had at once."""
+
+    def __init__(self, url: sa.URL):
+        self.engine = sa.create_engine(url.set(drivername="sqlite"), pool_reset_on_return=None)
+        sa.event.listen(self.engine, "connect", sqlite_pragmas)
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="guilds-record")
+        self.at_once = sa.create_engine(url.set(drivername="sqlite"), poolclass=sa.pool.StaticPool,
+                                        pool_reset_on_return=None)
+        sa.event.listen(self.at_once, "connect", _at_once_pragmas)
+        self._unchecked = 0
+        """Transactions written on the loop since the last checkpoint was handed to the thread."""
+        self._checkpointing = False
+        """A checkpoint is in the thread: writes queue behind it there, so the next one
+        finds the log copied whole and SQLite writes it over from its start."""
+        self._loop_thread: int | None = None
+        """The thread whose loop writes at once (the first to write): one connection, one user."""
+
+    async def run(self, work: Callable[[sa.Connection], T], *, write: bool) -> T:
+        """work(conn): in a transaction that commits when write, else on a plain connection.
+
+        A write runs on the event loop when SQLite's write lock is free (a call's
+        start or end is a fraction of a millisecond of work, less than the two
+        hops to a thread and back, which wait for the thread to be scheduled);
+        one that would wait for another writer, and every read, runs in the thread.
+        """
+        if write and not self._checkpointing and self._is_loop_thread():
+            try:
+                return self._write_at_once(work)
+            except sa.exc.DBAPIError as exc:  # nothing of it was written
+                self.at_once.dispose()  # nor is anything of it left open on the connection
+                if not (isinstance(exc, sa.exc.OperationalError) and is_locked(exc)):
+                    raise
+        return await asyncio.get_running_loop().run_in_executor(
+            self.thread, self._write if write else self._read, work)
+
+    def _is_loop_thread(self) -> bool:
+        if self._loop_thread is None:
+            self._loop_thread = threading.get_ident()
+        return self._loop_thread == threading.get_ident()
+
+    def _write_at_once(self, work: Callable[[sa.Connection], T]) -> T:
+        with self.at_once.begin() as conn:
+            done = work(conn)
+        self._unchecked += 1
+        if self._unchecked >= RECORD_CHECKPOINT_COMMITS:
+            self._unchecked = 0
+            self._checkpointing = True
+            self.thread.submit(self._checkpoint)
+        return done
+
+    def _checkpoint(self) -> None:
+        """Copy the write-ahead log into the database, as SQLite's own automatic checkpoint
+        would; not done now (another process reading, a full disk) is for the next one."""
+        try:
+            with contextlib.suppress(sa.exc.DBAPIError), self.engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            self._checkpointing = False
+
+    def _write(self, work: Callable[[sa.Connection], T]) -> T:
+        with self.engine.begin() as conn:
+            return work(conn)
+
+    def _read(self, work: Callable[[sa.Connection], T]) -> T:
+        with self.engine.connect() as conn:
+            return work(conn)
+
+    async def close(self) -> None:
+        self.at_once.dispose()
+        await asyncio.get_running_loop().run_in_executor(self.thread, self.engine.dispose)
+        self.thread.shutdown()

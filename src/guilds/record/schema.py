@@ -1,0 +1,122 @@
+"""The run record's tables (SQLAlchemy Core), made by ``engine.create_schema``.
+
+Tables:
+
+    runs   id (the run id), agent_id, created_at, updated_at,
+           next_seq (the last seq given out), used_calls (calls counted against
+           the budget), admitted_seq (the last seq admitted within the budget),
+           returned_bytes, elided_bytes, pointer_saved_bytes, secrets_redacted
+           (the totals of its finished calls: ``records.call_savings`` of
+           each, added in the transaction that records the call's end)
+    calls  run_id + seq, call_id, tool, args, text, is_error, meta, cut (by the
+           pipeline's cap), counted (against the budget), status (running, done,
+           cancelled, or lost: its process ended first), started_at,
+           finished_at, duration_ms, row, owner (the process running it; none
+           once it has ended)
+    owners the processes that have the record open (``guilds.record.owners``): id,
+           machine, pid, pid_start, heartbeat_at
+    context_marks  run_id, after_seq, at: the run's model context was compacted
+           or rewound after its call after_seq
+    run_principals run_id, principal: who made the run, for fronts that
+           authenticate (the MCP endpoint: a fingerprint of its token; "" for
+           none); claimed once, by the run's first such call
+    tasks  id (a task id, unguessable), run_id, agent_id, tool, background_id,
+           principal, status (working, completed, failed, cancelled),
+           status_message, result (the final result or error, as sent),
+           created_at, updated_at, owner (the process following it; none once
+           it has ended): the MCP front's tasks (guilds/fronts/mcp_tasks.py)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+
+class _JSON(sa.types.TypeDecorator):
+    """JSON; JSONB on PostgreSQL. A dialect is imported only when a URL uses it (a fast CLI)."""
+
+    impl = sa.JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Any) -> Any:
+        if dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import JSONB
+
+            return dialect.type_descriptor(JSONB())
+        return dialect.type_descriptor(sa.JSON())
+
+
+SAVINGS_COLUMNS = ("returned_bytes", "elided_bytes", "pointer_saved_bytes", "secrets_redacted")
+"""A run's totals (``records.Savings``, its fields in this order)."""
+_TS = sa.DateTime(timezone=True)
+metadata = sa.MetaData()
+runs = sa.Table(
+    "runs", metadata,
+    sa.Column("id", sa.String(128), primary_key=True),
+    sa.Column("agent_id", sa.String(128), nullable=False, index=True),
+    sa.Column("created_at", _TS, nullable=False),
+    sa.Column("updated_at", _TS, nullable=False, index=True),
+    sa.Column("next_seq", sa.Integer, nullable=False, default=0),
+    sa.Column("used_calls", sa.Integer, nullable=False, default=0),
+    sa.Column("admitted_seq", sa.Integer, nullable=False, default=0),
+    *(sa.Column(name, sa.BigInteger, nullable=False, server_default="0") for name in SAVINGS_COLUMNS),
+)
+calls = sa.Table(
+    "calls", metadata,
+    sa.Column("run_id", sa.String(128), sa.ForeignKey("runs.id"), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True),
+    sa.Column("call_id", sa.String(128), nullable=False),
+    sa.Column("tool", sa.Text, nullable=False),  # as the model named it: any length
+    sa.Column("args", _JSON, nullable=False),
+    sa.Column("text", sa.Text),
+    sa.Column("is_error", sa.Boolean, nullable=False, default=False),
+    sa.Column("meta", _JSON),
+    sa.Column("cut", sa.Boolean, nullable=False, default=False),
+    sa.Column("counted", sa.Boolean, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("started_at", _TS, nullable=False),
+    sa.Column("finished_at", _TS),
+    sa.Column("duration_ms", sa.Integer),
+    sa.Column("row", sa.Text),
+    sa.Column("owner", sa.String(32), index=True),
+    sa.Column("remaining", sa.Integer),  # the trailer's count; NULL while running
+)
+owners = sa.Table(
+    "owners", metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("machine", sa.String(160), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("pid_start", sa.BigInteger, nullable=False),
+    sa.Column("heartbeat_at", _TS, nullable=False),
+)
+context_marks = sa.Table(
+    "context_marks", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_id", sa.String(128), nullable=False, index=True),
+    sa.Column("after_seq", sa.Integer, nullable=False),
+    sa.Column("at", _TS, nullable=False),
+)
+"""Where a run's model context was compacted or rewound: no file_read points to
+a call at or before after_seq (toolbox/ledger.py)."""
+run_principals = sa.Table(
+    "run_principals", metadata,
+    sa.Column("run_id", sa.String(128), primary_key=True),
+    sa.Column("principal", sa.String(64), nullable=False),
+)
+tasks = sa.Table(
+    "tasks", metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("run_id", sa.String(128), nullable=False),
+    sa.Column("agent_id", sa.String(128), nullable=False),
+    sa.Column("tool", sa.String(32), nullable=False),
+    sa.Column("background_id", sa.String(32)),
+    sa.Column("principal", sa.String(64), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("status_message", sa.Text),
+    sa.Column("result", _JSON),
+    sa.Column("created_at", _TS, nullable=False),
+    sa.Column("updated_at", _TS, nullable=False),
+    sa.Column("owner", sa.String(32)),
+)
