@@ -2,13 +2,13 @@
 
 Older versions kept a call's answer whole (the body with the trailer's
 ``remaining_tool_calls: N`` line at its end) and repeated the call's fields
-(``records.CALL_FIELDS``) inside its metadata. This adds the ``remaining``
+(``values.CALL_FIELDS``) inside its metadata. This adds the ``remaining``
 column where it is missing, splits each finished call's text into body and
 count, and drops the repeated fields from its metadata. A call already split
 (``remaining`` set) is left alone, so running it again changes nothing.
 
 Older versions also kept no totals on a run: where its ``runs`` table lacks
-them this adds the columns (``store.SAVINGS_COLUMNS``) and fills them from the
+them this adds the columns (``schema.SAVINGS_COLUMNS``) and fills them from the
 calls recorded so far, in the transaction that adds them, so a second run
 finds them and adds nothing.
 """

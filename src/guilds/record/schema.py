@@ -6,7 +6,7 @@ Tables:
            next_seq (the last seq given out), used_calls (calls counted against
            the budget), admitted_seq (the last seq admitted within the budget),
            returned_bytes, elided_bytes, pointer_saved_bytes, secrets_redacted
-           (the totals of its finished calls: ``records.call_savings`` of
+           (the totals of its finished calls: ``values.call_savings`` of
            each, added in the transaction that records the call's end)
     calls  run_id + seq, call_id, tool, args, text, is_error, meta, cut (by the
            pipeline's cap), counted (against the budget), status (running, done,
@@ -49,7 +49,7 @@ class _JSON(sa.types.TypeDecorator):
 
 
 SAVINGS_COLUMNS = ("returned_bytes", "elided_bytes", "pointer_saved_bytes", "secrets_redacted")
-"""A run's totals (``records.Savings``, its fields in this order)."""
+"""A run's totals (``values.Savings``, its fields in this order)."""
 _TS = sa.DateTime(timezone=True)
 metadata = sa.MetaData()
 runs = sa.Table(

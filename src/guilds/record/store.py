@@ -232,7 +232,7 @@ class Store:
         status "done", or "cancelled" for a call stopped midway.
 
         ``text`` is the body, ``remaining`` the trailer's count (None: none), ``meta`` the tool's own
-        metadata: the call's fields are columns already (``records.CALL_FIELDS``).
+        metadata: the call's fields are columns already (``values.CALL_FIELDS``).
         """
         try:
             params = {

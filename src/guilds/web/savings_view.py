@@ -2,7 +2,7 @@
 and per run (totals and a bar of bytes produced against bytes returned).
 
 Pure functions of the recorded calls and runs, table-tested. A call's bytes
-(``records.call_savings``; a run's totals are the sum, kept on the run's row):
+(``values.call_savings``; a run's totals are the sum, kept on the run's row):
 
     returned   its result text as the model got it (trailer included)
     produced   returned + bytes_elided + pointer_bytes_saved: what the model
