@@ -46,6 +46,31 @@ def _valid_int(value: Any, lo: int, hi: int) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
 
 
+def _task_wait(args: Any) -> float:
+    """code_task: its timeout_minutes plus WAIT_EXTRA_SECONDS."""
+    minutes = args.get("timeout_minutes") if isinstance(args, Mapping) else None
+    if not _valid_int(minutes, task_limits.TIMEOUT_MINUTES_MIN, task_limits.TIMEOUT_MINUTES_MAX):
+        minutes = task_limits.TIMEOUT_MINUTES_DEFAULT
+    return float(minutes * 60 + task_limits.WAIT_EXTRA_SECONDS)
+
+
+def _shell_wait(args: Any) -> float:
+    """shell: its own timeout plus SHELL_WAIT_EXTRA_SECONDS."""
+    timeout = args.get("timeout_seconds") if isinstance(args, Mapping) else None
+    if not _valid_int(timeout, limits.SHELL_TIMEOUT_MIN, limits.SHELL_TIMEOUT_MAX):
+        timeout = limits.SHELL_TIMEOUT_DEFAULT
+    return float(timeout + limits.SHELL_WAIT_EXTRA_SECONDS)
+
+
+def _shell_status_wait(args: Any) -> float:
+    """shell_status: its wait plus OP_WAIT_SECONDS."""
+    return float(_status_wait(args) + limits.OP_WAIT_SECONDS)
+
+
+WAITS = {"code_task": _task_wait, "shell": _shell_wait, "shell_status": _shell_status_wait}
+"""The ops whose wait depends on their arguments; any other op waits OP_WAIT_SECONDS."""
+
+
 def wait_for(op: str, args: Mapping[str, Any]) -> float:
     """How long to wait for the helper: shell its own timeout plus 30 s; code_task
     its timeout_minutes plus WAIT_EXTRA_SECONDS; shell_status its wait plus 120 s
@@ -53,19 +78,8 @@ def wait_for(op: str, args: Mapping[str, Any]) -> float:
 
     A timeout the helper will refuse counts as the default: the refusal comes at once.
     """
-    if op == "code_task":
-        minutes = args.get("timeout_minutes") if isinstance(args, Mapping) else None
-        if not _valid_int(minutes, task_limits.TIMEOUT_MINUTES_MIN, task_limits.TIMEOUT_MINUTES_MAX):
-            minutes = task_limits.TIMEOUT_MINUTES_DEFAULT
-        return float(minutes * 60 + task_limits.WAIT_EXTRA_SECONDS)
-    if op == "shell_status":
-        return float(_status_wait(args) + limits.OP_WAIT_SECONDS)
-    if op != "shell":
-        return float(limits.OP_WAIT_SECONDS)
-    timeout = args.get("timeout_seconds") if isinstance(args, Mapping) else None
-    if not _valid_int(timeout, limits.SHELL_TIMEOUT_MIN, limits.SHELL_TIMEOUT_MAX):
-        timeout = limits.SHELL_TIMEOUT_DEFAULT
-    return float(timeout + limits.SHELL_WAIT_EXTRA_SECONDS)
+    wait = WAITS.get(op)
+    return wait(args) if wait is not None else float(limits.OP_WAIT_SECONDS)
 
 
 def _status_wait(args: Any) -> int:
