@@ -274,11 +274,10 @@ def small_disk(tmp_path):
 
 def fill(folder: Path) -> None:
     """Write a file until the disk is full."""
-    with open(folder / "filler", "wb", buffering=0) as fh:  # nothing left to flush at its close
+    with open(folder / "filler", "wb", buffering=0) as fh:  # unbuffered: nothing left to flush at close
         try:
             while True:
                 fh.write(b"\0" * 65536)
-                fh.flush()
         except OSError:
             pass
 
