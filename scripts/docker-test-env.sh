@@ -40,16 +40,9 @@ stop_engine() {
 }
 
 install_packages() {
-  local missing=()
-  command -v dockerd >/dev/null || missing+=(docker.io)
-  for p in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null | grep -qx installed || missing+=("$p")
-  done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  log "installing ${missing[*]}"
-  apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 \
-    --no-install-recommends "${missing[@]}" >&2
+  local engine=()
+  command -v dockerd >/dev/null || engine=(docker.io)
+  bash "$ROOT/scripts/apt-missing.sh" docker-test-env "${engine[@]}" "${PACKAGES[@]}"
 }
 
 start_engine() {

@@ -63,17 +63,7 @@ stop_all() {
   log "stopped"
 }
 
-install_packages() {
-  local missing=()
-  for p in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null | grep -qx installed || missing+=("$p")
-  done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  log "installing ${missing[*]}"
-  apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 \
-    --no-install-recommends "${missing[@]}" >&2
-}
+install_packages() { bash "$ROOT/scripts/apt-missing.sh" kube-test-env "${PACKAGES[@]}"; }
 
 # --- PKI ------------------------------------------------------------------------------
 cert() {  # cert NAME SUBJECT [SAN]: a key and a certificate signed by the cluster's CA
