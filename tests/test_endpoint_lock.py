@@ -10,11 +10,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -27,10 +25,13 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 
 from guilds.errors import RecordError
 from guilds.fronts.serve import build_app
+from guilds.limits import APP_SESSION_IDLE_SECONDS, APP_SESSIONS_MAX
 from guilds.web.endpoint_lock import TOKEN_FILE, Lock, host_names, server_token
+from guilds.web.sessions import Sessions
+from mcp_raw import VERSION, envelope
 from test_mcp_http import serving
 from toolbox_kit import local_toolbox
-from web_kit import AUTH, LOCK, TOKEN
+from web_kit import AUTH, LOCK, TOKEN, printed_lines, start_serve, stop_serve
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 PAGES = ["/", "/runs/r1", "/runs/r1/calls/1", "/runs/r1/calls/1/log", "/runs/r1/events", "/static/app.css", "/mcp"]
@@ -39,6 +40,11 @@ WIDE = Lock(TOKEN, host_names("0.0.0.0"))
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "0"}}}
 MCP_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+TOKEN_COOKIES = ({"cookie": f"guilds-token-8765={TOKEN}"}, {"cookie": f"guilds-session-8765={TOKEN}"})
+"""The token itself in a cookie, under the name it once had and under the session's: taken nowhere."""
+ID_U = envelope("tools/call", {"name": "shell", "arguments": {"command": "id -u"}})
+"""What an attacker holding a credential sends: one self-contained call (no handshake) running `id -u`."""
+ID_U_HEADERS = {**MCP_HEADERS, "mcp-protocol-version": VERSION, "mcp-method": "tools/call", "mcp-name": "shell"}
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -58,8 +64,8 @@ async def client_of(toolbox, lock: Lock, host: str = "127.0.0.1") -> AsyncIterat
 async def test_every_route_refuses_a_request_without_the_token(toolbox):
     async with client_of(toolbox, LOCK) as c:
         for path in PAGES:
-            for headers in ({}, {"authorization": "Bearer wrong"}, {"cookie": "guilds-token-8765=wrong"},
-                            {"authorization": f"Basic {TOKEN}"}):
+            for headers in ({}, {"authorization": "Bearer wrong"}, {"cookie": "guilds-session-8765=wrong"},
+                            {"authorization": f"Basic {TOKEN}"}, *TOKEN_COOKIES):
                 r = await c.get(path, headers=headers)
                 assert r.status_code == 401, (path, headers, r.status_code)
                 assert r.headers["www-authenticate"] == challenge(path, headers) and "secret-output-7" not in r.text
@@ -96,17 +102,21 @@ async def test_the_token_lets_in(toolbox):
             assert (await c.get(path, headers=AUTH)).status_code == 200, path
 
 
-async def test_the_one_time_url_sets_a_strict_cookie_and_leaves_a_clean_url(toolbox):
+async def test_the_one_time_url_sets_a_strict_session_cookie_and_leaves_a_clean_url(toolbox):
     async with client_of(toolbox, LOCK) as c:
         r = await c.get(f"/runs/r1/calls/1?view=metadata&token={TOKEN}")
         assert r.status_code == 303 and r.headers["location"] == "/runs/r1/calls/1?view=metadata"
         cookie = r.headers["set-cookie"]
-        assert cookie.startswith(f"guilds-token-8765={TOKEN};")
+        session = re.match(r"guilds-session-8765=([A-Za-z0-9_-]{43});", cookie).group(1)
+        assert TOKEN not in cookie and session != TOKEN
         assert {"HttpOnly", "SameSite=Strict", "Path=/"} <= {p.strip() for p in cookie.split(";")}
         page = await c.get("/runs/r1/calls/1?view=metadata")  # the client keeps the cookie, as a browser does
         assert page.status_code == 200 and "Exit code" in page.text
+        again = await c.get(f"/?token={TOKEN}")
+        assert again.headers["set-cookie"] != cookie  # each login its own session
         c.cookies.clear()
         assert (await c.get("/")).status_code == 401
+        assert (await c.get("/", headers={"authorization": f"Bearer {session}"})).status_code == 401
         away = await c.get(f"/%2Fevil.example/x?token={TOKEN}")  # the path is //evil.example/x
         assert away.status_code == 303 and away.headers["location"] == "/evil.example/x"
         c.cookies.clear()
@@ -114,6 +124,65 @@ async def test_the_one_time_url_sets_a_strict_cookie_and_leaves_a_clean_url(tool
         assert bad.status_code == 401 and "set-cookie" not in bad.headers
         posted = await c.post(f"/mcp?token={TOKEN}", json=INITIALIZE, headers=MCP_HEADERS)
         assert posted.status_code == 401 and "set-cookie" not in posted.headers
+        got = await c.get(f"/mcp?token={TOKEN}", headers={"accept": "text/event-stream"})
+        assert got.status_code == 401 and "set-cookie" not in got.headers
+
+
+async def test_mcp_takes_the_bearer_header_only(toolbox):
+    """A cookie reaches /mcp from any page of 127.0.0.1 the browser visits: neither the token in a
+    cookie nor a live session runs a command there; the Bearer header does."""
+    app = build_app(toolbox.settings, toolbox.store, toolbox, lock=LOCK)
+    async with serving(app) as url, httpx2.AsyncClient(base_url=url.removesuffix("/mcp"), timeout=60) as c:
+        port = url.rsplit(":", 1)[1].removesuffix("/mcp")
+        login = await c.get(f"/?token={TOKEN}")
+        session = re.match(rf"guilds-session-{port}=([^;]+);", login.headers["set-cookie"]).group(1)
+        c.cookies.clear()
+        live = {"cookie": f"guilds-session-{port}={session}"}
+        assert (await c.get("/", headers=live)).status_code == 200
+        for headers in ({"cookie": f"guilds-token-{port}={TOKEN}"}, {"cookie": f"guilds-session-{port}={TOKEN}"},
+                        live, {"authorization": f"Bearer {session}"}):
+            assert (await c.post("/mcp", json=INITIALIZE, headers={**MCP_HEADERS, **headers})).status_code == 401
+            r = await c.post("/mcp", json=ID_U, headers={**ID_U_HEADERS, **headers})
+            assert r.status_code == 401, (headers, r.text)
+            assert r.text == ("The MCP endpoint needs the header Authorization: Bearer <token> (the token is "
+                              "in the data folder's serve.token); it takes no cookie.\n")
+        ran = await c.post("/mcp", json=ID_U, headers={**ID_U_HEADERS, **AUTH, **live})
+        assert ran.status_code == 200 and ran.json()["result"]["content"][0]["text"].startswith(f"{os.getuid()}\n")
+
+
+async def test_logins_past_the_most_end_the_session_idle_longest(toolbox):
+    async with client_of(toolbox, LOCK) as c:
+        async def login() -> dict[str, str]:
+            r = await c.get(f"/?token={TOKEN}")
+            c.cookies.clear()
+            return {"cookie": r.headers["set-cookie"].split(";")[0]}
+
+        first, second = await login(), await login()
+        for _ in range(APP_SESSIONS_MAX - 2):
+            await login()
+        assert (await c.get("/", headers=first)).status_code == 200  # the most are live; first used now
+        await login()  # one past the most: the session idle longest (the second) ends
+        assert (await c.get("/", headers=second)).status_code == 401
+        assert (await c.get("/", headers=first)).status_code == 200
+
+
+async def test_a_session_ends_after_its_idle_time():
+    now = [1000.0]
+    sessions = Sessions(clock=lambda: now[0])
+    value = sessions.start()
+    now[0] += APP_SESSION_IDLE_SECONDS - 1
+    assert sessions.holds(value)  # used: its idle time starts again
+    now[0] += APP_SESSION_IDLE_SECONDS - 1
+    assert sessions.holds(value)
+    now[0] += APP_SESSION_IDLE_SECONDS
+    assert not sessions.holds(value) and len(sessions) == 0
+    idle, kept = sessions.start(), sessions.start()
+    now[0] += APP_SESSION_IDLE_SECONDS - 1
+    assert sessions.holds(kept)
+    now[0] += 1
+    sessions.start()  # a login ends what sat idle its time out, unasked
+    assert len(sessions) == 2 and not sessions.holds(idle)
+    assert not sessions.holds("") and not sessions.holds(None) and not sessions.holds(value)
 
 
 @pytest.mark.parametrize("lock,host", [(LOCK, "127.0.0.1"), (WIDE, "0.0.0.0")], ids=["loopback", "any-address"])
@@ -171,48 +240,15 @@ async def test_the_token_file_is_made_once_and_private(tmp_path):
 
 
 # --- a real `guilds serve` -----------------------------------------------------------
-def _serve(data: Path, *args: str) -> subprocess.Popen:
-    (data.parent / "agent.toml").write_text(f'[agent]\nhome = "{data.parent / "home"}"\nsandbox = "local"\n')
-    env = {**os.environ, "GUILDS_DATA": str(data)}
-    env.pop("GUILDS_DATABASE_URL", None)
-    return subprocess.Popen([sys.executable, "-m", "guilds.fronts.cli", "serve", "--port", "0", "--config",
-                             str(data.parent / "agent.toml"), *args], env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def _printed_urls(proc: subprocess.Popen, timeout: float = 60) -> list[str]:
-    """The lines `guilds serve` printed up to its MCP line (or its end)."""
-    lines, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        if line.startswith("guilds serve: MCP at"):
-            break
-    return lines
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    finally:
-        proc.stderr.close()
-
-
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
 async def test_guilds_serve_prints_its_url_and_keeps_the_data_folder_private(tmp_path):
     data = tmp_path / "data"
-    proc = _serve(data)
+    proc = start_serve(data)
     try:
-        lines = _printed_urls(proc)
+        lines = printed_lines(proc)
         app_line = next(line for line in lines if "?token=" in line)
         url = re.search(r"http://127\.0\.0\.1:\d+/\?token=(\S+)", app_line)
         assert url and url.group(1) == (data / TOKEN_FILE).read_text().strip()
@@ -230,22 +266,53 @@ async def test_guilds_serve_prints_its_url_and_keeps_the_data_folder_private(tmp
                 await c.get("/", headers={"authorization": f"Bearer {token}", "host": "evil.example"})
             ).status_code == 400
     finally:
-        _stop(proc)
+        stop_serve(proc)
     assert _mode(data) == 0o700 and _mode(data / TOKEN_FILE) == 0o600 and _mode(data / "guilds.db") == 0o600
     assert all(_mode(p) & 0o077 == 0 for p in data.glob("guilds.db*"))
 
 
+def _app_url(lines: list[str]) -> tuple[str, str]:
+    """(base, token) of the app's URL `guilds serve` printed."""
+    url = re.search(r"(http://127\.0\.0\.1:(\d+))/\?token=(\S+)", "".join(lines))
+    assert url, lines
+    return url.group(1), url.group(3)
+
+
+async def test_a_restart_ends_every_session(tmp_path):
+    """Sessions live in the server's memory: after a restart the old cookie is refused (under the
+    new port's name too) and the printed URL logs in again."""
+    data = tmp_path / "data"
+    proc = start_serve(data)
+    try:
+        base, token = _app_url(printed_lines(proc))
+        async with httpx2.AsyncClient(base_url=base) as c:
+            session = (await c.get(f"/?token={token}")).cookies[f"guilds-session-{base.rsplit(':', 1)[1]}"]
+            assert (await c.get("/")).status_code == 200
+    finally:
+        stop_serve(proc)
+    proc = start_serve(data)
+    try:
+        base, token = _app_url(printed_lines(proc))
+        async with httpx2.AsyncClient(base_url=base) as c:
+            old = await c.get("/", headers={"cookie": f"guilds-session-{base.rsplit(':', 1)[1]}={session}"})
+            assert old.status_code == 401 and "again after the server restarted" in old.text
+            assert (await c.get(f"/?token={token}")).status_code == 303
+            assert (await c.get("/")).status_code == 200
+    finally:
+        stop_serve(proc)
+
+
 async def test_a_non_loopback_bind_without_the_token_is_refused(tmp_path):
-    proc = _serve(tmp_path / "data", "--host", "0.0.0.0", "--no-token")
+    proc = start_serve(tmp_path / "data", "--host", "0.0.0.0", "--no-token")
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
     assert err == "guilds: --no-token: serving on 0.0.0.0 (not a loopback address) needs the token\n"
 
 
 async def test_a_non_loopback_bind_keeps_the_host_and_origin_checks(tmp_path):
-    proc = _serve(tmp_path / "data", "--host", "0.0.0.0")
+    proc = start_serve(tmp_path / "data", "--host", "0.0.0.0")
     try:
-        lines = _printed_urls(proc)
+        lines = printed_lines(proc)
         assert any("whoever has the token runs commands as the agent" in line for line in lines)
         port = re.search(r":(\d+)/\?token=", "".join(lines)).group(1)
         token = (tmp_path / "data" / TOKEN_FILE).read_text().strip()
@@ -259,7 +326,7 @@ async def test_a_non_loopback_bind_keeps_the_host_and_origin_checks(tmp_path):
             ok = await c.post("/mcp", json=INITIALIZE, headers={**MCP_HEADERS, **auth})
             assert ok.status_code == 200
     finally:
-        _stop(proc)
+        stop_serve(proc)
 
 
 async def test_guilds_call_makes_the_data_folder_and_the_record_private(tmp_path):

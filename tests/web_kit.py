@@ -4,6 +4,11 @@ the built helper, real bash, SQLite), the app over it, and a fast filler for big
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -105,3 +110,38 @@ async def fill(store: Store, run_id: str, n: int, *, agent_id: str = "agent1") -
         await conn.execute(sa.insert(runs).values(id=run_id, agent_id=agent_id, created_at=t0, updated_at=t0,
                                                   next_seq=n, used_calls=n, admitted_seq=n))
         await conn.execute(sa.insert(calls), rows)
+
+
+# --- a real `guilds serve` -----------------------------------------------------------
+def start_serve(data: Path, *args: str) -> subprocess.Popen:
+    """`guilds serve` on a free port, its data folder ``data``, the local sandbox; stderr piped."""
+    (data.parent / "agent.toml").write_text(f'[agent]\nhome = "{data.parent / "home"}"\nsandbox = "local"\n')
+    env = {**os.environ, "GUILDS_DATA": str(data)}
+    env.pop("GUILDS_DATABASE_URL", None)
+    return subprocess.Popen([sys.executable, "-m", "guilds.fronts.cli", "serve", "--port", "0", "--config",
+                             str(data.parent / "agent.toml"), *args], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def printed_lines(proc: subprocess.Popen, timeout: float = 60) -> list[str]:
+    """The lines `guilds serve` printed up to its MCP line (or its end)."""
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith("guilds serve: MCP at"):
+            break
+    return lines
+
+
+def stop_serve(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    finally:
+        proc.stderr.close()

@@ -2,7 +2,7 @@
 reason beside it: an exec's stop, a cancelled call, a stopping server, the
 sandboxes' (docker, bubblewrap, kubernetes, the containers' init) and the
 resident channel's waits, the record's busy waits and owners' lease, the app's
-event stream, the MCP front's, doctor's probes, mini-swe-agent's default command
+event stream and login sessions, the MCP front's, doctor's probes, mini-swe-agent's default command
 timeout. A module that names one under a shorter name of its own says which limit
 it is (tests/test_layout.py finds a wait of a number of its own anywhere else).
 
@@ -124,6 +124,14 @@ APP_STREAM_MAX_SECONDS = 300.0
 """An event stream ends after this long; the browser opens the next one."""
 APP_RETRY_MS = 1000
 """The stream's retry: how long the browser waits before it reconnects (milliseconds)."""
+
+# --- the app's login sessions (guilds.web.sessions) ----------------------------------
+APP_SESSION_IDLE_SECONDS = 12 * 3600.0
+"""A login session ends after this long without a request (an open run's event stream
+is a request every APP_STREAM_MAX_SECONDS, so an open tab keeps its session)."""
+APP_SESSIONS_MAX = 64
+"""At most this many sessions live at once (each a few hundred bytes): a login past it
+ends the session idle longest, so repeated logins cannot grow the server's memory."""
 
 # --- the record's owners ----------------------------------------------------------
 OWNER_HEARTBEAT_SECONDS = 5.0

@@ -11,8 +11,9 @@ The MCP endpoint is ``guilds.fronts.mcp_server.http_endpoint``: its route goes f
 and its lifespan (the SDK's session manager) runs inside this app's.
 
 Both sit behind ``guilds.web.endpoint_lock.EndpointLock``: the token (``<data>/serve.token``,
-made on first run) is printed with the URLs once the server listens; Host and
-Origin are checked on every bind. ``no_token`` serves without the token, on a
+made on first run) is printed with the URLs once the server listens; the app's URL
+starts a login session kept in this process's memory (``guilds.web.sessions``: a
+restart ends them all); Host and Origin are checked on every bind. ``no_token`` serves without the token, on a
 loopback address only. SIGTERM, SIGINT and SIGHUP stop the server: running
 calls are cancelled after SHUTDOWN_GRACE_SECONDS, their commands stopped and
 the calls recorded as cancelled.

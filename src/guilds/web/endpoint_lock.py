@@ -13,13 +13,18 @@ Every HTTP request, in order:
 2. **Origin**: a request that carries an Origin must come from this very
    origin, ``http(s)://<its Host header>`` (else 403): another site's page
    cannot drive the endpoint from a visitor's browser.
-3. **Token** (when ``lock.token`` is set), one of:
-   - ``Authorization: Bearer <token>`` (MCP clients, scripts);
-   - the cookie ``guilds-token-<port>`` (the browser);
-   - a one-time ``?token=<token>`` on a GET: answered by a redirect to the
-     same URL without it, setting that cookie (HttpOnly, SameSite=Strict), so
-     the token does not stay in the address bar or the history.
-   Else 401. Tokens are compared in constant time.
+3. **Token** (when ``lock.token`` is set):
+   - ``Authorization: Bearer <token>``: every route; the only way into the MCP
+     endpoint (``lock.resource_path``), which takes no cookie of any kind;
+   - a one-time ``?token=<token>`` on a GET of the app: answered by a redirect
+     to the same URL without it, setting the cookie ``guilds-session-<port>``
+     (HttpOnly, SameSite=Strict, Path=/) to a new login session's random value
+     (``guilds.web.sessions``), so the token stays neither in the address bar
+     nor in the browser: a browser sends a cookie of 127.0.0.1 to every port
+     of it, and whatever else listens there receives a session, not the token;
+   - that cookie, on the app's routes: a live session lets in.
+   Else 401. Tokens are compared in constant time; sessions are looked up by
+   their SHA-256.
 
 The token file is ``<data folder>/serve.token``, 0600, made once with
 O_EXCL (two servers starting at once share one token). Whoever has the token
@@ -43,14 +48,15 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from ..config.private import FILE_MODE, read_private
 from ..errors import RecordError
+from .sessions import Sessions
 
 TOKEN_FILE = "serve.token"
 TOKEN_BYTES = 32
 """256 random bits, as 43 URL-safe characters."""
 MIN_TOKEN_CHARS = 32
 """A token file holding fewer characters is refused (an edited or truncated file)."""
-COOKIE_PREFIX = "guilds-token-"
-"""The cookie's name ends with the server's port: two servers on one machine keep apart."""
+COOKIE_PREFIX = "guilds-session-"
+"""The session cookie's name ends with the server's port: two servers on one machine keep apart."""
 TOKEN_PARAM = "token"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 METADATA_PREFIX = "/.well-known/oauth-protected-resource"
@@ -139,10 +145,12 @@ def _same(given: str | None, token: str) -> bool:
 
 
 class EndpointLock:
-    """ASGI middleware: the Host, Origin and token checks of the module docstring."""
+    """ASGI middleware: the Host, Origin and token checks of the module docstring;
+    ``sessions``: the app's login sessions (a new, empty set by default)."""
 
-    def __init__(self, app: Callable, lock: Lock):
+    def __init__(self, app: Callable, lock: Lock, sessions: Sessions | None = None):
         self.app, self.lock = app, lock
+        self.sessions = sessions if sessions is not None else Sessions()
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "websocket":  # none is served: refused before any check
@@ -172,22 +180,28 @@ class EndpointLock:
         token = self.lock.token
         if token is None:
             return None
-        cookie = _cookie_name(scope)
+        resource = self._is_resource(scope["path"])
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         offered = [v for k, v in query if k == TOKEN_PARAM]
-        if offered and scope.get("method") in ("GET", "HEAD"):
-            if not _same(offered[0], token):
-                return _unauthorized()
-            rest = urlencode([(k, v) for k, v in query if k != TOKEN_PARAM])
-            path = "/" + quote(scope.get("root_path", "") + scope["path"]).lstrip("/")  # never //other.host
-            location = path + (f"?{rest}" if rest else "")
-            set_cookie = f"{cookie}={token}; Path=/; HttpOnly; SameSite=Strict"
-            return 303, "Logged in", [(b"location", location.encode()), (b"set-cookie", set_cookie.encode())]
-        if _same(_bearer(headers.get("authorization")), token) or _same(_cookie(headers, cookie), token):
+        if offered and not resource and scope.get("method") in ("GET", "HEAD"):
+            return self._login(scope, query, offered[0], token)
+        if _same(_bearer(headers.get("authorization")), token):
             return None
-        if self._is_resource(scope["path"]):
-            return _unauthorized(self._challenge(scope, host, "authorization" in headers))
+        if resource:
+            return _unauthorized(self._challenge(scope, host, "authorization" in headers), RESOURCE_REFUSAL)
+        if self.sessions.holds(_cookie(headers, _cookie_name(scope))):
+            return None
         return _unauthorized()
+
+    def _login(self, scope: dict, query: list[tuple[str, str]], offered: str, token: str) -> tuple[int, str, list]:
+        """The one-time URL: a new session in the cookie, and the same URL without the token."""
+        if not _same(offered, token):
+            return _unauthorized()
+        rest = urlencode([(k, v) for k, v in query if k != TOKEN_PARAM])
+        path = "/" + quote(scope.get("root_path", "") + scope["path"]).lstrip("/")  # never //other.host
+        location = path + (f"?{rest}" if rest else "")
+        set_cookie = f"{_cookie_name(scope)}={self.sessions.start()}; Path=/; HttpOnly; SameSite=Strict"
+        return 303, "Logged in", [(b"location", location.encode()), (b"set-cookie", set_cookie.encode())]
 
     def _is_resource(self, path: str) -> bool:
         base = self.lock.resource_path.rstrip("/")
@@ -210,10 +224,15 @@ def _scheme(scope: dict) -> str:
     return "https" if scope.get("scheme") == "https" else "http"
 
 
-def _unauthorized(challenge: bytes = b"Bearer") -> tuple[int, str, list]:
-    return (401, "This server needs its token: open the URL `guilds serve` printed (it ends in ?token=...), "
-                 "or send the header Authorization: Bearer <token> (the token is in the data folder's "
-                 f"{TOKEN_FILE}).", [(b"www-authenticate", challenge)])
+APP_REFUSAL = ("This server needs its token: open the URL `guilds serve` printed (it ends in ?token=...; "
+               "again after the server restarted or the login sat idle), or send the header "
+               f"Authorization: Bearer <token> (the token is in the data folder's {TOKEN_FILE}).")
+RESOURCE_REFUSAL = ("The MCP endpoint needs the header Authorization: Bearer <token> (the token is in the data "
+                    f"folder's {TOKEN_FILE}); it takes no cookie.")
+
+
+def _unauthorized(challenge: bytes = b"Bearer", text: str = APP_REFUSAL) -> tuple[int, str, list]:
+    return 401, text, [(b"www-authenticate", challenge)]
 
 
 def _same_origin(origin: str, host: str) -> bool:
