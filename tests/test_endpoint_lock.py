@@ -134,18 +134,23 @@ async def test_mcp_takes_the_bearer_header_only(toolbox):
     app = build_app(toolbox.settings, toolbox.store, toolbox, lock=LOCK)
     async with serving(app) as url, httpx2.AsyncClient(base_url=url.removesuffix("/mcp"), timeout=60) as c:
         port = url.rsplit(":", 1)[1].removesuffix("/mcp")
+
+        async def refused(headers: dict[str, str]) -> None:
+            r = await c.post("/mcp", json=ID_U, headers={**ID_U_HEADERS, **headers})
+            assert r.status_code == 401, (headers, r.text)
+            assert r.text == ("The MCP endpoint needs the header Authorization: Bearer <token> (the token is "
+                              "in the data folder's serve.token); it takes no cookie.\n")
+            assert (await c.post("/mcp", json=INITIALIZE, headers={**MCP_HEADERS, **headers})).status_code == 401
+
+        await refused({"cookie": f"guilds-token-{port}={TOKEN}"})
+        await refused({"cookie": f"guilds-session-{port}={TOKEN}"})
         login = await c.get(f"/?token={TOKEN}")
         session = re.match(rf"guilds-session-{port}=([^;]+);", login.headers["set-cookie"]).group(1)
         c.cookies.clear()
         live = {"cookie": f"guilds-session-{port}={session}"}
         assert (await c.get("/", headers=live)).status_code == 200
-        for headers in ({"cookie": f"guilds-token-{port}={TOKEN}"}, {"cookie": f"guilds-session-{port}={TOKEN}"},
-                        live, {"authorization": f"Bearer {session}"}):
-            assert (await c.post("/mcp", json=INITIALIZE, headers={**MCP_HEADERS, **headers})).status_code == 401
-            r = await c.post("/mcp", json=ID_U, headers={**ID_U_HEADERS, **headers})
-            assert r.status_code == 401, (headers, r.text)
-            assert r.text == ("The MCP endpoint needs the header Authorization: Bearer <token> (the token is "
-                              "in the data folder's serve.token); it takes no cookie.\n")
+        await refused(live)
+        await refused({"authorization": f"Bearer {session}"})
         ran = await c.post("/mcp", json=ID_U, headers={**ID_U_HEADERS, **AUTH, **live})
         assert ran.status_code == 200 and ran.json()["result"]["content"][0]["text"].startswith(f"{os.getuid()}\n")
 
