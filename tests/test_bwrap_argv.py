@@ -116,6 +116,16 @@ def test_a_home_beside_the_data_folder_is_not_inside_it():
     ]
 
 
+def test_other_agents_and_settings_files_are_hidden_after_the_home():
+    config = replace(CONFIG, local_bin=(), helpers=(), hidden=("/var/lib/guilds", "/etc/agents/b"),
+                     hidden_files=("/etc/a1.toml",))
+    assert bwrap_argv(config) == [
+        *HEAD, "--tmpfs", "/usr/local/bin", "--remount-ro", "/usr/local/bin", *PARENTS, *BINDS,
+        "--tmpfs", "/var/lib/guilds", "--tmpfs", "/etc/agents/b", "--ro-bind", "/dev/null", "/etc/a1.toml",
+        *READ_ONLY, *NAMESPACES, "--unshare-net", "--as-pid-1", *ROOT_CAPS, *TAIL,
+    ]
+
+
 def test_entering_runs_the_command_as_the_agent_without_capabilities():
     helper = ["python3", "-I", "-S", "/usr/local/bin/guilds-code", "QQ=="]
     assert enter_argv(4242, "/srv/agents/a1", helper, CONFIG) == [

@@ -65,6 +65,24 @@ def test_doctor_fails_when_the_configured_sandbox_cannot_run(tmp_path):
     assert proc.stdout.splitlines()[-1] == "agent agent1: sandbox docker cannot run here (see the lines marked no)"
 
 
+def test_doctor_names_each_known_settings_file_others_may_read(tmp_path):
+    b = tmp_path / "b.toml"
+    b.write_text('[agent]\nid = "agentb"\nhome = "b-home"\nsandbox = "local"\n[secrets]\nKEY = "b-secret-1234"\n')
+    b.chmod(0o600)
+    assert guilds(tmp_path, "call", "shell", '{"command": "true"}', "--config", str(b)).returncode == 0
+    b.chmod(0o644)  # B's settings, known to the data folder, readable by all since
+    a = settings(tmp_path, "local")
+    proc = guilds(tmp_path, "doctor", "--config", str(a))
+    said = [line for line in proc.stdout.splitlines() if "settings file:" in line]
+    assert said == [f"ok   settings file: {a}: secrets, if any, readable by its owner only",
+                    (f"no   settings file: {b}: holds secrets or tokens and group and others may read it "
+                     f"(mode 0644) -> chmod 600 {b}")], proc.stdout
+    refused = guilds(tmp_path, "call", "shell", '{"command": "true"}', "--config", str(b))
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr == (f"guilds: {b}: holds secrets or tokens and group and others may read it "
+                              f"(mode 0644): chmod 600 {b}\n")
+
+
 def test_doctor_names_an_unreachable_record_without_its_password(tmp_path):
     proc = guilds(tmp_path, "doctor", "--config", str(settings(tmp_path, "local")),
                   GUILDS_DATABASE_URL="postgresql://guilds:hunter2secret@127.0.0.1:1/none")

@@ -14,6 +14,7 @@ from guilds.config.settings import (
     data_dir,
     default_settings,
     default_settings_file,
+    exposed,
     load_settings,
 )
 from guilds.errors import ConfigError
@@ -40,9 +41,10 @@ token = "ghp_abcdefghijklmnop"
 """
 
 
-def write(tmp_path: Path, text: str) -> Path:
+def write(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
     path = tmp_path / "settings.toml"
     path.write_text(text)
+    path.chmod(mode)
     return path
 
 
@@ -144,6 +146,37 @@ def test_bad_toml_and_a_missing_file_are_clear(tmp_path):
         load(tmp_path, "[agent\nid = 1")
     with pytest.raises(ConfigError, match="no such settings file"):
         load_settings(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize(("mode", "who"), [(0o640, "group"), (0o604, "others"), (0o644, "group and others")])
+@pytest.mark.parametrize("text", ['[secrets]\nKEY = "sk-12345678"', '[repos.web]\ntoken = "ghp_12345678"'])
+def test_a_file_with_secrets_others_may_read_is_refused(tmp_path, text, mode, who):
+    path = write(tmp_path, text, mode)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path, env={})
+    assert str(caught.value) == (f"{path}: holds secrets or tokens and {who} may read it "
+                                 f"(mode {mode:04o}): chmod 600 {path}")
+    assert exposed(path) == str(caught.value)
+    path.chmod(0o600)
+    assert load_settings(path, env={}).secret_values() and exposed(path) is None
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o620, 0o602, 0o700])
+def test_a_file_without_secrets_or_only_writable_by_others_is_read(tmp_path, mode):
+    """Read bits count: the check is about who may read a secret."""
+    assert load_settings(write(tmp_path, '[repos.web]\npath = "w"', mode), env={}).repos[0].path == "w"
+    if mode & 0o044 == 0:
+        assert load_settings(write(tmp_path, '[secrets]\nKEY = "sk-12345678"', mode), env={}).secrets
+
+
+def test_a_file_that_became_readable_stops_the_coding_flag(tmp_path):
+    path = write(tmp_path, '[secrets]\nKEY = "sk-12345678"')
+    flag = coding_flag(path)
+    assert flag() is True
+    path.write_text('[agent]\ncoding = false\n[secrets]\nKEY = "sk-12345678"\n')
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        flag()
 
 
 def test_data_dir_follows_guilds_data(tmp_path):

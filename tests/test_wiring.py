@@ -15,6 +15,7 @@ from guilds.fronts.wiring import apply_overrides, open_toolbox, resolve
 def settings_file(tmp_path: Path, extra: str = "") -> Path:
     path = tmp_path / "agent.toml"
     path.write_text(f'[agent]\nhome = "home"\nsandbox = "local"\n{extra}')
+    path.chmod(0o600)
     return path
 
 

@@ -48,7 +48,9 @@ home_size = "10Gi"            # the agent's volume claim (home and state root)
 ```
 
 Every section and key is optional. A bad file raises ``ConfigError`` whose
-message names the key (``agent.sandbx: unknown key``). Loading has no side
+message names the key (``agent.sandbx: unknown key``). A file holding a secret
+or a repository token that its group or others may read is refused, as ``ssh``
+refuses such a private key (``exposed_error``: "chmod 600 FILE"). Loading has no side
 effects: the home is made by the sandbox when it starts.
 """
 
@@ -289,16 +291,54 @@ def parse_settings(data: Mapping[str, Any], base: Path, env: Mapping[str, str] |
     return AgentSettings(**agent, secrets=secrets, repos=repos, **sections)
 
 
-def _read_toml(path: Path) -> dict:
+def exposure(mode: int) -> str | None:
+    """Who besides the owner may read a file of this mode ("group", "others", "group and others"), or None."""
+    who = [name for name, bit in (("group", 0o040), ("others", 0o004)) if mode & bit]
+    return " and ".join(who) or None
+
+
+def exposed_error(path: Path, mode: int) -> str:
+    """The one line refusing a settings file with secrets that others may read (``ssh`` refuses a key so)."""
+    return (f"{path}: holds secrets or tokens and {exposure(mode)} may read it "
+            f"(mode {mode & 0o777:04o}): chmod 600 {path}")
+
+
+def holds_secrets(data: Mapping[str, Any]) -> bool:
+    """The parsed document has a ``[secrets]`` value or a repository ``token``."""
+    repos = data.get("repos", {})
+    tokens = isinstance(repos, dict) and any(isinstance(r, dict) and r.get("token") for r in repos.values())
+    return bool(data.get("secrets")) or tokens
+
+
+def _document(path: Path) -> tuple[dict, int]:
+    """The parsed document and the file's mode (of the file opened: no second lookup by name)."""
     try:
         with open(path, "rb") as fh:
-            return tomllib.load(fh)
+            return tomllib.load(fh), os.fstat(fh.fileno()).st_mode
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such settings file") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
+def exposed(path: Path) -> str | None:
+    """``exposed_error`` when the settings file holds secrets the group or others may read;
+    None when it does not (or cannot be read: loading it says why)."""
+    try:
+        data, mode = _document(path)
+    except ConfigError:
+        return None
+    return exposed_error(path, mode) if exposure(mode) and holds_secrets(data) else None
+
+
+def _read_toml(path: Path) -> dict:
+    """The document; ConfigError when it holds secrets and the group or others may read it."""
+    data, mode = _document(path)
+    if exposure(mode) and holds_secrets(data):
+        raise ConfigError(exposed_error(path, mode))
+    return data
 
 
 def load_settings(path: Path | str, env: Mapping[str, str] | None = None) -> AgentSettings:

@@ -6,7 +6,9 @@
 Checked: bubblewrap (and why not), rg and its version, the sandbox's python,
 a Docker engine and the sandbox image, a kubeconfig and the rights in
 ``kubernetes.namespace``, the data folder, the run record (SQLite or
-PostgreSQL, reached), the harness CLIs (``claude``, ``codex``), and in the
+PostgreSQL, reached), each settings file the data folder knows (one holding
+secrets its group or others may read is named, with ``chmod 600``; every
+front refuses to load it), the harness CLIs (``claude``, ``codex``), and in the
 bwrap sandbox whether the agent's uid can reach its home and repositories
 (a folder on the way it cannot pass: ``guilds.sandbox.bwrap_reach``). A line
 marked ``--`` is not needed by the configured agent. Exit status 1 when the
@@ -189,6 +191,24 @@ def check_reach(wired: Wired) -> list[Check]:
     return [Check("agent's reach", False, f"{what}: {problem}", fix) for what, problem, fix in problems]
 
 
+def check_settings_files(wired: Wired) -> list[Check]:
+    """Each settings file the data folder knows (``guilds.config.agents``) and the configured
+    one: refused when it holds secrets its group or others may read."""
+    from ..config.agents import known
+    from ..config.settings import exposed
+
+    paths = [str(wired.settings_file)] if wired.settings_file is not None else []
+    paths += [agent.settings for agent in known(Path(wired.data_dir)) if agent.settings]
+    found = []
+    for path in dict.fromkeys(paths):
+        problem = exposed(Path(path))
+        if problem is None:
+            found.append(Check("settings file", True, f"{path}: secrets, if any, readable by its owner only"))
+        else:
+            found.append(Check("settings file", False, problem.split(": chmod")[0], f"chmod 600 {path}"))
+    return found
+
+
 def check_harnesses(wired: Wired) -> list[Check]:
     checks = []
     for harness in HARNESSES:
@@ -207,7 +227,7 @@ def checks(wired: Wired) -> list[Check]:
     found.append(check_kubernetes(wired, sandbox == "kubernetes"))
     if sandbox == "bwrap" or (sandbox == "auto" and found[0].ok):
         found += check_reach(wired)
-    found += [check_data(wired), check_record(wired), *check_harnesses(wired)]
+    found += [check_data(wired), *check_settings_files(wired), check_record(wired), *check_harnesses(wired)]
     return found
 
 

@@ -1,6 +1,6 @@
 """Which run an MCP call belongs to, and who may continue it.
 
-    Runs(store, fixed_run, idle_seconds).choose(request, arguments) -> (RunChoice, arguments)
+    Runs(store, fixed_run, idle_seconds, agent_id).choose(request, arguments) -> (RunChoice, arguments)
     with_run_argument(schema) -> the tool's schema with the optional ``run`` argument
 
 A call's run, first rule that applies:
@@ -21,7 +21,12 @@ A call's run, first rule that applies:
 Every run belongs to the principal of its first call through this front: the
 endpoint's token (a fingerprint, ``guilds.web.endpoint_lock.principal_of_scope``), or ""
 where no token is asked (stdio, ``--no-token``). A call of another principal
-naming it, by any of the rules above, is refused by name (``BadInput``).
+naming it, by any of the rules above, is refused by name (``BadInput``). On a
+record shared by several agents' servers, a call naming a run the record holds
+for another agent is refused before it claims anything (``Store.claim_run`` with
+the agent id), so the run stays its own agent's to claim. A refused call leaves
+the caller's current sessionless run where it was: ``_meta`` moves it (rule 3)
+only once the run named passed these checks.
 """
 
 from __future__ import annotations
@@ -124,12 +129,15 @@ def _session_of(request: ServerRequestContext | None) -> str | None:
 
 
 class Runs:
-    """The run rules of the module docstring, over one run record."""
+    """The run rules of the module docstring, over one run record, for one agent's server."""
 
-    def __init__(self, store: Store, fixed_run: str | None, idle_seconds: float):
+    def __init__(self, store: Store, fixed_run: str | None, idle_seconds: float, agent_id: str | None = None):
+        """agent_id: the server's agent; a run the record holds for another agent is refused
+        before it is claimed (None: not asked)."""
         self.store = store
         self.fixed_run = fixed_run
         self.idle_seconds = idle_seconds
+        self.agent_id = agent_id
         self._sessionless: dict[str, SessionlessRun] = {}
         self._principals: dict[str, str] = {}
 
@@ -138,7 +146,8 @@ class Runs:
 
     async def choose(self, request: ServerRequestContext | None,
                      arguments: dict[str, Any]) -> tuple[RunChoice, dict[str, Any]]:
-        """The call's run and its arguments without ``run``; BadInput naming what was wrong."""
+        """The call's run and its arguments without ``run``; BadInput naming what was wrong.
+        A refused call changes nothing: no run claimed, no current sessionless run moved."""
         principal = principal_of(request)
         named = (request.meta or {}).get(RUN_KEY) if request is not None else None
         if RUN_ARG in arguments:
@@ -152,6 +161,8 @@ class Runs:
             return RunChoice(run_id, False), rest
         choice = self._by_transport(request, named, principal)
         await self._check(check_run_id(choice.run_id), principal)
+        if named is not None and not _session_of(request):
+            self.sessionless(principal).follow(named)
         return choice, arguments
 
     def _by_transport(self, request: ServerRequestContext | None, named: Any, principal: str) -> RunChoice:
@@ -159,18 +170,17 @@ class Runs:
             return RunChoice(self.fixed_run, False)
         session = _session_of(request)
         if named is not None:
-            if not session:
-                self.sessionless(principal).follow(named)
             return RunChoice(named, False)
         if session:
             return RunChoice(session_run_id(session), False)
         return RunChoice(self.sessionless(principal).current(), True)
 
     async def _check(self, run_id: str, principal: str) -> None:
-        """Claim the run for principal on its first call; refuse another principal's run."""
+        """Claim the run for principal on its first call; refuse another principal's run, and
+        (before any claim) a run of another agent."""
         owner = self._principals.get(run_id)
         if owner is None:
-            owner = await self.store.claim_run(run_id, principal)
+            owner = await self.store.claim_run(run_id, principal, self.agent_id)
             if len(self._principals) >= PRINCIPAL_CACHE_MAX:
                 self._principals.clear()
             self._principals[run_id] = owner

@@ -223,7 +223,7 @@ class _Front:
     def __init__(self, toolbox: Toolbox, run_id: str | None,
                  sessionless_idle_seconds: float = SESSIONLESS_IDLE_SECONDS):
         self.toolbox = toolbox
-        self.runs = Runs(toolbox.store, run_id, sessionless_idle_seconds)
+        self.runs = Runs(toolbox.store, run_id, sessionless_idle_seconds, toolbox.settings.id)
         self.ended = asyncio.Event()
         """Set as the server's lifespan ends (``_lifespan``): every call has stopped."""
 

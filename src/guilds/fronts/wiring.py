@@ -138,13 +138,17 @@ def make_data_dir(data: Path) -> Path:
 
 @contextlib.asynccontextmanager
 async def open_toolbox(wired: Wired) -> AsyncIterator[Toolbox]:
-    """The agent's toolbox: its sandbox (not started: the first call starts it) and the run record."""
+    """The agent's toolbox: its sandbox (not started: the first call starts it) and the run record.
+    The agent is remembered in the data folder first (``guilds.config.agents``): every
+    bwrap sandbox of that folder hides its home and settings file."""
+    from ..config.agents import remember
     from ..record.engine import database_url
     from ..record.store import Store
     from ..sandbox import get_sandbox
     from ..toolbox import Toolbox
 
     data = make_data_dir(wired.data_dir)
+    remember(data, wired.settings, wired.settings_file)
     sandbox = get_sandbox(wired.settings, data)
     async with Store(database_url(data, wired.env)) as store:
         yield Toolbox(wired.settings, sandbox, store, coding=wired.coding)

@@ -76,6 +76,11 @@ T = TypeVar("T")
 DEFAULT_PAGE = 100
 
 
+def another_agents_run(run_id: str, owner: str, agent_id: str | None) -> BadInput:
+    """The refusal of a call of agent_id naming a run of agent owner."""
+    return BadInput(f"run {run_id!r} belongs to agent {owner!r}, not {agent_id!r}")
+
+
 class Store:
     """The run record. ``async with Store(url) as store`` makes the tables and disposes the engine."""
 
@@ -212,7 +217,7 @@ class Store:
             })
             owner, seq, used, admitted_seq = allocated.one()
             if owner != agent_id:
-                raise BadInput(f"run {run_id!r} belongs to agent {owner!r}, not {agent_id!r}")
+                raise another_agents_run(run_id, owner, agent_id)
             conn.execute(INSERT_CALL, {
                 "run_id": run_id, "seq": seq, "call_id": call_id, "tool": tool, "args": args,
                 "counted": admitted_seq == seq, "status": "running", "started_at": started_at,
@@ -331,14 +336,21 @@ class Store:
             return [CallRecord.from_row(r) for r in (await conn.execute(query)).mappings()]
 
     # --- the MCP front's run principals and tasks
-    async def claim_run(self, run_id: str, principal: str) -> str:
+    async def claim_run(self, run_id: str, principal: str, agent_id: str | None = None) -> str:
         """The principal of run_id: ``principal`` when this is the run's first claim, else the one
-        recorded (two first claims at once: one insert wins, both read it)."""
+        recorded (two first claims at once: one insert wins, both read it).
+
+        With ``agent_id``, a run the record holds for another agent is refused (``BadInput``,
+        as ``begin_call`` refuses it) in the same transaction, before anything is claimed."""
         claim = (dialect_module(self.sqlite).insert(run_principals)
                  .values(run_id=run_id, principal=principal).on_conflict_do_nothing(index_elements=["run_id"]))
         recorded = sa.select(run_principals.c.principal).where(run_principals.c.run_id == run_id)
+        agent_of_run = sa.select(runs.c.agent_id).where(runs.c.id == run_id)
 
         def claimed(conn: sa.Connection) -> str:
+            owner = conn.execute(agent_of_run).scalar_one_or_none() if agent_id is not None else None
+            if owner is not None and owner != agent_id:
+                raise another_agents_run(run_id, owner, agent_id)
             conn.execute(claim)
             return str(conn.execute(recorded).scalar_one())
         return await self._in_transaction(f"the principal of run {run_id}", claimed)

@@ -42,7 +42,10 @@ Lifecycle:
   written into it.
 - found again: any orchestrator process reads the record. Its pid counts while
   that pid's start time matches and the config fingerprint is unchanged;
-  otherwise the old sandbox is killed and a new one started.
+  otherwise the old sandbox is killed and a new one started. The fingerprint
+  holds what is hidden (``bwrap_hide``) and each hidden path's inode: an agent
+  that became known, or a hidden settings file replaced on the host, starts
+  the sandbox anew at its next call.
 - exec: ``nsenter ...`` into the namespaces (it forks into the pid namespace),
   its rlimits and cgroup set in the spawn path's child before it runs
   (``limits_in_child``), then ``setpriv`` (the agent's uid, no capabilities), then argv;
@@ -70,8 +73,10 @@ from typing import Iterator, Mapping, Sequence
 
 from ..errors import SandboxError
 from .helpers import HELPER_PACKAGES, cached_helper
+from ..config.agents import known as known_agents
 from ..config.settings import AgentSettings
 from . import _cgroup
+from .bwrap_hide import Hiding, hiding, stamp
 from ._host_folder import agent_env, checked_id, locate, own_tree, real_python, write_beneath, write_repos
 from ._spawn import kill_and_wait, parent_pid, read_until, run_process, spawn_detached, start_time
 from .base import ExecResult
@@ -277,14 +282,19 @@ class BwrapSandbox:
         if not self._helpers:
             cache = Path(self._data, "helpers")
             self._helpers = tuple((n, str(cached_helper(cache, n))) for n in HELPER_PACKAGES)
+        hidden = self._hiding()
         return BwrapConfig(
             home=self.home, state_bytes=self.settings.bwrap.state_size, clock=self._clock, helpers=self._helpers,
             uid=self.uid, gid=self.gid, userns=self._userns, system=host_system(),
-            local_bin=host_local_bin(skip=HELPER_PACKAGES), hidden=(self._data,),
+            local_bin=host_local_bin(skip=HELPER_PACKAGES), hidden=hidden.folders, hidden_files=hidden.files,
             keep_run=keep_run() if self.settings.network else (), network=self.settings.network,
             tmp_bytes=self.settings.bwrap.tmp_size, python=self.python,
             idle_seconds=self.idle_seconds, info_fd=info_fd, ready_fd=ready_fd,
         )
+
+    def _hiding(self) -> Hiding:
+        """What the sandbox hides: the data folder, and every known agent's home and settings."""
+        return hiding(self.home, self._data, known_agents(Path(self._data)), host_system())
 
     def _process_limits(self) -> Limits:
         """The limits every process of the sandbox starts under (the cgroup made
@@ -309,7 +319,8 @@ class BwrapSandbox:
         """What makes a running sandbox still the right one (host /usr/local/bin aside)."""
         stable = replace(self._config(), local_bin=())
         cfg = self.settings.bwrap
-        return hashlib.sha256(json.dumps([bwrap_argv(stable), cfg.pids_limit, cfg.memory]).encode()).hexdigest()
+        hidden = stamp(Hiding(stable.hidden, stable.hidden_files))
+        return hashlib.sha256(json.dumps([bwrap_argv(stable), cfg.pids_limit, cfg.memory, hidden]).encode()).hexdigest()
 
     def _read_record(self) -> dict | None:
         try:

@@ -6,7 +6,9 @@ Inside (each with its reason in docs/sandboxes.md):
   ``/opt`` and ``/nix`` where they exist, and ``/bin``, ``/sbin``, ``/lib*``
   (links into ``/usr`` on a merged-/usr host); not ``/root``, ``/home``,
   ``/var``, ``/srv``, ``/mnt``, ``/tmp`` nor ``/run`` of the host, so no data
-  folder, no other agent and no host socket is there to be reached;
+  folder, no other agent and no host socket is there to be reached; what the
+  bound folders hold of the agents (the data folder, other agents' homes, every
+  settings file) hidden behind an empty tmpfs or /dev/null (``bwrap_hide``);
 - the home bound writable at its own path; the state root at ``/run/guilds``, a
   tmpfs of ``state_bytes`` in the sandbox's own mount namespace (off the data
   folder's filesystem, gone with the sandbox); the idle clock, a host file,
@@ -116,7 +118,10 @@ class BwrapConfig:
     local_bin: tuple[tuple[str, str | None], ...] = ()
     """The host's /usr/local/bin entries: (name, link target, or None for a file)."""
     hidden: tuple[str, ...] = ()
-    """Host folders hidden behind an empty tmpfs where a bound folder holds them (the data folder)."""
+    """Host folders hidden behind an empty tmpfs where a bound folder holds them: the data
+    folder, other agents' homes, folders of settings files (``bwrap_hide``)."""
+    hidden_files: tuple[str, ...] = ()
+    """Host files hidden behind /dev/null (settings files ``bwrap_hide`` cannot hide by folder)."""
     keep_run: tuple[str, ...] = ()
     """Host paths under /run bound back read-only (resolv.conf's target)."""
     network: bool = False
@@ -236,6 +241,8 @@ def bwrap_argv(c: BwrapConfig) -> list[str]:
         "--bind", c.home, c.home, *_sized(STATE_INSIDE, c.state_bytes, "0700"),
         "--ro-bind", c.clock, CLOCK_INSIDE]
     argv += _tmpfs([h for h in c.hidden if h not in holding_home])
+    for path in c.hidden_files:
+        argv += ["--ro-bind", "/dev/null", path]
     argv += ["--remount-ro", "/dev", "--remount-ro", "/run", "--remount-ro", "/"]
     argv += [*NAMESPACES, *([] if c.network else ["--unshare-net"]), "--as-pid-1",
              *(["--cap-drop", "ALL"] if c.userns else ROOT_CAPS),
