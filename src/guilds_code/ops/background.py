@@ -25,8 +25,10 @@ command outside the model's calls asks by it: shell_status.py), and
 ``instance``, the sandbox it runs in (proc.sandbox_instance: the boot id, the pid
 namespace and its pid 1's start time). A command of another instance is gone
 (``ended``) whatever its pid names now. A record's pid names its process only
-with the same start time (/proc/<pid>/stat field 22): a reused pid, or a group
-whose leader is gone (its number cannot be checked), is gone too.
+with the same start time (/proc/<pid>/stat field 22): a reused pid is gone too.
+A group whose leader is gone (a stop's SIGTERM ends the wrapper while a command
+that ignores it runs on) still counts while it has members: in one pid
+namespace a number is not given out again while a group of that number lives.
 The agent can rewrite a record, start time included, so a record is trusted to
 name a group this sandbox started (``owned``) only while that group's leader
 is the wrapper the helper started for it: the same start time, leading its own
@@ -215,13 +217,16 @@ def running_run_dirs(request: protocol.Request) -> Set[str]:
 
 
 def _alive(record: Dict[str, Any], live: Set[int]) -> bool:
-    """The command's group runs, and the record provably names it (see the module docstring)."""
-    info = leader(record)
-    if info is None:
-        return False  # another sandbox's, or the leader is gone or its pid reused: not provably ours
-    if info.state not in "ZX" and not owned(record):
+    """The command's group runs, and the record names it (see the module docstring)."""
+    if record.get("instance") != proc.sandbox_instance():
+        return False  # an earlier sandbox's command: its pid numbers another namespace's processes
+    pid = record["pid"]
+    info = proc.proc_stat(pid)
+    if info is not None and info.start_time != record.get("start_time"):
+        return False  # the pid is reused: its number is no longer our group's
+    if info is not None and info.state not in "ZX" and not owned(record):
         return False  # the record names a group this sandbox did not start
-    return record["pid"] in live
+    return pid in live
 
 
 def leader(record: Dict[str, Any]) -> Optional[proc.ProcStat]:
