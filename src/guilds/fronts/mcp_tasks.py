@@ -333,7 +333,7 @@ class TasksExtension(Extension):
         state = await self._background(row)
         if not state.get("ok") and state.get("unreachable"):
             return {**row, "status_message": state["error"]}
-        if not state.get("ok"):  # the sandbox no longer knows the command (a new container)
+        if not state.get("ok"):  # the helper refused the request
             return await self._lost(row, f"lost: {state['error']}")
         if state["meta"].get("state") in RUNNING_STATES:
             return {**row, "status_message": state["text"]}
