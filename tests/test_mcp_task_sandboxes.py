@@ -76,6 +76,7 @@ async def test_a_task_of_a_replaced_sandbox_reads_ended_and_never_touches_the_ne
             await toolbox.sandbox.stop()
             for pid in kit.processes("sleep", old_arg) + kit.processes("sleep", new_arg):
                 os.kill(pid, signal.SIGKILL)
+    assert states == ["running", "running"]  # the new sandbox's commands were never signalled
     assert got["status"] == "completed", got
     text = got["result"]["content"][0]["text"]
     assert got["result"]["_meta"][META_KEY]["state"] == "ended" and "new-output" not in text
@@ -83,4 +84,3 @@ async def test_a_task_of_a_replaced_sandbox_reads_ended_and_never_touches_the_ne
         assert new_ids == ["b1", "b2"] and text == ENDED.format(bid="b1")
     assert "error" not in ack and after["status"] == "completed", after  # ended, so nothing to cancel
     assert after["result"]["_meta"][META_KEY]["state"] == "ended"
-    assert states == ["running", "running"]  # the new sandbox's commands were never signalled
