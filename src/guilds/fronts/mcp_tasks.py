@@ -183,11 +183,9 @@ class TasksExtension(Extension):
         if not isinstance(result, types.CallToolResult) or result.is_error:
             return result
         meta = (result.meta or {}).get(META_KEY, {})
-        if not isinstance(meta.get("background_id"), str):
+        if not (isinstance(meta.get("background_id"), str) and isinstance(meta.get("call"), str)):
             return result
         text = result.content[0].text if result.content and isinstance(result.content[0], types.TextContent) else ""
-        if not isinstance(meta.get("call"), str):
-            return result
         row = await self._new_row(ctx, meta["run"], "shell", meta["background_id"], text, meta["call"])
         return result if row is None else self._created(row, result.meta)
 
@@ -218,8 +216,7 @@ class TasksExtension(Extension):
         now = datetime.now(UTC)
         row = {"id": new_task_id(), "run_id": run_id, "agent_id": self.front.toolbox.settings.id, "tool": tool,
                "background_id": bid, "background_call": started_by, "principal": principal_of(ctx),
-               "status": "working",
-               "status_message": message, "result": None, "created_at": now, "updated_at": now}
+               "status": "working", "status_message": message, "result": None, "created_at": now, "updated_at": now}
         try:
             await self.store.create_task(**row)
         except RecordError as exc:
