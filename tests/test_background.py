@@ -323,3 +323,71 @@ def test_a_background_folder_replaced_by_a_link_is_not_followed_and_is_rebuilt(b
     text = ok_text(env)
     assert text.startswith("started b1 in the background") and f"note: {folder} was a link; moved it to " in text
     assert folder.is_dir() and not folder.is_symlink() and sorted(os.listdir(elsewhere))[0].startswith(".exit-")
+
+
+def _rewrite_record(sandbox, bid: str, **fields) -> None:
+    path = sandbox.state / sandbox.agent_id / "background" / f"{bid}.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+def test_a_command_of_an_earlier_sandbox_is_ended_whatever_its_pid_names_now(bg):
+    """A state root that outlives its sandbox (docker's volume, a pod's claim): the record's
+    pid and start time may name a process of the new sandbox; its instance does not match."""
+    bid, pid, _ = start(bg, "echo the-old-log; sleep 30")
+    assert status(bg, id=bid)["meta"]["state"] == "running"
+    record = _records(bg)[0]
+    assert record["call"] == "c1" and len(record["instance"].split(" ")) == 3
+    _rewrite_record(bg, bid, instance=record["instance"] + "0")  # as an earlier sandbox wrote it
+    env = wait_state(bg, bid, "ended", timeout=0)
+    assert env["meta"]["state"] == "ended" and "the-old-log" in ok_text(env)  # its own log still
+    assert re.fullmatch(f"{bid} ended [0-9]s echo the-old-log; sleep 30", ok_text(status(bg)))
+    assert ok_text(status(bg, id=bid, stop=True)).startswith(f"{bid} is not running: ended")
+    assert _state(pid) not in (None, "Z")  # never signalled
+    assert ok_text(status(bg, wait=1)).startswith("no command is running")
+
+
+def test_a_group_of_a_new_pod_under_the_old_records_pid_is_not_the_old_command(bg):
+    """The claim keeps the records when a pod is replaced; in the new pod the old pid may
+    number a live group whose leader is gone (no start time to compare): ended, never signalled."""
+    bid, _, _ = start(bg, "sleep 0.2")
+    wait_state(bg, bid, "exited")
+    for name in os.listdir(bg.state / "agent1" / "background"):
+        if name.startswith(".exit-"):
+            os.unlink(bg.state / "agent1" / "background" / name)  # killed with its pod: no exit status
+    victim = _victim_group(True)
+    try:
+        _forge(bg, bid, victim.pid)
+        _rewrite_record(bg, bid, instance=_records(bg)[0]["instance"] + "0")
+        assert status(bg, id=bid)["meta"]["state"] == "ended"
+        assert ok_text(status(bg, id=bid, stop=True)).startswith(f"{bid} is not running: ended")
+        os.killpg(victim.pid, 0)  # the group still lives: it was not signalled
+    finally:
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait()
+
+
+def test_started_by_another_call_reads_ended_and_nothing_of_that_id(bg):
+    """Following a command by the call that started it: this sandbox's b1 of another call
+    (a replaced sandbox begins again at b1) is neither read nor signalled."""
+    bid, pid, _ = start(bg, "echo another-runs-output; sleep 30")
+    held = status(bg, id=bid, stop=False)
+    assert held["meta"]["state"] == "running"
+    ended = f"{bid} ended: it ran in an earlier sandbox (this sandbox's {bid}, if any, is another command)"
+    for args in ({"id": bid}, {"id": bid, "stop": True}, {"id": "b7"}):
+        env = bg.call("shell_status", args, started_by="c0earlier")
+        assert ok_text(env) == ended.replace(bid, args["id"]) and "another-runs-output" not in ok_text(env)
+        assert env["meta"] == {"background_id": args["id"], "state": "ended"}
+    assert _state(pid) not in (None, "Z") and not (bg.state / "agent1" / "background" / f"{bid}.stop").exists()
+    own = bg.call("shell_status", {"id": bid}, started_by="c1")
+    assert own["meta"]["state"] == "running" and "another-runs-output" in ok_text(own)
+    assert ok_text(bg.call("shell_status", {"id": bid, "stop": True}, started_by="c1")).startswith(f"stopped {bid}")
+
+
+@pytest.mark.parametrize(("op", "args", "started_by", "error"), [
+    ("shell_status", {}, "c1", "started_by: only with shell_status and an id"),
+    ("shell", {"command": "true"}, "c1", "started_by: only with shell_status and an id"),
+    ("shell_status", {"id": "b1"}, "../c1", "started_by: must be letters, digits, '.', '_' or '-', got \"../c1\""),
+    ("shell_status", {"id": "b1"}, 7, "started_by: required, a non-empty string"),
+])
+def test_started_by_is_checked(sandbox, op, args, started_by, error):
+    assert error_text(sandbox.call(op, args, started_by=started_by)) == error

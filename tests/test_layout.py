@@ -247,6 +247,8 @@ def test_the_orchestrators_waits_leave_room_for_the_helpers_grace():
         sandbox_side.CANCEL_KILL_GRACE_SECONDS + orchestrator.EXEC_KILL_GRACE_SECONDS)
     assert orchestrator.SERVE_CANCEL_WAIT_SECONDS > orchestrator.CALL_CANCEL_WAIT_SECONDS
     assert orchestrator.STDIO_STOP_WAIT_SECONDS > orchestrator.CALL_CANCEL_WAIT_SECONDS
+    assert orchestrator.MCP_TASK_CANCEL_WAIT_SECONDS > (
+        sandbox_side.STOP_KILL_GRACE_SECONDS + sandbox_side.STOP_KILLER_POLL_SECONDS)
 
 
 def test_the_orchestrators_channel_waits_leave_room_for_the_helpers_stop():

@@ -95,8 +95,8 @@ async def test_a_client_without_the_extension_gets_plain_results(url):
     assert quick["resultType"] == "complete" and quick["content"][0]["text"].startswith("now")
 
 
-async def test_a_command_the_sandbox_no_longer_knows_is_reported_lost(url, tmp_path):
-    """A new container (its background records gone): the task fails, saying so, never stays working."""
+async def test_a_command_the_sandbox_no_longer_holds_reads_ended(url, tmp_path):
+    """A new container (its background records gone): the task completes, its command ended."""
     import shutil
 
     raw = RawClient(url)
@@ -106,9 +106,52 @@ async def test_a_command_the_sandbox_no_longer_knows_is_reported_lost(url, tmp_p
     task = (await raw.task("tasks/get", created["taskId"]))["result"]
     for pid in kit.processes("sleep", arg):  # nothing follows it any more
         os.kill(pid, signal.SIGKILL)
-    assert task["status"] == "failed" and task["statusMessage"] == "lost: id: no background command b1"
-    assert task["error"] == {"code": -32603, "message": "lost: id: no background command b1"}
-    assert (await raw.task("tasks/get", created["taskId"]))["result"]["status"] == "failed"
+    assert task["status"] == "completed"
+    assert task["result"]["content"][0]["text"] == (
+        "b1 ended: it ran in an earlier sandbox (this sandbox's b1, if any, is another command)")
+    assert task["result"]["_meta"][META_KEY] == {"background_id": "b1", "state": "ended", "run": created["_meta"][
+        META_KEY]["run"]}
+    again = (await raw.task("tasks/get", created["taskId"]))["result"]
+    assert (again["status"], again["result"]) == ("completed", task["result"])
+
+
+async def test_a_cancel_that_cannot_reach_the_sandbox_is_not_reported_cancelled(url, toolbox):
+    """The helper cannot run (the sandbox cannot be reached): the command runs on, so the cancel
+    is an error and the task stays working; once the sandbox answers again, the cancel stops it."""
+    raw = RawClient(url)
+    command, arg = kit.sleep_command()
+    created = await raw.call("shell", {"command": command, "background": True})
+    assert await kit.wait_for(lambda: kit.processes("sleep", arg), 20)
+    helper = Path(toolbox.sandbox.helper_path("guilds-code"))
+    aside = helper.with_name(helper.name + ".aside")
+    helper.rename(aside)
+    try:
+        refused = await raw.task("tasks/cancel", created["taskId"])
+        working = (await raw.task("tasks/get", created["taskId"]))["result"]
+    finally:
+        aside.rename(helper)
+    assert refused["error"]["code"] == -32603
+    assert refused["error"]["message"].startswith(
+        "not cancelled, the command may still run: the command's state cannot be read now: ")
+    assert working["status"] == "working" and kit.processes("sleep", arg)
+    assert working["statusMessage"].startswith("the command's state cannot be read now: ")
+    assert (await raw.task("tasks/cancel", created["taskId"]))["result"]["resultType"] == "complete"
+    assert not await kit.left_running(arg)
+    assert (await raw.task("tasks/get", created["taskId"]))["result"]["status"] == "cancelled"
+
+
+async def test_a_command_that_outlives_its_sigterm_is_cancelled_once_it_is_gone(url):
+    """SIGTERM ignored: the stop's SIGKILL comes STOP_KILL_GRACE_SECONDS later, and only then is
+    the task reported cancelled."""
+    raw = RawClient(url)
+    command, arg = kit.sleep_command()
+    created = await raw.call("shell", {"command": f"trap '' TERM; {command} & wait", "background": True})
+    assert await kit.wait_for(lambda: kit.processes("sleep", arg), 20)
+    ack = await raw.task("tasks/cancel", created["taskId"])
+    assert ack["result"]["resultType"] == "complete" and not kit.processes("sleep", arg)
+    task = (await raw.task("tasks/get", created["taskId"]))["result"]
+    assert task["status"] == "cancelled" and task["statusMessage"].startswith(
+        "cancelled at the client's request: b1 stopped ")
 
 
 async def test_update_acknowledges_and_a_known_task_answers_every_method(url):

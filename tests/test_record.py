@@ -17,7 +17,7 @@ from guilds.record import migration
 from guilds.record.engine import normalize_url
 from guilds.record.migration import split_trailer
 from guilds.record.owners import LOST
-from guilds.record.schema import SAVINGS_COLUMNS, calls, metadata, runs
+from guilds.record.schema import SAVINGS_COLUMNS, calls, metadata, runs, tasks
 from guilds.record.store import Store
 from guilds.record.values import Savings
 from guilds.web.savings_view import run_savings
@@ -192,3 +192,29 @@ async def test_an_older_record_gets_its_runs_totals_once(tmp_path, backend, monk
             r1, r2 = (await store.get_run("r1")).savings, (await store.get_run("r2")).savings
         assert r1 == Savings(124 + 44 + len("stopped"), 4000, 300, 3)
         assert r2 == Savings(len("b\nremaining_tool_calls: 7") + len(LOST), 0, 0, 0)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+async def test_an_older_records_tasks_get_the_starting_call_column_empty(tmp_path, backend):
+    """Tasks made before a command's task kept the call that started it: the column is added,
+    empty (such a task reads its command ended), once; new tasks keep it."""
+    url = _url(backend, tmp_path)
+    old, t0 = sa.MetaData(), datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+    for table in (runs, calls, tasks):
+        table.to_metadata(old)
+    old.tables["tasks"]._columns.remove(old.tables["tasks"].c.background_call)
+    row = {"id": "task-old", "run_id": "r1", "agent_id": "a1", "tool": "shell", "background_id": "b1",
+           "principal": "", "status": "working", "status_message": "started b1", "result": None,
+           "created_at": t0, "updated_at": t0, "owner": None}
+    engine = create_async_engine(url)
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.drop_all)
+        await conn.run_sync(old.create_all)
+        await conn.execute(sa.insert(old.tables["tasks"]).values(**row))
+    await engine.dispose()
+    for n in range(2):
+        async with Store(url) as store:
+            assert (await store.get_task("task-old"))["background_call"] is None
+            if n == 0:
+                await store.create_task(**{**row, "id": "task-new", "background_call": "c0123456789ab"})
+            assert (await store.get_task("task-new"))["background_call"] == "c0123456789ab"

@@ -180,4 +180,10 @@ long without an answer: a quick refusal (bad arguments, no repository) comes bac
 as an ordinary result."""
 MCP_TASK_POLL_SECONDS = 2.0
 """The poll interval a task suggests (``pollIntervalMs``)."""
+MCP_TASK_CANCEL_WAIT_SECONDS = 8.0
+"""``tasks/cancel`` of a command's task: how long, after its stop, to wait for the
+command to be gone before answering that it is not (yet) cancelled. The stop's
+SIGKILL comes guilds_code.limits.STOP_KILL_GRACE_SECONDS after its SIGTERM."""
+MCP_TASK_CANCEL_POLL_SECONDS = 0.25
+"""Meanwhile, how often to read the command's state."""
 

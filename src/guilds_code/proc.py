@@ -303,6 +303,41 @@ def proc_stat(pid: int) -> Optional[ProcStat]:
         return None
 
 
+class _Instance:
+    value: Optional[str] = None
+    """sandbox_instance(), read once per process: a process never changes sandbox."""
+
+
+def sandbox_instance() -> str:
+    """Which sandbox this is, for as long as it lives: the machine's boot id, the
+    pid namespace's inode and the start time of its pid 1 ("?" for a part that
+    cannot be read). A namespace inode is given out again once the namespace is
+    gone, but with its pid 1's start time it names one namespace for the life of
+    the machine; a replaced sandbox (a new bwrap init, container or pod) is
+    another instance, as is the machine after a reboot."""
+    if _Instance.value is None:
+        parts = [_read_text("/proc/sys/kernel/random/boot_id"), _link_text("/proc/self/ns/pid")]
+        init = proc_stat(1)
+        parts.append("?" if init is None else str(init.start_time))
+        _Instance.value = " ".join(parts)
+    return _Instance.value
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(64).decode("ascii", "replace").strip() or "?"
+    except OSError:
+        return "?"
+
+
+def _link_text(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
+
+
 def proc_table() -> Optional[Dict[int, ProcStat]]:
     """pid -> ProcStat of every process /proc shows; None where there is no /proc."""
     try:

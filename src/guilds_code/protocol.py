@@ -20,6 +20,12 @@ deletes, also when the request inside it is bad. Fields:
                 helper replaces them (and the repository tokens of repos.json)
                 by [REDACTED] before it clips anything, so no clip can cut a
                 secret in two. Names only: values never travel on a command line.
+    started_by  shell_status with an id only, optional: the call id of the shell
+                call that started the command asked about (a name, as call_id).
+                The answer is about that command only: a record bN started by
+                another call (a later sandbox's bN) is never read nor signalled,
+                and the command reads ``ended`` (ops/shell_status.py). For
+                callers that follow a command outside the model's calls.
 
 Envelope (helper -> orchestrator): exactly one line on stdout, base64 of UTF-8
 JSON, ``{"ok": true, "text": str, "meta": {...}}`` or
@@ -74,12 +80,13 @@ class Request:
     """One validated request (see the module docstring for the fields)."""
 
     __slots__ = ("op", "args", "run_id", "agent_id", "call_id", "home", "cwd",
-                 "max_bytes", "seq", "reads", "redact_env")
+                 "max_bytes", "seq", "reads", "redact_env", "started_by")
 
     def __init__(
         self, op: str, args: Dict[str, Any], run_id: str, agent_id: str, call_id: str,
         home: str, cwd: str, max_bytes: int = limits.DEFAULT_MAX_BYTES, seq: int = 0,
         reads: Optional[List[Dict[str, Any]]] = None, redact_env: Optional[List[str]] = None,
+        started_by: Optional[str] = None,
     ):
         self.op = op
         self.args = args
@@ -92,6 +99,7 @@ class Request:
         self.seq = seq
         self.reads = [] if reads is None else reads
         self.redact_env = [] if redact_env is None else redact_env
+        self.started_by = started_by
 
 
 def is_safe_name(value: Any) -> bool:
@@ -419,7 +427,17 @@ def parse_request(data: Any) -> Request:
         seq=check_int("seq", data.get("seq", 0), (0, 2**63 - 1)),
         reads=_reads(data.get("reads")),
         redact_env=env_names(data.get("redact_env")),
+        started_by=_started_by(data, op),
     )
+
+
+def _started_by(data: Dict[str, Any], op: str) -> Optional[str]:
+    """The started_by field: absent, or a call id on a shell_status request that names an id."""
+    if data.get("started_by") is None:
+        return None
+    if op != "shell_status" or not isinstance(data.get("args"), dict) or data["args"].get("id") is None:
+        raise RequestError("started_by: only with shell_status and an id")
+    return name_field(data, "started_by")
 
 
 def decode_request(argv: List[str]) -> Request:

@@ -33,7 +33,13 @@ A task outlives its request, not its process: a server that stops (or dies)
 while a code_task task runs leaves its row ``working`` under an owner that is
 gone, and the next ``tasks/get`` says ``failed``, "lost", with a -32603 error.
 A background command is the sandbox's and outlives the server: its task goes
-on being followed by the next process. ``ttlMs`` is null: a task is kept as
+on being followed by the next process. A command's task names it by its id and
+the id of the call that started it (``background_call``): ids begin again at b1
+in a replaced sandbox, and the helper answers ``ended``, reading and signalling
+nothing, for a bN that call did not start. A cancelled command's task becomes
+``cancelled`` only once the command is known gone; a stop that cannot reach
+the sandbox, or leaves the command running, is an error (-32603) and the task
+stays ``working``. ``ttlMs`` is null: a task is kept as
 long as the run record.
 """
 
@@ -75,6 +81,9 @@ RUNNING_STATES = ("running", "stopping")
 """A background command's states while its task is working."""
 NOT_FOUND = "Failed to retrieve task: Task not found"
 LOST_MESSAGE = f"lost: {LOST}"
+UNNAMED_COMMAND = "unrecorded"
+"""What a command's task made before tasks kept the starting call asks by: no call has
+this id (call ids are ``c`` and hex), so the command reads ``ended``."""
 MODERN = frozenset(MODERN_PROTOCOL_VERSIONS)
 
 
@@ -174,10 +183,10 @@ class TasksExtension(Extension):
         if not isinstance(result, types.CallToolResult) or result.is_error:
             return result
         meta = (result.meta or {}).get(META_KEY, {})
-        if not isinstance(meta.get("background_id"), str):
+        if not (isinstance(meta.get("background_id"), str) and isinstance(meta.get("call"), str)):
             return result
         text = result.content[0].text if result.content and isinstance(result.content[0], types.TextContent) else ""
-        row = await self._new_row(ctx, meta["run"], "shell", meta["background_id"], text)
+        row = await self._new_row(ctx, meta["run"], "shell", meta["background_id"], text, meta["call"])
         return result if row is None else self._created(row, result.meta)
 
     async def _code_task(self, ctx: ServerRequestContext, arguments: dict[str, Any],
@@ -201,12 +210,13 @@ class TasksExtension(Extension):
         return self._created(row, {META_KEY: {"run": run_id, "tool": "code_task"}})
 
     async def _new_row(self, ctx: ServerRequestContext, run_id: str, tool: str, bid: str | None,
-                       message: str) -> dict[str, Any] | None:
-        """Record a new task (durably, before it is answered); None when the record cannot take it."""
+                       message: str, started_by: str | None = None) -> dict[str, Any] | None:
+        """Record a new task (durably, before it is answered); None when the record cannot take it.
+        A command's task: bid, and started_by, the id of the call that started it."""
         now = datetime.now(UTC)
         row = {"id": new_task_id(), "run_id": run_id, "agent_id": self.front.toolbox.settings.id, "tool": tool,
-               "background_id": bid, "principal": principal_of(ctx), "status": "working",
-               "status_message": message, "result": None, "created_at": now, "updated_at": now}
+               "background_id": bid, "background_call": started_by, "principal": principal_of(ctx),
+               "status": "working", "status_message": message, "result": None, "created_at": now, "updated_at": now}
         try:
             await self.store.create_task(**row)
         except RecordError as exc:
@@ -268,8 +278,7 @@ class TasksExtension(Extension):
         if row["status"] != "working":
             return {}
         if row["tool"] == "shell":
-            stopped = await background_state(self.front.toolbox, row["run_id"], row["background_id"], stop=True)
-            message = stopped["text"] if stopped.get("ok") else stopped["error"]
+            message = await self._stop_command(row)
             await self._end(row["id"], "cancelled", None, f"cancelled at the client's request: {message}")
         elif (call := self._calls.get(row["id"])) is not None:
             self._cancelled.add(row["id"])
@@ -293,11 +302,35 @@ class TasksExtension(Extension):
         await self._end(row["id"], "failed", error, message)
         return {**row, "status": "failed", "result": error, "status_message": message, "updated_at": datetime.now(UTC)}
 
+    async def _stop_command(self, row: dict[str, Any]) -> str:
+        """Stop the task's command (``shell_status`` stop) and wait, up to
+        MCP_TASK_CANCEL_WAIT_SECONDS, until it is gone; what the stop said. MCPError (-32603)
+        when it cannot be known gone: the sandbox cannot be reached, or the command runs on."""
+        state = await self._background(row, stop=True)
+        said = state.get("text", "")
+        deadline = asyncio.get_running_loop().time() + limits.MCP_TASK_CANCEL_WAIT_SECONDS
+        while (state.get("ok") and state["meta"].get("state") == "stopping"
+               and asyncio.get_running_loop().time() < deadline):
+            await asyncio.sleep(limits.MCP_TASK_CANCEL_POLL_SECONDS)
+            state = await self._background(row)
+            said = state.get("text", "").split("\n", 1)[0] or said
+        if not state.get("ok"):
+            raise MCPError(code=types.INTERNAL_ERROR, message=f"not cancelled, the command may still run: "
+                                                                 f"{state['error']}")
+        if state["meta"].get("state") in RUNNING_STATES:
+            raise MCPError(code=types.INTERNAL_ERROR, message=f"not cancelled: {said.splitlines()[0]}")
+        return said
+
+    async def _background(self, row: dict[str, Any], stop: bool = False) -> dict[str, Any]:
+        """background_state of the task's command, named by the call that started it."""
+        started_by = row.get("background_call") or UNNAMED_COMMAND
+        return await background_state(self.front.toolbox, row["run_id"], row["background_id"], started_by, stop=stop)
+
     async def _command_state(self, row: dict[str, Any]) -> dict[str, Any]:
-        state = await background_state(self.front.toolbox, row["run_id"], row["background_id"])
+        state = await self._background(row)
         if not state.get("ok") and state.get("unreachable"):
             return {**row, "status_message": state["error"]}
-        if not state.get("ok"):  # the sandbox no longer knows the command (a new container)
+        if not state.get("ok"):  # the helper refused the request
             return await self._lost(row, f"lost: {state['error']}")
         if state["meta"].get("state") in RUNNING_STATES:
             return {**row, "status_message": state["text"]}

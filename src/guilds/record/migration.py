@@ -11,6 +11,10 @@ Older versions also kept no totals on a run: where its ``runs`` table lacks
 them this adds the columns (``schema.SAVINGS_COLUMNS``) and fills them from the
 calls recorded so far, in the transaction that adds them, so a second run
 finds them and adds nothing.
+
+Tasks made before a command's task kept the call that started it get the
+``background_call`` column, empty: such a task cannot name its command, and
+reads it ended (guilds/fronts/mcp_tasks.py).
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ def migrate(conn: sa.Connection) -> None:
         for name in SAVINGS_COLUMNS:
             conn.execute(sa.text(f"ALTER TABLE runs ADD COLUMN {name} BIGINT NOT NULL DEFAULT 0"))
         _fill_savings(conn)
+    if "background_call" not in _columns(conn, "tasks"):
+        conn.execute(sa.text("ALTER TABLE tasks ADD COLUMN background_call VARCHAR(128)"))
 
 
 def _columns(conn: sa.Connection, table: str) -> set[str]:

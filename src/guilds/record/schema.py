@@ -20,11 +20,13 @@ Tables:
     run_principals run_id, principal: who made the run, for fronts that
            authenticate (the MCP endpoint: a fingerprint of its token; "" for
            none); claimed once, by the run's first such call
-    tasks  id (a task id, unguessable), run_id, agent_id, tool, background_id,
-           principal, status (working, completed, failed, cancelled),
-           status_message, result (the final result or error, as sent),
-           created_at, updated_at, owner (the process following it; none once
-           it has ended): the MCP front's tasks (guilds/fronts/mcp_tasks.py)
+    tasks  id (a task id, unguessable), run_id, agent_id, tool, background_id
+           and background_call (a command's task: its id and the id of the
+           call that started it, which names it across sandboxes), principal,
+           status (working, completed, failed, cancelled), status_message,
+           result (the final result or error, as sent), created_at,
+           updated_at, owner (the process following it; none once it has
+           ended): the MCP front's tasks (guilds/fronts/mcp_tasks.py)
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ tasks = sa.Table(
     sa.Column("agent_id", sa.String(128), nullable=False),
     sa.Column("tool", sa.String(32), nullable=False),
     sa.Column("background_id", sa.String(32)),
+    sa.Column("background_call", sa.String(128)),
     sa.Column("principal", sa.String(64), nullable=False),
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("status_message", sa.Text),

@@ -8,16 +8,27 @@ EXIT_FILE, so states stay true after the helper has exited.
 
 Under <state root>/<agent id>/background/, per command, nothing rewritten:
     bN.json          the record: id, pid, start_time, command, cwd, started_at,
-                     log_path, exit_file. Made complete in a temp file, then
-                     hard-linked to its name: link() fails on an existing name,
-                     so concurrent starts never share an id (b1, b2, ...).
+                     log_path, exit_file, call, instance. Made complete in a
+                     temp file, then hard-linked to its name: link() fails on an
+                     existing name, so concurrent starts never share an id (b1, b2, ...).
     .exit-<token>    the exit status, written by the wrapper
     bN.stop          made when shell_status stop sent SIGTERM
     bN.ended         made when the command was first seen gone without a status
 
 States: running, exited N, stopping (stop sent, still alive), stopped (stopped
-and gone), ended (gone without an exit code). A record's pid names its process
-only with the same start time (/proc/<pid>/stat field 22): a reused pid is gone.
+and gone), ended (gone without an exit code).
+
+A command's identity: bN names it for the life of one sandbox only (a new
+sandbox's records begin again at b1), so the record also keeps ``call``, the
+id of the call that started it (unique to that call; whoever follows the
+command outside the model's calls asks by it: shell_status.py), and
+``instance``, the sandbox it runs in (proc.sandbox_instance: the boot id, the pid
+namespace and its pid 1's start time). A command of another instance is gone
+(``ended``) whatever its pid names now. A record's pid names its process only
+with the same start time (/proc/<pid>/stat field 22): a reused pid is gone too.
+A group whose leader is gone (a stop's SIGTERM ends the wrapper while a command
+that ignores it runs on) still counts while it has members: in one pid
+namespace a number is not given out again while a group of that number lives.
 The agent can rewrite a record, start time included, so a record is trusted to
 name a group this sandbox started (``owned``) only while that group's leader
 is the wrapper the helper started for it: the same start time, leading its own
@@ -108,6 +119,7 @@ def _launch(request: protocol.Request, folder: str, log: str) -> Dict[str, Any]:
         "pid": child.pid, "start_time": info.start_time if info else None,
         "command": command[: limits.RECORD_COMMAND_MAX_CHARS], "cwd": cwd,
         "started_at": started_at, "log_path": log, "exit_file": exit_file,
+        "call": request.call_id, "instance": proc.sandbox_instance(),
     }
 
 
@@ -205,6 +217,9 @@ def running_run_dirs(request: protocol.Request) -> Set[str]:
 
 
 def _alive(record: Dict[str, Any], live: Set[int]) -> bool:
+    """The command's group runs, and the record names it (see the module docstring)."""
+    if record.get("instance") != proc.sandbox_instance():
+        return False  # an earlier sandbox's command: its pid numbers another namespace's processes
     pid = record["pid"]
     info = proc.proc_stat(pid)
     if info is not None and info.start_time != record.get("start_time"):
@@ -214,12 +229,21 @@ def _alive(record: Dict[str, Any], live: Set[int]) -> bool:
     return pid in live
 
 
+def leader(record: Dict[str, Any]) -> Optional[proc.ProcStat]:
+    """The process at the record's pid when it is the one the record names: in
+    this sandbox instance, with the recorded start time; else None."""
+    if record.get("instance") != proc.sandbox_instance():
+        return None  # an earlier sandbox's command: its pid numbers another namespace's processes
+    info = proc.proc_stat(record["pid"])
+    return info if info is not None and info.start_time == record.get("start_time") else None
+
+
 def owned(record: Dict[str, Any]) -> bool:
     """True when the record's pid is, now, the wrapper this helper started for
     it (see the module docstring): the only case where its group may be signalled."""
     pid, exit_file = record["pid"], record.get("exit_file")
-    info = proc.proc_stat(pid)
-    if info is None or info.pgrp != pid or info.start_time != record.get("start_time"):
+    info = leader(record)
+    if info is None or info.pgrp != pid:
         return False
     return isinstance(exit_file, str) and _command_line(pid)[2:5] == [WRAPPER, "guilds-bg", exit_file]
 

@@ -2,6 +2,11 @@
 
 The records and states are ops/background.py's. Every text is redacted, then
 capped at the request's max_bytes.
+
+A request with ``started_by`` (protocol.py) asks about the command that call
+started: when record bN was not started by it (a later sandbox's bN, or no
+bN at all) the answer is NOT_HELD, state ``ended``, and nothing of bN is read
+or signalled.
 """
 
 from __future__ import annotations
@@ -40,11 +45,17 @@ _KILLER = (
 )
 
 
+NOT_HELD = "{bid} ended: it ran in an earlier sandbox (this sandbox's {bid}, if any, is another command)"
+
+
 def run(request: protocol.Request) -> protocol.Reply:
     """shell_status: list, check one (id), or stop one (id, stop)."""
     folder = records_dir(request)
     bid = request.args["id"]
     waits = request.args["wait"] is not None or request.args["until"] is not None
+    if request.started_by is not None and not _started_by(folder, bid, request.started_by):
+        meta: Dict[str, Any] = {"background_id": bid, "state": "ended"}
+        return protocol.Reply(text=NOT_HELD.format(bid=bid), meta=dict(meta, waited_ms=0) if waits else meta)
     if folder is None:  # no records, or something the agent put in their place
         if bid is not None:
             _unknown(bid)
@@ -61,6 +72,12 @@ def run(request: protocol.Request) -> protocol.Reply:
     if waits:
         return _wait_check(request, folder, bid, record)
     return _check(request, folder, status(folder, bid, record, proc.live_groups()))
+
+
+def _started_by(folder: Optional[str], bid: str, call_id: str) -> bool:
+    """Record bid is there and was started by call call_id."""
+    record = None if folder is None else load_record(folder, bid)
+    return record is not None and record.get("call") == call_id
 
 
 def _unknown(bid: str) -> NoReturn:

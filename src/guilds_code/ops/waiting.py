@@ -28,8 +28,8 @@ import os
 import select
 import time
 
-from .. import limits, proc, protocol, runstate, shaping
-from .background import list_ids, load_record
+from .. import limits, protocol, runstate, shaping
+from .background import leader, list_ids, load_record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -174,9 +174,9 @@ def _pidfd(record: Dict[str, Any]) -> Optional[int]:
 
 
 def _alive(record: Dict[str, Any]) -> bool:
-    """The record's wrapper still runs (same start time, not a zombie)."""
-    info = proc.proc_stat(record["pid"])
-    return info is not None and info.start_time == record.get("start_time") and info.state not in "ZX"
+    """The record's wrapper still runs (background.leader: this sandbox's, same start time; not a zombie)."""
+    info = leader(record)
+    return info is not None and info.state not in "ZX"
 
 
 class _Follower:
