@@ -77,6 +77,16 @@ async def settled_calls(store: Any, run_id: str, timeout: float = SETTLE_SECONDS
     return calls
 
 
+def run_line(run_id: str) -> str:
+    """The first line of a result whose run the server chose, as docs/mcp.md gives it, with its newline."""
+    return f'run: {run_id} (pass it back as "run" to continue this run)\n'
+
+
+def page_text(result: Any) -> str:
+    """The text without the run line a result of a run the server chose starts with."""
+    return text_of(result).removeprefix(run_line(meta_of(result)["run"]))
+
+
 def meta_of(result: Any) -> dict:
     return (result.meta or {})[META_KEY]
 
@@ -155,7 +165,7 @@ async def check_progress(client: Client, **call: Any) -> None:
 
     result = await client.call_tool("shell", {"command": "sleep 2.5; echo done"},
                                     progress_callback=on_progress, **call)
-    assert text_of(result).startswith("done")
+    assert page_text(result).startswith("done")
     assert len(seen) >= 2 and [p for p, _ in seen] == sorted(p for p, _ in seen)
     assert seen[0][1] == "shell: running for 1 s"
 

@@ -322,24 +322,14 @@ def test_timeout_stops_the_whole_group(hb, tmp_path):
 
 
 # --- the real Claude Code, against a scripted Messages API on loopback ---------------
-def _bundled_claude():
-    """The claude binary the claude-agent-sdk wheel bundles (test extra), or None."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("claude_agent_sdk")  # found, not imported: it is heavy
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "_bundled" / "claude"
-    return path if path.is_file() and os.access(path, os.X_OK) else None
-
-
 @pytest.fixture
 def real_claude(hb, tmp_path):
     """hb with the real `claude` on PATH, talking to a scripted API on 127.0.0.1."""
-    binary = _bundled_claude()
+    from fixtures.scripted_anthropic import QUIET_CLAUDE, ScriptedAnthropic, bundled_claude
+
+    binary = bundled_claude()
     if binary is None:
         pytest.skip("claude-agent-sdk (with its bundled claude) is not installed")
-    from fixtures.scripted_anthropic import ScriptedAnthropic
 
     repo = hb.home / "repos" / "web"
     api = ScriptedAnthropic([
@@ -349,11 +339,7 @@ def real_claude(hb, tmp_path):
     bin_dir = tmp_path / "realbin"
     bin_dir.mkdir()
     (bin_dir / "claude").symlink_to(binary)
-    hb.env.update(
-        PATH=f"{bin_dir}:/usr/bin:/bin", ANTHROPIC_BASE_URL=api.url, ANTHROPIC_API_KEY="sk-ant-test-0123456789",
-        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1", DISABLE_TELEMETRY="1",
-        DISABLE_ERROR_REPORTING="1",
-    )
+    hb.env.update(PATH=f"{bin_dir}:/usr/bin:/bin", ANTHROPIC_BASE_URL=api.url, **QUIET_CLAUDE)
     yield hb, api
     api.close()
 

@@ -106,7 +106,7 @@ async def test_without_a_session_calls_keep_the_agents_current_run(url, tmp_path
         still = await c.call_tool("shell", {"command": "true"})
     run = kit.meta_of(a)["run"]
     assert run.startswith("mcp-") and kit.meta_of(b)["run"] == run
-    assert kit.text_of(b).startswith(str(tmp_path / "home" / "sub"))
+    assert kit.text_of(b) == kit.run_line(run) + f"{tmp_path / 'home' / 'sub'}\nremaining_tool_calls: 197"
     assert "one" in kit.text_of(first_read) and kit.meta_of(again)["repeat_of"] == kit.meta_of(first_read)["seq"]
     assert kit.meta_of(named)["run"] == kit.meta_of(after)["run"] == "mcp-named-1"
     assert bad.is_error and "run id" in kit.text_of(bad) and kit.meta_of(still)["run"] == "mcp-named-1"
@@ -150,30 +150,67 @@ async def test_the_endpoint_mounts_in_another_app(toolbox):
 
     async with serving(Starlette(routes=[endpoint.route], lifespan=lifespan)) as url, client(url) as c:
         result = await c.call_tool("shell", {"command": "echo mounted"})
-    assert kit.text_of(result).startswith("mounted")
+    assert kit.page_text(result).startswith("mounted")
 
 
 # --- the run handle (SEP-2567): the run id a result gives, named back as the `run` argument
 async def test_a_first_call_gets_its_run_and_names_it_back(url, tmp_path, toolbox):
-    """The SDK's client in its modern mode: the run the server chose comes back in
-    structuredContent; another client naming it continues it (the cd carries over)."""
+    """The SDK's client in its modern mode: the run the server chose is the first line of
+    the text the model reads (no structuredContent, which a client would show in place of
+    the text); another client naming it continues it (the cd carries over)."""
     (tmp_path / "home" / "sub").mkdir(parents=True)
     async with client(url, "2026-07-28") as c:
         first = await c.call_tool("shell", {"command": "cd sub"})
-    run = first.structured_content["run"]
-    assert run == kit.meta_of(first)["run"] and run.startswith("mcp-")
-    assert kit.text_of(first) == "(no output)\n[working directory now: ~/sub]\nremaining_tool_calls: 199"
+    run = kit.meta_of(first)["run"]
+    assert run.startswith("mcp-") and first.structured_content is None
+    assert kit.text_of(first) == (f'run: {run} (pass it back as "run" to continue this run)\n'
+                                  "(no output)\n[working directory now: ~/sub]\nremaining_tool_calls: 199")
     async with client(url, "legacy") as c:  # a session of its own, but the handle wins
         named = await c.call_tool("shell", {"command": "pwd", "run": run})
     assert kit.meta_of(named)["run"] == run and named.structured_content is None
-    assert kit.text_of(named).startswith(str(tmp_path / "home" / "sub"))
+    assert kit.text_of(named) == f"{tmp_path / 'home' / 'sub'}\nremaining_tool_calls: 198"
     (call,) = [c for c in await toolbox.store.calls(run) if c.seq == 2]
     assert call.args == {"command": "pwd"}  # the handle is the call's run, not an argument of the tool
 
 
+async def test_the_run_line_is_only_where_the_server_chose_the_run(url):
+    """A session's run, a run named in _meta or as the argument: the text is the page's."""
+    async with client(url, "legacy") as c:
+        session = await c.call_tool("shell", {"command": "echo s"})
+    async with client(url, "2026-07-28") as c:
+        named = await c.call_tool("shell", {"command": "echo m"}, meta={RUN_KEY: "mcp-line-named"})
+        chosen = await c.call_tool("shell", {"command": "echo c"})
+        handed = await c.call_tool("shell", {"command": "echo h", "run": "mcp-line-named"})
+    assert kit.text_of(session) == "s\nremaining_tool_calls: 199"
+    assert kit.text_of(named) == "m\nremaining_tool_calls: 199"
+    assert kit.meta_of(chosen)["run"] == "mcp-line-named"  # the named run became the current one
+    assert kit.text_of(chosen) == kit.run_line("mcp-line-named") + "c\nremaining_tool_calls: 198"
+    assert kit.text_of(handed) == "h\nremaining_tool_calls: 197"
+
+
+async def test_the_run_line_is_outside_the_cap_and_on_errors(tmp_path):
+    """A result shaped to the 64 KiB cap starts with the run line, its text whole after it;
+    an error result of a chosen run names the run too."""
+    lines = "".join(f"{n:04d} " + "x" * 380 + "\n" for n in range(600))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "big.txt").write_text(lines)
+    async with local_toolbox(tmp_path, agent={"result_max_bytes": 65536}) as box, \
+            serving(streamable_http_app(box)) as endpoint, client(endpoint, "2026-07-28") as c:
+        missing = await c.call_tool("file_read", {"path": "gone.txt"})
+        run = kit.meta_of(missing)["run"]
+        big = await c.call_tool("file_read", {"path": "big.txt", "limit": 500})
+        named = await c.call_tool("file_read", {"path": "big.txt", "offset": 100, "limit": 500, "run": run})
+    assert missing.is_error and kit.text_of(missing).startswith(kit.run_line(run))
+    assert kit.meta_of(big)["run"] == run
+    body = kit.text_of(big).removeprefix(kit.run_line(run))
+    assert body != kit.text_of(big) and body.endswith("\nremaining_tool_calls: 198")
+    assert "to stay under 65536 bytes" in body and 60_000 < len(body.encode()) <= 65536 + 30
+    assert "run: " not in kit.text_of(named) and "to stay under 65536 bytes" in kit.text_of(named)
+
+
 async def test_a_bad_run_handle_is_refused_by_name(url):
     async with client(url, "2026-07-28") as c:
-        run = (await c.call_tool("shell", {"command": "true"})).structured_content["run"]
+        run = kit.meta_of(await c.call_tool("shell", {"command": "true"}))["run"]
         unknown = await c.call_tool("shell", {"command": "true", "run": "mcp-" + "0" * 32})
         typed = await c.call_tool("file_read", {"path": "x", "run": 7})
         unsafe = await c.call_tool("shell", {"command": "true", "run": "../x"})
@@ -193,9 +230,12 @@ async def test_raw_requests_of_the_current_revision(url):
 
     raw = RawClient(url, tasks=False)
     first = await raw.call("shell", {"command": "echo raw"})
-    run = first["structuredContent"]["run"]
-    assert first["resultType"] == "complete" and first["content"][0]["text"].startswith("raw\n")
+    run = first["_meta"]["guilds/meta"]["run"]
+    assert first["resultType"] == "complete" and "structuredContent" not in first
+    assert first["content"] == [{"type": "text", "text": kit.run_line(run)
+                                 + "raw\nremaining_tool_calls: 199"}]
     again = await raw.call("shell", {"command": "echo again", "run": run})
     assert again["_meta"]["guilds/meta"]["run"] == run and "structuredContent" not in again
+    assert again["content"][0]["text"] == "again\nremaining_tool_calls: 198"
     listed = await raw.post("tools/list", {})
     assert all(t["inputSchema"]["properties"]["run"]["type"] == "string" for t in listed["result"]["tools"])

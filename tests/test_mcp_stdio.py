@@ -147,7 +147,9 @@ async def test_a_run_handle_continues_a_run_of_an_earlier_process(tmp_path):
     async with stdio_client(tmp_path) as client:
         first = await client.call_tool("shell", {"command": "cd sub"})
     run = kit.meta_of(first)["run"]
-    assert first.structured_content is None  # stdio: the connection already has its run
+    # stdio: the connection already has its run; the text is the page's, without a run line
+    assert kit.text_of(first) == "(no output)\n[working directory now: ~/sub]\nremaining_tool_calls: 199"
+    assert first.structured_content is None
     async with stdio_client(tmp_path) as client:
         named = await client.call_tool("shell", {"command": "pwd", "run": run})
         fresh = await client.call_tool("shell", {"command": "pwd"})

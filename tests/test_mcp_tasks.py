@@ -47,9 +47,9 @@ async def test_a_background_command_is_a_task_followed_to_its_end(url, toolbox):
     raw = RawClient(url)
     created = await raw.call("shell", {"command": "echo first-line; sleep 3; echo last-line", "background": True})
     assert created["resultType"] == "task" and created["status"] == "working"
-    assert created["statusMessage"].startswith("started b1 in the background")
+    run = created["_meta"][META_KEY]["run"]  # the server chose it: the text starts with the run line
+    assert created["statusMessage"].startswith(kit.run_line(run) + "started b1 in the background")
     assert created["ttlMs"] is None and created["pollIntervalMs"] == 2000
-    run = created["_meta"][META_KEY]["run"]
     working = await raw.task("tasks/get", created["taskId"])
     assert working["result"]["resultType"] == "complete" and working["result"]["status"] == "working"
     assert "b1 running" in working["result"]["statusMessage"]
@@ -80,7 +80,7 @@ async def test_a_client_without_the_extension_gets_plain_results(url):
     """No tasks capability on the request: the call answers as ever; tasks/* is refused (-32021)."""
     plain = RawClient(url, tasks=False)
     started = await plain.call("shell", {"command": "sleep 1", "background": True})
-    assert started["resultType"] == "complete" and started["content"][0]["text"].startswith("started b")
+    assert started["resultType"] == "complete" and "\nstarted b" in started["content"][0]["text"]
     task_id = (await RawClient(url).call("shell", {"command": "true", "background": True}))["taskId"]
     refused = await plain.task("tasks/get", task_id)
     assert refused["error"]["code"] == -32021
@@ -92,7 +92,7 @@ async def test_a_client_without_the_extension_gets_plain_results(url):
     unnamed = await RawClient(url).post("tasks/get", {"taskId": task_id})
     assert unnamed["error"]["code"] == -32020
     quick = await RawClient(url).call("shell", {"command": "echo now"})
-    assert quick["resultType"] == "complete" and quick["content"][0]["text"].startswith("now")
+    assert quick["resultType"] == "complete" and "\nnow\n" in quick["content"][0]["text"]
 
 
 async def test_a_command_the_sandbox_no_longer_holds_reads_ended(url, tmp_path):
@@ -184,7 +184,8 @@ async def test_another_tokens_task_and_run_are_refused(toolbox):
         assert refused["isError"] and refused["content"][0]["text"] == (
             f"run {run!r} was started with another token; omit run to start a new one")
         mine = await b.call("shell", {"command": "echo mine"})
-        assert mine["structuredContent"]["run"] != run
+        assert mine["_meta"][META_KEY]["run"] != run and mine["content"][0]["text"] == (
+            kit.run_line(mine["_meta"][META_KEY]["run"]) + "mine\nremaining_tool_calls: 199")
         assert (await a.call("shell", {"command": "true", "run": run}))["isError"] is False
 
 
@@ -237,7 +238,7 @@ async def test_the_sdk_client_in_modern_mode_gets_a_tasks_result(url):
         plain = await c.call_tool("shell", {"command": "echo direct"})
     assert "from-a-task" in kit.text_of(result) and kit.meta_of(result)["state"] == "exited 0"
     assert tasks.seen[0] == "working" and tasks.seen[-1] == "completed"
-    assert kit.text_of(plain).startswith("direct")
+    assert kit.page_text(plain).startswith("direct")
 
 
 # --- code_task as a task ----------------------------------------------------------------

@@ -14,9 +14,10 @@ A call's run, first rule that applies:
 4. an HTTP session of the handshake era (``Mcp-Session-Id``): a run derived from it;
 5. none of these (the 2026-07-28 revision over HTTP, naming nothing): the
    principal's current sessionless run (``SessionlessRun``), new after
-   ``idle_seconds`` without such a call. Its id travels back in the result's
-   ``structuredContent`` (``{"run": id}``) besides ``_meta["guilds/meta"]``, so
-   the client can name it from then on (``RunChoice.chosen``).
+   ``idle_seconds`` without such a call. Its id travels back in the run line
+   (``RUN_LINE``), the first line of the result's text, where the model reads
+   it, besides ``_meta["guilds/meta"]``, so the model can name it from then on
+   (``RunChoice.chosen``, ``with_run_line``).
 
 Every run belongs to the principal of its first call through this front: the
 endpoint's token (a fingerprint, ``guilds.web.endpoint_lock.principal_of_scope``), or ""
@@ -54,9 +55,11 @@ RUN_ARG = "run"
 """The optional argument of every tool naming its run (the handle a result gave)."""
 RUN_ARG_DESCRIPTION = (
     "The run this call continues: the run id an earlier result of this server gave "
-    "(structuredContent.run). Omit it on the first call; a run keeps the working directory "
+    "(its first line, run: mcp-...). Omit it on the first call; a run keeps the working directory "
     "and the read pointers."
 )
+RUN_LINE = 'run: {run_id} (pass it back as "run" to continue this run)'
+"""The first line of a result whose run the server chose (rule 5): the handle, said to the model."""
 SESSION_HEADER = "mcp-session-id"
 PRINCIPAL_CACHE_MAX = 4096
 """Runs whose principal this process remembers (a claim never changes; past this many the memory starts over)."""
@@ -71,6 +74,15 @@ def session_run_id(session_id: str) -> str:
     return RUN_PREFIX + hashlib.sha256(session_id.encode()).hexdigest()[:32]
 
 
+def with_run_line(text: str, run_id: str) -> str:
+    """The run line, then text (the result after the pipeline: redaction, the cap, the
+    trailer), so neither redaction nor the cap can take it away. First, not last: a
+    client that keeps only the start of a long result (Claude Code shows the model
+    the first 2 KB of one over about 50 KB) still shows it."""
+    line = RUN_LINE.format(run_id=run_id)
+    return f"{line}\n{text}" if text else line
+
+
 def with_run_argument(schema: dict[str, Any]) -> dict[str, Any]:
     """schema with the optional ``run`` string argument added to its properties."""
     properties = {**schema.get("properties", {}), RUN_ARG: {"type": "string", "description": RUN_ARG_DESCRIPTION}}
@@ -81,7 +93,7 @@ def with_run_argument(schema: dict[str, Any]) -> dict[str, Any]:
 class RunChoice:
     run_id: str
     chosen: bool
-    """The server picked the run (rule 5): the result names it in structuredContent."""
+    """The server picked the run (rule 5): the result's text starts with the run line."""
 
 
 class SessionlessRun:

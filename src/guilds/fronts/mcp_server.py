@@ -46,7 +46,9 @@ Contract:
   (``Mcp-Session-Id``, the handshake era), a run derived from that id; HTTP
   without a session (the 2026-07-28 revision), the principal's current
   sessionless run (new after SESSIONLESS_IDLE_SECONDS without such a call),
-  named in the result's ``structuredContent`` (``{"run": id}``) too.
+  named to the model in the result's first line (``mcp_runs.RUN_LINE``). No
+  result carries ``structuredContent``: the tools declare no output schema,
+  and a client that shows it shows it in place of the text.
 - Tasks (``guilds.fronts.mcp_tasks``, the ``io.modelcontextprotocol/tasks``
   extension, on the 2026-07-28 revision for a client that declares it): a
   background ``shell`` command and a long ``code_task`` call answer with a
@@ -91,7 +93,7 @@ from .. import limits
 from ..errors import GuildsError
 from ..toolbox import CallResult, Toolbox
 from ..toolbox.tools import TOOL_NAMES, ToolSpec, tool_specs
-from .mcp_runs import META_KEY, RUN_ARG, RunChoice, Runs, new_run_id, with_run_argument
+from .mcp_runs import META_KEY, RunChoice, Runs, new_run_id, with_run_argument, with_run_line
 from .mcp_runs import RUN_KEY as RUN_KEY  # the tests and embedders name it from here
 from .mcp_tasks import TasksExtension
 from .wiring import Wired, open_toolbox, resolve
@@ -114,7 +116,8 @@ CODING_OFF = "tool {name!r} is not offered: the agent's coding capability is off
 INSTRUCTIONS = (
     "Code tools running inside an agent's sandbox: shell (tests, builds, git), shell_status "
     "(background commands), file_read, code_search, code_task. One session is one run: a cd "
-    "carries over to the next shell call."
+    "carries over to the next shell call. A result that starts with a run line (run: mcp-...) "
+    "names its run: pass that id as the run argument of the next calls to stay in it."
 )
 
 
@@ -175,10 +178,14 @@ def error_result(text: str) -> types.CallToolResult:
 
 
 def to_result(result: CallResult, choice: RunChoice) -> types.CallToolResult:
-    """The MCP result of a toolbox call; a run the server chose is named in structuredContent too."""
-    structured = {RUN_ARG: choice.run_id} if choice.chosen else None
-    return types.CallToolResult(content=[types.TextContent(text=result.text)], is_error=result.is_error,
-                                _meta={META_KEY: result.meta}, structured_content=structured)
+    """The MCP result of a toolbox call: its text, with the run line when the server chose the run.
+
+    No ``structuredContent``: a client that has one shows it to the model in
+    place of the text, and the text is the whole result.
+    """
+    text = with_run_line(result.text, choice.run_id) if choice.chosen else result.text
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=result.is_error,
+                                _meta={META_KEY: result.meta})
 
 
 Report = Callable[[float], Awaitable[None]]
