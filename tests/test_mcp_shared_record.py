@@ -92,4 +92,4 @@ async def test_meta_naming_another_tokens_run_keeps_the_callers_current_run(tmp_
     assert refused.is_error and kit.text_of(refused) == (
         f"run {theirs!r} was started with another token; omit run to start a new one")
     assert not after.is_error and kit.meta_of(after)["run"] == mine, kit.text_of(after)
-    assert kit.text_of(after).startswith("/tmp")
+    assert kit.text_of(after).startswith(kit.run_line(mine) + "/tmp\n")
