@@ -50,7 +50,7 @@ SPLITS_COMMAND = "python3 -c " + shlex.quote(
     "print('entity: &#x%x;%s' % (ord(s[0]), s[1:]))\n"
     "print('emphasis: %s*%s*' % (s[:3], s[3:]))\n"
     "print('code span: %s`%s`' % (s[:4], s[4:]))\n"
-    "print('image: ![%s*%s*](x.png)' % (s[:3], s[3:]))")
+    "print('image: ![%s*%s*](/static/favicon.svg)' % (s[:3], s[3:]))")
 """Markdown that puts $DEPLOY_KEY back together, though the text holds it in no one piece."""
 
 
