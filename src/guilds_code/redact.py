@@ -96,6 +96,8 @@ class Redactor:
         self._unescaper = _unescaper(secrets) if secrets else None
         self._widest = max((len(f) for raw in secrets for f in [raw, *base64_forms(raw)]), default=0)
         """The most bytes a match takes in a text whose escapes are undone."""
+        self.multiline = any(b"\n" in raw for raw in secrets)
+        """Whether a match can hold a newline."""
         self.longest = (ESCAPE_DEPTH + len("u0000")) * max(map(len, secrets), default=0)
         """The most bytes a secret fills in any form found, every byte escaped (a stream holds back one less)."""
 
@@ -195,7 +197,9 @@ class StreamRedactor:
     """Redacts a byte stream fed in chunks; a secret split across chunks is caught.
 
     ``feed`` returns the bytes that are safe to pass on; it holds back at most
-    ``longest - 1`` bytes. ``flush`` returns the rest at the end of the stream.
+    ``longest - 1`` bytes, and nothing up to the last newline when no secret
+    holds one (no match can span it). ``flush`` returns the rest at the end of
+    the stream.
     The output is what ``redact_bytes`` gives for the whole stream (but for the
     escape-sequence pass, which the helper's shaping makes needless): a match
     that begins inside bytes already passed on as MARK extends that MARK.
@@ -210,7 +214,10 @@ class StreamRedactor:
         if self._redactor._bytes_re is None:
             return chunk
         buf = self._covered + self._carry + chunk
-        return self._emit(buf, max(len(self._covered), len(buf) - (self._redactor.longest - 1)))
+        safe_end = max(len(self._covered), len(buf) - (self._redactor.longest - 1))
+        if not self._redactor.multiline:
+            safe_end = max(safe_end, buf.rfind(b"\n") + 1)
+        return self._emit(buf, safe_end)
 
     def flush(self) -> bytes:
         buf = self._covered + self._carry
