@@ -23,7 +23,7 @@ secret is replaced by that form, redacted.
 
 Not caught (docs/toolbox.md): other encodings (hex, base32, reversed,
 compressed, encrypted, escaped twice in other ways than backslashes: ``%2541``,
-``%5Cu0041``), base64 wrapped across lines or escaped, a value split by the
+``%5Cu0041``), base64 wrapped across lines, a value split by the
 command into pieces, or split by other control characters.
 
 The helper redacts a stream before its head/tail cut, its line clips and its
