@@ -20,12 +20,14 @@ SETTLE_SECONDS = 10.0
 spawn path's 2 s, with room for a machine under load (a passing test waits less)."""
 
 
-def write_settings(folder: Path, *, sandbox: str = "local", coding: bool = True) -> Path:
-    """A settings file for a stdio server: home under folder, the given sandbox."""
+def write_settings(folder: Path, *, sandbox: str = "local", coding: bool = True,
+                   secrets: dict[str, str] | None = None) -> Path:
+    """A settings file for a stdio server: home under folder, the given sandbox and secrets."""
     path = folder / "settings.toml"
     path.write_text(
         f'[agent]\nid = "agent1"\nhome = "{folder / "home"}"\nsandbox = "{sandbox}"\n'
         f"coding = {'true' if coding else 'false'}\n"
+        + "".join(f'[secrets]\n{name} = "{value}"\n' for name, value in (secrets or {}).items())
     )
     return path
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -50,6 +51,16 @@ def test_call_prints_the_result_and_a_run_carries_its_directory(capsys, tmp_path
     assert result["is_error"] is False
     meta = result["meta"]
     assert (meta["seq"], meta["exit_code"], meta["row"]) == (2, 4, "Run pwd; exit 4 · exit 4")
+
+
+def test_call_prints_every_escaped_form_of_a_secret_redacted(capsys, tmp_path):
+    from fixtures import secret_forms
+
+    cfg = config(tmp_path, f'[secrets]\nDEPLOY_KEY = "{secret_forms.SECRET}"\n')
+    command = f"python3 {shlex.quote(secret_forms.__file__)} DEPLOY_KEY"
+    code, out, _ = run(capsys, tmp_path, "call", "shell", json.dumps({"command": command}), "--config", str(cfg))
+    assert code == 0
+    assert out.splitlines() == [*secret_forms.redacted_lines(), "remaining_tool_calls: 199"]
 
 
 def test_an_error_result_is_still_a_call_made(capsys, tmp_path):

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import stat
 import sys
@@ -21,17 +22,19 @@ from guilds.record.store import Store
 from guilds.sandbox.bwrap_argv import unavailable
 
 
-def server_params(tmp_path: Path, sandbox: str = "local") -> StdioServerParameters:
+def server_params(tmp_path: Path, sandbox: str = "local", secrets: dict[str, str] | None = None
+                  ) -> StdioServerParameters:
     """`python -m guilds.fronts.mcp_server SETTINGS DATA`: what `guilds mcp` runs, without the CLI's wiring."""
-    settings = kit.write_settings(tmp_path, sandbox=sandbox)
+    settings = kit.write_settings(tmp_path, sandbox=sandbox, secrets=secrets)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GUILDS_")}
     args = ["-m", "guilds.fronts.mcp_server", str(settings), str(tmp_path / "data")]
     return StdioServerParameters(command=sys.executable, args=args, env=env)
 
 
 @contextlib.asynccontextmanager
-async def stdio_client(tmp_path: Path, sandbox: str = "local", **kw) -> AsyncIterator[Client]:
-    async with Client(server_params(tmp_path, sandbox), read_timeout_seconds=60, **kw) as client:
+async def stdio_client(tmp_path: Path, sandbox: str = "local", secrets: dict[str, str] | None = None,
+                       **kw) -> AsyncIterator[Client]:
+    async with Client(server_params(tmp_path, sandbox, secrets), read_timeout_seconds=60, **kw) as client:
         yield client
 
 
@@ -54,6 +57,16 @@ async def test_tools_each_call_and_the_record(tmp_path):
     assert stat.S_IMODE(data.stat().st_mode) == 0o700
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in data.glob("guilds.db*"))
     assert stat.S_IMODE((data / "guilds.db").stat().st_mode) == 0o600
+
+
+async def test_every_escaped_form_of_a_secret_comes_back_redacted(tmp_path):
+    from fixtures import secret_forms
+
+    command = f"python3 {shlex.quote(secret_forms.__file__)} DEPLOY_KEY"
+    async with stdio_client(tmp_path, secrets={"DEPLOY_KEY": secret_forms.SECRET}) as client:
+        result = await client.call_tool("shell", {"command": command})
+    assert not result.is_error
+    assert kit.text_of(result).splitlines() == [*secret_forms.redacted_lines(), "remaining_tool_calls: 199"]
 
 
 async def test_a_session_is_one_run_with_progress_and_the_live_coding_flag(tmp_path):

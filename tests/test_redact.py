@@ -1,4 +1,5 @@
-"""Redaction forms: base64 at every alignment, overlapping secrets, escape
+"""Redaction forms: escaped (tests/fixtures/secret_forms.py, URL quoting, JSON,
+re.escape, in any mix), base64 at every alignment, overlapping secrets, escape
 sequences and carriage returns inside a value, a stream fed in any pieces."""
 
 from __future__ import annotations
@@ -6,12 +7,16 @@ from __future__ import annotations
 import base64
 import json
 import random
+import re
 import shlex
 from pathlib import Path
+from urllib.parse import quote_plus
 
 import pytest
 
+from fixtures import secret_forms
 from guilds.toolbox.pipeline import redact_meta, run_pipeline
+from guilds_code.limits import ESCAPE_DEPTH
 from guilds_code.redact import MARK, Redactor
 
 SECRET = "dk_7Qm2Xv9Lp4Rt8Wz1Nb6Hc3Jy5Fs0Gd"
@@ -49,6 +54,37 @@ def test_base64_at_every_alignment_leaves_nothing_recoverable(secret, prefix, su
     assert recovered(text, secret) == [], text
 
 
+@pytest.mark.parametrize("name", sorted(secret_forms.FORMS))
+def test_each_escaped_form_is_redacted(name):
+    form, shown = secret_forms.FORMS[name]
+    assert Redactor([secret_forms.SECRET]).redact(f"x={form(secret_forms.SECRET)};") == f"x={shown};"
+
+
+@pytest.mark.parametrize(("secret", "text"), [
+    ("my pass/word", quote_plus("my pass/word")),  # a space as +
+    ("ab\U0001f600cd", json.dumps("ab\U0001f600cd")[1:-1]),  # a surrogate pair
+    ("ab\U0001f600cd", "ab\\uD83D\\uDE00cd"),
+    ("C:\\key\\x1", json.dumps("C:\\key\\x1")[1:-1]),  # a backslash, escaped
+    ("C:\\key\\x1", re.escape("C:\\key\\x1")),
+    ("tab\there", json.dumps("tab\there")[1:-1]),  # JSON's \t
+])
+def test_spaces_pairs_backslashes_and_controls_escaped(secret, text):
+    assert Redactor([secret]).redact(f"<{text}>") == f"<{MARK}>"
+
+
+def test_escapes_behind_at_most_escape_depth_backslashes():
+    value = "ab.cd-ef/gh"
+    deep = "".join("\\" * ESCAPE_DEPTH + c if not c.isalnum() else c for c in value)
+    assert Redactor([value]).redact(f"<{deep}>") == f"<{MARK}>"
+    deeper = "".join("\\" * (ESCAPE_DEPTH + 1) + c if not c.isalnum() else c for c in value)
+    assert Redactor([value]).redact(f"<{deeper}>") == f"<{deeper}>"
+
+
+def test_an_escape_that_is_not_a_secret_is_left_as_it_is():
+    text = 'say \\"hi\\" at 50%25 and %2Fpath \\u00e9 a\\/b'
+    assert Redactor([secret_forms.SECRET, SECRET]).redact(text) == text
+
+
 def test_overlapping_secrets_leave_no_tail():
     first, second = "AAAA-head-XYZ0123", "XYZ0123-tail-of-the-second-one!!"
     text = "q" + first + second[len("XYZ0123"):] + "w"
@@ -75,9 +111,10 @@ def test_an_escape_without_a_secret_is_left_as_it_is():
 
 def test_a_stream_in_any_pieces_equals_the_whole():
     rng = random.Random(7)
-    secrets = [SECRET, "AAAA-head-XYZ0123", "XYZ0123-tail-of-the-second-one!!", "aaaa"]
+    secrets = [SECRET, "AAAA-head-XYZ0123", "XYZ0123-tail-of-the-second-one!!", "aaaa", secret_forms.SECRET]
     redactor = Redactor(secrets)
-    parts = secrets + ["aaaaaaaaaa", "xyz", "\n", base64.b64encode(b"u:" + SECRET.encode()).decode(), "-" * 50]
+    parts = secrets + ["aaaaaaaaaa", "xyz", "\n", base64.b64encode(b"u:" + SECRET.encode()).decode(), "-" * 50,
+                       "%", "\\", *secret_forms.lines(secret_forms.SECRET)]
     for _ in range(200):
         data = "".join(rng.choice(parts) for _ in range(rng.randint(1, 30))).encode()
         stream = redactor.stream()
@@ -143,6 +180,24 @@ async def test_an_escape_split_secret_read_back_from_a_log(secret_box, tmp_path)
         found = await tb.call("r", "code_search", {"pattern": "^15", "path": log, "mode": "content"})
         assert not found.is_error and MARK in found.text, found.text
         assert KEY[:11] not in found.text and KEY[11:] not in found.text
+
+
+async def test_every_escaped_form_in_a_log_read_back(tmp_path):
+    """An elided shell output: its result, and its full log read back with file_read, show each
+    form redacted (the helper redacts the log it reads, the pipeline again)."""
+    from toolbox_kit import local_toolbox
+
+    command = f"python3 {shlex.quote(secret_forms.__file__)} DEPLOY_KEY 3000"
+    async with local_toolbox(tmp_path, secrets={"DEPLOY_KEY": secret_forms.SECRET}) as tb:
+        shell = await tb.call("r", "shell", {"command": command})
+        assert "bytes elided; full output:" in shell.text
+        log = shell.meta["log_path"]
+        assert secret_forms.lines(secret_forms.SECRET)[0] in Path(log).read_text()  # the log keeps the values
+        read = await tb.call("r", "file_read", {"path": log, "offset": 3001})
+    for text in (shell.text, read.text):
+        shown = [re.sub(r"^ *\d+  ", "", line) for line in text.splitlines()]  # file_read's line numbers off
+        assert all(line in shown for line in secret_forms.redacted_lines()), text
+        assert not any(form in text for form in secret_forms.lines(secret_forms.SECRET)), text
 
 
 async def test_a_secret_used_as_an_argument_name_is_not_recorded(secret_box):

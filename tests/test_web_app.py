@@ -11,8 +11,9 @@ import pytest
 import pytest_asyncio
 import uvicorn
 
+from fixtures import secret_forms
 from guilds.web.queries import FLOW_PAGE
-from web_kit import AUTH, FLOW, SECRET, fill, record_code_task, served
+from web_kit import AUTH, FLOW, FORMS_COMMAND, SECRET, SPLITS_COMMAND, fill, record_code_task, served, shown_text
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 ROWS = [  # the page's "Row reads", for FLOW
@@ -124,6 +125,26 @@ async def test_the_full_output_log_through_redaction(app, client):
     assert "line 1 [REDACTED]\n" in html and "line 3000 [REDACTED]\n" in html
     assert "The whole log:" in html
     await get(client, "/runs/run1/calls/2/log", status=404)
+
+
+async def test_no_form_of_a_secret_shows_in_the_result_or_the_log(app, client):
+    """Markdown undoes re.escape, JSON's \\/ and character references, and joins what emphasis or a
+    code span splits: the page shows none of it; nor does the Raw view or the Full output log."""
+    forms = await app.toolbox.call("forms", "shell", {"command": FORMS_COMMAND})
+    splits = await app.toolbox.call("forms", "shell", {"command": SPLITS_COMMAND})
+    assert secret_forms.SECRET not in splits.text and "&#x" in splits.text  # the text holds no one piece
+    pages = {}
+    for call in (forms, splits):
+        seq = call.meta["seq"]
+        html = await get(client, f"/runs/forms/calls/{seq}", fragment=True)
+        pages[seq] = shown_text(re.search(r'<div class="markdown">(.*?)</div>', html, re.S)[1])
+        raw = await get(client, f"/runs/forms/calls/{seq}?view=result&format=raw", fragment=True)
+        assert secret_forms.SECRET not in shown_text(raw)
+    shown_forms, shown_splits = pages[forms.meta["seq"]], pages[splits.meta["seq"]]
+    assert all(line in shown_forms for line in secret_forms.redacted_lines()), shown_forms
+    assert shown_splits.count("[REDACTED]") == 4 and secret_forms.SECRET not in shown_splits, shown_splits
+    log = shown_text(await get(client, f"/runs/forms/calls/{forms.meta['seq']}/log"))
+    assert all(line in log for line in secret_forms.redacted_lines()) and secret_forms.SECRET not in log
 
 
 async def test_unknown_runs_and_calls(client):

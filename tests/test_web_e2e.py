@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from web_kit import SECRET, TOKEN, fill, record_code_task, served
+from fixtures import secret_forms
+from web_kit import FORMS_COMMAND, SECRET, SPLITS_COMMAND, TOKEN, fill, record_code_task, served
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -114,6 +115,36 @@ async def test_the_flow_live_and_a_calls_views(tmp_path):
         finally:
             server.should_exit = True
             await task
+    assert problems == []
+
+
+async def test_the_result_page_shows_no_escaped_or_markdown_joined_secret(tmp_path):
+    """re.escape and JSON's \\/ (Markdown undoes both), a character reference and emphasis: the
+    Result view's visible text holds the secret in none of them."""
+    async with served(tmp_path, run_id="demo") as s:
+        forms = await s.toolbox.call("forms", "shell", {"command": FORMS_COMMAND})
+        splits = await s.toolbox.call("forms", "shell", {"command": SPLITS_COMMAND})
+        server, task, base = await start_server(s.app)
+        problems: list[str] = []
+        try:
+            async with playwright_api.async_playwright() as p:
+                browser = await _browser(p)
+                page = await _page(browser, base)
+                _watch(page, problems)
+                shown = []
+                for call in (forms, splits):
+                    await page.goto(f"{base}/runs/forms/calls/{call.meta['seq']}")
+                    result = page.locator("#detail .view.result.markdown")
+                    await expect(result).to_contain_text("[REDACTED]")
+                    shown.append(await result.inner_text())
+                    assert secret_forms.SECRET not in await page.content()
+                await browser.close()
+        finally:
+            server.should_exit = True
+            await task
+    assert "re-escape: [REDACTED]" in shown[0] and 'json-slash: "[REDACTED]"' in shown[0], shown[0]
+    assert "entity: [REDACTED]" in shown[1] and "emphasis: [REDACTED]" in shown[1], shown[1]
+    assert not any(secret_forms.SECRET in text for text in shown)
     assert problems == []
 
 

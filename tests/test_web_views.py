@@ -38,6 +38,8 @@ from guilds.web.views import (
 from guilds_code.redact import Redactor
 
 T0 = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+NO_SECRETS = Redactor([])
+"""An agent with no secrets: the views render as they are."""
 
 
 def record(tool: str, args=None, meta=None, *, text: str = "ok\nremaining_tool_calls: 9", is_error=False,
@@ -97,7 +99,7 @@ def test_the_stored_row_is_shown_as_stored():
 def test_a_cancelled_call_is_final():
     call = replace(record("shell", {"command": "make"}, is_error=True), status="cancelled")
     assert (flow_item(call).state, flow_item(call).text) == ("cancelled", "Run make · error")
-    assert resume_after([call], 4) == 5 and not result_view(call).running
+    assert resume_after([call], 4) == 5 and not result_view(call, redactor=NO_SECRETS).running
 
 
 def test_a_failed_call_is_an_error_row():
@@ -150,7 +152,8 @@ def test_the_arguments_view(args, view):
 
 # --- Result: text as Markdown, with Raw for the text as returned; JSON as a tree ---
 def test_result_as_markdown():
-    view = result_view(record("file_read", text="# Title\n\n- one\n- two\nremaining_tool_calls: 7"))
+    view = result_view(record("file_read", text="# Title\n\n- one\n- two\nremaining_tool_calls: 7"),
+                       redactor=NO_SECRETS)
     assert view.format == "markdown"
     assert "<h1>Title</h1>" in view.html and "<li>one</li>" in view.html
     assert "remaining_tool_calls" not in view.html and view.trailer == "remaining_tool_calls: 7"
@@ -159,7 +162,7 @@ def test_result_as_markdown():
 
 def test_result_raw_is_the_text_as_returned():
     text = "# Title\n<b>x</b>\nremaining_tool_calls: 7"
-    view = result_view(record("shell", text=text), "raw")
+    view = result_view(record("shell", text=text), "raw", redactor=NO_SECRETS)
     assert (view.format, view.raw, view.html, view.tree) == ("raw", text, None, None)
     assert [(s.label, s.href, s.active) for s in view.formats] == [
         ("Markdown", "/runs/r1/calls/5?view=result", False), ("Raw", "/runs/r1/calls/5?view=result&format=raw", True)]
@@ -173,13 +176,13 @@ def test_result_raw_is_the_text_as_returned():
     ("| a | b |\n|---|---|\n| 1 | 2 |", "<table>", None),
 ])
 def test_markdown_keeps_raw_html_as_text(text, present, absent):
-    html = result_view(record("shell", text=text)).html
+    html = result_view(record("shell", text=text), redactor=NO_SECRETS).html
     assert present in html
     assert absent is None or absent not in html
 
 
 def test_a_json_result_is_a_tree():
-    view = result_view(record("shell", text='{"a": [1, "x"], "b": null}\nremaining_tool_calls: 3'))
+    view = result_view(record("shell", text='{"a": [1, "x"], "b": null}\nremaining_tool_calls: 3'), redactor=NO_SECRETS)
     assert view.format == "tree" and view.html is None and view.trailer == "remaining_tool_calls: 3"
     assert [(s.label, s.active) for s in view.formats] == [("Tree", True), ("Raw", False)]
     root = view.tree
@@ -205,7 +208,7 @@ def test_json_tree_labels(value, text):
 
 
 def test_a_running_call_has_no_result_yet():
-    view = result_view(record("shell", {"command": "sleep 5"}, status="running"))
+    view = result_view(record("shell", {"command": "sleep 5"}, status="running"), redactor=NO_SECRETS)
     assert view.running and view.raw == ""
 
 
@@ -299,13 +302,14 @@ def test_the_lines_of_a_read(meta, text):
 
 def test_a_call_page_shows_one_view_and_the_tabs():
     call = record("shell", {"command": "ls"}, {"exit_code": 0})
-    page = call_page(call, "metadata")
+    page = call_page(call, "metadata", redactor=NO_SECRETS)
     assert [(t.label, t.href, t.active) for t in page.tabs] == [
         ("Arguments", "/runs/r1/calls/5?view=arguments", False), ("Result", "/runs/r1/calls/5?view=result", False),
         ("Metadata", "/runs/r1/calls/5?view=metadata", True)]
     assert page.metadata[0] == MetaRow("Call", "c1a2b3") and page.result is None and page.arguments is None
-    assert call_page(call).view == "result" and call_page(call, "bogus").result is not None
-    assert call_page(call, "arguments").arguments == [Argument("command", "ls", False)]
+    assert call_page(call, redactor=NO_SECRETS).view == "result"
+    assert call_page(call, "bogus", redactor=NO_SECRETS).result is not None
+    assert call_page(call, "arguments", redactor=NO_SECRETS).arguments == [Argument("command", "ls", False)]
 
 
 # --- no secret reaches a view ------------------------------------------------------
@@ -389,5 +393,5 @@ def test_the_log_view():
 def test_a_secret_used_as_an_argument_name_never_reaches_the_arguments_view():
     secret = "sk-live-0123456789abcdef"
     call = redact_call(record("shell", {"command": "true", secret: "x"}), Redactor([secret]))
-    names = [arg.name for arg in call_page(call, "arguments").arguments]
+    names = [arg.name for arg in call_page(call, "arguments", redactor=NO_SECRETS).arguments]
     assert secret not in names and "[REDACTED]" in names

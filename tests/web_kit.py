@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from fixtures import secret_forms
 from guilds.fronts.serve import build_app
 from guilds.record.rows import row_text
 from guilds.record.schema import calls, runs
@@ -46,6 +48,38 @@ FLOW = [
 ]
 
 
+FORMS_COMMAND = f"python3 {shlex.quote(secret_forms.__file__)} DEPLOY_KEY 3000"
+"""An elided output ending in each escaped form of $DEPLOY_KEY (tests/fixtures/secret_forms.py)."""
+SPLITS_COMMAND = "python3 -c " + shlex.quote(
+    "import os; s = os.environ['DEPLOY_KEY']\n"
+    "print('entity: &#x%x;%s' % (ord(s[0]), s[1:]))\n"
+    "print('emphasis: %s*%s*' % (s[:3], s[3:]))\n"
+    "print('code span: %s`%s`' % (s[:4], s[4:]))\n"
+    "print('image: ![%s*%s*](/static/favicon.svg)' % (s[:3], s[3:]))")
+"""Markdown that puts $DEPLOY_KEY back together, though the text holds it in no one piece."""
+
+
+def shown_text(html: str) -> str:
+    """What a browser shows of an HTML fragment: its text, character references resolved, and
+    its images' alt texts."""
+    from html.parser import HTMLParser
+
+    class Text(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__(convert_charrefs=True)
+            self.parts: list[str] = []
+
+        def handle_data(self, data: str) -> None:
+            self.parts.append(data)
+
+        def handle_starttag(self, tag: str, attrs: list) -> None:
+            self.parts += [v or "" for k, v in attrs if k == "alt"]
+
+    parser = Text()
+    parser.feed(html)
+    return "".join(parser.parts)
+
+
 @dataclass
 class Served:
     toolbox: Toolbox
@@ -57,7 +91,7 @@ class Served:
 async def served(tmp_path: Path, run_id: str = "run1") -> AsyncIterator[Served]:
     """A toolbox whose agent has SECRET, FLOW made in run_id, and the whole app behind LOCK (its
     lifespan, the MCP session manager, is left to a server that runs it)."""
-    async with local_toolbox(tmp_path, secrets={"API_KEY": SECRET}) as toolbox:
+    async with local_toolbox(tmp_path, secrets={"API_KEY": SECRET, "DEPLOY_KEY": secret_forms.SECRET}) as toolbox:
         home = Path(toolbox.sandbox.home)
         home.mkdir(parents=True, exist_ok=True)
         (home / "notes.md").write_text(NOTES)

@@ -16,6 +16,12 @@ MIN_MAX_BYTES = 1024
 PLATFORM_CAP_BYTES = 64 * 1024
 """The platform pipeline's cap, applied by the orchestrator after redaction."""
 
+# --- redaction ------------------------------------------------------------
+ESCAPE_DEPTH = 4
+"""Redaction undoes an escape behind up to this many backslashes: one (JSON,
+re.escape, Markdown), two (re.escape inside JSON), up to JSON inside JSON
+inside JSON (``guilds_code.unescape``)."""
+
 # --- transport ------------------------------------------------------------
 REQUEST_ARGV_MAX = 64 * 1024
 """A request whose base64 passes this goes through a request file instead:

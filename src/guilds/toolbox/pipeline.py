@@ -1,7 +1,8 @@
 """The platform's result pipeline, run on every result, unchanged, in this order:
 
 1. redaction: every secret value of the agent (its secret environment and its
-   repository tokens, with their base64/URL/JSON encodings) -> ``[REDACTED]``,
+   repository tokens, escaped in any mix (URL, JSON, re.escape) or in base64)
+   -> ``[REDACTED]``,
    also where escape sequences or carriage returns inside the text (a log read
    back with file_read or found by code_search) split a value as it is shown
    (``guilds_code.redact``);

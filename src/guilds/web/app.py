@@ -144,7 +144,8 @@ class WebApp:
 
     async def call(self, request: Request) -> Response:
         call = await self._call(request)
-        opened = call_page(call, request.query_params.get("view"), request.query_params.get("format"))
+        opened = call_page(call, request.query_params.get("view"), request.query_params.get("format"),
+                           redactor=self.redactor)
         if _fragment(request):
             return self.page("_call.html", opened=opened)
         return await self.run(request, opened)

@@ -2,6 +2,9 @@
 
 Markdown is CommonMark (plus tables and strikethrough) through markdown-it-py
 with raw HTML off: a ``<script>`` in a result is shown as text, never run.
+What it renders is redacted again as it reads (``shown.redact_html``):
+Markdown's escapes, character references and inline marks can put a secret
+back together that the text holds in no one piece.
 Line breaks are kept (``breaks``), because a tool's text is lines of output
 more often than prose. Links keep markdown-it's own check (no ``javascript:``),
 and the app's Content-Security-Policy keeps images to the app itself.
@@ -16,12 +19,17 @@ from typing import Any
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
+from guilds_code.redact import Redactor
+
+from ..record.redaction import redact_meta
+from .shown import redact_html
+
 _MD = MarkdownIt("commonmark", {"html": False, "breaks": True}).enable(["table", "strikethrough"])
 
 
-def markdown_html(text: str) -> Markup:
-    """Text as Markdown, rendered to HTML in which raw HTML stays text."""
-    return Markup(_MD.render(text))  # noqa: S704 - raw HTML is off: the renderer escapes it
+def markdown_html(text: str, redactor: Redactor) -> Markup:
+    """Text as Markdown, rendered to HTML in which raw HTML stays text, redacted as it shows."""
+    return Markup(redact_html(_MD.render(text), redactor))  # noqa: S704 - raw HTML is off: the renderer escapes it
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,11 @@ def _kind(value: Any) -> str:
     if isinstance(value, bool):
         return "boolean"
     return "null" if value is None else "number"
+
+
+def redacted_tree(value: Any, redactor: Redactor) -> JsonNode:
+    """A parsed JSON value as a tree, its keys and strings redacted once parsed (their escapes undone)."""
+    return json_tree(redact_meta(redactor, value))
 
 
 def json_tree(value: Any, key: str | None = None) -> JsonNode:

@@ -1,4 +1,5 @@
-"""A call opened: its three views, as pure functions of its (redacted) record.
+"""A call opened: its three views, as pure functions of its (redacted) record; the
+Result view redacts what it renders once more (``shown``).
 
 The product page:
 
@@ -21,10 +22,12 @@ from typing import Any
 
 from markupsafe import Markup
 
+from guilds_code.redact import Redactor
+
 from ..record.values import CallRecord
 from .flow import FlowItem, call_path, flow_item, log_url, running, text_of
 from .logs import LOG_HEAD_BYTES, LOG_TAIL_BYTES, LogExcerpt
-from .render import JsonNode, json_tree, markdown_html, parse_json
+from .render import JsonNode, markdown_html, parse_json, redacted_tree
 from .savings_view import metadata_rows
 
 VIEWS = {"arguments": "Arguments", "result": "Result", "metadata": "Metadata"}
@@ -72,8 +75,9 @@ class ResultView:
     running: bool = False
 
 
-def result_view(call: CallRecord, fmt: str | None = None) -> ResultView:
-    """The text as Markdown, or a JSON text as a tree; with ``fmt="raw"`` the text as returned."""
+def result_view(call: CallRecord, fmt: str | None = None, *, redactor: Redactor) -> ResultView:
+    """The text as Markdown, or a JSON text as a tree; with ``fmt="raw"`` the text as returned.
+    What Markdown renders and what JSON parses to are redacted again, as shown."""
     raw, body, trailer = call.text or "", call.body or "", call.trailer
     value = parse_json(body)
     rendered = "markdown" if value is None else "tree"
@@ -84,9 +88,9 @@ def result_view(call: CallRecord, fmt: str | None = None) -> ResultView:
     )
     view = ResultView(raw=raw, format=shown, formats=formats, trailer=trailer, running=running(call))
     if shown == "tree":
-        return replace(view, tree=json_tree(value))
+        return replace(view, tree=redacted_tree(value, redactor))
     if shown == "markdown":
-        return replace(view, html=markdown_html(body))
+        return replace(view, html=markdown_html(body, redactor))
     return view
 
 
@@ -150,7 +154,8 @@ class CallPage:
     metadata: list[MetaRow] | None = None
 
 
-def call_page(call: CallRecord, view: str | None = None, fmt: str | None = None) -> CallPage:
+def call_page(call: CallRecord, view: str | None = None, fmt: str | None = None, *,
+              redactor: Redactor) -> CallPage:
     view = view if view in VIEWS else DEFAULT_VIEW
     tabs = tuple(Switch(label, call_path(call.run_id, call.seq, v), v == view) for v, label in VIEWS.items())
     page = CallPage(item=flow_item(call), tool=call.tool, view=view, tabs=tabs)
@@ -158,7 +163,7 @@ def call_page(call: CallRecord, view: str | None = None, fmt: str | None = None)
         return replace(page, arguments=arguments_view(call.args))
     if view == "metadata":
         return replace(page, metadata=metadata_view(call))
-    return replace(page, result=result_view(call, fmt))
+    return replace(page, result=result_view(call, fmt, redactor=redactor))
 
 
 @dataclass(frozen=True)
