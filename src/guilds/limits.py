@@ -117,6 +117,13 @@ BWRAP_START_SECONDS = 10
 BWRAP_IDLE_SECONDS_DEFAULT = 30 * 60
 """The sandbox ends after this long without a call (``shell`` background commands with it)."""
 
+# --- the egress proxy's lifecycle (agent.network a list) -----------------------------
+EGRESS_START_SECONDS = 10
+"""How long a call waits for a newly started egress proxy to listen (its pidfile)."""
+EGRESS_DECISIONS_READ_MAX_BYTES = 4 << 20
+"""The most of the decisions file one call's end reads into the run record; the rest
+waits for the next call (a background download's decisions come in over several)."""
+
 # --- the app's event stream -------------------------------------------------------
 APP_EVENTS_POLL_SECONDS = 0.5
 """How often an open event stream asks the record for the calls past what it has shown."""

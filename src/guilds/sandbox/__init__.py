@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 
+from ..config.egress import list_refused
 from ..config.settings import SANDBOXES, AgentSettings
 from ..errors import ConfigError, SandboxError
 from .base import ExecResult, Sandbox
@@ -39,7 +40,7 @@ def get_sandbox(
     if name == "docker":
         from .docker import DockerSandbox
 
-        return DockerSandbox(settings, idle_seconds=idle_seconds)
+        return DockerSandbox(settings, idle_seconds=idle_seconds, data_dir=data_dir)
     if name == "kubernetes":
         from .kubernetes import KubernetesSandbox
 
@@ -52,6 +53,9 @@ def get_sandbox(
             return _bwrap(settings, data_dir, idle_seconds)
         if name == "bwrap":
             raise SandboxError(f"agent.sandbox = 'bwrap': bubblewrap does not work here: {reason}")
+        if settings.egress:
+            raise SandboxError(f"{list_refused('local')} (agent.sandbox = 'auto': bubblewrap does not "
+                               f"work here: {reason})")
         log.warning("sandbox: bubblewrap does not work here (%s); using local, which isolates "
                     "nothing: commands run as this user, with all its files and the network", reason)
     from .local import LocalSandbox
