@@ -55,6 +55,19 @@ def test_doctor_on_a_local_agent(tmp_path):
     assert proc.stdout.splitlines()[-1] == "agent agent1: sandbox local can run"
 
 
+@pytest.mark.parametrize(("network", "said"), [
+    ("false", "ok false: commands have no network"),
+    ("true", ("ok true: unfiltered, commands reach every host and, on bwrap, the host's loopback services; "
+             "a list of hosts filters it (docs/network.md)")),
+    ('["github.com", "10.1.2.0/24"]', ("ok a list of 2 entries: commands reach only those, through the "
+                                      "egress proxy (docs/network.md)")),
+])
+def test_doctor_says_what_the_network_setting_lets_through(tmp_path, network, said):
+    path = tmp_path / "agent.toml"
+    path.write_text(f'[agent]\nhome = "home"\nsandbox = "bwrap"\nnetwork = {network}\n')
+    assert lines(guilds(tmp_path, "doctor", "--config", str(path)))["network"] == said
+
+
 def test_doctor_fails_when_the_configured_sandbox_cannot_run(tmp_path):
     proc = guilds(tmp_path, "doctor", "--config", str(settings(tmp_path, "docker")),
                   DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock")

@@ -240,13 +240,14 @@ def _redactable(value: str, key: str) -> str:
 def _secrets(table: dict, filtered: bool) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
     """[secrets]: NAME = "value", or (agent.network a list) a table with value and hosts."""
     values, hosts = {}, {}
-    for name, value in table.items():
+    for name, entry in table.items():
         key = f"secrets.{name}"
         check.env_name(name, key)
         if name in RESERVED_ENV:
             raise ConfigError(f"{key}: reserved, the sandbox sets {name} itself")
-        if isinstance(value, dict):
-            value, named = egress.secret_table(value, key, filtered)
+        value = entry
+        if isinstance(entry, dict):
+            value, named = egress.secret_table(entry, key, filtered)
             key = f"{key}.value"
             if named:
                 hosts[name] = named

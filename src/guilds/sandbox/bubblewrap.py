@@ -222,16 +222,8 @@ class BwrapSandbox:
         and the commands' environment holding the proxy's variables and the placeholders."""
         if self.egress is None:
             return
-        Path(self._clock).touch(mode=0o644)
-        egress.ensure_proxy(self.egress, egress.settings_digest(
-            self.settings, self.idle_seconds, sorted(self.settings.egress_resolve.items())),
-                            self._proxy_config)
-
-    def _proxy_config(self) -> dict:
-        assert self.egress is not None
-        bound = egress.bound_values(self.settings, egress.prepare(self.egress), self.home)
-        return egress.proxy_config(self.settings, self.egress, bound, clock=self._clock,
-                                   idle_seconds=self.idle_seconds, resolve=self.settings.egress_resolve)
+        egress.keep_proxy(self.settings, self.egress, home=self.home, clock=self._clock,
+                          idle_seconds=self.idle_seconds)
 
     def _stop(self) -> None:
         with self._locked():

@@ -40,7 +40,6 @@ import os
 import secrets
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
 import docker
@@ -247,16 +246,8 @@ class DockerSandbox(ContainerSandbox):
         if self.egress is None:
             raise SandboxError("agent.network is a list, and the docker sandbox was given no data folder "
                                "for the egress proxy")
-        clock = self.egress.path("clock")
-        Path(clock).touch(mode=0o644)
-        egress.ensure_proxy(self.egress, egress.settings_digest(
-            self.settings, self.idle_seconds, sorted(self.settings.egress_resolve.items())), self._proxy_config)
-
-    def _proxy_config(self) -> dict:
-        assert self.egress is not None
-        bound = egress.bound_values(self.settings, egress.prepare(self.egress), self.home)
-        return egress.proxy_config(self.settings, self.egress, bound, clock=self.egress.path("clock"),
-                                   idle_seconds=self.idle_seconds, resolve=self.settings.egress_resolve)
+        egress.keep_proxy(self.settings, self.egress, home=self.home, clock=self.egress.path("clock"),
+                          idle_seconds=self.idle_seconds)
 
     def _ensure(self) -> str:
         self._ensure_proxy()

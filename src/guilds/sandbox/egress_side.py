@@ -149,8 +149,8 @@ def origin_host(repo_folder: str) -> str | None:
     except OSError:
         return None
     section, url = "", None
-    for line in text.splitlines():
-        line = line.strip()
+    for raw in text.splitlines():
+        line = raw.strip()
         if line.startswith("["):
             section = line
         elif section == '[remote "origin"]' and line.replace(" ", "").startswith("url="):
@@ -219,8 +219,8 @@ def sandbox_env(settings: AgentSettings, bound: Mapping[str, Bound]) -> dict[str
     variables, and each host-bound secret's placeholder in place of its value."""
     where = f"127.0.0.1:{RELAY_PORT}"
     bundle = f"{EGRESS_INSIDE}/{BUNDLE_NAME}"
-    env = {EGRESS_PROXY_ENV: where, **{name: f"http://{where}" for name in PROXY_VARS},
-           "NO_PROXY": NO_PROXY, "no_proxy": NO_PROXY, **{name: bundle for name in TRUST_VARS}}
+    env = {EGRESS_PROXY_ENV: where, **dict.fromkeys(PROXY_VARS, f"http://{where}"),
+           "NO_PROXY": NO_PROXY, "no_proxy": NO_PROXY, **dict.fromkeys(TRUST_VARS, bundle)}
     for name in settings.secret_hosts:
         env[name] = bound[f"secrets.{name}"].placeholder
     return env
@@ -231,7 +231,7 @@ def prepare(files: EgressFiles, owner: tuple[int, int] | None = None) -> bytes:
     """The folders made (the shared one 0755), the placeholder key read or made; returns it."""
     os.makedirs(files.folder, mode=0o700, exist_ok=True)
     os.makedirs(files.shared, exist_ok=True)
-    os.chmod(files.shared, 0o755)
+    os.chmod(files.shared, 0o755)  # noqa: S103 - the sandbox's uid must reach the socket in it
     key_path = files.path("placeholder.key")
     try:
         fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -299,6 +299,21 @@ def ensure_proxy(files: EgressFiles, digest: str, make_config: Callable[[], Mapp
             if time.monotonic() > deadline:
                 raise SandboxError(f"the egress proxy did not start: {_log_tail(files)}")
             time.sleep(0.02)
+
+
+def keep_proxy(settings: AgentSettings, files: EgressFiles, *, home: str, clock: str,
+               idle_seconds: float) -> None:
+    """At each call: the proxy's idle clock moved, the proxy started when it is not running
+    (or was started from other settings)."""
+    Path(clock).touch(mode=0o644)
+    os.utime(clock)
+    resolve = settings.egress_resolve
+
+    def config() -> dict[str, Any]:
+        bound = bound_values(settings, prepare(files), home)
+        return proxy_config(settings, files, bound, clock=clock, idle_seconds=idle_seconds, resolve=resolve)
+
+    ensure_proxy(files, settings_digest(settings, idle_seconds, sorted(resolve.items())), config)
 
 
 def stop_proxy(files: EgressFiles) -> None:
