@@ -1,108 +1,257 @@
-"""Test hosts for the egress tests: a network namespace of our own joined to the host
-by a veth pair (addresses in 10.x only, nothing outside this machine), running the
-test forge (fixtures/git_forge.py) over TLS with a certificate of a test authority."""
+"""Test hosts for the egress proxy, on this machine only: a network namespace with a veth
+pair on a 10.x address (never an address outside the machine), a test certificate
+authority of its own, a real HTTPS server in the namespace, the proxy as its own
+process (``python -m guilds.egress``), and a TCP relay in front of the proxy's Unix
+socket so real clients (curl) can use it as ``--proxy http://…``. The tests' and the
+benchmarks' common kit."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import ipaddress
+import json
 import os
 import secrets
-import shutil
+import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-FORGE = Path(__file__).parent / "fixtures" / "git_forge.py"
-HOST_NAME = "forge.test"
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+UPSTREAM = Path(__file__).resolve().parent / "fixtures" / "egress_upstream.py"
+WAIT_SECONDS = 15.0
+"""How long a test waits for a server or a proxy to start listening."""
 
 
-def unavailable() -> str | None:
-    """Why the namespace cannot be made here, or None."""
+def netns_usable() -> bool:
+    """Can this process make network namespaces (root with ip)?"""
     if os.geteuid() != 0:
-        return "making a network namespace needs root"
-    missing = [t for t in ("ip", "openssl", "git", "gh") if not shutil.which(t)]
-    return f"{', '.join(missing)} not found" if missing else None
+        return False
+    return subprocess.run(["ip", "netns", "list"], check=False, capture_output=True).returncode == 0
+
+
+def _pem(obj: x509.Certificate | ec.EllipticCurvePrivateKey) -> bytes:
+    if isinstance(obj, x509.Certificate):
+        return obj.public_bytes(serialization.Encoding.PEM)
+    return obj.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+class TestAuthority:
+    """A certificate authority for test hosts (the host's side: what the proxy must verify against)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "egress test root")])
+        now = datetime.datetime.now(datetime.UTC)
+        self.cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+                     .public_key(self.key.public_key()).serial_number(x509.random_serial_number())
+                     .not_valid_before(now - datetime.timedelta(hours=1))
+                     .not_valid_after(now + datetime.timedelta(days=2))
+                     .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                     .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False),
+                                    critical=True)
+                     .add_extension(x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()),
+                                    critical=False)
+                     .sign(self.key, hashes.SHA256()))
+        self.pem = folder / "test-root.pem"
+        self.pem.write_bytes(_pem(self.cert))
+
+    def leaf(self, *names: str) -> Path:
+        """A PEM file with a leaf for names (host names or addresses) and its key."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.UTC)
+        alts: list[x509.GeneralName] = []
+        for name in names:
+            try:
+                alts.append(x509.IPAddress(ipaddress.ip_address(name)))
+            except ValueError:
+                alts.append(x509.DNSName(name))
+        cert = (x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
+                .issuer_name(self.cert.subject).public_key(key.public_key())
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
+                .add_extension(x509.SubjectAlternativeName(alts), critical=False)
+                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
+                               critical=False)
+                .sign(self.key, hashes.SHA256()))
+        path = self.folder / f"leaf-{secrets.token_hex(4)}.pem"
+        path.write_bytes(_pem(cert) + _pem(key))
+        return path
 
 
 @dataclass
-class Forge:
+class Namespace:
+    """A network namespace reached from the host over a veth pair: ``host_address`` on the
+    host's end, ``address`` inside."""
+
+    name: str
     address: str
-    subnet: str
-    ca: str
-    token: str
-    log: Path
-    root: Path
+    host_address: str
 
-    def requests(self) -> list[dict]:
-        import json
-
-        if not self.log.exists():
-            return []
-        return [json.loads(line) for line in self.log.read_text().splitlines()]
+    def run(self, argv: list[str], **kwargs: object) -> subprocess.Popen[str]:
+        return subprocess.Popen(["ip", "netns", "exec", self.name, *argv], **kwargs)  # type: ignore[call-overload]
 
 
-def _run(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True)
+@contextlib.contextmanager
+def namespace() -> Iterator[Namespace]:
+    """A fresh namespace on a random 10.x.y.0/30, deleted (its veth pair with it) afterwards."""
+    tag = secrets.token_hex(3)
+    name, outside, inside = f"egp-{tag}", f"egh{tag}", f"egn{tag}"
+    a, b = secrets.randbelow(200) + 20, secrets.randbelow(63) * 4
+    host_address, address = f"10.{a}.{b}.1", f"10.{a}.{b}.2"
+    steps = [["ip", "netns", "add", name],
+             ["ip", "link", "add", outside, "type", "veth", "peer", "name", inside],
+             ["ip", "link", "set", inside, "netns", name],
+             ["ip", "addr", "add", f"{host_address}/30", "dev", outside],
+             ["ip", "link", "set", outside, "up"],
+             ["ip", "netns", "exec", name, "ip", "addr", "add", f"{address}/30", "dev", inside],
+             ["ip", "netns", "exec", name, "ip", "link", "set", inside, "up"],
+             ["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"]]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True)
+        yield Namespace(name, address, host_address)
+    finally:
+        subprocess.run(["ip", "link", "del", outside], check=False, capture_output=True)
+        subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
 
 
-def _certificates(folder: Path) -> None:
-    def ssl(*args: str) -> None:
-        _run("openssl", *args)
-
-    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{folder}/ca.key", "-out",
-        f"{folder}/ca.pem", "-days", "2", "-subj", "/CN=guilds test authority")
-    ssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{folder}/leaf.key", "-out",
-        f"{folder}/leaf.csr", "-subj", f"/CN={HOST_NAME}")
-    (folder / "ext").write_text(f"subjectAltName=DNS:{HOST_NAME}\n")
-    ssl("x509", "-req", "-in", f"{folder}/leaf.csr", "-CA", f"{folder}/ca.pem", "-CAkey", f"{folder}/ca.key",
-        "-CAcreateserial", "-out", f"{folder}/leaf.pem", "-days", "2", "-extfile", f"{folder}/ext")
+def _wait_ready(process: subprocess.Popen[str]) -> None:
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line.strip() == "ready", f"the test host did not start: {line!r}"
 
 
-def _bare_repo(root: Path) -> None:
-    bare = root / "owner" / "repo.git"
-    _run("git", "init", "-q", "--bare", "-b", "main", str(bare))
-    seed = root / "seed"
-    _run("git", "init", "-q", "-b", "main", str(seed))
-    (seed / "README").write_text("hello\n")
-    _run("git", "-C", str(seed), "add", "README")
-    _run("git", "-C", str(seed), "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "init")
-    _run("git", "-C", str(seed), "push", "-q", str(bare), "main")
+@contextlib.contextmanager
+def upstream(ns: Namespace, folder: Path, *, cert: Path | None, port: int = 443,
+             token: str = "") -> Iterator[Path]:
+    """The test host (fixtures/egress_upstream.py) on ns's address; yields its seen-log."""
+    seen = folder / f"seen-{port}.log"
+    seen.touch()
+    argv = [sys.executable, str(UPSTREAM), "--addr", ns.address, "--port", str(port), "--seen", str(seen),
+            "--token", token] + (["--cert", str(cert)] if cert else [])
+    process = ns.run(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        _wait_ready(process)
+        yield seen
+    finally:
+        process.kill()
+        process.wait()
 
 
-class ForgeHost:
-    """The namespace, the veth pair and the forge process; ``close`` removes them all."""
+class Proxy:
+    """The egress proxy as its own process, its config written 0600 into folder."""
 
-    def __init__(self, folder: Path):
-        self.tag = secrets.token_hex(3)
-        self.ns, self.veth = f"gf-{self.tag}", f"gf{self.tag}"
-        octet = 100 + secrets.randbelow(100)
-        self.subnet = f"10.{octet}.{secrets.randbelow(250)}"
+    def __init__(self, folder: Path, *, env: dict[str, str] | None = None, python: str = sys.executable,
+                 **config: object) -> None:
         self.folder = folder
-        self.proc: subprocess.Popen | None = None
+        self.socket = folder / "sock" / "proxy.sock"
+        self.decisions = folder / "decisions.jsonl"
+        self.pidfile = folder / "proxy.pid"
+        full: dict[str, object] = {"socket": str(self.socket), "decisions": str(self.decisions),
+                                   "pidfile": str(self.pidfile), "ca_dir": str(folder / "ca"), **config}
+        self.config_path = folder / "egress.json"
+        self.config_path.write_text(json.dumps(full))
+        self.config_path.chmod(0o600)
+        self.stderr = folder / "proxy.stderr"
+        with open(self.stderr, "w") as err:
+            self.process = subprocess.Popen([python, "-m", "guilds.egress", str(self.config_path)],
+                                            env={**os.environ, **(env or {})}, stderr=err)
+        deadline = time.monotonic() + WAIT_SECONDS
+        while not self.pidfile.exists():
+            assert self.process.poll() is None, self.stderr.read_text()
+            assert time.monotonic() < deadline, "the proxy did not start"
+            time.sleep(0.02)
 
-    def open(self) -> Forge:
-        _certificates(self.folder)
-        _bare_repo(self.folder / "root")
-        token = "ghs_" + secrets.token_hex(18)
-        _run("ip", "netns", "add", self.ns)
-        _run("ip", "link", "add", f"{self.veth}h", "type", "veth", "peer", "name", f"{self.veth}n")
-        _run("ip", "link", "set", f"{self.veth}n", "netns", self.ns)
-        _run("ip", "addr", "add", f"{self.subnet}.1/24", "dev", f"{self.veth}h")
-        _run("ip", "link", "set", f"{self.veth}h", "up")
-        _run("ip", "netns", "exec", self.ns, "ip", "addr", "add", f"{self.subnet}.2/24", "dev", f"{self.veth}n")
-        _run("ip", "netns", "exec", self.ns, "ip", "link", "set", f"{self.veth}n", "up")
-        log = self.folder / "forge.log"
-        self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.ns, sys.executable, str(FORGE), f"{self.subnet}.2", "443",
-             f"{self.folder}/leaf.pem", f"{self.folder}/leaf.key", str(self.folder / "root"), token, str(log)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == b"ready"
-        return Forge(f"{self.subnet}.2", f"{self.subnet}.0/24", f"{self.folder}/ca.pem", token, log,
-                     self.folder / "root")
+    def decision_lines(self) -> list[dict[str, object]]:
+        from guilds.egress.decisions import read_decisions
+
+        return read_decisions(self.decisions)
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=WAIT_SECONDS)
+
+
+class Relay:
+    """A TCP listener on 127.0.0.1 that splices each connection to a Unix socket
+    (what the sandbox's relay does; here so curl can take ``--proxy http://…``)."""
+
+    def __init__(self, unix_path: Path) -> None:
+        self.unix_path = unix_path
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        proxy = socket.socket(socket.AF_UNIX)
+        try:
+            proxy.connect(str(self.unix_path))
+        except OSError:
+            client.close()
+            return
+        threading.Thread(target=_copy, args=(proxy, client), daemon=True).start()
+        _copy(client, proxy)
 
     def close(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(5)
-        subprocess.run(["ip", "link", "del", f"{self.veth}h"], capture_output=True, check=False)
-        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True, check=False)
+        self.listener.close()
+
+
+def _copy(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while data := source.recv(64 * 1024):
+            sink.sendall(data)
+        sink.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def curl(relay: Relay, url: str, *args: str, tag: str = "", ca: Path | None = None,
+         timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """curl through the relay (``--proxy-user TAG:`` when tag), trusting ca."""
+    argv = ["curl", "-sS", "--max-time", str(timeout), "--noproxy", "", "--proxy", relay.url]
+    if tag:
+        argv += ["--proxy-user", f"{tag}:"]
+    if ca:
+        argv += ["--cacert", str(ca)]
+    return subprocess.run(argv + [*args, url], check=False, capture_output=True, text=True, timeout=timeout + 10,
+                          env={"PATH": os.environ["PATH"]})
+
+
+def raw_exchange(unix_path: Path, data: bytes, timeout: float = 10) -> bytes:
+    """Send data to the proxy's socket as it is and read its whole answer."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(unix_path))
+        sock.sendall(data)
+        chunks = []
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks)

@@ -1,7 +1,7 @@
 """The agent's job through the egress allowlist, end to end, with real clients.
 
 A test forge (git smart HTTP and a stand-in of GitHub's API, over TLS, requiring
-the token) runs in a network namespace of its own (tests/egress_kit.py). From
+the token) runs in a network namespace of its own (tests/forge_kit.py). From
 inside the bwrap sandbox, through ``shell``: clone, commit, push and ``gh pr
 create`` succeed, the forge sees the real token, and the token is nowhere the
 sandbox can read. Then it fails closed, each way caused: a direct connection, a
@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-import egress_kit
+import forge_kit
 from guilds.config.settings import parse_settings
 from guilds.record.store import Store
 from guilds.sandbox.bubblewrap import BwrapSandbox
@@ -23,16 +23,16 @@ from guilds.sandbox.bwrap_argv import unavailable
 from guilds.sandbox.egress_side import proxy_pid
 from guilds.toolbox import Toolbox
 
-WHY_NOT = unavailable() or egress_kit.unavailable()
+WHY_NOT = unavailable() or forge_kit.unavailable()
 pytestmark = [pytest.mark.bwrap, pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))]
 RUN = "egress-run"
-URL = f"https://{egress_kit.HOST_NAME}/owner/repo.git"
+URL = f"https://{forge_kit.HOST_NAME}/owner/repo.git"
 CREDENTIAL = "-c credential.helper='!f() { echo username=agent; echo \"password=$GH_TOKEN\"; }; f'"
 
 
 @pytest.fixture(scope="module")
 def forge(tmp_path_factory):
-    host = egress_kit.ForgeHost(tmp_path_factory.mktemp("forge"))
+    host = forge_kit.ForgeHost(tmp_path_factory.mktemp("forge"))
     try:
         yield host.open()
     finally:
@@ -45,10 +45,10 @@ async def agent(forge, tmp_path, monkeypatch):
     monkeypatch.setenv("SSL_CERT_FILE", forge.ca)  # the proxy verifies the forge by the test authority
     data = {
         "agent": {"id": "egress1", "home": str(tmp_path / "home"), "sandbox": "bwrap",
-                  "network": [egress_kit.HOST_NAME, forge.subnet]},
+                  "network": [forge_kit.HOST_NAME, forge.subnet]},
         "repos": {"work": {"path": "repos/work", "token": forge.token,
-                           "token_hosts": [egress_kit.HOST_NAME]}},
-        "egress": {"resolve": {egress_kit.HOST_NAME: forge.address}},
+                           "token_hosts": [forge_kit.HOST_NAME]}},
+        "egress": {"resolve": {forge_kit.HOST_NAME: forge.address}},
     }
     settings = parse_settings(data, tmp_path, env={})
     (tmp_path / "home" / "repos" / "work").mkdir(parents=True)
@@ -106,14 +106,14 @@ async def test_clone_push_and_pull_request_with_a_token_the_sandbox_never_holds(
     assert counts["allowed"] >= 3 and counts["refused"] == 0
     push_call = pushed.meta["call"]
     hosts = {(d["host"], d["port"], d["allowed"]) for d in await agent.store.egress_of_call(RUN, push_call)}
-    assert hosts == {(egress_kit.HOST_NAME, 443, True)}
+    assert hosts == {(forge_kit.HOST_NAME, 443, True)}
 
 
 async def test_a_direct_connection_and_a_client_ignoring_the_proxy_get_no_network(agent, forge):
     direct = await shell(agent, (
         f"python3 -c \"import socket; socket.create_connection(('{forge.address}', 443), 3)\" 2>&1 | tail -1; "
         f"env -u HTTPS_PROXY -u https_proxy -u ALL_PROXY -u all_proxy curl -sS -m 5 "
-        f"--resolve {egress_kit.HOST_NAME}:443:{forge.address} https://{egress_kit.HOST_NAME}/ 2>&1; "
+        f"--resolve {forge_kit.HOST_NAME}:443:{forge.address} https://{forge_kit.HOST_NAME}/ 2>&1; "
         f"echo curl=$?"))
     lines = direct.text.splitlines()
     assert "Network is unreachable" in lines[0], direct.text
@@ -131,7 +131,7 @@ async def test_an_unlisted_host_is_refused_with_a_reason_and_recorded(agent):
 
 
 async def test_the_proxy_killed_mid_call_fails_closed_and_the_next_call_starts_it(agent, forge):
-    first = await shell(agent, f"curl -sS -o /dev/null -w '%{{http_code}}' -m 10 https://{egress_kit.HOST_NAME}/api/v3/")
+    first = await shell(agent, f"curl -sS -o /dev/null -w '%{{http_code}}' -m 10 https://{forge_kit.HOST_NAME}/api/v3/")
     assert first.text.startswith("401"), first.text  # reached the forge (no token: refused there)
     files = agent.sandbox.egress
     pid = proxy_pid(files)
@@ -143,12 +143,12 @@ async def test_the_proxy_killed_mid_call_fails_closed_and_the_next_call_starts_i
 
     killer = asyncio.ensure_future(kill_soon())
     during = await shell(agent, (
-        f"sleep 3; curl -sS -m 10 -o /dev/null https://{egress_kit.HOST_NAME}/api/v3/ 2>&1; echo curl=$?; "
+        f"sleep 3; curl -sS -m 10 -o /dev/null https://{forge_kit.HOST_NAME}/api/v3/ 2>&1; echo curl=$?; "
         f"python3 -c \"import socket; socket.create_connection(('{forge.address}', 443), 3)\" 2>&1 | tail -1"))
     await killer
     assert "curl=0" not in during.text and "curl=" in during.text, during.text
     assert "Network is unreachable" in during.text, during.text
-    after = await shell(agent, f"curl -sS -o /dev/null -w '%{{http_code}}' -m 10 https://{egress_kit.HOST_NAME}/api/v3/")
+    after = await shell(agent, f"curl -sS -o /dev/null -w '%{{http_code}}' -m 10 https://{forge_kit.HOST_NAME}/api/v3/")
     assert after.text.startswith("401"), after.text
     assert proxy_pid(files) not in (None, pid)
 

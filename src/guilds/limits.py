@@ -180,3 +180,32 @@ as an ordinary result."""
 MCP_TASK_POLL_SECONDS = 2.0
 """The poll interval a task suggests (``pollIntervalMs``)."""
 
+
+# --- the egress proxy ------------------------------------------------------------------
+EGRESS_REQUEST_LINE_MAX_BYTES = 8 * 1024
+"""The longest request line the egress proxy reads (method, target, version): the
+size most servers take for a URL; a longer one is refused with 414 and a reason."""
+EGRESS_HEAD_MAX_BYTES = 64 * 1024
+"""The longest head (request line and headers, or an upstream response's) the egress
+proxy holds: larger than any client's or forge's real head, small enough that 64
+sandboxes' proxies hold little. A longer request head is refused with 431."""
+EGRESS_HEADER_COUNT_MAX = 100
+"""The most header lines in one head (Python's http.client refuses more than this too)."""
+EGRESS_CHUNK_LINE_MAX_BYTES = 1024
+"""The longest line of a chunked body's framing (a chunk's size and its extensions)."""
+EGRESS_TAG_MAX_CHARS = 200
+"""The longest attribution tag (``<run id>/<call id>``) taken from Proxy-Authorization."""
+EGRESS_PIPE_CHUNK = 64 * 1024
+"""How much the egress proxy reads from one side of a connection at a time: a
+body is streamed in pieces of this size, never held whole."""
+EGRESS_HEAD_READ_SECONDS = 30.0
+"""How long a client may take to send a request head: a client that sends half a
+head and waits holds no connection of the proxy past this."""
+EGRESS_RESOLVE_SECONDS = 10.0
+"""How long the egress proxy waits for a host name to resolve before it refuses (502)."""
+EGRESS_CONNECT_SECONDS = 15.0
+"""How long it waits for an upstream connection, its TLS handshake included, before it
+refuses (502); also the longest TLS handshake it waits for from a client."""
+EGRESS_IDLE_POLL_SECONDS = 30.0
+"""How often a proxy looks at its idle clock (at most; a quarter of its idle time
+when shorter), like the sandboxes' init."""
