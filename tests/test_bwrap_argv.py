@@ -96,7 +96,7 @@ def test_network_on_keeps_the_resolver_behind_run():
 
 def test_a_list_keeps_the_network_off_and_binds_the_proxy_folder_with_the_relay_in_init():
     config = replace(CONFIG, egress_dir="/var/lib/guilds/egress/a1/run")
-    relay_tail = [*TAIL[:-6], "/usr/bin/python3", "-I", "-S", "-c", RELAY + INIT, "/run/guilds-clock", "1800", "9",
+    relay_tail = [*TAIL[:-8], "/usr/bin/python3", "-I", "-S", "-c", RELAY + INIT, "/run/guilds-clock", "1800", "9",
                   "/run/guilds-egress/proxy.sock", "3128"]
     assert bwrap_argv(config) == [
         *HEAD, "--ro-bind", "/var/lib/guilds/egress/a1/run", "/run/guilds-egress",

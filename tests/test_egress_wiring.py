@@ -49,7 +49,8 @@ def test_the_helper_names_the_call_in_the_proxy_variables_and_tells_gh_its_host(
     req = request(str(tmp_path / "home"))
     env = command.command_env(req, repo, runstate.load_repo_tokens(req))
     assert {env[n] for n in command.PROXY_VARS} == {"http://run-1%2Fc0ffee:@127.0.0.1:3128"}
-    assert (env["GH_TOKEN"], env["GH_HOST"], env["GH_ENTERPRISE_TOKEN"]) == ("placeholder-1", "git.corp", "placeholder-1")
+    gh = (env["GH_TOKEN"], env["GH_HOST"], env["GH_ENTERPRISE_TOKEN"])
+    assert gh == ("placeholder-1", "git.corp", "placeholder-1")
     on_github = command.command_env(req, other, runstate.load_repo_tokens(req))
     assert on_github["GH_TOKEN"] == "placeholder-2" and "GH_HOST" not in on_github
 

@@ -110,7 +110,7 @@ def test_result_max_bytes_falls_back_to_the_environment(tmp_path):
         ("[agent]\nmax_tool_calls = 0", {}, "agent.max_tool_calls: must be at least 1, got 0"),
         ("[agent]\nmax_tool_calls = true", {}, "agent.max_tool_calls: must be an integer"),
         ('[agent]\ncoding = "false"', {}, "agent.coding: must be true or false"),
-        ("[agent]\nnetwork = 1", {}, "agent.network: must be true or false"),
+        ("[agent]\nnetwork = 1", {}, "agent.network: must be true, false or a list of hosts, got 1"),
         ("[agent]\nports = 20000", {}, "agent.ports: must be a string 'first-last'"),
         ('[agent]\nports = "20000"', {}, "agent.ports: must be 'first-last'"),
         ('[agent]\nports = "30000-20000"', {}, "agent.ports: must be a block within 1-65535"),
@@ -152,6 +152,10 @@ def test_result_max_bytes_falls_back_to_the_environment(tmp_path):
         ('[egress.resolve]\n"a.org" = "10.0.0.1"', {}, "egress.resolve: only with agent.network a list of hosts"),
         ('[agent]\nsandbox = "bwrap"\nnetwork = ["a.org"]\n[egress.resolve]\n"a.org" = "nowhere"', {},
          "egress.resolve.a.org: must be an IP address"),
+        ('[agent]\nsandbox = "bwrap"\nnetwork = ["a.org", "http://b.org/"]', {},
+         "agent.network: 'http://b.org/' has a port that is not a number"),
+        ('[agent]\nsandbox = "bwrap"\nnetwork = ["a.org"]\n[repos.web]\ntoken = "abcdef"\n'
+         'token_hosts = ["10.0.0.0/8"]', {}, "repos.web.token_hosts: a secret's hosts name hosts"),
     ],
 )
 def test_a_bad_key_is_named(tmp_path, text, env, message):
@@ -205,8 +209,7 @@ def test_a_list_keeps_the_network_off_and_names_what_each_secret_is_for(tmp_path
     assert dict(s.secret_hosts) == {"PYPI": ("upload.pypi.org",)}
     assert [(r.name, r.token_hosts) for r in s.repos] == [("web", None), ("docs", ("git.corp",))]
     assert dict(s.egress_resolve) == {"git.corp": "10.1.2.3"}
-    assert sorted(s.secret_values()) == ["ghp_123456", "ghp_abcdef", "pypi-value",
-                                         "plain-value"]
+    assert sorted(s.secret_values()) == ["ghp_123456", "ghp_abcdef", "plain-value", "pypi-value"]
 
 
 def test_true_and_false_are_as_before(tmp_path):

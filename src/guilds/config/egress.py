@@ -44,7 +44,8 @@ def network(value: Any, sandbox: str) -> tuple[bool, tuple[str, ...]]:
     try:
         Allowlist.parse(list(entries))
     except ValueError as exc:
-        raise ConfigError(f"agent.network: {exc}") from None
+        text = str(exc)
+        raise ConfigError(text if text.startswith("agent.network") else f"agent.network: {text}") from None
     return False, entries
 
 
@@ -74,10 +75,23 @@ def secret_table(entry: dict, key: str, filtered: bool) -> tuple[str, tuple[str,
     if "value" not in entry:
         raise ConfigError(f"{key}.value: missing")
     value = check.string(entry["value"], f"{key}.value")
-    named = tuple(hosts(entry.get("hosts", []), f"{key}.hosts"))
+    named = _secret_hosts(entry.get("hosts", []), f"{key}.hosts")
     if named and not filtered:
         raise ConfigError(f"{key}.hosts: {LIST_ONLY}")
     return value, named
+
+
+def _secret_hosts(value: Any, key: str) -> tuple[str, ...]:
+    """The hosts a value is for: names, ``*.domain`` or ``host:port`` (no address ranges)."""
+    named = tuple(hosts(value, key))
+    if named:
+        from ..egress.swap import secret_hosts
+
+        try:
+            secret_hosts(named)
+        except ValueError as exc:
+            raise ConfigError(f"{key}: {exc}") from None
+    return named
 
 
 def token_hosts(entry: dict, key: str, filtered: bool) -> tuple[str, ...] | None:
@@ -86,7 +100,7 @@ def token_hosts(entry: dict, key: str, filtered: bool) -> tuple[str, ...] | None
         return None
     if not filtered:
         raise ConfigError(f"{key}.token_hosts: {LIST_ONLY}")
-    return tuple(hosts(entry["token_hosts"], f"{key}.token_hosts"))
+    return _secret_hosts(entry["token_hosts"], f"{key}.token_hosts")
 
 
 def resolve_table(table: dict, filtered: bool) -> dict[str, str]:

@@ -178,8 +178,8 @@ def decision_rows(decisions: list[dict[str, Any]], run_id: str, call_id: str) ->
     proxy variables), else under run_id and call_id (the call whose end reads them)."""
     rows = []
     for d in decisions:
-        tag = d.get("tag") if isinstance(d.get("tag"), str) else ""
-        run, _, call = tag.partition("/")
+        tag = d.get("tag")
+        run, _, call = (tag if isinstance(tag, str) else "").partition("/")
         if not (is_safe_name(run) and is_safe_name(call)):
             run, call = run_id, call_id
         at = d.get("time")

@@ -311,9 +311,20 @@ def keep_proxy(settings: AgentSettings, files: EgressFiles, *, home: str, clock:
 
     def config() -> dict[str, Any]:
         bound = bound_values(settings, prepare(files), home)
+        write_trust_bundle(files)
         return proxy_config(settings, files, bound, clock=clock, idle_seconds=idle_seconds, resolve=resolve)
 
     ensure_proxy(files, settings_digest(settings, idle_seconds, sorted(resolve.items())), config)
+
+
+def write_trust_bundle(files: EgressFiles) -> None:
+    """``run/trust.pem``: the orchestrator's authority (made on first use) plus the host's roots."""
+    from ..egress.ca import CertificateAuthority
+
+    try:
+        CertificateAuthority.open(files.ca_dir).trust_bundle(os.path.join(files.shared, BUNDLE_NAME))
+    except (OSError, ValueError) as exc:
+        raise SandboxError(f"the egress proxy's certificate authority: {exc}") from exc
 
 
 def stop_proxy(files: EgressFiles) -> None:
