@@ -104,5 +104,7 @@ class ForgeHost:
         if self.proc is not None:
             self.proc.terminate()
             self.proc.wait(5)
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
         subprocess.run(["ip", "link", "del", f"{self.veth}h"], capture_output=True, check=False)
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True, check=False)

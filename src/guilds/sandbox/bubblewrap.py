@@ -178,6 +178,11 @@ class BwrapSandbox:
         entered = limited_argv(self._process_limits(), enter_argv(pid, self.home, argv, self._entering()))
         return LocalProcess(entered, env=self._env, cwd="/")
 
+    async def keep_egress(self) -> None:
+        """Before each call (the resident helper's too, which enters no new process): the
+        egress proxy running, started again when it died."""
+        await asyncio.to_thread(self._ensure_proxy)
+
     async def _keep_alive(self) -> None:
         """While a call runs, the idle clock stays at zero."""
         while True:

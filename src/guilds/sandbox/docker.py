@@ -125,6 +125,11 @@ class DockerSandbox(ContainerSandbox):
             response = engine.attach(self.client.api, exec_id)
         return DockerProcess(response, spec.split_frames, lambda: self._kill(token))
 
+    async def keep_egress(self) -> None:
+        """Before each call (the resident helper's too, which makes no new exec): the
+        egress proxy running, started again when it died."""
+        await blocking(self._ensure_proxy)
+
     # --- blocking steps (run in the pool) -------------------------------------
     def _start(self) -> None:
         if not self._ensure_created():  # a new container got it when it was made

@@ -226,6 +226,7 @@ class Toolbox:
             request.update(harness=self.settings.harness, repos=self._repo_folders())
         try:
             await self._ensure_started()
+            await self._keep_egress()
             envelope = await self._transport.call(request, wait=transport.wait_for(tool, valid), helper=spec.helper)
         except HelperFailed as exc:
             return _error(exc.message)
@@ -277,6 +278,13 @@ class Toolbox:
             meta[NOT_RECORDED] = str(exc)
         await self._record_egress(call)
         return CallResult(shaped.text, outcome.is_error, meta)
+
+    async def _keep_egress(self) -> None:
+        """agent.network a list: the sandbox's egress proxy started again if it died
+        (``keep_egress``, a sandbox's optional method), before the call is sent."""
+        keep = getattr(self.sandbox, "keep_egress", None)
+        if keep is not None:
+            await keep()
 
     async def _record_egress(self, call: _Call) -> None:
         """agent.network a list: the egress proxy's decisions since the last call's end,
