@@ -154,8 +154,8 @@ def test_result_max_bytes_falls_back_to_the_environment(tmp_path):
          "egress.resolve.a.org: must be an IP address"),
         ('[agent]\nsandbox = "bwrap"\nnetwork = ["a.org", "http://b.org/"]', {},
          "agent.network: 'http://b.org/' has a port that is not a number"),
-        ('[agent]\nsandbox = "bwrap"\nnetwork = ["a.org"]\n[repos.web]\ntoken = "abcdef"\n'
-         'token_hosts = ["10.0.0.0/8"]', {}, "repos.web.token_hosts: a secret's hosts name hosts"),
+        (('[agent]\nsandbox = "bwrap"\nnetwork = ["a.org"]\n[repos.web]\ntoken = "abcdef"\n'
+         'token_hosts = ["10.0.0.0/8"]'), {}, "repos.web.token_hosts: a secret's hosts name hosts"),
     ],
 )
 def test_a_bad_key_is_named(tmp_path, text, env, message):
