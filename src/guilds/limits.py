@@ -120,6 +120,8 @@ BWRAP_IDLE_SECONDS_DEFAULT = 30 * 60
 # --- the egress proxy's lifecycle (agent.network a list) -----------------------------
 EGRESS_START_SECONDS = 10
 """How long a call waits for a newly started egress proxy to listen (its pidfile)."""
+EGRESS_START_POLL_SECONDS = 0.02
+"""How often a call looks whether the proxy it started listens, or the one it stopped is gone."""
 EGRESS_DECISIONS_READ_MAX_BYTES = 4 << 20
 """The most of the decisions file one call's end reads into the run record; the rest
 waits for the next call (a background download's decisions come in over several)."""

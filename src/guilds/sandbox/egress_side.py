@@ -41,7 +41,7 @@ from guilds_code.command import EGRESS_PROXY_ENV
 
 from ..config.settings import AgentSettings, Repo
 from ..errors import SandboxError
-from ..limits import EGRESS_DECISIONS_READ_MAX_BYTES, EGRESS_START_SECONDS
+from ..limits import EGRESS_DECISIONS_READ_MAX_BYTES, EGRESS_START_POLL_SECONDS, EGRESS_START_SECONDS
 from ._spawn import spawn_detached
 
 EGRESS_INSIDE = "/run/guilds-egress"
@@ -298,7 +298,7 @@ def ensure_proxy(files: EgressFiles, digest: str, make_config: Callable[[], Mapp
         while proxy_pid(files) is None:
             if time.monotonic() > deadline:
                 raise SandboxError(f"the egress proxy did not start: {_log_tail(files)}")
-            time.sleep(0.02)
+            time.sleep(EGRESS_START_POLL_SECONDS)
 
 
 def keep_proxy(settings: AgentSettings, files: EgressFiles, *, home: str, clock: str,
@@ -351,8 +351,16 @@ def _terminate(pid: int) -> None:
     with contextlib.suppress(OSError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + EGRESS_START_SECONDS
-    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-        time.sleep(0.02)
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(EGRESS_START_POLL_SECONDS)
+
+
+def _running(pid: int) -> bool:
+    """pid exists and has not exited (a zombie nobody reaped yet has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _proxy_env() -> dict[str, str]:
