@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from guilds.config.settings import parse_settings
+from guilds.errors import ConfigError
+from guilds.sandbox import get_sandbox
 from guilds.record.values import decision_rows
 from guilds.sandbox import egress_side as egress
 from guilds.web.views import egress_rows
@@ -135,3 +138,10 @@ def test_decisions_are_read_once_and_a_half_written_line_waits(tmp_path):
         ("run-1", "c0ffee", True), ("run-2", "beef", False)]  # a bad tag: the call that read it
     assert egress_rows(rows)[0].value == "github.com:443 allowed · 10 B up, 20 B down"
     assert egress_rows(rows)[1].value == "half.example:80 refused: not listed"
+
+
+@pytest.mark.parametrize("sandbox", ["local", "kubernetes"])
+def test_an_allowlist_made_in_code_is_refused_where_nothing_enforces_it(tmp_path, sandbox):
+    listed = replace(settings(tmp_path), sandbox=sandbox)
+    with pytest.raises(ConfigError, match=f"enforced only by the bwrap and docker sandboxes, not '{sandbox}'"):
+        get_sandbox(listed, tmp_path / "data")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 
-from ..config.egress import list_refused
+from ..config.egress import NO_LIST_SANDBOXES, list_refused
 from ..config.settings import SANDBOXES, AgentSettings
 from ..errors import ConfigError, SandboxError
 from .base import ExecResult, Sandbox
@@ -31,12 +31,16 @@ def get_sandbox(
 
     idle_seconds: the idle stop (default: guilds.limits.BWRAP_IDLE_SECONDS_DEFAULT, the
     settings' ``idle_minutes`` for docker and kubernetes; these keep no files
-    under data_dir). Raises ConfigError for a name it does not know, and
-    SandboxError when ``bwrap`` is asked for where it does not work.
+    under data_dir). Raises ConfigError for a name it does not know or an allowlist
+    (``settings.egress``) on a sandbox that cannot enforce it, and SandboxError when
+    ``bwrap`` is asked for where it does not work (or ``auto`` would fall back to
+    ``local`` with an allowlist).
     """
     name = settings.sandbox
     if name not in SANDBOXES:
         raise ConfigError(f"agent.sandbox: unknown sandbox {name!r} (known: {', '.join(SANDBOXES)})")
+    if settings.egress and name in NO_LIST_SANDBOXES:  # settings made in code, past the loader's check
+        raise ConfigError(list_refused(name))
     if name == "docker":
         from .docker import DockerSandbox
 
