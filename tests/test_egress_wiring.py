@@ -15,9 +15,9 @@ import pytest
 
 from guilds.config.settings import parse_settings
 from guilds.errors import ConfigError
-from guilds.sandbox import get_sandbox
 from guilds.record.values import decision_rows
 from guilds.sandbox import egress_side as egress
+from guilds.sandbox import get_sandbox
 from guilds.web.views import egress_rows
 from guilds_code import command, runstate
 from guilds_code.protocol import Request
