@@ -47,7 +47,7 @@ def _pem(obj: x509.Certificate | ec.EllipticCurvePrivateKey) -> bytes:
                              serialization.NoEncryption())
 
 
-class TestAuthority:
+class HostsAuthority:
     """A certificate authority for test hosts (the host's side: what the proxy must verify against)."""
 
     def __init__(self, folder: Path) -> None:
@@ -150,6 +150,8 @@ def upstream(ns: Namespace, folder: Path, *, cert: Path | None, port: int = 443,
     finally:
         process.kill()
         process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 class Proxy:
@@ -210,14 +212,15 @@ class Relay:
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
-        proxy = socket.socket(socket.AF_UNIX)
-        try:
-            proxy.connect(str(self.unix_path))
-        except OSError:
-            client.close()
-            return
-        threading.Thread(target=_copy, args=(proxy, client), daemon=True).start()
-        _copy(client, proxy)
+        with client, socket.socket(socket.AF_UNIX) as proxy:
+            try:
+                proxy.connect(str(self.unix_path))
+            except OSError:
+                return
+            back = threading.Thread(target=_copy, args=(proxy, client), daemon=True)
+            back.start()
+            _copy(client, proxy)
+            back.join()
 
     def close(self) -> None:
         self.listener.close()

@@ -233,9 +233,8 @@ class EgressProxy:
             host = None
         if host is None:
             raise BadHead(400, f"the URL's host is not a host name or address: {url.netloc[:80]!r}")
-        record.host, record.port = host, port
-        _check_host_header(head, host, port, required=False)
         addresses = await self._decide(host, port, record)
+        _check_host_header(head, host, port, required=False)
         upstream = await self._open(host, port, addresses, tls=False)
         up, down = Counter(), Counter()
         try:
