@@ -8,6 +8,7 @@ import base64
 import json
 import os
 import socket
+import ssl
 import stat
 import subprocess
 import sys
@@ -283,6 +284,28 @@ def test_a_stop_signal_removes_the_socket_and_pidfile(tmp_path):
     proxy = _proxy(tmp_path)
     assert proxy.stop() == 0
     assert not proxy.socket.exists() and not proxy.pidfile.exists()
+
+
+def test_a_stop_signal_cuts_open_tunnels_at_once_and_records_them(site, tmp_path):
+    """An intercepted tunnel left open (TLS inside) must not hold the proxy past its stop."""
+    proxy = Proxy(tmp_path, env=_proxy_env(site.root), allow=["git.test", f"{site.ns.address}/32"],
+                  resolve={"git.test": site.ns.address},
+                  secrets=[{"name": "T", "placeholder": PLACEHOLDER, "value": TOKEN, "hosts": ["git.test"]}])
+    bundle = CertificateAuthority.open(tmp_path / "ca").trust_bundle(tmp_path / "bundle.pem")
+    with socket.socket(socket.AF_UNIX) as raw:
+        raw.connect(str(proxy.socket))
+        raw.sendall(b"CONNECT git.test:443 HTTP/1.1\r\nProxy-Authorization: Basic " +
+                    base64.b64encode(b"run3/open:") + b"\r\n\r\n")
+        assert raw.recv(100).startswith(b"HTTP/1.1 200")
+        with ssl.create_default_context(cafile=str(bundle)).wrap_socket(raw, server_hostname="git.test") as tls:
+            tls.sendall(b"GET /echo HTTP/1.1\r\nHost: git.test\r\n\r\n")
+            assert tls.recv(100).startswith(b"HTTP/1.1 200")
+            began = time.monotonic()
+            assert proxy.stop() == 0
+            assert time.monotonic() - began < 5
+    assert proxy.stderr.read_text() == ""
+    [decision] = proxy.decision_lines()
+    assert decision["tag"] == "run3/open" and decision["allowed"] is True and decision["bytes_down"] > 0
 
 
 def test_the_proxy_lives_while_its_idle_clock_is_fresh_and_exits_after(tmp_path):

@@ -96,6 +96,7 @@ async def serve(config: ProxyConfig) -> None:
                 break
     finally:
         server.close()
+        await proxy.close()
         with contextlib.suppress(FileNotFoundError):
             config.socket.unlink()
         if config.pidfile is not None:
