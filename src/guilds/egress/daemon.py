@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import IO
 
 from ..limits import EGRESS_HEAD_MAX_BYTES, EGRESS_IDLE_POLL_SECONDS
-from .ca import CertificateAuthority
 from .decisions import DecisionLog
 from .proxy import EgressProxy
 from .proxy_config import ConfigError, ProxyConfig, load_config
@@ -77,7 +76,11 @@ async def _bind(proxy: EgressProxy, path: Path) -> asyncio.AbstractServer:
 
 async def serve(config: ProxyConfig) -> None:
     """Serve config's socket until a stop signal or the idle clock says stop."""
-    ca = CertificateAuthority.open(config.ca_dir) if config.secrets and config.ca_dir else None
+    ca = None
+    if config.secrets and config.ca_dir:  # only then: the authority's library costs memory
+        from .ca import CertificateAuthority
+
+        ca = CertificateAuthority.open(config.ca_dir)
     log = DecisionLog(config.decisions)
     proxy = EgressProxy(config, log, ca)
     stop = asyncio.Event()

@@ -32,6 +32,7 @@ import functools
 import socket
 import ssl
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ..limits import (
@@ -41,13 +42,15 @@ from ..limits import (
     EGRESS_RESOLVE_SECONDS,
     EGRESS_TAG_MAX_CHARS,
 )
-from .ca import CertificateAuthority
 from .decisions import DecisionLog, DecisionRecord
 from .framing import Counter, pipe_body, request_framing, response_framing
 from .http_head import BadHead, Head, HeadGone, parse_head, read_head
 from .policy import Allowlist, IPAddress, address_of, normalize_host, split_host_port
 from .proxy_config import ProxyConfig
 from .swap import Scrubber, Secret, swap_headers
+
+if TYPE_CHECKING:
+    from .ca import CertificateAuthority
 
 _HOP_HEADERS = ("Proxy-Authorization", "Proxy-Connection", "Keep-Alive", "Upgrade", "TE")
 """Headers that speak to the proxy or to one hop only, never passed on."""
