@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import ipaddress
-import json
 import os
 import secrets
 import signal
@@ -165,9 +164,9 @@ class Proxy:
         self.pidfile = folder / "proxy.pid"
         full: dict[str, object] = {"socket": str(self.socket), "decisions": str(self.decisions),
                                    "pidfile": str(self.pidfile), "ca_dir": str(folder / "ca"), **config}
-        self.config_path = folder / "egress.json"
-        self.config_path.write_text(json.dumps(full))
-        self.config_path.chmod(0o600)
+        from guilds.egress.proxy_config import write_config
+
+        self.config_path = write_config(folder / "egress.json", full)
         self.stderr = folder / "proxy.stderr"
         with open(self.stderr, "w") as err:
             self.process = subprocess.Popen([python, "-m", "guilds.egress", str(self.config_path)],

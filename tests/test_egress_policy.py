@@ -12,7 +12,7 @@ import pytest
 from guilds.egress.ca import CertificateAuthority
 from guilds.egress.http_head import BadHead, parse_head
 from guilds.egress.policy import Allowlist, AllowlistError
-from guilds.egress.proxy_config import ConfigError, parse_config
+from guilds.egress.proxy_config import ConfigError, load_config, parse_config, write_config
 from guilds.egress.swap import Scrubber, Secret, secret_hosts, swap_headers
 from guilds.limits import EGRESS_HEAD_MAX_BYTES, EGRESS_HEADER_COUNT_MAX, EGRESS_REQUEST_LINE_MAX_BYTES
 
@@ -193,6 +193,16 @@ def test_a_wrong_config_is_one_line_naming_the_key(change, message):
     with pytest.raises(ConfigError) as bad:
         parse_config({**GOOD, **change})
     assert message in str(bad.value) and "\n" not in str(bad.value)
+
+
+def test_the_config_is_written_private_and_checked_first(tmp_path):
+    path = write_config(tmp_path / "egress.json", {**GOOD, "secrets": [
+        {"name": "T", "placeholder": "abc", "value": "xyz", "hosts": ["git.test"]}]})
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_config(path).secrets[0].value == "xyz"
+    with pytest.raises(ConfigError, match="unknown key 'colour'"):
+        write_config(tmp_path / "other.json", {**GOOD, "colour": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["egress.json"]
 
 
 def test_the_authority_is_made_once_with_a_private_key(tmp_path):

@@ -22,6 +22,7 @@ import pytest
 
 from egress_kit import HostsAuthority, Namespace, Proxy, Relay, curl, namespace, netns_usable, raw_exchange, upstream
 from guilds.egress.ca import CertificateAuthority
+from guilds.egress.daemon import is_serving
 from guilds.limits import EGRESS_HEAD_MAX_BYTES, EGRESS_REQUEST_LINE_MAX_BYTES
 
 pytestmark = pytest.mark.skipif(not netns_usable(), reason="needs root and ip netns for the test hosts")
@@ -344,15 +345,18 @@ def test_a_second_proxy_for_the_same_sandbox_steps_aside(tmp_path):
 
 def test_a_dead_proxys_socket_is_replaced_by_the_next(tmp_path):
     first = _proxy(tmp_path)
+    assert is_serving(first.socket)
     first.process.kill()
     first.process.wait()
-    assert first.socket.exists()
+    assert first.socket.exists() and not is_serving(first.socket)
     with pytest.raises(ConnectionRefusedError):
         raw_exchange(first.socket, b"CONNECT x.test:443 HTTP/1.1\r\n\r\n")
     first.pidfile.unlink()
     second = _proxy(tmp_path)
     try:
         assert raw_exchange(second.socket, b"CONNECT x.test:443 HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 403")
+        assert is_serving(second.socket)
+        assert [d["host"] for d in second.decision_lines()] == ["x.test"]  # the probes left no line
     finally:
         second.stop()
 

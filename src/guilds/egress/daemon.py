@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,19 @@ EXIT_CONFIG = 2
 """The config could not be read or is wrong."""
 EXIT_RUNNING = 3
 """Another proxy holds this sandbox's lock: it serves already."""
+
+
+def is_serving(socket_path: str | os.PathLike[str]) -> bool:
+    """Does a proxy answer on socket_path? (The orchestrator's check before a call: a dead
+    proxy leaves its socket behind, and is started again.)"""
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(os.fspath(socket_path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def _idle(config: ProxyConfig) -> bool:

@@ -133,8 +133,8 @@ class EgressProxy:
             self._refuse(writer, record, refusal.status, refusal.reason)
         except TimeoutError:
             self._refuse(writer, record, 408, "the request head did not arrive in time")
-        except (HeadGone, ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ssl.SSLError):
-            pass
+        except (HeadGone, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass  # a side went away (or TLS failed): nothing to answer
         except asyncio.CancelledError:
             if not self._stopping:
                 raise
