@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import ipaddress
-import json
 import os
 import secrets
 import signal
@@ -47,7 +46,7 @@ def _pem(obj: x509.Certificate | ec.EllipticCurvePrivateKey) -> bytes:
                              serialization.NoEncryption())
 
 
-class TestAuthority:
+class HostsAuthority:
     """A certificate authority for test hosts (the host's side: what the proxy must verify against)."""
 
     def __init__(self, folder: Path) -> None:
@@ -150,6 +149,8 @@ def upstream(ns: Namespace, folder: Path, *, cert: Path | None, port: int = 443,
     finally:
         process.kill()
         process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 class Proxy:
@@ -163,9 +164,9 @@ class Proxy:
         self.pidfile = folder / "proxy.pid"
         full: dict[str, object] = {"socket": str(self.socket), "decisions": str(self.decisions),
                                    "pidfile": str(self.pidfile), "ca_dir": str(folder / "ca"), **config}
-        self.config_path = folder / "egress.json"
-        self.config_path.write_text(json.dumps(full))
-        self.config_path.chmod(0o600)
+        from guilds.egress.proxy_config import write_config
+
+        self.config_path = write_config(folder / "egress.json", full)
         self.stderr = folder / "proxy.stderr"
         with open(self.stderr, "w") as err:
             self.process = subprocess.Popen([python, "-m", "guilds.egress", str(self.config_path)],
@@ -210,14 +211,15 @@ class Relay:
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
-        proxy = socket.socket(socket.AF_UNIX)
-        try:
-            proxy.connect(str(self.unix_path))
-        except OSError:
-            client.close()
-            return
-        threading.Thread(target=_copy, args=(proxy, client), daemon=True).start()
-        _copy(client, proxy)
+        with client, socket.socket(socket.AF_UNIX) as proxy:
+            try:
+                proxy.connect(str(self.unix_path))
+            except OSError:
+                return
+            back = threading.Thread(target=_copy, args=(proxy, client), daemon=True)
+            back.start()
+            _copy(client, proxy)
+            back.join()
 
     def close(self) -> None:
         self.listener.close()

@@ -197,7 +197,7 @@ EGRESS_CHUNK_LINE_MAX_BYTES = 1024
 """The longest line of a chunked body's framing (a chunk's size and its extensions)."""
 EGRESS_TAG_MAX_CHARS = 200
 """The longest attribution tag (``<run id>/<call id>``) taken from Proxy-Authorization."""
-EGRESS_PIPE_CHUNK = 64 * 1024
+EGRESS_PIPE_CHUNK = 256 * 1024
 """How much the egress proxy reads from one side of a connection at a time: a
 body is streamed in pieces of this size, never held whole."""
 EGRESS_HEAD_READ_SECONDS = 30.0

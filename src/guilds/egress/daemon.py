@@ -22,13 +22,13 @@ import contextlib
 import fcntl
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import IO
 
 from ..limits import EGRESS_HEAD_MAX_BYTES, EGRESS_IDLE_POLL_SECONDS
-from .ca import CertificateAuthority
 from .decisions import DecisionLog
 from .proxy import EgressProxy
 from .proxy_config import ConfigError, ProxyConfig, load_config
@@ -37,6 +37,19 @@ EXIT_CONFIG = 2
 """The config could not be read or is wrong."""
 EXIT_RUNNING = 3
 """Another proxy holds this sandbox's lock: it serves already."""
+
+
+def is_serving(socket_path: str | os.PathLike[str]) -> bool:
+    """Does a proxy answer on socket_path? (The orchestrator's check before a call: a dead
+    proxy leaves its socket behind, and is started again.)"""
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(os.fspath(socket_path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def _idle(config: ProxyConfig) -> bool:
@@ -77,7 +90,11 @@ async def _bind(proxy: EgressProxy, path: Path) -> asyncio.AbstractServer:
 
 async def serve(config: ProxyConfig) -> None:
     """Serve config's socket until a stop signal or the idle clock says stop."""
-    ca = CertificateAuthority.open(config.ca_dir) if config.secrets and config.ca_dir else None
+    ca = None
+    if config.secrets and config.ca_dir:  # only then: the authority's library costs memory
+        from .ca import CertificateAuthority
+
+        ca = CertificateAuthority.open(config.ca_dir)
     log = DecisionLog(config.decisions)
     proxy = EgressProxy(config, log, ca)
     stop = asyncio.Event()
@@ -96,6 +113,7 @@ async def serve(config: ProxyConfig) -> None:
                 break
     finally:
         server.close()
+        await proxy.close()
         with contextlib.suppress(FileNotFoundError):
             config.socket.unlink()
         if config.pidfile is not None:

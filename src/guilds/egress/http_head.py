@@ -87,16 +87,17 @@ def parse_head(raw: bytes, *, request: bool = True) -> Head:
     parts = first.split(b" ", 2)
     if not request and len(parts) == 2:
         parts.append(b"")  # a status line may leave out its reason phrase
+    status = 400 if request else 502  # a host's bad answer is no fault of the client
     if len(parts) != 3 or not _good_first(parts, request):
-        what = "request line" if request else "response's status line"
-        raise BadHead(400, f"the {what} is malformed: {first[:80].decode('latin-1')!r}")
+        what = "request line" if request else "host's status line"
+        raise BadHead(status, f"the {what} is malformed: {first[:80].decode('latin-1')!r}")
     if len(lines) - 1 > EGRESS_HEADER_COUNT_MAX:
-        raise BadHead(431, f"the head has more than {EGRESS_HEADER_COUNT_MAX} header lines")
+        raise BadHead(431 if request else 502, f"the head has more than {EGRESS_HEADER_COUNT_MAX} header lines")
     head = Head((parts[0].decode(), parts[1].decode("latin-1"), parts[2].decode("latin-1")))
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
         if not colon or not name or not set(name) <= _TOKEN_CHARS or b"\n" in value or b"\r" in value:
-            raise BadHead(400, f"a header line is malformed: {line[:80].decode('latin-1')!r}")
+            raise BadHead(status, f"a header line is malformed: {line[:80].decode('latin-1')!r}")
         head.headers.append((name.decode(), value.strip(b" \t").decode("latin-1")))
     return head
 

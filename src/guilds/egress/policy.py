@@ -130,6 +130,8 @@ def _kind(address: IPAddress) -> str | None:
         return "a cloud metadata address"
     if address.is_loopback:
         return "a loopback address"
+    if address.is_unspecified:
+        return "an unspecified address (this host)"
     if address.is_link_local:
         return "a link-local address"
     if address.is_private:

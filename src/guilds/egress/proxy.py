@@ -32,23 +32,25 @@ import functools
 import socket
 import ssl
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ..limits import (
     EGRESS_CONNECT_SECONDS,
-    EGRESS_HEAD_MAX_BYTES,
     EGRESS_HEAD_READ_SECONDS,
     EGRESS_PIPE_CHUNK,
     EGRESS_RESOLVE_SECONDS,
     EGRESS_TAG_MAX_CHARS,
 )
-from .ca import CertificateAuthority
 from .decisions import DecisionLog, DecisionRecord
 from .framing import Counter, pipe_body, request_framing, response_framing
 from .http_head import BadHead, Head, HeadGone, parse_head, read_head
 from .policy import Allowlist, IPAddress, address_of, normalize_host, split_host_port
 from .proxy_config import ProxyConfig
 from .swap import Scrubber, Secret, swap_headers
+
+if TYPE_CHECKING:
+    from .ca import CertificateAuthority
 
 _HOP_HEADERS = ("Proxy-Authorization", "Proxy-Connection", "Keep-Alive", "Upgrade", "TE")
 """Headers that speak to the proxy or to one hop only, never passed on."""
@@ -103,10 +105,22 @@ class EgressProxy:
         self.ca = ca
         self._upstream_tls = ssl.create_default_context()
         self._upstream_tls.set_alpn_protocols(["http/1.1"])
+        self._serving: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    async def close(self) -> None:
+        """Cut every connection still served (each still writes its decision)."""
+        self._stopping = True
+        for task in self._serving:
+            task.cancel()
+        await asyncio.gather(*self._serving, return_exceptions=True)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Serve one connection from the sandbox, whatever happens; never raises."""
         record = DecisionRecord(host="", port=0)
+        task = asyncio.current_task()
+        if task is not None:
+            self._serving.add(task)
         try:
             raw = await asyncio.wait_for(read_head(reader), EGRESS_HEAD_READ_SECONDS)
             head = parse_head(raw)
@@ -119,14 +133,20 @@ class EgressProxy:
             self._refuse(writer, record, refusal.status, refusal.reason)
         except TimeoutError:
             self._refuse(writer, record, 408, "the request head did not arrive in time")
-        except (HeadGone, ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ssl.SSLError):
-            pass
+        except (HeadGone, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass  # a side went away (or TLS failed): nothing to answer
+        except asyncio.CancelledError:
+            if not self._stopping:
+                raise
         finally:
+            if task is not None:
+                self._serving.discard(task)
             if record.allowed:
                 self.log.write(record)
-            writer.close()
-            with contextlib.suppress(Exception):  # the client may be gone already
-                await writer.wait_closed()
+            if self._stopping:  # no TLS goodbye to wait for: the process is ending
+                writer.transport.abort()
+            else:
+                writer.close()
 
     def _refuse(self, writer: asyncio.StreamWriter, record: DecisionRecord, status: int, reason: str) -> None:
         record.allowed, record.reason = False, reason
@@ -173,7 +193,7 @@ class EgressProxy:
             try:
                 return await asyncio.wait_for(asyncio.open_connection(
                     str(address), port, ssl=self._upstream_tls if tls else None,
-                    server_hostname=host if tls else None, limit=EGRESS_HEAD_MAX_BYTES), EGRESS_CONNECT_SECONDS)
+                    server_hostname=host if tls else None, limit=EGRESS_PIPE_CHUNK), EGRESS_CONNECT_SECONDS)
             except ssl.SSLCertVerificationError as bad:
                 raise Refused(502, f"guilds egress: the certificate of {_target(host, port)} "
                                    f"failed verification: {bad.verify_message}") from None
@@ -233,9 +253,8 @@ class EgressProxy:
             host = None
         if host is None:
             raise BadHead(400, f"the URL's host is not a host name or address: {url.netloc[:80]!r}")
-        record.host, record.port = host, port
-        _check_host_header(head, host, port, required=False)
         addresses = await self._decide(host, port, record)
+        _check_host_header(head, host, port, required=False)
         upstream = await self._open(host, port, addresses, tls=False)
         up, down = Counter(), Counter()
         try:
@@ -335,4 +354,6 @@ async def _pipe_raw(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
 async def _splice(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up_reader: asyncio.StreamReader,
                   up_writer: asyncio.StreamWriter, up: Counter, down: Counter) -> None:
     """Pass bytes both ways until both sides have ended."""
+    for side in (writer, up_writer):
+        side.transport.set_write_buffer_limits(high=EGRESS_PIPE_CHUNK * 4)
     await asyncio.gather(_pipe_raw(reader, up_writer, up), _pipe_raw(up_reader, writer, down))

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,6 +115,23 @@ def parse_config(raw: object) -> ProxyConfig:
         decisions=_path(raw, "decisions", required=True) or Path(), ca_dir=_path(raw, "ca_dir"),
         secrets=tuple(_secret(s) for s in secrets), resolve=_resolve(raw.get("resolve", {})),
         idle_clock=_path(raw, "idle_clock"), idle_seconds=float(idle), pidfile=_path(raw, "pidfile"))
+
+
+def write_config(path: str | Path, raw: Mapping[str, object]) -> Path:
+    """Check raw (``parse_config``) and write it to path as the proxy's config: 0600 from
+    its first byte (it holds the secrets' values), replaced whole (a proxy starting reads
+    the old or the new, never half)."""
+    parse_config(dict(raw))
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(raw, out)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
 
 
 def load_config(path: str | Path) -> ProxyConfig:
