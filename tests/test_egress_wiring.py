@@ -52,6 +52,7 @@ def test_the_helper_names_the_call_in_the_proxy_variables_and_tells_gh_its_host(
     req = request(str(tmp_path / "home"))
     env = command.command_env(req, repo, runstate.load_repo_tokens(req))
     assert {env[n] for n in command.PROXY_VARS} == {"http://run-1%2Fc0ffee:@127.0.0.1:3128"}
+    assert env["GIT_HTTP_PROXY_AUTHMETHOD"] == "basic"
     gh = (env["GH_TOKEN"], env["GH_HOST"], env["GH_ENTERPRISE_TOKEN"])
     assert gh == ("placeholder-1", "git.corp", "placeholder-1")
     on_github = command.command_env(req, other, runstate.load_repo_tokens(req))
@@ -66,7 +67,7 @@ def test_without_the_proxy_the_environment_is_as_before(state, tmp_path, monkeyp
     req = request(str(tmp_path / "home"))
     env = command.command_env(req, repo, runstate.load_repo_tokens(req))
     assert env["GH_TOKEN"] == "token-1234"
-    assert not {command.EGRESS_PROXY_ENV, "GH_HOST", *command.PROXY_VARS} & set(env)
+    assert not {command.EGRESS_PROXY_ENV, "GH_HOST", "GIT_HTTP_PROXY_AUTHMETHOD", *command.PROXY_VARS} & set(env)
 
 
 def test_a_placeholder_has_the_length_of_its_value_and_stays_the_same():

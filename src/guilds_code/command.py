@@ -84,13 +84,15 @@ def command_env(request: protocol.Request, cwd: str, tokens: Dict[str, str]) -> 
 
 def _egress_env(env: Dict[str, str], request: protocol.Request, cwd: str) -> None:
     """Behind the egress proxy: the proxy variables name the call (their user is
-    ``<run id>/<call id>``, which the proxy records each decision under), and a
+    ``<run id>/<call id>``, which the proxy records each decision under; git is told to
+    send it at once), and a
     repository on a GitHub host other than github.com gets GH_HOST and
     GH_ENTERPRISE_TOKEN, which gh reads for such a host."""
     tag = f"{request.run_id}%2F{request.call_id}"  # both are [A-Za-z0-9._-]: only the slash is quoted
     url = f"http://{tag}:@{env[EGRESS_PROXY_ENV]}"
     for name in PROXY_VARS:
         env[name] = url
+    env["GIT_HTTP_PROXY_AUTHMETHOD"] = "basic"  # else git waits for a 407 to send the proxy user
     host = repo_token(cwd, runstate.load_repo_gh_hosts(request))
     if host is not None and "GH_TOKEN" in env:
         env["GH_HOST"] = host

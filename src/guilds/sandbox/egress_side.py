@@ -278,16 +278,24 @@ def settings_digest(settings: AgentSettings, *parts: Any) -> str:
 def ensure_proxy(files: EgressFiles, digest: str, make_config: Callable[[], Mapping[str, Any]]) -> None:
     """The agent's proxy running: found alive and started from the same settings
     (digest), else started anew with make_config(), detached, and waited for until it
-    listens. A repository's default hosts are read when the proxy starts."""
+    listens. Alive: its process runs and its socket answers (one hung or whose socket
+    went is replaced). A repository's default hosts are read when the proxy starts."""
+    from ..egress.daemon import is_serving
+    from ..egress.proxy_config import write_config
+
     config_path, digest_path = files.path("proxy.json"), files.path("proxy.digest")
     with _locked(files):
         pid = proxy_pid(files)
-        if pid is not None and _read(digest_path) == digest:
+        serving = pid is not None and is_serving(os.path.join(files.shared, SOCKET_NAME))
+        if serving and _read(digest_path) == digest:
             return
         if pid is not None:
             _terminate(pid)
         config = make_config()
-        _write_private(config_path, json.dumps(config, indent=1, sort_keys=True))
+        try:
+            write_config(config_path, config)
+        except ValueError as exc:
+            raise SandboxError(f"the egress proxy's config: {exc}") from None
         _write_private(digest_path, digest)
         Path(config["pidfile"]).unlink(missing_ok=True)
         from ._host_folder import real_python
@@ -353,6 +361,9 @@ def _terminate(pid: int) -> None:
     deadline = time.monotonic() + EGRESS_START_SECONDS
     while _running(pid) and time.monotonic() < deadline:
         time.sleep(EGRESS_START_POLL_SECONDS)
+    if _running(pid):  # hung: it does not get to keep the socket
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _running(pid: int) -> bool:
