@@ -28,7 +28,7 @@ from guilds.record.store import Store
 from guilds.sandbox import get_sandbox
 from guilds.sandbox.bwrap_argv import unavailable
 from guilds.sandbox.docker_engine import unavailable as docker_unavailable
-from guilds.sandbox.egress_side import proxy_pid
+from guilds.sandbox.egress_process import proxy_pid
 from guilds.toolbox import Toolbox
 
 NO_HOSTS = forge_kit.unavailable()

@@ -16,8 +16,8 @@ import pytest
 from guilds.config.settings import parse_settings
 from guilds.errors import ConfigError
 from guilds.record.values import decision_rows
+from guilds.sandbox import egress_process, get_sandbox
 from guilds.sandbox import egress_side as egress
-from guilds.sandbox import get_sandbox
 from guilds.web.views import egress_rows
 from guilds_code import command, runstate
 from guilds_code.protocol import Request
@@ -128,11 +128,11 @@ def test_decisions_are_read_once_and_a_half_written_line_waits(tmp_path):
             "bytes_up": 10, "bytes_down": 20, "tag": "run-1/c0ffee"}
     with open(files.path("decisions.jsonl"), "w") as fh:
         fh.write(json.dumps(line) + "\n" + '{"host": "half')
-    assert egress.read_decisions(files) == [line]
-    assert egress.read_decisions(files) == []
+    assert egress_process.read_decisions(files) == [line]
+    assert egress_process.read_decisions(files) == []
     with open(files.path("decisions.jsonl"), "a") as fh:
         fh.write('.example", "port": 80, "allowed": false, "reason": "not listed", "tag": "../x"}\n')
-    later = egress.read_decisions(files)
+    later = egress_process.read_decisions(files)
     assert [d["host"] for d in later] == ["half.example"]
     rows = decision_rows([line, *later], "run-2", "beef")
     assert [(r["run_id"], r["call_id"], r["allowed"]) for r in rows] == [

@@ -76,6 +76,7 @@ from ._host_folder import agent_env, checked_id, locate, own_tree, real_python, 
 from ._spawn import kill_and_wait, parent_pid, read_until, run_process, spawn_detached, start_time
 from .base import ExecResult
 from .process_channel import LocalProcess
+from . import egress_process
 from . import egress_side as egress
 from .bwrap_argv import (
     HELPER_DIR, READY, STATE_INSIDE, BwrapConfig, Limits, bwrap_argv,
@@ -227,7 +228,7 @@ class BwrapSandbox:
         and the commands' environment holding the proxy's variables and the placeholders."""
         if self.egress is None:
             return
-        egress.keep_proxy(self.settings, self.egress, home=self.home, clock=self._clock,
+        egress_process.keep_proxy(self.settings, self.egress, home=self.home, clock=self._clock,
                           idle_seconds=self.idle_seconds)
 
     def _stop(self) -> None:
@@ -238,7 +239,7 @@ class BwrapSandbox:
             Path(self._record).unlink(missing_ok=True)
             _cgroup.remove_cgroup(self._cgroup_name)
             if self.egress is not None:
-                egress.stop_proxy(self.egress)
+                egress_process.stop_proxy(self.egress)
 
     def _create(self, fingerprint: str) -> tuple[int, int]:
         shutil.rmtree(self._old_state, ignore_errors=True)

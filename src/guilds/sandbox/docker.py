@@ -61,6 +61,7 @@ from ._container import (
 from ._spawn import KILL_GRACE_SECONDS
 from .base import ExecResult
 from .process_channel import DockerProcess
+from . import egress_process
 from . import egress_side as egress
 
 IN_CONTAINER_TRIES = 4
@@ -236,7 +237,7 @@ class DockerSandbox(ContainerSandbox):
             with contextlib.suppress(docker.errors.NotFound):
                 self.client.api.remove_volume(spec.state_volume(self.agent_id), force=True)
             if self.egress is not None:
-                egress.stop_proxy(self.egress)
+                egress_process.stop_proxy(self.egress)
             self._client, client = None, self._client
             if client is not None:
                 client.close()  # its pooled connections; a later call connects again
@@ -251,7 +252,7 @@ class DockerSandbox(ContainerSandbox):
         if self.egress is None:
             raise SandboxError("agent.network is a list, and the docker sandbox was given no data folder "
                                "for the egress proxy")
-        egress.keep_proxy(self.settings, self.egress, home=self.home, clock=self.egress.path("clock"),
+        egress_process.keep_proxy(self.settings, self.egress, home=self.home, clock=self.egress.path("clock"),
                           idle_seconds=self.idle_seconds)
 
     def _ensure(self) -> str:

@@ -293,7 +293,7 @@ class Toolbox:
         files = getattr(self.sandbox, "egress", None)
         if files is None:
             return
-        from ..sandbox.egress_side import read_decisions
+        from ..sandbox.egress_process import read_decisions
 
         rows = decision_rows(await asyncio.to_thread(read_decisions, files), call.run_id, call.call_id)
         try:
