@@ -229,6 +229,39 @@ def test_a_large_body_streams_both_ways_without_being_held(site):
     assert _rss_high_water(site.proxy.process.pid) - before < 16 << 20
 
 
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.parametrize("host", ["other.test", "git.test"])
+def test_a_client_that_stops_reading_holds_the_host_back_not_the_proxys_memory(site, host):
+    """32 MiB asked for, nothing read for a while: the proxy holds a bounded part of it
+    (a tunnel's bytes, or an intercepted answer), then the whole body still arrives."""
+    size = 32 << 20
+    pid = site.proxy.process.pid
+    with socket.socket(socket.AF_UNIX) as raw:
+        raw.connect(str(site.proxy.socket))
+        raw.sendall(f"CONNECT {host}:443 HTTP/1.1\r\n\r\n".encode())
+        assert raw.recv(100).startswith(b"HTTP/1.1 200")
+        context = ssl.create_default_context(cafile=str(site.bundle))
+        context.load_verify_locations(cafile=str(site.root.pem))
+        with context.wrap_socket(raw, server_hostname=host) as tls:
+            before = _rss(pid)
+            tls.sendall(f"GET /bytes?n={size} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            time.sleep(2)
+            held = _rss(pid) - before
+            got = 0
+            while got < size:
+                data = tls.recv(1 << 20)
+                assert data
+                got += data.count(b"x")
+    assert held < 8 << 20, held
+    assert got == size
+
+
 def test_the_hosts_certificate_is_verified(site, tmp_path):
     """A proxy that does not trust the test root refuses to carry the secret to that host."""
     untrusting = Proxy(tmp_path, env={**_proxy_env(None), "SSL_CERT_FILE": "/nonexistent"},

@@ -211,3 +211,7 @@ refuses (502); also the longest TLS handshake it waits for from a client."""
 EGRESS_IDLE_POLL_SECONDS = 30.0
 """How often a proxy looks at its idle clock (at most; a quarter of its idle time
 when shorter), like the sandboxes' init."""
+EGRESS_WRITE_BUFFER_BYTES = 1024 * 1024
+"""How much a tunnel holds for a side that reads slowly before it stops reading the
+other side: room for a burst while the reader waits its turn on a loaded machine,
+and the most a tunnel's way down holds in memory."""

@@ -31,8 +31,8 @@ import contextlib
 import functools
 import socket
 import ssl
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 from ..limits import (
@@ -48,14 +48,17 @@ from .http_head import BadHead, Head, HeadGone, parse_head, read_head
 from .policy import Allowlist, IPAddress, address_of, normalize_host, split_host_port
 from .proxy_config import ProxyConfig
 from .swap import Scrubber, Secret, swap_headers
+from .tunnel import HostSide, splice
 
 if TYPE_CHECKING:
     from .ca import CertificateAuthority
 
+_Connection = TypeVar("_Connection", bound=tuple[Any, Any])
+
 _HOP_HEADERS = ("Proxy-Authorization", "Proxy-Connection", "Keep-Alive", "Upgrade", "TE")
 """Headers that speak to the proxy or to one hop only, never passed on."""
-_STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 408: "Request Timeout", 414: "URI Too Long",
-                431: "Request Header Fields Too Large", 502: "Bad Gateway"}
+ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
+"""The answer to an allowed CONNECT, once the host has answered."""
 
 
 class Refused(Exception):
@@ -187,13 +190,25 @@ class EgressProxy:
 
     async def _open(self, host: str, port: int, addresses: Sequence[IPAddress],
                     tls: bool) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """A connection to the first checked address that answers (TLS verified for host when tls)."""
+        """A stream to the first checked address that answers (TLS verified for host when tls)."""
+        return await self._first_answering(host, port, addresses, lambda address: asyncio.open_connection(
+            address, port, ssl=self._upstream_tls if tls else None, server_hostname=host if tls else None,
+            limit=EGRESS_PIPE_CHUNK))
+
+    async def _open_raw(self, host: str, port: int, addresses: Sequence[IPAddress],
+                        client: asyncio.StreamWriter, down: Counter) -> HostSide:
+        """A raw tunnel's connection to the first checked address that answers."""
+        loop = asyncio.get_running_loop()
+        _, side = await self._first_answering(host, port, addresses, lambda address: loop.create_connection(
+            lambda: HostSide(client, down, ESTABLISHED), address, port))
+        return side
+
+    async def _first_answering(self, host: str, port: int, addresses: Sequence[IPAddress],
+                               connect: Callable[[str], Awaitable[_Connection]]) -> _Connection:
         failure = "no address"
         for address in addresses:
             try:
-                return await asyncio.wait_for(asyncio.open_connection(
-                    str(address), port, ssl=self._upstream_tls if tls else None,
-                    server_hostname=host if tls else None, limit=EGRESS_PIPE_CHUNK), EGRESS_CONNECT_SECONDS)
+                return await asyncio.wait_for(connect(str(address)), EGRESS_CONNECT_SECONDS)
             except ssl.SSLCertVerificationError as bad:
                 raise Refused(502, f"guilds egress: the certificate of {_target(host, port)} "
                                    f"failed verification: {bad.verify_message}") from None
@@ -206,20 +221,20 @@ class EgressProxy:
         host, port = _connect_target(head.first[1])
         addresses = await self._decide(host, port, record)
         secrets = [s for s in self.secrets if s.is_for(host, port)]
-        ca = self.ca if secrets else None
-        up_reader, up_writer = await self._open(host, port, addresses, tls=ca is not None)
         up, down = Counter(), Counter()
         try:
-            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            if ca is not None:
-                await writer.start_tls(ca.server_context(host), ssl_handshake_timeout=EGRESS_CONNECT_SECONDS)
-                await self._intercepted(host, port, secrets, (reader, writer), (up_reader, up_writer),
-                                        (up, down), record)
+            if self.ca is not None and secrets:
+                upstream = await self._open(host, port, addresses, tls=True)
+                try:
+                    writer.write(ESTABLISHED)
+                    await writer.start_tls(self.ca.server_context(host), ssl_handshake_timeout=EGRESS_CONNECT_SECONDS)
+                    await self._intercepted(host, port, secrets, (reader, writer), upstream, (up, down), record)
+                finally:
+                    upstream[1].close()
             else:
-                await _splice(reader, writer, up_reader, up_writer, up, down)
+                await splice(reader, await self._open_raw(host, port, addresses, writer, down), up)
         finally:
             record.bytes_up, record.bytes_down = up.bytes, down.bytes
-            up_writer.close()
 
     async def _intercepted(self, host: str, port: int, secrets: Sequence[Secret],
                            client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
@@ -337,23 +352,3 @@ async def _relay_answer(method: str, reader: asyncio.StreamReader, writer: async
             if framing.until_close:
                 head.set("Connection", "close")
             return head
-
-
-async def _pipe_raw(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, counter: Counter) -> None:
-    try:
-        while data := await reader.read(EGRESS_PIPE_CHUNK):
-            writer.write(data)
-            counter.bytes += len(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except (ConnectionError, OSError):
-        writer.close()
-
-
-async def _splice(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up_reader: asyncio.StreamReader,
-                  up_writer: asyncio.StreamWriter, up: Counter, down: Counter) -> None:
-    """Pass bytes both ways until both sides have ended."""
-    for side in (writer, up_writer):
-        side.transport.set_write_buffer_limits(high=EGRESS_PIPE_CHUNK * 4)
-    await asyncio.gather(_pipe_raw(reader, up_writer, up), _pipe_raw(up_reader, writer, down))
