@@ -8,6 +8,7 @@ from guilds.sandbox.bubblewrap import AGENT_UID_BASE, AGENT_UID_SPAN, agent_uid
 from guilds.sandbox.bwrap_argv import (
     INIT,
     LIMITS_SCRIPT,
+    RELAY,
     BwrapConfig,
     Limits,
     bwrap_argv,
@@ -91,6 +92,18 @@ def test_network_on_keeps_the_resolver_behind_run():
         *LOCAL_BIN, *PARENTS, *BINDS, "--tmpfs", "/var/lib/guilds", *READ_ONLY,
         *NAMESPACES, "--as-pid-1", *ROOT_CAPS, *TAIL,
     ]
+
+
+def test_a_list_keeps_the_network_off_and_binds_the_proxy_folder_with_the_relay_in_init():
+    config = replace(CONFIG, egress_dir="/var/lib/guilds/egress/a1/run")
+    relay_tail = [*TAIL[:-8], "/usr/bin/python3", "-I", "-S", "-c", RELAY + INIT, "/run/guilds-clock", "1800", "9",
+                  "/run/guilds-egress/proxy.sock", "3128"]
+    assert bwrap_argv(config) == [
+        *HEAD, "--ro-bind", "/var/lib/guilds/egress/a1/run", "/run/guilds-egress",
+        *LOCAL_BIN, *PARENTS, *BINDS, "--tmpfs", "/var/lib/guilds", *READ_ONLY,
+        *NAMESPACES, "--unshare-net", "--as-pid-1", *ROOT_CAPS, *relay_tail,
+    ]
+    compile(RELAY + INIT, "<init>", "exec")
 
 
 def test_a_home_inside_the_hidden_data_folder_is_bound_after_hiding_it():

@@ -29,6 +29,7 @@ from guilds.sandbox import docker_spec as spec
 from guilds.sandbox import image
 from guilds.sandbox.docker import DockerSandbox
 from guilds.sandbox.docker_engine import unavailable
+from guilds.sandbox.egress_side import RELAY
 from guilds.toolbox.transport import call_helper
 
 IMAGE = os.environ.get("GUILDS_SANDBOX_IMAGE", "guilds-sandbox:latest")
@@ -65,6 +66,11 @@ def test_container_spec():
         "security_opt": ["no-new-privileges"],
     }
     assert spec.container_spec(cfg, network=True, **kwargs)["network_mode"] == "host"
+    listed = spec.container_spec(cfg, network=False, egress_dir="/data/egress/a1/run", **kwargs)
+    assert listed == {**got, "volumes": {**got["volumes"], "/data/egress/a1/run": {
+        "bind": "/run/guilds-egress", "mode": "ro"}}, "command": [
+        "python3", "-I", "-S", "-c", RELAY + box_lib.INIT, "/run/guilds-clock/active", "90", "30",
+        "/run/guilds-egress/proxy.sock", "3128"]}
 
 
 def test_exec_spec_wraps_the_call():

@@ -55,6 +55,19 @@ def test_doctor_on_a_local_agent(tmp_path):
     assert proc.stdout.splitlines()[-1] == "agent agent1: sandbox local can run"
 
 
+@pytest.mark.parametrize(("network", "said"), [
+    ("false", "ok false: commands have no network"),
+    ("true", ("ok true: unfiltered, commands reach every host and, on bwrap, the host's loopback services; "
+             "a list of hosts filters it (docs/network.md)")),
+    ('["github.com", "10.1.2.0/24"]', ("ok a list of 2 entries: commands reach only those, through the "
+                                      "egress proxy (docs/network.md)")),
+])
+def test_doctor_says_what_the_network_setting_lets_through(tmp_path, network, said):
+    path = tmp_path / "agent.toml"
+    path.write_text(f'[agent]\nhome = "home"\nsandbox = "bwrap"\nnetwork = {network}\n')
+    assert lines(guilds(tmp_path, "doctor", "--config", str(path)))["network"] == said
+
+
 def test_doctor_fails_when_the_configured_sandbox_cannot_run(tmp_path):
     proc = guilds(tmp_path, "doctor", "--config", str(settings(tmp_path, "docker")),
                   DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock")
@@ -111,6 +124,28 @@ def test_bwrap_sandbox_list_stop_rm(tmp_path):
                        *(f"removed {base}.{ext}" for ext in ("lock", "log", "clock"))]
     assert not any(base.parent.iterdir()) and (tmp_path / "home").is_dir()
     assert agent not in guilds(tmp_path, "sandbox", "list", "--config", config).stdout
+
+
+@pytest.mark.bwrap
+@pytest.mark.skipif(NO_BWRAP is not None, reason=f"bwrap: {NO_BWRAP}")
+def test_the_egress_proxy_outlives_the_call_and_ends_with_the_sandbox(tmp_path):
+    agent = f"egress-{secrets.token_hex(3)}"
+    path = tmp_path / "agent.toml"
+    path.write_text(f'[agent]\nid = "{agent}"\nhome = "home"\nsandbox = "bwrap"\nnetwork = ["example.invalid"]\n')
+    config = str(path)
+    called = guilds(tmp_path, "call", "shell", '{"command": "echo $HTTPS_PROXY"}', "--config", config)
+    assert called.returncode == 0 and "@127.0.0.1:3128" in called.stdout, called.stdout + called.stderr
+    folder = tmp_path / "data" / "egress" / agent
+    pid = int((folder / "proxy.pid").read_text())
+    assert b"guilds.egress" in Path(f"/proc/{pid}/cmdline").read_bytes()  # the call has exited; it lives on
+    assert guilds(tmp_path, "sandbox", "stop", "--config", config).returncode == 0
+    try:
+        left = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        left = b""
+    assert not left  # gone (or a zombie nobody reaped yet)
+    removed = guilds(tmp_path, "sandbox", "rm", "--config", config).stdout.splitlines()
+    assert removed[-1] == f"removed {folder}" and not folder.exists()
 
 
 def test_local_rm_removes_the_agents_state_and_bad_input_is_named(tmp_path):

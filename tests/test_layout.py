@@ -266,17 +266,19 @@ BASE = ("guilds.errors", "guilds.limits", "guilds.procfs")
 """The base modules: every room may import them; they import nothing of the house."""
 ROOMS = {
     "base": set(),
-    "config": {"base"},
+    "egress": {"base"},
+    "config": {"base", "egress"},
     "record": {"base", "config"},
-    "sandbox": {"base", "config"},
-    "toolbox": {"base", "config", "record", "sandbox"},
+    "sandbox": {"base", "config", "egress"},
+    "toolbox": {"base", "config", "record", "sandbox", "egress"},
     "web": {"base", "config", "record"},
     "adapters": {"base"},
-    "fronts": {"base", "config", "record", "sandbox", "toolbox", "web"},
+    "fronts": {"base", "config", "record", "sandbox", "toolbox", "web", "egress"},
     "package": {"fronts"},
 }
 """Which rooms of guilds each room may import (besides itself, the standard library,
-the third-party packages and the in-sandbox helpers): config (the settings), the
+the third-party packages and the in-sandbox helpers): the egress proxy stands on the
+base alone (the settings parse its allowlist, the sandboxes start it); config (the settings), the
 record, the sandboxes and the web app stand on the base alone or with the
 settings and the record; the toolbox joins the record and the sandboxes; the
 fronts (CLI, MCP, serve, the Python API, doctor) join everything; ``guilds.open``

@@ -19,7 +19,7 @@ from guilds.record.migration import split_trailer
 from guilds.record.owners import LOST
 from guilds.record.schema import SAVINGS_COLUMNS, calls, metadata, runs, tasks
 from guilds.record.store import Store
-from guilds.record.values import Savings
+from guilds.record.values import Savings, decision_rows
 from guilds.web.savings_view import run_savings
 from toolbox_kit import local_toolbox
 
@@ -218,3 +218,24 @@ async def test_an_older_records_tasks_get_the_starting_call_column_empty(tmp_pat
             if n == 0:
                 await store.create_task(**{**row, "id": "task-new", "background_call": "c0123456789ab"})
             assert (await store.get_task("task-new"))["background_call"] == "c0123456789ab"
+
+
+async def test_an_older_record_gets_the_egress_table_and_keeps_decisions_by_call(tmp_path, backend):
+    url = _url(backend, tmp_path)
+    engine = create_async_engine(url)
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.drop_all)
+        await conn.run_sync(_old_metadata(remaining=True).create_all)
+    await engine.dispose()
+    lines = [{"time": 2.0, "host": "github.com", "port": 443, "allowed": True, "reason": "listed",
+              "bytes_up": 10, "bytes_down": 20, "tag": "r1/c1"},
+             {"time": 1.0, "host": "evil.example", "port": 443, "allowed": False, "reason": "not listed",
+              "tag": "r1/c1"},
+             {"time": 3.0, "host": "pypi.org", "port": 443, "allowed": True, "reason": "listed", "tag": ""}]
+    async with Store(url) as store:
+        await store.add_egress(decision_rows(lines, "r1", "c2"))
+        first = await store.egress_of_call("r1", "c1")
+        assert [(d["host"], d["allowed"]) for d in first] == [("evil.example", False), ("github.com", True)]
+        assert [d["host"] for d in await store.egress_of_call("r1", "c2")] == ["pypi.org"]  # no tag: the reader
+        assert await store.egress_counts("r1") == {"allowed": 2, "refused": 1}
+        assert await store.egress_counts("r2") == {"allowed": 0, "refused": 0}

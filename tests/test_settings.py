@@ -112,7 +112,7 @@ def test_result_max_bytes_falls_back_to_the_environment(tmp_path):
         ("[agent]\nmax_tool_calls = 0", {}, "agent.max_tool_calls: must be at least 1, got 0"),
         ("[agent]\nmax_tool_calls = true", {}, "agent.max_tool_calls: must be an integer"),
         ('[agent]\ncoding = "false"', {}, "agent.coding: must be true or false"),
-        ("[agent]\nnetwork = 1", {}, "agent.network: must be true or false"),
+        ("[agent]\nnetwork = 1", {}, "agent.network: must be true, false or a list of hosts, got 1"),
         ("[agent]\nports = 20000", {}, "agent.ports: must be a string 'first-last'"),
         ('[agent]\nports = "20000"', {}, "agent.ports: must be 'first-last'"),
         ('[agent]\nports = "30000-20000"', {}, "agent.ports: must be a block within 1-65535"),
@@ -133,6 +133,31 @@ def test_result_max_bytes_falls_back_to_the_environment(tmp_path):
         ('[repos.web]\npath = "/abs"', {}, "repos.web.path: must be a folder inside the home"),
         ('[repos."a/b"]', {}, "repos.a/b: must be letters, digits"),
         ('[repos.web]\ntoken = "ab"', {}, "repos.web.token: at least 4 characters"),
+        ('[agent]\nnetwork = "github.com"', {}, "agent.network: must be true, false or a list of hosts"),
+        ('[agent]\nsandbox = "bwrap"\nnetwork = []', {}, "agent.network: an empty list allows nothing"),
+        ('[agent]\nsandbox = "bwrap"\nnetwork = [""]', {}, "agent.network[0]: must not be empty"),
+        ('[agent]\nsandbox = "bwrap"\nnetwork = [3]', {}, "agent.network[0]: must be a string"),
+        ('[agent]\nsandbox = "local"\nnetwork = ["github.com"]', {},
+         "agent.network: a list of hosts is enforced only by the bwrap and docker sandboxes, not 'local'"),
+        ('[agent]\nsandbox = "kubernetes"\nnetwork = ["github.com"]', {},
+         "agent.network: a list of hosts is enforced only by the bwrap and docker sandboxes, not 'kubernetes'"),
+        ('[secrets.T]\nvalue = "abcdef"\nhosts = ["github.com"]', {},
+         "secrets.T.hosts: only with agent.network a list of hosts"),
+        ('[agent]\nsandbox = "bwrap"\nnetwork = ["a.org"]\n[secrets.T]\nhosts = ["a.org"]', {},
+         "secrets.T.value: missing"),
+        ('[agent]\nsandbox = "bwrap"\nnetwork = ["a.org"]\n[secrets.T]\nvalue = "ab"', {},
+         "secrets.T.value: at least 4 characters"),
+        ('[agent]\nsandbox = "bwrap"\nnetwork = ["a.org"]\n[secrets.T]\nvalue = "abcd"\nhost = []', {},
+         "secrets.T.host: unknown key"),
+        ('[repos.web]\ntoken = "abcdef"\ntoken_hosts = ["github.com"]', {},
+         "repos.web.token_hosts: only with agent.network a list of hosts"),
+        ('[egress.resolve]\n"a.org" = "10.0.0.1"', {}, "egress.resolve: only with agent.network a list of hosts"),
+        ('[agent]\nsandbox = "bwrap"\nnetwork = ["a.org"]\n[egress.resolve]\n"a.org" = "nowhere"', {},
+         "egress.resolve.a.org: must be an IP address"),
+        ('[agent]\nsandbox = "bwrap"\nnetwork = ["a.org", "http://b.org/"]', {},
+         "agent.network: 'http://b.org/' has a port that is not a number"),
+        (('[agent]\nsandbox = "bwrap"\nnetwork = ["a.org"]\n[repos.web]\ntoken = "abcdef"\n'
+         'token_hosts = ["10.0.0.0/8"]'), {}, "repos.web.token_hosts: a secret's hosts name hosts"),
     ],
 )
 def test_a_bad_key_is_named(tmp_path, text, env, message):
@@ -204,3 +229,22 @@ def test_the_coding_flag_is_read_afresh(tmp_path):
     path.write_text("[agent]\ncoding = 1\n")
     with pytest.raises(ConfigError, match=r"agent\.coding"):
         flag()
+
+
+def test_a_list_keeps_the_network_off_and_names_what_each_secret_is_for(tmp_path):
+    s = load(tmp_path, (
+        '[agent]\nsandbox = "docker"\nnetwork = ["github.com", "*.example.org", "10.1.2.0/24"]\n'
+        '[secrets]\nPLAIN = "plain-value"\n[secrets.PYPI]\nvalue = "pypi-value"\nhosts = ["upload.pypi.org"]\n'
+        '[repos.web]\ntoken = "ghp_abcdef"\n[repos.docs]\ntoken = "ghp_123456"\ntoken_hosts = ["git.corp"]\n'
+        '[egress.resolve]\n"git.corp" = "10.1.2.3"\n'))
+    assert (s.network, s.egress) == (False, ("github.com", "*.example.org", "10.1.2.0/24"))
+    assert dict(s.secrets) == {"PLAIN": "plain-value", "PYPI": "pypi-value"}
+    assert dict(s.secret_hosts) == {"PYPI": ("upload.pypi.org",)}
+    assert [(r.name, r.token_hosts) for r in s.repos] == [("web", None), ("docs", ("git.corp",))]
+    assert dict(s.egress_resolve) == {"git.corp": "10.1.2.3"}
+    assert sorted(s.secret_values()) == ["ghp_123456", "ghp_abcdef", "plain-value", "pypi-value"]
+
+
+def test_true_and_false_are_as_before(tmp_path):
+    on, off = load(tmp_path, "[agent]\nnetwork = true"), load(tmp_path, "[agent]\nnetwork = false")
+    assert (on.network, on.egress, off.network, off.egress) == (True, (), False, ())

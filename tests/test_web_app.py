@@ -12,6 +12,7 @@ import pytest_asyncio
 import uvicorn
 
 from fixtures import secret_forms
+from guilds.record.values import decision_rows
 from guilds.web.queries import FLOW_PAGE
 from web_kit import AUTH, FLOW, FORMS_COMMAND, SECRET, SPLITS_COMMAND, fill, record_code_task, served, shown_text
 
@@ -268,3 +269,20 @@ async def test_no_secret_reaches_any_page(client):
               for seq in range(1, len(FLOW) + 1) for query in views]
     assert not any(SECRET in page for page in pages)
     assert sum("[REDACTED]" in page for page in pages) > 5
+
+
+async def test_egress_decisions_are_listed_in_the_metadata_and_counted_on_the_run_page(app, client):
+    result = await app.toolbox.call("run-egress", "shell", {"command": "true"})
+    call = result.meta["call"]
+    await app.store.add_egress(decision_rows([
+        {"time": 1.0, "host": "github.com", "port": 443, "allowed": True, "reason": "listed",
+         "bytes_up": 2150, "bytes_down": 15700, "tag": f"run-egress/{call}"},
+        {"time": 2.0, "host": "api.example.com", "port": 443, "allowed": False,
+         "reason": "guilds egress: api.example.com:443 is not in agent.network", "tag": f"run-egress/{call}"},
+    ], "run-egress", call))
+    html = await get(client, f"/runs/run-egress/calls/{result.meta['seq']}?view=metadata", fragment=True)
+    assert re.findall(r"<dt>Egress</dt>\s*<dd>(.*?)</dd>", html) == [
+        "github.com:443 allowed · 2.1 KB up, 15 KB down",
+        "api.example.com:443 refused: guilds egress: api.example.com:443 is not in agent.network"]
+    assert "Egress: 1 allowed, 1 refused" in await get(client, "/runs/run-egress")
+    assert "Egress:" not in await get(client, "/runs/run1")  # a run without any: as before

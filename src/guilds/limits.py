@@ -117,6 +117,15 @@ BWRAP_START_SECONDS = 10
 BWRAP_IDLE_SECONDS_DEFAULT = 30 * 60
 """The sandbox ends after this long without a call (``shell`` background commands with it)."""
 
+# --- the egress proxy's lifecycle (agent.network a list) -----------------------------
+EGRESS_START_SECONDS = 10
+"""How long a call waits for a newly started egress proxy to listen (its pidfile)."""
+EGRESS_START_POLL_SECONDS = 0.02
+"""How often a call looks whether the proxy it started listens, or the one it stopped is gone."""
+EGRESS_DECISIONS_READ_MAX_BYTES = 4 << 20
+"""The most of the decisions file one call's end reads into the run record; the rest
+waits for the next call (a background download's decisions come in over several)."""
+
 # --- the app's event stream -------------------------------------------------------
 APP_EVENTS_POLL_SECONDS = 0.5
 """How often an open event stream asks the record for the calls past what it has shown."""
@@ -187,3 +196,36 @@ SIGKILL comes guilds_code.limits.STOP_KILL_GRACE_SECONDS after its SIGTERM."""
 MCP_TASK_CANCEL_POLL_SECONDS = 0.25
 """Meanwhile, how often to read the command's state."""
 
+
+# --- the egress proxy ------------------------------------------------------------------
+EGRESS_REQUEST_LINE_MAX_BYTES = 8 * 1024
+"""The longest request line the egress proxy reads (method, target, version): the
+size most servers take for a URL; a longer one is refused with 414 and a reason."""
+EGRESS_HEAD_MAX_BYTES = 64 * 1024
+"""The longest head (request line and headers, or an upstream response's) the egress
+proxy holds: larger than any client's or forge's real head, small enough that 64
+sandboxes' proxies hold little. A longer request head is refused with 431."""
+EGRESS_HEADER_COUNT_MAX = 100
+"""The most header lines in one head (Python's http.client refuses more than this too)."""
+EGRESS_CHUNK_LINE_MAX_BYTES = 1024
+"""The longest line of a chunked body's framing (a chunk's size and its extensions)."""
+EGRESS_TAG_MAX_CHARS = 200
+"""The longest attribution tag (``<run id>/<call id>``) taken from Proxy-Authorization."""
+EGRESS_PIPE_CHUNK = 256 * 1024
+"""How much the egress proxy reads from one side of a connection at a time: a
+body is streamed in pieces of this size, never held whole."""
+EGRESS_HEAD_READ_SECONDS = 30.0
+"""How long a client may take to send a request head: a client that sends half a
+head and waits holds no connection of the proxy past this."""
+EGRESS_RESOLVE_SECONDS = 10.0
+"""How long the egress proxy waits for a host name to resolve before it refuses (502)."""
+EGRESS_CONNECT_SECONDS = 15.0
+"""How long it waits for an upstream connection, its TLS handshake included, before it
+refuses (502); also the longest TLS handshake it waits for from a client."""
+EGRESS_IDLE_POLL_SECONDS = 30.0
+"""How often a proxy looks at its idle clock (at most; a quarter of its idle time
+when shorter), like the sandboxes' init."""
+EGRESS_WRITE_BUFFER_BYTES = 1024 * 1024
+"""How much a tunnel holds for a side that reads slowly before it stops reading the
+other side: room for a burst while the reader waits its turn on a loaded machine,
+and the most a tunnel's way down holds in memory."""

@@ -2,7 +2,8 @@
 
 The environment (the helper's own plus COMMAND_ENV, GUILD_RUN_ID,
 GUILD_AGENT_ID, and GH_TOKEN set to the token of the repository whose folder
-holds the working directory, unset elsewhere), bash started in its own session
+holds the working directory, unset elsewhere; behind the egress proxy, the proxy
+variables naming the call), bash started in its own session
 with stdin /dev/null and stderr with stdout, the log opened without following a
 link, and a command too long for one argv string written to a file and sourced.
 """
@@ -36,6 +37,10 @@ COMMAND_ENV = {
     "PIP_NO_INPUT": "1",  # pip fails rather than asking (credentials, confirmations)
     "npm_config_yes": "true",  # npx and npm init install or proceed without asking
 }
+EGRESS_PROXY_ENV = "GUILDS_EGRESS_PROXY"
+"""host:port of the egress relay inside the sandbox, set by the orchestrator when
+agent.network is a list (docs/network.md)."""
+PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 PWD_FD = 87
 """The descriptor the shell writes its final directory to: high, so a command's own
 `exec 3>...` (or flock's 9) does not take it."""
@@ -72,7 +77,26 @@ def command_env(request: protocol.Request, cwd: str, tokens: Dict[str, str]) -> 
         env.pop("GH_TOKEN", None)
     else:
         env["GH_TOKEN"] = token
+    if env.get(EGRESS_PROXY_ENV):
+        _egress_env(env, request, cwd)
     return env
+
+
+def _egress_env(env: Dict[str, str], request: protocol.Request, cwd: str) -> None:
+    """Behind the egress proxy: the proxy variables name the call (their user is
+    ``<run id>/<call id>``, which the proxy records each decision under; git is told to
+    send it at once), and a
+    repository on a GitHub host other than github.com gets GH_HOST and
+    GH_ENTERPRISE_TOKEN, which gh reads for such a host."""
+    tag = f"{request.run_id}%2F{request.call_id}"  # both are [A-Za-z0-9._-]: only the slash is quoted
+    url = f"http://{tag}:@{env[EGRESS_PROXY_ENV]}"
+    for name in PROXY_VARS:
+        env[name] = url
+    env["GIT_HTTP_PROXY_AUTHMETHOD"] = "basic"  # else git waits for a 407 to send the proxy user
+    host = repo_token(cwd, runstate.load_repo_gh_hosts(request))
+    if host is not None and "GH_TOKEN" in env:
+        env["GH_HOST"] = host
+        env["GH_ENTERPRISE_TOKEN"] = env["GH_TOKEN"]
 
 
 def start_bash(argv: List[str], cwd: str, env: Dict[str, str], stdout: int, pwd_fd: Optional[int] = None) -> proc.Child:

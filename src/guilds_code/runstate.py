@@ -274,9 +274,20 @@ def agent_dir(request: protocol.Request) -> str:
 def load_repo_tokens(request: protocol.Request) -> Dict[str, str]:
     """<state root>/<agent id>/repos.json: absolute folder -> token.
 
+    A folder maps to its token, or to ``{"token": ..., "gh_host": ...}`` (a
+    repository whose GitHub host is not github.com, behind the egress proxy).
     Missing, unreadable or malformed counts as {}; entries that are not an
-    absolute path mapped to a non-empty string are skipped.
+    absolute path mapped to a non-empty token are skipped.
     """
+    return _repo_field(request, "token")
+
+
+def load_repo_gh_hosts(request: protocol.Request) -> Dict[str, str]:
+    """repos.json: absolute folder -> the GitHub host of the repositories that name one."""
+    return _repo_field(request, "gh_host")
+
+
+def _repo_field(request: protocol.Request, field: str) -> Dict[str, str]:
     raw = read_small(state_dir(), [request.agent_id, REPOS_FILE])
     if raw is None:
         return {}
@@ -286,11 +297,12 @@ def load_repo_tokens(request: protocol.Request) -> Dict[str, str]:
         return {}
     if not isinstance(data, dict):
         return {}
-    return {
-        os.path.normpath(folder): token
-        for folder, token in data.items()
-        if folder.startswith("/") and isinstance(token, str) and token
-    }
+    out = {}
+    for folder, entry in data.items():
+        value = entry.get(field) if isinstance(entry, dict) else entry if field == "token" else None
+        if folder.startswith("/") and isinstance(value, str) and value:
+            out[os.path.normpath(folder)] = value
+    return out
 
 
 def redactor_for(request: protocol.Request, tokens: Optional[Dict[str, str]] = None) -> redact.Redactor:

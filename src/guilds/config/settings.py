@@ -8,7 +8,8 @@ sandbox = "auto"              # auto | local | bwrap | docker | kubernetes
 coding = true                 # the live coding flag: tools offered only while true
 max_tool_calls = 200          # per run; remaining_tool_calls counts down from it
 ports = "20000-20099"         # the port block; PORT is its first port
-network = false               # bwrap: may commands reach the network
+network = false               # false | true (unfiltered) | ["github.com", "*.example.org", ...]
+                              # a list: bwrap and docker only, through the egress proxy (docs/network.md)
 result_max_bytes = 8192       # the helper's cap (else $CODE_RESULT_MAX_BYTES, else 8192)
 harness = "claude-code"       # code_task's harness: claude-code | codex
 transport = "auto"            # how calls reach the helper: auto | resident | exec (docs/helper.md)
@@ -17,9 +18,17 @@ max_in_flight = 64            # resident: requests of this agent running at once
 [secrets]                     # put into every command's environment; redacted from every result
 OPENAI_API_KEY = "..."
 
+[secrets.PYPI_TOKEN]          # with agent.network a list: the sandbox sees a placeholder, and the
+value = "..."                 # egress proxy puts the value in for these hosts only
+hosts = ["upload.pypi.org"]
+
 [repos.web]                   # a repository: its folder under the home, its token
 path = "repos/web"            # default repos/<name>
 token = "..."
+token_hosts = ["github.com", "api.github.com"]  # with agent.network a list (default: origin's host and its API host)
+
+[egress.resolve]              # agent.network a list: names the egress proxy resolves to these
+"git.internal" = "10.1.2.3"   # addresses (like curl --resolve); still checked against the list
 
 [docker]                      # sandbox = "docker": one container per agent (docs/sandboxes.md)
 image = "guilds-sandbox:latest"
@@ -68,6 +77,7 @@ from guilds_harness.harnesses import DEFAULT_HARNESS, HARNESSES
 
 from ..errors import ConfigError
 from . import checks as check
+from . import egress
 
 DEFAULT_AGENT_ID = "agent1"
 DEFAULT_SANDBOX = "auto"
@@ -98,6 +108,8 @@ class Repo:
     path: str
     """Folder relative to the home."""
     token: str = ""
+    token_hosts: tuple[str, ...] | None = None
+    """The hosts the egress proxy gives the token to; None: the origin remote's host and its API host."""
 
 
 DEFAULT_SANDBOX_IMAGE = "guilds-sandbox:latest"
@@ -154,7 +166,12 @@ class AgentSettings:
     max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS
     ports: tuple[int, int] = DEFAULT_PORTS
     network: bool = False
+    """The sandbox's whole network (``agent.network = true``); False for a list."""
+    egress: tuple[str, ...] = ()
+    """The allowlist (``agent.network`` as a list): traffic leaves through the egress proxy only."""
     secrets: Mapping[str, str] = field(default_factory=dict)
+    secret_hosts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Secrets given as a table with hosts: the sandbox sees a placeholder, the proxy puts the value in."""
     repos: tuple[Repo, ...] = ()
     result_max_bytes: int = limits.DEFAULT_MAX_BYTES
     harness: str = DEFAULT_HARNESS
@@ -166,6 +183,8 @@ class AgentSettings:
     docker: DockerSettings = field(default_factory=DockerSettings)
     bwrap: BwrapSettings = field(default_factory=BwrapSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
+    egress_resolve: Mapping[str, str] = field(default_factory=dict)
+    """[egress.resolve]: host name -> the address the egress proxy connects to for it."""
 
     def secret_values(self) -> list[str]:
         """Every value to redact: the secrets and the repository tokens."""
@@ -193,16 +212,19 @@ def _agent(table: dict, base: Path, env: Mapping[str, str]) -> dict:
     home = check.string(table.get("home", DEFAULT_HOME), "agent.home")
     if not home.strip():
         raise ConfigError("agent.home: must not be empty")
+    sandbox = check.choice(table.get("sandbox", DEFAULT_SANDBOX), "agent.sandbox", SANDBOXES)
+    network, allowlist = egress.network(table.get("network", False), sandbox)
     return {
         "id": check.name(table.get("id", DEFAULT_AGENT_ID), "agent.id"),
         "home": (base / Path(home).expanduser()).resolve(),
-        "sandbox": check.choice(table.get("sandbox", DEFAULT_SANDBOX), "agent.sandbox", SANDBOXES),
+        "sandbox": sandbox,
         "coding": check.boolean(table.get("coding", True), "agent.coding"),
         "max_tool_calls": check.integer(
             table.get("max_tool_calls", DEFAULT_MAX_TOOL_CALLS), "agent.max_tool_calls", 1
         ),
         "ports": check.ports(table.get("ports", "{}-{}".format(*DEFAULT_PORTS)), "agent.ports"),
-        "network": check.boolean(table.get("network", False), "agent.network"),
+        "network": network,
+        "egress": allowlist,
         "result_max_bytes": _result_max_bytes(table, env),
         "harness": check.choice(table.get("harness", DEFAULT_HARNESS), "agent.harness", tuple(HARNESSES)),
         "transport": check.choice(table.get("transport", DEFAULT_TRANSPORT), "agent.transport", TRANSPORTS),
@@ -217,28 +239,36 @@ def _redactable(value: str, key: str) -> str:
     return value
 
 
-def _secrets(table: dict) -> dict[str, str]:
-    out = {}
-    for name, value in table.items():
+def _secrets(table: dict, filtered: bool) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+    """[secrets]: NAME = "value", or (agent.network a list) a table with value and hosts."""
+    values, hosts = {}, {}
+    for name, entry in table.items():
         key = f"secrets.{name}"
         check.env_name(name, key)
         if name in RESERVED_ENV:
             raise ConfigError(f"{key}: reserved, the sandbox sets {name} itself")
-        out[name] = _redactable(check.string(value, key), key)
-    return out
+        value = entry
+        if isinstance(entry, dict):
+            value, named = egress.secret_table(entry, key, filtered)
+            key = f"{key}.value"
+            if named:
+                hosts[name] = named
+        values[name] = _redactable(check.string(value, key), key)
+    return values, hosts
 
 
-def _repo(name: str, entry: Any) -> Repo:
+def _repo(name: str, entry: Any, filtered: bool) -> Repo:
     key = f"repos.{name}"
     check.name(name, key)
     entry = check.table(entry, key)
-    check.known(entry, key, ("path", "token"))
+    check.known(entry, key, ("path", "token", "token_hosts"))
     path = check.string(entry.get("path", f"repos/{name}"), f"{key}.path")
     token = check.string(entry.get("token", ""), f"{key}.token")
     return Repo(
         name=name,
         path=check.relative_path(path, f"{key}.path"),
         token=_redactable(token, f"{key}.token") if token else "",
+        token_hosts=egress.token_hosts(entry, key, filtered),
     )
 
 
@@ -282,13 +312,16 @@ def _section(data: Mapping[str, Any], where: str) -> Any:
 
 def parse_settings(data: Mapping[str, Any], base: Path, env: Mapping[str, str] | None = None) -> AgentSettings:
     """A parsed TOML document -> AgentSettings; relative paths resolve against base."""
-    check.known(data, "", ("agent", "secrets", "repos", *_SECTIONS))
+    check.known(data, "", ("agent", "secrets", "repos", "egress", *_SECTIONS))
     env = os.environ if env is None else env
     agent = _agent(check.table(data.get("agent", {}), "agent"), base, env)
-    secrets = _secrets(check.table(data.get("secrets", {}), "secrets"))
-    repos = tuple(_repo(n, e) for n, e in check.table(data.get("repos", {}), "repos").items())
+    filtered = bool(agent["egress"])
+    secrets, secret_hosts = _secrets(check.table(data.get("secrets", {}), "secrets"), filtered)
+    repos = tuple(_repo(n, e, filtered) for n, e in check.table(data.get("repos", {}), "repos").items())
     sections = {where: _section(data, where) for where in _SECTIONS}
-    return AgentSettings(**agent, secrets=secrets, repos=repos, **sections)
+    resolve = egress.resolve_table(check.table(data.get("egress", {}), "egress"), filtered)
+    return AgentSettings(**agent, secrets=secrets, secret_hosts=secret_hosts, repos=repos,
+                         egress_resolve=resolve, **sections)
 
 
 def exposure(mode: int) -> str | None:

@@ -5,10 +5,11 @@
 
 Checked: bubblewrap (and why not), rg and its version, the sandbox's python,
 a Docker engine and the sandbox image, a kubeconfig and the rights in
-``kubernetes.namespace``, the data folder, the run record (SQLite or
-PostgreSQL, reached), each settings file the data folder knows (one holding
+``kubernetes.namespace``, the network as the commands get it (``true`` said plainly
+to be unfiltered), the data folder, each settings file the data folder knows (one holding
 secrets its group or others may read is named, with ``chmod 600``; every
-front refuses to load it), the harness CLIs (``claude``, ``codex``), and in the
+front refuses to load it), the run record (SQLite or PostgreSQL, reached),
+the harness CLIs (``claude``, ``codex``), and in the
 bwrap sandbox whether the agent's uid can reach its home and repositories
 (a folder on the way it cannot pass: ``guilds.sandbox.bwrap_reach``). A line
 marked ``--`` is not needed by the configured agent. Exit status 1 when the
@@ -209,6 +210,21 @@ def check_settings_files(wired: Wired) -> list[Check]:
     return found
 
 
+def check_network(wired: Wired) -> Check:
+    """agent.network as the commands get it: off, a list through the egress proxy, or
+    true, which is said plainly to be unfiltered."""
+    settings = wired.settings
+    if settings.egress:
+        count = len(settings.egress)
+        return Check("network", True, f"a list of {count} entr{'y' if count == 1 else 'ies'}: commands reach "
+                     "only those, through the egress proxy (docs/network.md)")
+    if settings.network:
+        loopback = " and, on bwrap, the host's loopback services" if settings.sandbox in ("bwrap", "auto") else ""
+        return Check("network", True, f"true: unfiltered, commands reach every host{loopback}; a list of "
+                     "hosts filters it (docs/network.md)")
+    return Check("network", True, "false: commands have no network")
+
+
 def check_harnesses(wired: Wired) -> list[Check]:
     checks = []
     for harness in HARNESSES:
@@ -227,7 +243,8 @@ def checks(wired: Wired) -> list[Check]:
     found.append(check_kubernetes(wired, sandbox == "kubernetes"))
     if sandbox == "bwrap" or (sandbox == "auto" and found[0].ok):
         found += check_reach(wired)
-    found += [check_data(wired), *check_settings_files(wired), check_record(wired), *check_harnesses(wired)]
+    found += [check_network(wired), check_data(wired), *check_settings_files(wired), check_record(wired),
+              *check_harnesses(wired)]
     return found
 
 

@@ -12,7 +12,8 @@
            data folder (its state root went with the sandbox); local, the agent's state
            folder under the data folder; docker, the container and its state volume;
            kubernetes, the pod, its home claim and its secret. The agent's home on
-           this machine stays. Nothing is asked; every removed thing is named.
+           this machine stays; and for each, the egress proxy's files (agent.network a
+           list). Nothing is asked; every removed thing is named.
 
 Exit status: 0 done (also when there was nothing to stop or remove), 1 when a
 backend failed (its error printed), 2 for bad input.
@@ -119,6 +120,10 @@ def _removed_files(data: Path, settings: AgentSettings, backend: str) -> Iterato
         paths = [base, *(base.with_name(f"{settings.id}.{ext}") for ext in ("json", "lock", "log", "clock"))]
     else:
         paths = [data / LOCAL_STATE_FOLDER / settings.id]
+    yield from _removed(paths)
+
+
+def _removed(paths: list[Path]) -> Iterator[str]:
     for path in paths:
         if path.is_dir():
             shutil.rmtree(path)
@@ -169,14 +174,19 @@ async def stop_box(wired: Wired, *, remove: bool) -> list[str]:
     await sandbox.stop()
     done = [f"stopped the {backend} sandbox of agent {wired.settings.id}"]
     if backend == "docker":
-        return done + [f"removed {thing}" for thing in before]
+        return done + [f"removed {thing}" for thing in before + (_removed_egress(wired) if remove else [])]
     if not remove:
         return done
     if backend == "kubernetes":
         gone = await asyncio.to_thread(lambda: list(_kube_remove(sandbox)))
     else:
         gone = list(_removed_files(Path(wired.data_dir), wired.settings, backend))
-    return done + [f"removed {thing}" for thing in gone]
+    return done + [f"removed {thing}" for thing in gone + _removed_egress(wired)]
+
+
+def _removed_egress(wired: Wired) -> list[str]:
+    """The egress proxy's files of the agent (agent.network a list), removed once it is stopped."""
+    return list(_removed([Path(wired.data_dir) / "egress" / wired.settings.id]))
 
 
 def _parser(action: str) -> argparse.ArgumentParser:

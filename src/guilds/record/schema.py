@@ -27,6 +27,9 @@ Tables:
            result (the final result or error, as sent), created_at,
            updated_at, owner (the process following it; none once it has
            ended): the MCP front's tasks (guilds/fronts/mcp_tasks.py)
+    egress the egress proxy's decisions (agent.network a list, docs/network.md):
+           run_id and call_id (of the call whose command made the connection), at,
+           host, port, allowed, reason, bytes_up, bytes_down
 """
 
 from __future__ import annotations
@@ -123,3 +126,18 @@ tasks = sa.Table(
     sa.Column("updated_at", _TS, nullable=False),
     sa.Column("owner", sa.String(32)),
 )
+egress = sa.Table(
+    "egress", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_id", sa.String(128), nullable=False),
+    sa.Column("call_id", sa.String(128), nullable=False),
+    sa.Column("at", sa.Float, nullable=False),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("port", sa.Integer, nullable=False),
+    sa.Column("allowed", sa.Boolean, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("bytes_up", sa.BigInteger, nullable=False),
+    sa.Column("bytes_down", sa.BigInteger, nullable=False),
+    sa.Index("egress_by_call", "run_id", "call_id"),
+)
+"""The egress proxy's decisions, one row each (``Store.add_egress``); ``at`` in seconds since the epoch."""

@@ -55,7 +55,7 @@ from .engine import (
     sqlite_pragmas,
 )
 from .owners import Lease, Owner, is_gone, machine_id
-from .schema import calls, context_marks, owners, run_principals, runs, tasks
+from .schema import calls, context_marks, egress, owners, run_principals, runs, tasks
 from .statements import (
     FLOW_COLUMNS,
     FLOW_PAGE,
@@ -334,6 +334,29 @@ class Store:
                  .order_by(calls.c.seq).limit(limit))
         async with self.engine.connect() as conn:
             return [CallRecord.from_row(r) for r in (await conn.execute(query)).mappings()]
+
+    # --- the egress proxy's decisions
+    async def add_egress(self, decisions: list[dict[str, Any]]) -> None:
+        """Record decisions, each the ``egress`` table's columns but its id."""
+        if decisions:
+            await self._in_transaction("the egress decisions",
+                                       lambda conn: conn.execute(sa.insert(egress), decisions))
+
+    async def egress_of_call(self, run_id: str, call_id: str) -> list[dict[str, Any]]:
+        """A call's egress decisions, in the order they were made."""
+        query = (sa.select(egress).where(egress.c.run_id == run_id, egress.c.call_id == call_id)
+                 .order_by(egress.c.at, egress.c.id))
+        return await self._reading(lambda conn: [dict(r) for r in conn.execute(query).mappings()])
+
+    async def egress_counts(self, run_id: str) -> dict[str, int]:
+        """A run's egress decisions counted: {"allowed": n, "refused": m}."""
+        query = (sa.select(egress.c.allowed, sa.func.count()).where(egress.c.run_id == run_id)
+                 .group_by(egress.c.allowed))
+        rows = await self._reading(lambda conn: conn.execute(query).all())
+        counts = {"allowed": 0, "refused": 0}
+        for allowed, n in rows:
+            counts["allowed" if allowed else "refused"] += n
+        return counts
 
     # --- the MCP front's run principals and tasks
     async def claim_run(self, run_id: str, principal: str, agent_id: str | None = None) -> str:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Mapping
 
+from ..config.checks import is_safe_name
+
 TRAILER = "remaining_tool_calls: {n}"
 """The answer's last line: the run's calls left after this one."""
 CALL_FIELDS = ("call", "tool", "run", "seq", "started_at", "duration_ms", "row")
@@ -164,3 +166,28 @@ class CallRecord:
     def trailer(self) -> str:
         """The answer's trailer line; "" while running."""
         return "" if self.remaining is None else TRAILER.format(n=self.remaining)
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def decision_rows(decisions: list[dict[str, Any]], run_id: str, call_id: str) -> list[dict[str, Any]]:
+    """The egress proxy's decisions (its JSON lines) as ``egress`` rows: each under the
+    run and call its tag names (``<run id>/<call id>``, the proxy user of the command's
+    proxy variables), else under run_id and call_id (the call whose end reads them)."""
+    rows = []
+    for d in decisions:
+        tag = d.get("tag")
+        run, _, call = (tag if isinstance(tag, str) else "").partition("/")
+        if not (is_safe_name(run) and is_safe_name(call)):
+            run, call = run_id, call_id
+        at = d.get("time")
+        rows.append({
+            "run_id": run, "call_id": call,
+            "at": float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else 0.0,
+            "host": str(d.get("host", ""))[:255], "port": _count(d.get("port")),
+            "allowed": d.get("allowed") is True, "reason": str(d.get("reason", ""))[:1000],
+            "bytes_up": _count(d.get("bytes_up")), "bytes_down": _count(d.get("bytes_down")),
+        })
+    return rows

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 
+from ..config.egress import NO_LIST_SANDBOXES, list_refused
 from ..config.settings import SANDBOXES, AgentSettings
 from ..errors import ConfigError, SandboxError
 from .base import ExecResult, Sandbox
@@ -30,16 +31,20 @@ def get_sandbox(
 
     idle_seconds: the idle stop (default: guilds.limits.BWRAP_IDLE_SECONDS_DEFAULT, the
     settings' ``idle_minutes`` for docker and kubernetes; these keep no files
-    under data_dir). Raises ConfigError for a name it does not know, and
-    SandboxError when ``bwrap`` is asked for where it does not work.
+    under data_dir). Raises ConfigError for a name it does not know or an allowlist
+    (``settings.egress``) on a sandbox that cannot enforce it, and SandboxError when
+    ``bwrap`` is asked for where it does not work (or ``auto`` would fall back to
+    ``local`` with an allowlist).
     """
     name = settings.sandbox
     if name not in SANDBOXES:
         raise ConfigError(f"agent.sandbox: unknown sandbox {name!r} (known: {', '.join(SANDBOXES)})")
+    if settings.egress and name in NO_LIST_SANDBOXES:  # settings made in code, past the loader's check
+        raise ConfigError(list_refused(name))
     if name == "docker":
         from .docker import DockerSandbox
 
-        return DockerSandbox(settings, idle_seconds=idle_seconds)
+        return DockerSandbox(settings, idle_seconds=idle_seconds, data_dir=data_dir)
     if name == "kubernetes":
         from .kubernetes import KubernetesSandbox
 
@@ -52,6 +57,9 @@ def get_sandbox(
             return _bwrap(settings, data_dir, idle_seconds)
         if name == "bwrap":
             raise SandboxError(f"agent.sandbox = 'bwrap': bubblewrap does not work here: {reason}")
+        if settings.egress:
+            raise SandboxError(f"{list_refused('local')} (agent.sandbox = 'auto': bubblewrap does not "
+                               f"work here: {reason})")
         log.warning("sandbox: bubblewrap does not work here (%s); using local, which isolates "
                     "nothing: commands run as this user, with all its files and the network", reason)
     from .local import LocalSandbox

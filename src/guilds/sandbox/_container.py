@@ -51,6 +51,7 @@ from ..config.settings import AgentSettings
 from ..limits import CONTAINER_CLOCK_POLL_SECONDS, CONTAINER_SEEN_POLL_SECONDS
 from ._host_folder import locate
 from ._spawn import KILL_GRACE_SECONDS
+from .egress_side import RELAY, init_args
 from .helpers import HELPER_PACKAGES, build_bytes, source_digest
 
 STATE_INSIDE = limits.DEFAULT_STATE_DIR
@@ -148,10 +149,13 @@ def seconds(value: float) -> str:
     return f"{value:.3f}".rstrip("0").rstrip(".")
 
 
-def init_argv(python: str, idle_seconds: float, clock: str = "") -> list[str]:
+def init_argv(python: str, idle_seconds: float, clock: str = "", *, relay: bool = False) -> list[str]:
     """The container's command: INIT with the idle clock's file ("": none, the calls
-    seen), the idle time and how often it looks."""
+    seen), the idle time and how often it looks; with relay (agent.network a list),
+    the egress relay first (``egress_side.RELAY``)."""
     poll = CONTAINER_CLOCK_POLL_SECONDS if clock else CONTAINER_SEEN_POLL_SECONDS
+    if relay:
+        return [python, "-I", "-S", "-c", RELAY + INIT, clock, seconds(idle_seconds), seconds(poll), *init_args()]
     return [python, "-I", "-S", "-c", INIT, clock, seconds(idle_seconds), seconds(poll)]
 
 
@@ -218,9 +222,11 @@ def repos_file(agent_id: str) -> str:
     return f"{STATE_INSIDE}/{agent_id}/repos.json"
 
 
-def repos_json(settings: AgentSettings, home: str) -> bytes:
-    """repos.json: each repository's folder inside -> its token (tokenless ones left out)."""
-    tokens = {posixpath.join(home, r.path): r.token for r in settings.repos if r.token}
+def repos_json(settings: AgentSettings, home: str, entries: Mapping[str, Any] | None = None) -> bytes:
+    """repos.json: each repository's folder inside -> its token (tokenless ones left out),
+    or the entries given (behind the egress proxy, ``egress_side.repos_entries``)."""
+    tokens = entries if entries is not None else {
+        posixpath.join(home, r.path): r.token for r in settings.repos if r.token}
     return json.dumps(tokens, indent=1, sort_keys=True).encode()
 
 

@@ -9,7 +9,7 @@ import os
 import posixpath
 import secrets
 import sys
-from typing import Mapping
+from typing import Any, Mapping
 
 from guilds_code import limits
 
@@ -57,14 +57,17 @@ def agent_env(settings: AgentSettings, *, home: str, state_dir: str, path: str |
 
 
 def write_repos(settings: AgentSettings, *, state_root: str | int, home: str,
-                owner: tuple[int, int] | None = None, shown: str | None = None) -> None:
+                owner: tuple[int, int] | None = None, shown: str | None = None,
+                entries: Mapping[str, Any] | None = None) -> None:
     """``<state root>/<agent id>/repos.json`` (0600): each repository's absolute
-    folder, as the sandbox sees it under ``home``, -> its token (tokenless ones left out).
+    folder, as the sandbox sees it under ``home``, -> its token (tokenless ones left out),
+    or the entries given (behind the egress proxy: placeholders, egress_side.repos_entries).
 
     state_root is the host folder behind the state root, or a handle on it
     (``write_beneath``'s root and shown).
     """
-    tokens = {posixpath.join(home, r.path): r.token for r in settings.repos if r.token}
+    tokens = entries if entries is not None else {
+        posixpath.join(home, r.path): r.token for r in settings.repos if r.token}
     data = json.dumps(tokens, indent=1, sort_keys=True).encode()
     write_beneath(state_root, f"{checked_id(settings)}/repos.json", data, owner=owner, shown=shown)
 

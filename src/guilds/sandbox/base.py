@@ -25,6 +25,11 @@ Contract every backend keeps (the conformance suite in tests/ checks it):
   resident helper (``guilds-code serve``) is run this way.
 - ``stop()`` ends everything inside the sandbox (a backend without isolation,
   ``local``, cannot: it documents what it leaves running).
+
+Optional, for ``agent.network`` a list (bwrap and docker; docs/network.md): an
+attribute ``egress`` (the egress proxy's files, ``egress_side.EgressFiles``,
+or None) and ``keep_egress()``, which the toolbox awaits before each call so that
+a dead proxy is started again. A backend without them has no egress proxy.
 """
 
 from __future__ import annotations

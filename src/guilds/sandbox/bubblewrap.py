@@ -81,6 +81,8 @@ from ._host_folder import agent_env, checked_id, locate, own_tree, real_python, 
 from ._spawn import kill_and_wait, parent_pid, read_until, run_process, spawn_detached, start_time
 from .base import ExecResult
 from .process_channel import LocalProcess
+from . import egress_process
+from . import egress_side as egress
 from .bwrap_argv import (
     HELPER_DIR, READY, STATE_INSIDE, BwrapConfig, Limits, bwrap_argv,
     enter_argv, host_local_bin, host_system, keep_run, limited_argv, limits_in_child, sandbox_python,
@@ -137,6 +139,12 @@ class BwrapSandbox:
         self._env = agent_env(settings, home=self.home, state_dir=STATE_INSIDE,
                               path=path or os.environ.get("PATH"))
         self._helpers: tuple[tuple[str, str], ...] = ()
+        self.egress = egress.egress_files(self._data, checked_id(settings)) if settings.egress else None
+        """agent.network a list: the egress proxy's files (None otherwise)."""
+        self._bound: dict[str, egress.Bound] | None = None
+        if self.egress is not None:  # the real values never enter the commands' environment
+            self._bound = egress.bound_values(settings, egress.prepare(self.egress), self.home)
+            self._env.update(egress.sandbox_env(settings, self._bound))
 
     def helper_path(self, name: str) -> str:
         if name not in HELPER_PACKAGES:
@@ -176,6 +184,11 @@ class BwrapSandbox:
         entered = limited_argv(self._process_limits(), enter_argv(pid, self.home, argv, self._entering()))
         return LocalProcess(entered, env=self._env, cwd="/")
 
+    async def keep_egress(self) -> None:
+        """Before each call (the resident helper's too, which enters no new process): the
+        egress proxy running, started again when it died."""
+        await asyncio.to_thread(self._ensure_proxy)
+
     async def _keep_alive(self) -> None:
         """While a call runs, the idle clock stays at zero."""
         while True:
@@ -206,6 +219,7 @@ class BwrapSandbox:
     def _ensure_init(self) -> tuple[int, int]:
         """The running sandbox's init: (pid, start time)."""
         with self._locked():
+            self._ensure_proxy()
             record, fingerprint = self._read_record(), self._fingerprint()
             if record and record["fingerprint"] == fingerprint and _alive(record):
                 self._touch()
@@ -214,6 +228,14 @@ class BwrapSandbox:
                 _end(record)
             return self._create(fingerprint)
 
+    def _ensure_proxy(self) -> None:
+        """agent.network a list: the egress proxy running (started again when it died),
+        and the commands' environment holding the proxy's variables and the placeholders."""
+        if self.egress is None:
+            return
+        egress_process.keep_proxy(self.settings, self.egress, home=self.home, clock=self._clock,
+                          idle_seconds=self.idle_seconds)
+
     def _stop(self) -> None:
         with self._locked():
             record = self._read_record()
@@ -221,6 +243,8 @@ class BwrapSandbox:
                 _end(record)
             Path(self._record).unlink(missing_ok=True)
             _cgroup.remove_cgroup(self._cgroup_name)
+            if self.egress is not None:
+                egress_process.stop_proxy(self.egress)
 
     def _create(self, fingerprint: str) -> tuple[int, int]:
         shutil.rmtree(self._old_state, ignore_errors=True)
@@ -288,6 +312,7 @@ class BwrapSandbox:
             uid=self.uid, gid=self.gid, userns=self._userns, system=host_system(),
             local_bin=host_local_bin(skip=HELPER_PACKAGES), hidden=hidden.folders, hidden_files=hidden.files,
             keep_run=keep_run() if self.settings.network else (), network=self.settings.network,
+            egress_dir=self.egress.shared if self.egress else "",
             tmp_bytes=self.settings.bwrap.tmp_size, python=self.python,
             idle_seconds=self.idle_seconds, info_fd=info_fd, ready_fd=ready_fd,
         )
@@ -345,8 +370,10 @@ class BwrapSandbox:
             pass
 
     def _write_repos(self, pid: int, start: int) -> None:
+        entries = None if self._bound is None else egress.repos_entries(self.settings, self.home, self._bound)
         with _state_root(pid, start) as fd:
-            write_repos(self.settings, state_root=fd, home=self.home, owner=self._owner, shown=STATE_INSIDE)
+            write_repos(self.settings, state_root=fd, home=self.home, owner=self._owner, shown=STATE_INSIDE,
+                        entries=entries)
 
     def _log_tail(self) -> str:
         try:

@@ -19,7 +19,9 @@ Inside (each with its reason in docs/sandboxes.md):
 - the helpers read-only at ``/usr/local/bin/<name>`` (a tmpfs there
   re-exposes the host's entries);
 - own pid, ipc and uts namespaces; the network off (``--unshare-net``) unless
-  ``agent.network``;
+  ``agent.network`` is true; with a list, the egress proxy's socket folder
+  read-only at ``/run/guilds-egress`` and INIT running the relay to it
+  (``egress_side.RELAY``);
 - every process runs as ``uid``/``gid`` on the host, with no capabilities and
   no new privileges. Two ways, by who the orchestrator is:
   *root*: bwrap runs privileged (no user namespace) and ``setpriv`` drops to
@@ -44,6 +46,7 @@ from typing import Collection, Sequence
 
 from ..limits import BWRAP_IDLE_SECONDS_DEFAULT
 from ._spawn import succeeds
+from .egress_side import EGRESS_INSIDE, RELAY, init_args
 
 STATE_INSIDE = "/run/guilds"
 CLOCK_INSIDE = "/run/guilds-clock"
@@ -125,6 +128,9 @@ class BwrapConfig:
     keep_run: tuple[str, ...] = ()
     """Host paths under /run bound back read-only (resolv.conf's target)."""
     network: bool = False
+    egress_dir: str = ""
+    """agent.network a list: the host folder of the egress proxy's socket, bound read-only
+    at EGRESS_INSIDE, and INIT runs the relay to it (the network stays off)."""
     tmp_bytes: int = 1 << 30
     """The size of /tmp."""
     idle_seconds: float = BWRAP_IDLE_SECONDS_DEFAULT
@@ -235,6 +241,8 @@ def bwrap_argv(c: BwrapConfig) -> list[str]:
             *_sized("/tmp", c.tmp_bytes, "1777"), *_sized("/run", SMALL_TMPFS_BYTES)]
     for path in c.keep_run:
         argv += ["--ro-bind-try", path, path]
+    if c.egress_dir:
+        argv += ["--ro-bind", c.egress_dir, EGRESS_INSIDE]
     argv += _local_bin(c)
     holding_home = [h for h in c.hidden if _within(c.home, h)]  # hidden before the home's bind
     argv += _tmpfs(holding_home) + _parents(c) + [
@@ -247,7 +255,8 @@ def bwrap_argv(c: BwrapConfig) -> list[str]:
     argv += [*NAMESPACES, *([] if c.network else ["--unshare-net"]), "--as-pid-1",
              *(["--cap-drop", "ALL"] if c.userns else ROOT_CAPS),
              "--info-fd", str(c.info_fd), "--chdir", "/", "--", *drop_argv(c),
-             c.python, "-I", "-S", "-c", INIT, CLOCK_INSIDE, f"{c.idle_seconds:g}", str(c.ready_fd)]
+             c.python, "-I", "-S", "-c", RELAY + INIT if c.egress_dir else INIT,
+             CLOCK_INSIDE, f"{c.idle_seconds:g}", str(c.ready_fd), *(init_args() if c.egress_dir else [])]
     return argv
 
 

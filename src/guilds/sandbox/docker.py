@@ -61,6 +61,8 @@ from ._container import (
 from ._spawn import KILL_GRACE_SECONDS
 from .base import ExecResult
 from .process_channel import DockerProcess
+from . import egress_process
+from . import egress_side as egress
 
 IN_CONTAINER_TRIES = 4
 """A step refused because the container is gone or not running is tried again this
@@ -79,9 +81,10 @@ class DockerSandbox(ContainerSandbox):
     python = spec.PYTHON
 
     def __init__(self, settings: AgentSettings, *, idle_seconds: float | None = None,
-                 base_url: str | None = None):
+                 base_url: str | None = None, data_dir: str | os.PathLike | None = None):
         """idle_seconds: the idle stop (default docker.idle_minutes); base_url: the engine
-        (default: DOCKER_HOST, else the local socket)."""
+        (default: DOCKER_HOST, else the local socket); data_dir: where the egress proxy
+        keeps its files (needed when agent.network is a list)."""
         self.settings, self.config = settings, settings.docker
         self.home = str(settings.home)
         self.agent_id = checked_id(settings)
@@ -94,6 +97,13 @@ class DockerSandbox(ContainerSandbox):
         self._owner = container_owner()
         self._clock_at = 0.0
         self._lock = threading.Lock()
+        self.egress = (egress.egress_files(os.path.realpath(data_dir), self.agent_id)
+                       if settings.egress and data_dir is not None else None)
+        """agent.network a list: the egress proxy's files (None otherwise)."""
+        self._bound: dict[str, egress.Bound] | None = None
+        if self.egress is not None:  # the real values never enter the commands' environment
+            self._bound = egress.bound_values(settings, egress.prepare(self.egress), self.home)
+            self._env.update(egress.sandbox_env(settings, self._bound))
 
     def _beside_call(self) -> Callable[[], None] | None:
         """The idle clock's move, when it is due."""
@@ -115,6 +125,11 @@ class DockerSandbox(ContainerSandbox):
         with self._engine("exec"):
             response = engine.attach(self.client.api, exec_id)
         return DockerProcess(response, spec.split_frames, lambda: self._kill(token))
+
+    async def keep_egress(self) -> None:
+        """Before each call (the resident helper's too, which makes no new exec): the
+        egress proxy running, started again when it died."""
+        await blocking(self._ensure_proxy)
 
     # --- blocking steps (run in the pool) -------------------------------------
     def _start(self) -> None:
@@ -138,7 +153,8 @@ class DockerSandbox(ContainerSandbox):
         (a missing folder would be made root's by the engine), as ``_put`` takes them."""
         name = repos_file(self.agent_id)
         folders = [*folders_of(name, STATE_INSIDE), f"{STATE_INSIDE}/{REQUESTS_DIR}"]
-        return [(name, repos_json(self.settings, self.home), 0o600)], folders
+        entries = None if self._bound is None else egress.repos_entries(self.settings, self.home, self._bound)
+        return [(name, repos_json(self.settings, self.home, entries), 0o600)], folders
 
     def _write(self, path: str, data: bytes) -> None:
         self._put([(path, data, 0o600)], f"write_file {path}")
@@ -220,12 +236,27 @@ class DockerSandbox(ContainerSandbox):
                 self.client.api.remove_container(self.container, force=True)
             with contextlib.suppress(docker.errors.NotFound):
                 self.client.api.remove_volume(spec.state_volume(self.agent_id), force=True)
+            if self.egress is not None:
+                egress_process.stop_proxy(self.egress)
             self._client, client = None, self._client
             if client is not None:
                 client.close()  # its pooled connections; a later call connects again
 
     # --- finding and creating the container -----------------------------------
+    def _ensure_proxy(self) -> None:
+        """agent.network a list: the egress proxy running (started again when it died;
+        its idle clock, a host file, moved at each call), and the commands' environment
+        holding the proxy's variables and the placeholders."""
+        if not self.settings.egress:
+            return
+        if self.egress is None:
+            raise SandboxError("agent.network is a list, and the docker sandbox was given no data folder "
+                               "for the egress proxy")
+        egress_process.keep_proxy(self.settings, self.egress, home=self.home, clock=self.egress.path("clock"),
+                          idle_seconds=self.idle_seconds)
+
     def _ensure(self) -> str:
+        self._ensure_proxy()
         if self._cid is None:
             self._ensure_created()
         assert self._cid is not None
@@ -279,7 +310,8 @@ class DockerSandbox(ContainerSandbox):
         base_env = {k: v for k, v in self._env.items() if k not in self.settings.secrets}
         kwargs = spec.container_spec(self.config, agent_id=self.agent_id, home=self.home,
                                      network=self.settings.network, idle_seconds=self.idle_seconds,
-                                     base_env=base_env, user=self._owner)
+                                     base_env=base_env, user=self._owner,
+                                     egress_dir=self.egress.shared if self.egress else "")
         stamp = fingerprint([kwargs, helpers_digest()])
         kwargs["labels"][spec.LABEL_FINGERPRINT] = stamp
         return kwargs

@@ -6,8 +6,9 @@ stop, see ``_container``); docker's init as pid 1 reaping zombies; the home, a
 host folder, bound at its own path; the state root a named volume
 ``guilds-<agent id>-state`` at /run/guilds, so background records outlive a
 container (a command that was running in a killed container shows ``ended``);
-the memory and pids limits; ``network_mode`` "none" unless ``agent.network``,
-then the configured Docker network; the agent's uid (``user``, never root), no
+the memory and pids limits; ``network_mode`` "none" unless ``agent.network`` is
+true, then the configured Docker network (a list: "none", the egress proxy's
+socket folder bound read-only and INIT running the relay); the agent's uid (``user``, never root), no
 capabilities, no new privileges. Its environment holds no
 secret: the agent's environment travels with each exec (``exec_spec``).
 
@@ -25,6 +26,7 @@ from typing import Any, Mapping, Sequence
 
 from ..config.settings import DockerSettings
 from ._container import CLOCK, STATE_INSIDE, exec_argv, init_argv
+from .egress_side import EGRESS_INSIDE
 
 LABEL_AGENT = "guilds.agent"
 LABEL_FINGERPRINT = "guilds.fingerprint"
@@ -46,21 +48,26 @@ def state_volume(agent_id: str) -> str:
 
 def container_spec(
     cfg: DockerSettings, *, agent_id: str, home: str, network: bool, idle_seconds: float,
-    base_env: Mapping[str, str], user: tuple[int, int],
+    base_env: Mapping[str, str], user: tuple[int, int], egress_dir: str = "",
 ) -> dict[str, Any]:
     """``containers.create`` keyword arguments for the agent's container (pure).
 
-    base_env: the environment without secrets (PATH, LANG, HOME, ...); user: (uid, gid).
+    base_env: the environment without secrets (PATH, LANG, HOME, ...); user: (uid, gid);
+    egress_dir (agent.network a list): the host folder of the egress proxy's socket,
+    bound read-only at EGRESS_INSIDE, with INIT running the relay (network "none").
     """
+    volumes = {home: {"bind": home, "mode": "rw"},
+               state_volume(agent_id): {"bind": STATE_INSIDE, "mode": "rw"}}
+    if egress_dir:
+        volumes[egress_dir] = {"bind": EGRESS_INSIDE, "mode": "ro"}
     return {
         "image": cfg.image,
-        "command": init_argv(PYTHON, idle_seconds, CLOCK),
+        "command": init_argv(PYTHON, idle_seconds, CLOCK, relay=bool(egress_dir)),
         "name": container_name(agent_id),
         "labels": {LABEL_AGENT: agent_id},
         "environment": dict(base_env),
         "working_dir": home,
-        "volumes": {home: {"bind": home, "mode": "rw"},
-                    state_volume(agent_id): {"bind": STATE_INSIDE, "mode": "rw"}},
+        "volumes": volumes,
         "init": True,
         "mem_limit": cfg.memory,
         "memswap_limit": cfg.memory,

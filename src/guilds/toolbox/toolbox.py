@@ -41,7 +41,7 @@ from ..config.settings import AgentSettings
 from ..errors import BadInput, HelperFailed, RecordError, SandboxError
 from ..record.rows import row_text
 from ..record.store import Store
-from ..record.values import call_fields
+from ..record.values import call_fields, decision_rows
 from ..sandbox.base import Sandbox
 from ..sandbox.helpers import HARNESS_HELPER
 from . import transport
@@ -226,6 +226,7 @@ class Toolbox:
             request.update(harness=self.settings.harness, repos=self._repo_folders())
         try:
             await self._ensure_started()
+            await self._keep_egress()
             envelope = await self._transport.call(request, wait=transport.wait_for(tool, valid), helper=spec.helper)
         except HelperFailed as exc:
             return _error(exc.message)
@@ -275,4 +276,27 @@ class Toolbox:
             )
         except RecordError as exc:  # a full disk: the result still goes back, saying it is not recorded
             meta[NOT_RECORDED] = str(exc)
+        await self._record_egress(call)
         return CallResult(shaped.text, outcome.is_error, meta)
+
+    async def _keep_egress(self) -> None:
+        """agent.network a list: the sandbox's egress proxy started again if it died
+        (``keep_egress``, a sandbox's optional method), before the call is sent."""
+        keep = getattr(self.sandbox, "keep_egress", None)
+        if keep is not None:
+            await keep()
+
+    async def _record_egress(self, call: _Call) -> None:
+        """agent.network a list: the egress proxy's decisions since the last call's end,
+        into the run record, each under the call its command named (that call's own
+        by default). A record that cannot take them loses them, not the call."""
+        files = getattr(self.sandbox, "egress", None)
+        if files is None:
+            return
+        from ..sandbox.egress_process import read_decisions
+
+        rows = decision_rows(await asyncio.to_thread(read_decisions, files), call.run_id, call.call_id)
+        try:
+            await self.store.add_egress(rows)
+        except RecordError:
+            pass

@@ -129,7 +129,7 @@ class WebApp:
             start = opened.item.seq
         flow = await (self._flow(run.id, None) if start is None else self._flow_from(run.id, max(1, start)))
         return self.page("run.html", run=run, flow=flow, opened=opened,
-                         savings=run_savings_of(run))
+                         savings=run_savings_of(run), egress=await self.store.egress_counts(run.id))
 
     async def earlier(self, request: Request) -> Response:
         run = await self._run(request)
@@ -144,8 +144,9 @@ class WebApp:
 
     async def call(self, request: Request) -> Response:
         call = await self._call(request)
-        opened = call_page(call, request.query_params.get("view"), request.query_params.get("format"),
-                           redactor=self.redactor)
+        view = request.query_params.get("view")
+        egress = await self.store.egress_of_call(call.run_id, call.call_id) if view == "metadata" else []
+        opened = call_page(call, view, request.query_params.get("format"), egress, redactor=self.redactor)
         if _fragment(request):
             return self.page("_call.html", opened=opened)
         return await self.run(request, opened)

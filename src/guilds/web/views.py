@@ -9,6 +9,9 @@ The product page:
                the working directory, the file and its lines, and Same as step
                for a repeated read
 
+Beyond the page: an ``Egress`` row for each connection the call's commands
+asked of the egress proxy (agent.network a list, docs/network.md).
+
 Where the page is silent: the Result view opens first; a string argument is
 shown as given and any other value as JSON; an exit code of a command that
 timed out reads ``124 (timed out)``; the lines read ``a–b of n``.
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from markupsafe import Markup
 
@@ -28,7 +31,7 @@ from ..record.values import CallRecord
 from .flow import FlowItem, call_path, flow_item, log_url, running, text_of
 from .logs import LOG_HEAD_BYTES, LOG_TAIL_BYTES, LogExcerpt
 from .render import JsonNode, markdown_html, parse_json, redacted_tree
-from .savings_view import metadata_rows
+from .savings_view import metadata_rows, size
 
 VIEWS = {"arguments": "Arguments", "result": "Result", "metadata": "Metadata"}
 DEFAULT_VIEW = "result"
@@ -154,15 +157,30 @@ class CallPage:
     metadata: list[MetaRow] | None = None
 
 
-def call_page(call: CallRecord, view: str | None = None, fmt: str | None = None, *,
-              redactor: Redactor) -> CallPage:
+def egress_rows(decisions: Sequence[Mapping[str, Any]]) -> list[MetaRow]:
+    """One ``Egress`` row per decision of the egress proxy for the call's commands:
+    ``host:port allowed · 2.0 KB up, 15.1 KB down`` or ``host:port refused: reason``."""
+    rows = []
+    for d in decisions:
+        where = f"{d['host']}:{d['port']}"
+        if d["allowed"]:
+            text = f"{where} allowed · {size(d['bytes_up'])} up, {size(d['bytes_down'])} down"
+        else:
+            text = f"{where} refused: {d['reason']}"
+        rows.append(MetaRow("Egress", text))
+    return rows
+
+
+def call_page(call: CallRecord, view: str | None = None, fmt: str | None = None,
+              egress: Sequence[Mapping[str, Any]] = (), *, redactor: Redactor) -> CallPage:
+    """egress: the call's egress decisions (agent.network a list), listed in its Metadata."""
     view = view if view in VIEWS else DEFAULT_VIEW
     tabs = tuple(Switch(label, call_path(call.run_id, call.seq, v), v == view) for v, label in VIEWS.items())
     page = CallPage(item=flow_item(call), tool=call.tool, view=view, tabs=tabs)
     if view == "arguments":
         return replace(page, arguments=arguments_view(call.args))
     if view == "metadata":
-        return replace(page, metadata=metadata_view(call))
+        return replace(page, metadata=metadata_view(call) + egress_rows(egress))
     return replace(page, result=result_view(call, fmt, redactor=redactor))
 
 

@@ -1,0 +1,143 @@
+"""The egress proxy's config file: what the orchestrator writes for one sandbox's proxy.
+
+A JSON object (the file 0600: it holds the secrets' real values)::
+
+    {
+      "socket": "/…/egress/proxy.sock",      the Unix socket to listen on (made 0666)
+      "allow": ["github.com", "10.1.2.0/24"],  the agent.network list (guilds.egress.policy)
+      "secrets": [{"name": "GH_TOKEN", "placeholder": "…", "value": "…",
+                   "hosts": ["github.com", "api.github.com"]}],
+      "ca_dir": "/…/data/egress",            the certificate authority's folder (guilds.egress.ca)
+      "decisions": "/…/decisions.jsonl",     where each decision is appended (guilds.egress.decisions)
+      "resolve": {"git.test": "10.1.2.3"},   optional: names pinned to an address, never looked up
+      "idle_clock": "/…/clock",              optional: the proxy exits when this file's mtime
+      "idle_seconds": 1800,                    is older than idle_seconds (or it is gone)
+      "pidfile": "/…/proxy.pid"              optional: written once the proxy listens
+    }
+
+Unknown keys are errors; every error is one line naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .policy import Allowlist, IPAddress, address_of, normalize_host
+from .swap import Secret, secret_hosts
+
+KEYS = frozenset({"socket", "allow", "secrets", "ca_dir", "decisions", "resolve", "idle_clock",
+                  "idle_seconds", "pidfile"})
+SECRET_KEYS = frozenset({"name", "placeholder", "value", "hosts"})
+
+
+class ConfigError(ValueError):
+    """The config file is unreadable or wrong; the message is one line."""
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    """One proxy's settings (see the module's docstring for each key)."""
+
+    socket: Path
+    allow: Allowlist
+    decisions: Path
+    ca_dir: Path | None = None
+    secrets: tuple[Secret, ...] = ()
+    resolve: Mapping[str, IPAddress] = field(default_factory=dict)
+    idle_clock: Path | None = None
+    idle_seconds: float = math.inf
+    pidfile: Path | None = None
+
+
+def _path(raw: Mapping[str, object], key: str, required: bool = False) -> Path | None:
+    value = raw.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"egress config: {key} must be a path")
+    return Path(value)
+
+
+def _secret(item: object) -> Secret:
+    if not isinstance(item, dict) or set(item) != SECRET_KEYS:
+        raise ConfigError(f"egress config: each secret has exactly {sorted(SECRET_KEYS)}")
+    name, placeholder, value, hosts = (item[k] for k in ("name", "placeholder", "value", "hosts"))
+    if not all(isinstance(v, str) and v for v in (name, placeholder, value)):
+        raise ConfigError("egress config: a secret's name, placeholder and value must be non-empty strings")
+    if len(placeholder) != len(value) or placeholder == value:
+        raise ConfigError(f"egress config: secret {name}: the placeholder must differ from the value, "
+                          f"at the same length")
+    if not isinstance(hosts, list) or not hosts:
+        raise ConfigError(f"egress config: secret {name}: hosts must be a non-empty list")
+    try:
+        return Secret(name, placeholder, value, secret_hosts(hosts))
+    except ValueError as bad:
+        raise ConfigError(f"egress config: secret {name}: {bad}") from None
+
+
+def _resolve(raw: object) -> dict[str, IPAddress]:
+    if not isinstance(raw, dict):
+        raise ConfigError("egress config: resolve must map names to addresses")
+    pinned = {}
+    for name, address in raw.items():
+        host, ip = normalize_host(str(name)), address_of(str(address))
+        if host is None or ip is None:
+            raise ConfigError(f"egress config: resolve: {name!r} -> {address!r} is not a name and an address")
+        pinned[host] = ip
+    return pinned
+
+
+def parse_config(raw: object) -> ProxyConfig:
+    """The config of a parsed JSON object; ConfigError names the first wrong key."""
+    if not isinstance(raw, dict):
+        raise ConfigError("egress config: a JSON object is expected")
+    unknown = set(raw) - KEYS
+    if unknown:
+        raise ConfigError(f"egress config: unknown key {sorted(unknown)[0]!r}")
+    idle = raw.get("idle_seconds", math.inf)
+    if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not idle > 0:
+        raise ConfigError("egress config: idle_seconds must be a number above 0")
+    secrets = raw.get("secrets", [])
+    if not isinstance(secrets, list):
+        raise ConfigError("egress config: secrets must be a list")
+    try:
+        allow = Allowlist.parse(raw.get("allow", []))
+    except ValueError as bad:
+        raise ConfigError(f"egress config: {bad}") from None
+    return ProxyConfig(
+        socket=_path(raw, "socket", required=True) or Path(), allow=allow,
+        decisions=_path(raw, "decisions", required=True) or Path(), ca_dir=_path(raw, "ca_dir"),
+        secrets=tuple(_secret(s) for s in secrets), resolve=_resolve(raw.get("resolve", {})),
+        idle_clock=_path(raw, "idle_clock"), idle_seconds=float(idle), pidfile=_path(raw, "pidfile"))
+
+
+def write_config(path: str | Path, raw: Mapping[str, object]) -> Path:
+    """Check raw (``parse_config``) and write it to path as the proxy's config: 0600 from
+    its first byte (it holds the secrets' values), replaced whole (a proxy starting reads
+    the old or the new, never half)."""
+    parse_config(dict(raw))
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(raw, out)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def load_config(path: str | Path) -> ProxyConfig:
+    """The config in the JSON file at path."""
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as bad:
+        raise ConfigError(f"egress config: cannot read {path}: {bad}") from None
+    return parse_config(raw)

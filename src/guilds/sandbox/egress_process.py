@@ -1,0 +1,189 @@
+"""The egress proxy's process, one per sandbox with ``agent.network`` a list
+(docs/network.md): started detached from its config (``python -m guilds.egress``),
+found alive by its pidfile and its socket, started again by the next call when it
+died or its settings changed, stopped with the sandbox; and its decisions file read
+into the run record at each call's end. The files are ``egress_side``'s."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+from ..config.settings import AgentSettings
+from ..errors import SandboxError
+from ..limits import EGRESS_DECISIONS_READ_MAX_BYTES, EGRESS_START_POLL_SECONDS, EGRESS_START_SECONDS
+from ._spawn import spawn_detached
+from .egress_side import BUNDLE_NAME, SOCKET_NAME, EgressFiles, bound_values, prepare, proxy_config
+
+
+@contextlib.contextmanager
+def _locked(files: EgressFiles) -> Iterator[None]:
+    with open(files.path("proxy.lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def settings_digest(settings: AgentSettings, *parts: Any) -> str:
+    """What the running proxy must have been started from: the allowlist, the
+    secrets and repositories (and any parts given, as the idle time)."""
+    data = [settings.egress, sorted(settings.secrets.items()), sorted(settings.secret_hosts.items()),
+            [(r.name, r.path, r.token, r.token_hosts) for r in settings.repos], *parts]
+    return hashlib.sha256(json.dumps(data, default=list).encode()).hexdigest()
+
+
+def ensure_proxy(files: EgressFiles, digest: str, make_config: Callable[[], Mapping[str, Any]]) -> None:
+    """The agent's proxy running: found alive and started from the same settings
+    (digest), else started anew with make_config(), detached, and waited for until it
+    listens. Alive: its process runs and its socket answers (one hung or whose socket
+    went is replaced). A repository's default hosts are read when the proxy starts."""
+    from ..egress.daemon import is_serving
+    from ..egress.proxy_config import write_config
+
+    config_path, digest_path = files.path("proxy.json"), files.path("proxy.digest")
+    with _locked(files):
+        pid = proxy_pid(files)
+        serving = pid is not None and is_serving(os.path.join(files.shared, SOCKET_NAME))
+        if serving and _read(digest_path) == digest:
+            return
+        if pid is not None:
+            _terminate(pid)
+        config = make_config()
+        try:
+            write_config(config_path, config)
+        except ValueError as exc:
+            raise SandboxError(f"the egress proxy's config: {exc}") from None
+        _write_private(digest_path, digest)
+        Path(config["pidfile"]).unlink(missing_ok=True)
+        from ._host_folder import real_python
+
+        spawn_detached([real_python(), "-m", "guilds.egress", config_path], env=_proxy_env(),
+                       log_path=files.path("proxy.log"), pass_fds=())
+        deadline = time.monotonic() + EGRESS_START_SECONDS
+        while proxy_pid(files) is None:
+            if time.monotonic() > deadline:
+                raise SandboxError(f"the egress proxy did not start: {_log_tail(files)}")
+            time.sleep(EGRESS_START_POLL_SECONDS)
+
+
+def keep_proxy(settings: AgentSettings, files: EgressFiles, *, home: str, clock: str,
+               idle_seconds: float) -> None:
+    """At each call: the proxy's idle clock moved, the proxy started when it is not running
+    (or was started from other settings)."""
+    Path(clock).touch(mode=0o644)
+    os.utime(clock)
+    resolve = settings.egress_resolve
+
+    def config() -> dict[str, Any]:
+        bound = bound_values(settings, prepare(files), home)
+        write_trust_bundle(files)
+        return proxy_config(settings, files, bound, clock=clock, idle_seconds=idle_seconds, resolve=resolve)
+
+    ensure_proxy(files, settings_digest(settings, idle_seconds, sorted(resolve.items())), config)
+
+
+def write_trust_bundle(files: EgressFiles) -> None:
+    """``run/trust.pem``: the orchestrator's authority (made on first use) plus the host's roots."""
+    from ..egress.ca import CertificateAuthority
+
+    try:
+        CertificateAuthority.open(files.ca_dir).trust_bundle(os.path.join(files.shared, BUNDLE_NAME))
+    except (OSError, ValueError) as exc:
+        raise SandboxError(f"the egress proxy's certificate authority: {exc}") from exc
+
+
+def stop_proxy(files: EgressFiles) -> None:
+    with _locked(files):
+        pid = proxy_pid(files)
+        if pid is not None:
+            _terminate(pid)
+
+
+def proxy_pid(files: EgressFiles) -> int | None:
+    """The pid of the agent's proxy when it runs (its pidfile names a live
+    ``guilds.egress`` process of this config), else None."""
+    try:
+        pid = int(Path(files.path("proxy.pid")).read_text().split()[0])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if files.path("proxy.json").encode() in cmdline.split(b"\0") else None
+
+
+def _terminate(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + EGRESS_START_SECONDS
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(EGRESS_START_POLL_SECONDS)
+    if _running(pid):  # hung: it does not get to keep the socket
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """pid exists and has not exited (a zombie nobody reaped yet has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _proxy_env() -> dict[str, str]:
+    """The proxy's environment: this process's (SSL_CERT_FILE is honoured upstream), with
+    PYTHONPATH so that ``-m guilds.egress`` finds this very package."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": package_root + (os.pathsep + path if path else "")}
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
+def _write_private(path: str, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def _log_tail(files: EgressFiles) -> str:
+    text = _read(files.path("proxy.log")) or "(no log)"
+    return " ".join(text.splitlines()[-3:])
+
+
+# --- decisions into the run record ---------------------------------------------------------
+def read_decisions(files: EgressFiles) -> list[dict[str, Any]]:
+    """The decisions the proxy appended since the last read (by any process), each a dict
+    as the proxy wrote it; a line that is not a JSON object is skipped."""
+    path, mark = files.path("decisions.jsonl"), files.path("decisions.read")
+    with _locked(files):
+        try:
+            start = int(_read(mark) or 0)
+            if os.path.getsize(path) < start:  # a new file: read it from its start
+                start = 0
+            with open(path, "rb") as fh:
+                fh.seek(start)
+                chunk = fh.read(EGRESS_DECISIONS_READ_MAX_BYTES)
+        except (OSError, ValueError):
+            return []
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        _write_private(mark, str(start + len(complete)))
+    out = []
+    for line in complete.splitlines():
+        with contextlib.suppress(ValueError):
+            item = json.loads(line)
+            if isinstance(item, dict):
+                out.append(item)
+    return out

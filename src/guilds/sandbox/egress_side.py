@@ -1,0 +1,253 @@
+"""The sandbox's side of the egress proxy (``agent.network`` a list; docs/network.md),
+shared by the bwrap and docker sandboxes.
+
+On the host, per agent, under ``<data>/egress/<agent id>/`` (0700):
+
+- ``run/`` (0755), bound read-only into the sandbox at EGRESS_INSIDE: the proxy's
+  socket (``proxy.sock``, 0666) and the trust bundle (``trust.pem``: the
+  orchestrator's certificate authority plus the host's roots);
+- ``proxy.json`` (0600): the proxy's config, the only place the real values of
+  host-bound secrets are written; ``decisions.jsonl``: the proxy's decisions,
+  read into the run record at each call's end (``egress_process.read_decisions``);
+  ``placeholder.key`` (0600): the key placeholders are derived from;
+  ``proxy.pid``, ``proxy.log``, ``clock`` (docker: the proxy's idle clock).
+
+The certificate authority lives in ``<data>/egress/ca/``, one per data folder.
+
+Inside, the sandbox's init runs RELAY: it listens on 127.0.0.1:RELAY_PORT in the
+sandbox's own network namespace and splices each connection to the socket. Every
+command gets the proxy variables (the helper names the call in them), NO_PROXY
+for the loopback, and the trust bundle in the variables common clients read
+(TRUST_VARS). A secret with hosts, and a repository token, is a placeholder of
+the same length inside; the proxy puts the value in for its hosts only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from guilds_code.command import EGRESS_PROXY_ENV
+
+from ..config.settings import AgentSettings, Repo
+
+EGRESS_INSIDE = "/run/guilds-egress"
+"""Where the proxy's socket folder is bound read-only inside the sandbox."""
+SOCKET_NAME = "proxy.sock"
+BUNDLE_NAME = "trust.pem"
+RELAY_PORT = 3128
+"""The relay's port on the sandbox's own loopback (the proxy variables name it)."""
+TRUST_VARS = ("SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
+              "GIT_SSL_CAINFO", "PIP_CERT")
+"""The variables common clients read a trust bundle from (python and openssl, curl,
+requests and pip, Node, git, pip)."""
+PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+NO_PROXY = "localhost,127.0.0.1,::1"
+"""The sandbox's own loopback (the agent's servers on its ports) is reached directly."""
+GITHUB, GITHUB_API = "github.com", "api.github.com"
+_PLACEHOLDER_CHARS = string.ascii_letters + string.digits
+RELAY = (
+    "import socket,sys,threading,time\n"
+    "def _pipe(a,b):\n"
+    " try:\n"
+    "  while True:\n"
+    "   d=a.recv(65536)\n"
+    "   if not d:break\n"
+    "   b.sendall(d)\n"
+    " except OSError:pass\n"
+    " try:b.shutdown(socket.SHUT_WR)\n"
+    " except OSError:pass\n"
+    "def _serve(c,path):\n"
+    " u=socket.socket(socket.AF_UNIX)\n"
+    " try:\n"
+    "  u.connect(path)\n"
+    "  t=threading.Thread(target=_pipe,args=(u,c),daemon=True)\n"
+    "  t.start()\n"
+    "  _pipe(c,u)\n"
+    "  t.join()\n"
+    " except OSError:pass\n"
+    " finally:\n"
+    "  c.close()\n"
+    "  u.close()\n"
+    "def _relay(lst,path):\n"
+    " while True:\n"
+    "  try:c=lst.accept()[0]\n"
+    "  except OSError:\n"
+    "   time.sleep(0.1)\n"
+    "   continue\n"
+    "  threading.Thread(target=_serve,args=(c,path),daemon=True).start()\n"
+    "_lst=socket.socket()\n"
+    "_lst.bind(('127.0.0.1',int(sys.argv[5])))\n"
+    "_lst.listen(128)\n"
+    "threading.Thread(target=_relay,args=(_lst,sys.argv[4]),daemon=True).start()\n"
+)
+"""The relay, run first by the sandbox's init (its argv[4]: the proxy's socket inside,
+argv[5]: the port): each connection to 127.0.0.1:port is spliced to the socket,
+each way in its own thread, a half-close passed on. A socket that refuses (the
+proxy is down) closes the connection: nothing else is tried."""
+
+
+@dataclass(frozen=True)
+class EgressFiles:
+    """The host files of one agent's egress proxy (see the module docstring)."""
+
+    folder: str
+    ca_dir: str
+
+    @property
+    def shared(self) -> str:
+        return os.path.join(self.folder, "run")
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.folder, name)
+
+
+def egress_files(data_dir: str, agent_id: str) -> EgressFiles:
+    root = os.path.join(data_dir, "egress")
+    return EgressFiles(folder=os.path.join(root, agent_id), ca_dir=os.path.join(root, "ca"))
+
+
+def init_args() -> list[str]:
+    """What the init takes after its own arguments when it runs RELAY."""
+    return [f"{EGRESS_INSIDE}/{SOCKET_NAME}", str(RELAY_PORT)]
+
+
+# --- placeholders and hosts ---------------------------------------------------------
+def placeholder(key: bytes, name: str, value: str) -> str:
+    """A stand-in of value's length, derived from key and name (stable while the key is),
+    letters and digits only, never equal to the value."""
+    out, counter = "", 0
+    while len(out) < len(value):
+        block = hmac.new(key, f"{name}\0{counter}".encode(), hashlib.sha256).digest()
+        out += "".join(_PLACEHOLDER_CHARS[b % len(_PLACEHOLDER_CHARS)] for b in block)
+        counter += 1
+    out = out[: len(value)]
+    return out if out != value else out[::-1]
+
+
+_REMOTE_HOST = re.compile(r"^(?:[a-z+]+://)?(?:[^@/]+@)?(\[[^\]]+\]|[^:/]+)")
+
+
+def origin_host(repo_folder: str) -> str | None:
+    """The host of the repository's ``origin`` remote (its .git/config, read as the
+    host sees it), or None when there is no such repository or remote yet."""
+    try:
+        text = Path(repo_folder, ".git", "config").read_text(errors="replace")[:65536]
+    except OSError:
+        return None
+    section, url = "", None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("["):
+            section = line
+        elif section == '[remote "origin"]' and line.replace(" ", "").startswith("url="):
+            url = line.split("=", 1)[1].strip()
+    found = _REMOTE_HOST.match(url or "")
+    return found.group(1).lower() if found else None
+
+
+def repo_hosts(repo: Repo, home: str) -> tuple[tuple[str, ...], str | None]:
+    """(the hosts the token is for, the GitHub host gh must be told of or None).
+
+    token_hosts when given, else the origin remote's host and its API host
+    (github.com -> api.github.com); none when neither is known. A first host
+    other than github.com is a GitHub Enterprise host: GH_HOST names it."""
+    if repo.token_hosts is not None:
+        hosts = repo.token_hosts
+    else:
+        origin = origin_host(os.path.join(home, repo.path))
+        hosts = () if origin is None else (GITHUB, GITHUB_API) if origin == GITHUB else (origin,)
+    gh_host = hosts[0].rsplit(":", 1)[0] if hosts and hosts[0] not in (GITHUB, GITHUB_API) else None
+    return hosts, gh_host
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A value the proxy puts in for its hosts: its name, placeholder, value and hosts."""
+
+    name: str
+    placeholder: str
+    value: str
+    hosts: tuple[str, ...]
+    gh_host: str | None = None
+
+
+def bound_values(settings: AgentSettings, key: bytes, home: str) -> dict[str, Bound]:
+    """Every host-bound value: ``secrets.NAME`` for a secret with hosts, ``repos.NAME``
+    for a repository token."""
+    out = {}
+    for name, hosts in settings.secret_hosts.items():
+        value = settings.secrets[name]
+        out[f"secrets.{name}"] = Bound(name, placeholder(key, f"secrets.{name}", value), value, hosts)
+    for repo in settings.repos:
+        if repo.token:
+            hosts, gh_host = repo_hosts(repo, home)
+            name = f"repos.{repo.name}"
+            out[name] = Bound(name, placeholder(key, name, repo.token), repo.token, hosts, gh_host)
+    return out
+
+
+def repos_entries(settings: AgentSettings, home: str, bound: Mapping[str, Bound]) -> dict[str, Any]:
+    """repos.json's mapping behind the proxy: each folder -> its token's placeholder,
+    or ``{"token", "gh_host"}`` for a repository on a GitHub Enterprise host."""
+    out: dict[str, Any] = {}
+    for repo in settings.repos:
+        entry = bound.get(f"repos.{repo.name}")
+        if entry is not None:
+            folder = os.path.normpath(os.path.join(home, repo.path))
+            out[folder] = ({"token": entry.placeholder, "gh_host": entry.gh_host} if entry.gh_host
+                           else entry.placeholder)
+    return out
+
+
+def sandbox_env(settings: AgentSettings, bound: Mapping[str, Bound]) -> dict[str, str]:
+    """What every command's environment gets behind the proxy, over agent_env's: the
+    proxy variables (the helper names the call in them), NO_PROXY, the trust bundle's
+    variables, and each host-bound secret's placeholder in place of its value."""
+    where = f"127.0.0.1:{RELAY_PORT}"
+    bundle = f"{EGRESS_INSIDE}/{BUNDLE_NAME}"
+    env = {EGRESS_PROXY_ENV: where, **dict.fromkeys(PROXY_VARS, f"http://{where}"),
+           "NO_PROXY": NO_PROXY, "no_proxy": NO_PROXY, **dict.fromkeys(TRUST_VARS, bundle)}
+    for name in settings.secret_hosts:
+        env[name] = bound[f"secrets.{name}"].placeholder
+    return env
+
+
+# --- the proxy's files and process ---------------------------------------------------------
+def prepare(files: EgressFiles, owner: tuple[int, int] | None = None) -> bytes:
+    """The folders made (the shared one 0755), the placeholder key read or made; returns it."""
+    os.makedirs(files.folder, mode=0o700, exist_ok=True)
+    os.makedirs(files.shared, exist_ok=True)
+    os.chmod(files.shared, 0o755)  # noqa: S103 - the sandbox's uid must reach the socket in it
+    key_path = files.path("placeholder.key")
+    try:
+        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return Path(key_path).read_bytes()
+    with os.fdopen(fd, "wb") as fh:
+        key = os.urandom(32)
+        fh.write(key)
+    return key
+
+
+def proxy_config(settings: AgentSettings, files: EgressFiles, bound: Mapping[str, Bound], *,
+                 clock: str, idle_seconds: float, resolve: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The proxy's config (guilds.egress's contract): the only holder of the real values."""
+    return {
+        "socket": os.path.join(files.shared, SOCKET_NAME),
+        "allow": list(settings.egress),
+        "secrets": [{"name": b.name, "placeholder": b.placeholder, "value": b.value, "hosts": list(b.hosts)}
+                    for b in bound.values() if b.hosts],
+        "ca_dir": files.ca_dir,
+        "decisions": files.path("decisions.jsonl"),
+        "resolve": dict(resolve or {}),
+        "idle_clock": clock,
+        "idle_seconds": idle_seconds,
+        "pidfile": files.path("proxy.pid"),
+    }
