@@ -220,6 +220,7 @@ async def test_an_older_records_tasks_get_the_starting_call_column_empty(tmp_pat
             assert (await store.get_task("task-new"))["background_call"] == "c0123456789ab"
 
 
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 async def test_an_older_record_gets_the_egress_table_and_keeps_decisions_by_call(tmp_path, backend):
     url = _url(backend, tmp_path)
     engine = create_async_engine(url)
