@@ -198,3 +198,30 @@ async def test_a_root_folder_inside_the_home_is_said_with_the_uid_and_the_chown(
         assert lines == [f"no   agent's reach: repos.web {work}/web: {reason.replace(': let', ' -> let', 1)}"]
         found = await asyncio.to_thread(doctor.checks, wired)  # it runs a loop of its own
         assert not doctor.verdict(wired, found)[0]
+
+
+@root_bwrap
+async def test_code_search_of_a_folder_the_agent_cannot_enter_names_it(tmp_path):
+    home = tmp_path / "home"
+    settings = _settings(home)
+    uid = sandbox_owner(settings)[0]
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    async with _bwrap_toolbox(settings, data) as toolbox:
+        made = await toolbox.call("r1", "shell",
+                                  {"command": "mkdir -p mine/a && echo needle > mine/a/x && chmod 000 mine"})
+        assert not made.is_error, made.text
+        own = await toolbox.call("r1", "code_search", {"pattern": "needle", "path": "mine"})
+        assert own.is_error and own.text.splitlines()[0] == (
+            f"path: mine cannot be entered: the agent's uid {uid} cannot pass {home}/mine "
+            f"(d---------, owned by {reach.owner_name(uid)}): let it through (chmod u+rx {home}/mine)")
+        roots = home / "roots"  # made by root, 0700
+        roots.mkdir(mode=0o700)
+        theirs = await toolbox.call("r1", "code_search", {"pattern": "needle", "path": "~/roots", "mode": "content"})
+        assert theirs.is_error and theirs.text.splitlines()[0] == (
+            f"path: ~/roots cannot be entered: the agent's uid {uid} cannot pass {roots} (drwx------, owned by root): "
+            f"let it through (chmod o+x {roots}, or chown -R {uid} {roots})")
+        fixed = await toolbox.call("r1", "shell", {"command": "chmod u+rx mine"})
+        assert not fixed.is_error
+        found = await toolbox.call("r1", "code_search", {"pattern": "needle", "path": "mine"})
+        assert not found.is_error and found.text.splitlines()[0] == "mine/a/x: 1 match", found.text

@@ -90,9 +90,9 @@ def start_bash(argv: List[str], cwd: str, env: Dict[str, str], stdout: int, pwd_
 
 def _why_not_started(exc: OSError, cwd: str, env: Dict[str, str]) -> str:
     if exc.errno == errno.EAGAIN:
-        from .pidlimit import reason  # only when a fork failed
+        from .pidlimit import why_not_started  # only when a fork failed
 
-        return reason()
+        return why_not_started(exc)
     return reach.why(exc, cwd, env.get("HOME"))
 
 

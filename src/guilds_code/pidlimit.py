@@ -8,6 +8,7 @@ the way up from this process's cgroup, as far as the sandbox shows the tree.
 
 from __future__ import annotations
 
+import errno
 import os
 
 TYPE_CHECKING = False
@@ -15,6 +16,11 @@ if TYPE_CHECKING:
     from typing import List, Optional
 
 _CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def why_not_started(exc: OSError) -> str:
+    """Why a process could not start: the limit (``reason``) for EAGAIN, else exc's words."""
+    return reason() if exc.errno == errno.EAGAIN else (exc.strerror or str(exc))
 
 
 def reason() -> str:
