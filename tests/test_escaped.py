@@ -11,17 +11,14 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import AsyncIterator
 
 import pytest
 
 from conftest import ok_text
 from guilds.config.settings import AgentSettings, BwrapSettings
-from guilds.record.store import Store
-from guilds.sandbox.bubblewrap import BwrapSandbox
 from guilds.sandbox.bwrap_argv import unavailable
-from guilds.toolbox import Toolbox
 from guilds_code import escaped
+from toolbox_kit import bwrap_toolbox
 
 NO_BWRAP = unavailable()
 PIDS_LIMIT = 64
@@ -108,20 +105,13 @@ root_bwrap = [pytest.mark.bwrap, pytest.mark.skipif(NO_BWRAP is not None, reason
               pytest.mark.skipif(os.geteuid() != 0, reason="the agent's uid is its own under root only")]
 
 
-@contextlib.asynccontextmanager
-async def bwrap_toolbox(tmp_path: Path) -> AsyncIterator[Toolbox]:
+def low_limit_toolbox(tmp_path: Path):
+    """A Toolbox over a real bwrap sandbox whose pids limit is PIDS_LIMIT."""
     settings = AgentSettings(id="agent1", home=tmp_path / "home", sandbox="bwrap",
                              bwrap=BwrapSettings(pids_limit=PIDS_LIMIT))
     data = tmp_path / "data"
     data.mkdir(mode=0o700)
-    box = BwrapSandbox(settings, data)
-    async with Store(f"sqlite:///{data}/guilds.db") as store:
-        toolbox = Toolbox(settings, box, store)
-        try:
-            yield toolbox
-        finally:
-            await toolbox.close()
-            await box.stop()
+    return bwrap_toolbox(settings, data)
 
 
 def _bwrap(test):
@@ -133,7 +123,7 @@ def _bwrap(test):
 @_bwrap
 async def test_bwrap_a_fork_loop_at_the_pids_limit_leaves_the_next_call_working(tmp_path, sleepers):
     sleepers.append("306.5")
-    async with bwrap_toolbox(tmp_path) as toolbox:
+    async with low_limit_toolbox(tmp_path) as toolbox:
         loop = await toolbox.call("r1", "shell", {"command": SETSID_LOOP.format(s="306.5"), "timeout_seconds": 5})
         assert not loop.is_error and "timed out after 5s" in loop.text, loop.text
         after = await toolbox.call("r1", "shell", {"command": "echo works; ps -eo args | grep -c '^sleep 306.5'"})
@@ -147,7 +137,7 @@ async def test_bwrap_a_fork_refused_names_the_process_limit(tmp_path, sleepers):
     fill = ("python3 -c 'import os,time\nwhile True:\n try:\n  pid=os.fork()\n except OSError as e:\n"
             "  print(\"full:\", e, flush=True)\n  break\n"
             " if pid==0:\n  os.execvp(\"sleep\", [\"sleep\", \"307.5\"])\ntime.sleep(300)'")
-    async with bwrap_toolbox(tmp_path) as toolbox:
+    async with low_limit_toolbox(tmp_path) as toolbox:
         started = await toolbox.call("r1", "shell", {"command": fill, "background": True})
         assert not started.is_error, started.text
         log = Path(started.meta["log_path"])

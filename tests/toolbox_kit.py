@@ -28,6 +28,21 @@ def make_settings(tmp_path: Path, *, agent: Mapping[str, Any] | None = None,
 
 
 @contextlib.asynccontextmanager
+async def bwrap_toolbox(settings: AgentSettings, data: Path) -> AsyncIterator[Toolbox]:
+    """A Toolbox over a real bwrap sandbox for settings (data: its folder and the record's)."""
+    from guilds.sandbox.bubblewrap import BwrapSandbox
+
+    box = BwrapSandbox(settings, data)
+    async with Store(f"sqlite:///{data}/guilds.db") as store:
+        toolbox = Toolbox(settings, box, store)
+        try:
+            yield toolbox
+        finally:
+            await toolbox.close()
+            await box.stop()
+
+
+@contextlib.asynccontextmanager
 async def local_toolbox(tmp_path: Path, store: Store | None = None, **kw: Any) -> AsyncIterator[Toolbox]:
     """A Toolbox over the real local sandbox (the built helper, real bash) and real SQLite."""
     settings = make_settings(tmp_path, **kw)
