@@ -1,7 +1,7 @@
 """A foreground shell call's processes that left its group end with the call; its
 group's `cmd &` jobs and background commands run on; a fork that meets the
 process limit is said with the limit. The built helper and real bash, then a
-real bwrap sandbox with a low pids limit."""
+real sandbox (bwrap, docker, kubernetes) with a low pids limit."""
 
 from __future__ import annotations
 
@@ -14,13 +14,16 @@ from pathlib import Path
 
 import pytest
 
+import kube_kit
 from conftest import ok_text
-from guilds.config.settings import AgentSettings, BwrapSettings
+from guilds.config.settings import AgentSettings, BwrapSettings, DockerSettings
 from guilds.sandbox.bwrap_argv import unavailable
+from guilds.sandbox.docker_engine import unavailable as docker_unavailable
 from guilds_code import escaped
-from toolbox_kit import bwrap_toolbox
+from toolbox_kit import sandbox_toolbox
 
 NO_BWRAP = unavailable()
+NO_DOCKER = docker_unavailable()
 PIDS_LIMIT = 64
 SETSID_LOOP = "for i in $(seq 96); do setsid sleep {s} >/dev/null 2>&1 </dev/null & done; sleep 60"
 """96 sleepers that each left the call's group, then a wait the timeout cuts."""
@@ -100,35 +103,48 @@ def test_the_key_is_a_foreground_calls_own(sandbox):
     assert Path(log).read_text() == "bg=.\n"
 
 
-# --- a real bwrap sandbox with a low pids limit ----------------------------------------
+# --- real sandboxes with a low pids limit ---------------------------------------------
 root_bwrap = [pytest.mark.bwrap, pytest.mark.skipif(NO_BWRAP is not None, reason=f"bwrap: {NO_BWRAP}"),
               pytest.mark.skipif(os.geteuid() != 0, reason="the agent's uid is its own under root only")]
+ISOLATED = [
+    pytest.param("bwrap", id="bwrap", marks=root_bwrap),
+    pytest.param("docker", id="docker", marks=[
+        pytest.mark.docker, pytest.mark.skipif(NO_DOCKER is not None, reason=f"docker: {NO_DOCKER}")]),
+    kube_kit.PARAM,
+]
+IMAGE = os.environ.get("GUILDS_SANDBOX_IMAGE", "guilds-sandbox:latest")
 
 
-def low_limit_toolbox(tmp_path: Path):
-    """A Toolbox over a real bwrap sandbox whose pids limit is PIDS_LIMIT."""
-    settings = AgentSettings(id="agent1", home=tmp_path / "home", sandbox="bwrap",
-                             bwrap=BwrapSettings(pids_limit=PIDS_LIMIT))
+def low_limit_settings(tmp_path: Path, backend: str) -> AgentSettings:
+    """PIDS_LIMIT processes on bwrap and docker; kubernetes: the node's podPidsLimit."""
+    settings = AgentSettings(id=f"esc{os.getpid() % 10000}", home=tmp_path / "home", sandbox=backend,
+                             bwrap=BwrapSettings(pids_limit=PIDS_LIMIT),
+                             docker=DockerSettings(image=IMAGE, pids_limit=PIDS_LIMIT))
+    return kube_kit.kube_settings(settings) if backend == "kubernetes" else settings
+
+
+def low_limit_toolbox(tmp_path: Path, backend: str = "bwrap"):
+    """A Toolbox over a real sandbox of backend, its pids limit low (low_limit_settings)."""
     data = tmp_path / "data"
     data.mkdir(mode=0o700)
-    return bwrap_toolbox(settings, data)
+    return sandbox_toolbox(low_limit_settings(tmp_path, backend), data)
+
+
+@pytest.mark.parametrize("backend", ISOLATED)
+async def test_a_fork_loop_at_the_pids_limit_leaves_the_next_call_working(tmp_path, sleepers, backend):
+    sleepers.append("306.5")
+    async with low_limit_toolbox(tmp_path, backend) as toolbox:
+        loop = await toolbox.call("r1", "shell", {"command": SETSID_LOOP.format(s="306.5"), "timeout_seconds": 5})
+        assert not loop.is_error and "timed out after 5s" in loop.text, loop.text
+        after = await toolbox.call("r1", "shell", {"command": "echo works; ps -eo args | grep -c '^sleep 306.5'"})
+        assert not after.is_error and after.text.split("\n")[:2] == ["works", "0"], after.text
+        assert running("306.5") == []
 
 
 def _bwrap(test):
     for mark in root_bwrap:
         test = mark(test)
     return test
-
-
-@_bwrap
-async def test_bwrap_a_fork_loop_at_the_pids_limit_leaves_the_next_call_working(tmp_path, sleepers):
-    sleepers.append("306.5")
-    async with low_limit_toolbox(tmp_path) as toolbox:
-        loop = await toolbox.call("r1", "shell", {"command": SETSID_LOOP.format(s="306.5"), "timeout_seconds": 5})
-        assert not loop.is_error and "timed out after 5s" in loop.text, loop.text
-        after = await toolbox.call("r1", "shell", {"command": "echo works; ps -eo args | grep -c '^sleep 306.5'"})
-        assert not after.is_error and after.text.split("\n")[:2] == ["works", "0"], after.text
-        assert running("306.5") == []
 
 
 @_bwrap

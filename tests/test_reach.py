@@ -23,7 +23,7 @@ from guilds.sandbox.bwrap_argv import unavailable
 from guilds.sandbox.bwrap_reach import out_of_reach
 from guilds.toolbox.log_reading import read_log
 from guilds_code import reach
-from toolbox_kit import bwrap_toolbox
+from toolbox_kit import sandbox_toolbox
 
 NO_BWRAP = unavailable()
 
@@ -86,7 +86,7 @@ async def test_a_home_under_a_0700_folder_of_roots_in_tmp_works(tmp_path):
     data = tmp_path / "data"
     data.mkdir(mode=0o700)
     assert out_of_reach(settings, data) == []
-    async with bwrap_toolbox(settings, data) as toolbox:
+    async with sandbox_toolbox(settings, data) as toolbox:
         result = await toolbox.call("r1", "shell", {"command": "pwd; id -u"})
         assert not result.is_error, result.text
         assert result.text.splitlines()[:2] == [str(locked / "home" / "repos" / "web"), str(sandbox_owner(settings)[0])]
@@ -129,7 +129,7 @@ async def test_a_home_under_a_0700_folder_in_opt_is_said_by_every_tool(opt_locke
     reason = (f"the agent's uid {uid} cannot pass {opt_locked} (drwx------, owned by root): "
               f"let it through (chmod o+x {opt_locked}), or put the home where that uid can reach it")
     assert out_of_reach(settings, data) == [(f"home {home}", *reason.split(": ", 1))]
-    async with bwrap_toolbox(settings, data) as toolbox:
+    async with sandbox_toolbox(settings, data) as toolbox:
         task = await toolbox.call("r1", "code_task", {"brief": "say hi"})
         assert task.is_error and task.text.splitlines()[0] == (
             f"repo: the folder of web, {home}/repos/web, is out of reach: {reason}")
@@ -153,7 +153,7 @@ async def test_a_root_folder_inside_the_home_is_said_with_the_uid_and_the_chown(
     uid = sandbox_owner(settings)[0]
     data = tmp_path / "data"
     data.mkdir(mode=0o700)
-    async with bwrap_toolbox(settings, data) as toolbox:
+    async with sandbox_toolbox(settings, data) as toolbox:
         first = await toolbox.call("r1", "shell", {"command": "true"})  # the home is the agent's now
         assert not first.is_error, first.text
         work = home / "work"  # made by root afterwards, 0700
@@ -193,7 +193,7 @@ async def test_code_search_of_a_folder_the_agent_cannot_enter_names_it(tmp_path)
     uid = sandbox_owner(settings)[0]
     data = tmp_path / "data"
     data.mkdir(mode=0o700)
-    async with bwrap_toolbox(settings, data) as toolbox:
+    async with sandbox_toolbox(settings, data) as toolbox:
         made = await toolbox.call("r1", "shell",
                                   {"command": "mkdir -p mine/a && echo needle > mine/a/x && chmod 000 mine"})
         assert not made.is_error, made.text

@@ -28,11 +28,12 @@ def make_settings(tmp_path: Path, *, agent: Mapping[str, Any] | None = None,
 
 
 @contextlib.asynccontextmanager
-async def bwrap_toolbox(settings: AgentSettings, data: Path) -> AsyncIterator[Toolbox]:
-    """A Toolbox over a real bwrap sandbox for settings (data: its folder and the record's)."""
-    from guilds.sandbox.bubblewrap import BwrapSandbox
+async def sandbox_toolbox(settings: AgentSettings, data: Path) -> AsyncIterator[Toolbox]:
+    """A Toolbox over the real sandbox settings name (data: its folder and the record's);
+    stopped at the end, and a kubernetes agent's pod and claim removed."""
+    from guilds.sandbox import get_sandbox
 
-    box = BwrapSandbox(settings, data)
+    box = get_sandbox(settings, data)
     async with Store(f"sqlite:///{data}/guilds.db") as store:
         toolbox = Toolbox(settings, box, store)
         try:
@@ -40,6 +41,12 @@ async def bwrap_toolbox(settings: AgentSettings, data: Path) -> AsyncIterator[To
         finally:
             await toolbox.close()
             await box.stop()
+            if box.name == "kubernetes":
+                import asyncio
+
+                import kube_kit
+
+                await asyncio.to_thread(kube_kit.remove_agent, box.pod)  # type: ignore[attr-defined]
 
 
 @contextlib.asynccontextmanager
