@@ -42,32 +42,38 @@ def new_key() -> str:
     return os.urandom(8).hex()
 
 
-def end(key: str, group: int) -> int:
-    """Stop every process holding key outside the process group `group` (see the
-    module docstring); the number of processes signalled."""
+def end(key: str, leader: int) -> int:
+    """Stop every process holding key outside the process group that leader
+    (the call's bash) leads (see the module docstring); the number signalled."""
+    info = proc_stat(leader)  # bash, not yet reaped: its start time bounds the call's
+    since = info.start_time if info is not None else 0
     ended = 0
     for _ in range(limits.ESCAPED_SWEEPS):
-        found = marked(key, group)
+        found = marked(key, leader, since)
         if not found:
             break
         ended += len(found)
         _signal(found, signals.SIGTERM)
         _wait_gone(found, limits.ESCAPED_KILL_GRACE_SECONDS)
-        _signal(marked(key, group), signals.SIGKILL)
+        _signal(marked(key, leader, since), signals.SIGKILL)
     return ended
 
 
-def marked(key: str, group: int) -> List[int]:
-    """The live processes (not zombies) whose environment holds key, outside group."""
+def marked(key: str, group: int, since: int = 0) -> List[int]:
+    """The live processes (not zombies) started at or after `since` (clock ticks
+    after boot) outside group whose environment holds key. The start time and
+    group come from /proc/<pid>/stat first: the environment, dearer to read, is
+    read only for a process the call could have started."""
     needle = f"\0{CALL_KEY_ENV}={key}\0".encode()
     me, uid = os.getpid(), os.geteuid()
     found = []
     for name in _pids():
         pid = int(name)
-        if pid != me and _holds(pid, needle, uid):
-            info = proc_stat(pid)
-            if info is not None and info.pgrp != group and info.state not in "ZX":
-                found.append(pid)
+        info = proc_stat(pid) if pid != me else None
+        if info is None or info.state in "ZX" or info.start_time < since or info.pgrp == group:
+            continue
+        if _holds(pid, needle, uid):
+            found.append(pid)
     return found
 
 
