@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import re
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import ok_text
-from guilds_code import errorlines, limits
+from conftest import ok_text, write
+from guilds_code import errorlines, fileprint, limits
 from guilds_code.redact import Redactor
 from guilds_code.shaping import ERRORS_HEADER
 
@@ -122,18 +124,23 @@ def test_an_error_uncovered_when_the_tail_gives_way_is_listed(sandbox):
     assert ("Error: two" in shown) != ("\nError: two\n" in text)  # listed, or shown in the tail: never lost
 
 
-@pytest.mark.parametrize("line, hit", [
-    ("src/x.c:1:2: error: no", True), ("make: *** [all] Error 1", True), ("ValueError: bad", True),
-    ("--- FAIL: TestX", True), ("Exception in thread main", True), ("npm ERR! code 1", True),
-    ("thread 'main' panicked at", True), ("fatal: not a git repository", True), ("E   assert x", True),
-    ("Segmentation fault (core dumped)", True), ("ERROR: boom", True),
-    ("cc -Werror -c x.c", False), ("0 errors, 3 warnings", False), ("error_count = 0", False),
-    ("E  two spaces", False), ("all good", False), ("Errors: 0", False),
+@pytest.mark.parametrize("line, rank", [
+    ("src/x.c:1:2: error: no", 0), ("make: *** [all] Error 1", 1), ("ValueError: bad", 0),
+    ("--- FAIL: TestX", 0), ("Exception in thread main", 1), ("npm ERR! code 1", 0),
+    ("thread 'main' panicked at", 1), ("fatal: not a git repository", 0), ("E   assert x", 0),
+    ("Segmentation fault (core dumped)", 0), ("ERROR: boom", 0), ("error[E0308]: mismatched types", 0),
+    ("FAILED tests/t.py::test_a - ValueError: bad", 0),
+    ("Exception in thread \"main\" java.lang.IllegalStateException: boom", 0),
+    ('    raise ValueError("bad")', 1), ("src/a.py:10: ValueError", 1), ("except ValueError:", 1),
+    ("Traceback (most recent call last):", 1),
+    ("cc -Werror -c x.c", None), ("0 errors, 3 warnings", None), ("error_count = 0", None),
+    ("E  two spaces", None), ("all good", None), ("Errors: 0", None),
 ])
-def test_what_counts_as_an_error_line(tmp_path, line, hit):
+def test_what_counts_as_an_error_line_and_its_rank(tmp_path, line, rank):
+    """Rank 0 states an error, rank 1 only names one (errorlines.classify)."""
     log = tmp_path / "l.log"
     log.write_text(f"a\n{line}\nb\n")
-    assert errorlines.scan(str(log), 1, Redactor([])) == ([(2, line)] if hit else [])
+    assert errorlines.scan(str(log), 1, Redactor([])) == ([] if rank is None else [(2, line.strip(), rank)])
 
 
 def test_a_scan_reads_at_most_its_limit(tmp_path):
@@ -142,7 +149,7 @@ def test_a_scan_reads_at_most_its_limit(tmp_path):
     log.write_bytes(filler + b"error: past the limit\n")
     assert errorlines.scan(str(log), 1, None, seconds=120) == []
     log.write_bytes(filler[: -6] + b"error\n")
-    assert errorlines.scan(str(log), 1, None, seconds=120) == [(len(filler) // 3 - 1, "error")]
+    assert errorlines.scan(str(log), 1, None, seconds=120) == [(len(filler) // 3 - 1, "error", 0)]
     began = time.monotonic()
     assert errorlines.scan(str(log), 1, None, seconds=0.05) == []  # the clock stops it first
     assert time.monotonic() - began < 0.05 + 1.0
@@ -151,9 +158,100 @@ def test_a_scan_reads_at_most_its_limit(tmp_path):
 def test_a_scan_starts_at_its_first_line_and_stops_before_its_offset(tmp_path):
     log = tmp_path / "l.log"
     log.write_bytes(b"error one\nok\nerror three\nerror four\n")
-    assert errorlines.scan(str(log), 2, None) == [(3, "error three"), (4, "error four")]
-    assert errorlines.scan(str(log), 1, None, stop_offset=len(b"error one\nok\n")) == [(1, "error one")]
+    assert errorlines.scan(str(log), 2, None) == [(3, "error three", 0), (4, "error four", 0)]
+    assert errorlines.scan(str(log), 1, None, stop_offset=len(b"error one\nok\n")) == [(1, "error one", 0)]
     assert errorlines.scan(str(tmp_path / "missing.log"), 1, None) == []
+
+
+# --- only errors, and distinct ones ---------------------------------------------------
+SOURCE = Path(argparse.__file__).read_text()  # a real module: raise ValueError(...), ArgumentError
+
+
+@pytest.mark.parametrize("command", [
+    "cat src/cli.py", "sed -n '1,2500p' src/cli.py", "head -n 2000 src/cli.py",
+    "nl -ba src/cli.py | sed -n '40,2400p'", "cd src && cat cli.py 2>&1",
+    "git --no-pager diff --no-index /dev/null src/cli.py || true",
+    "for f in src/*.py; do echo \"== $f\"; cat \"$f\"; done",
+])
+def test_a_printed_source_file_lists_no_error_lines(sandbox, command):
+    write(sandbox, "src/cli.py", SOURCE)
+    env = sh(sandbox, command)
+    text = ok_text(env)
+    assert MARKER_RE.search(text) and ERRORS_HEADER not in text and "error_lines" not in env["meta"]
+    # what the log's elided part holds: the file's own raise and except lines, that a list would show
+    in_log = errorlines.scan(env["meta"]["log_path"], 60, None)
+    assert len(in_log) >= limits.ERROR_LINES_MAX and any("raise ValueError" in t for _, t, _ in in_log)
+
+
+def test_a_file_printed_beside_a_failing_command_lists_its_errors(sandbox):
+    write(sandbox, "src/cli.py", SOURCE)
+    env = sh(sandbox, "cat src/cli.py; python3 -c 'raise ValueError(\"bad flag\")'; seq 1 3000")
+    assert any(text == "ValueError: bad flag" for _, text in listed(ok_text(env)))
+
+
+@pytest.mark.parametrize("command, prints", [
+    ("cat a.py", True), ("sed -n 1,400p src/a.py", True), ("cd src && cat a.py | head -300", True),
+    ("LC_ALL=C grep -rn raise src", True), ("git -C repo --no-pager show HEAD:a.py", True),
+    ("while read f; do head -50 \"$f\"; done < list", True), ("find . -name '*.py' | xargs cat", True),
+    ("cat a.py; pytest", False), ("cat a.py\npython3 x.py", False), ("pytest", False), ("echo hi", False),
+    ("cat $(ls)", False), ("cat <<EOF\nx\nEOF", False), ("cat 'unbalanced", False), ("git commit -m x", False),
+    ("(cat a.py)", False), ("cat a.py > b.py; make", False),
+])
+def test_what_counts_as_a_file_print(command, prints):
+    assert fileprint.prints_files(command) is prints
+
+
+PYTEST_MODULE = '''
+def _parse(text, depth):
+    if not isinstance(text, str):
+        raise TypeError(f"not text: {text!r}")
+    if depth:
+        return _parse(text, depth - 1)
+    if not text.isdigit():
+        raise ValueError(f"not a number: {text!r}")
+    return int(text)
+
+
+def test_a_long_traceback():
+    try:
+        _parse("x", 20)
+    except ValueError as exc:
+        raise RuntimeError("parsing the config failed") from exc
+
+
+def test_lists():
+    assert [1, 2, 3] == [1, 2, 4]
+
+
+def test_dicts():
+    assert {"name": "a", "size": 1} == {"name": "a", "size": 2}
+
+
+def test_missing_key():
+    raise KeyError("missing")
+''' + "".join(f"\n\ndef test_more_{i}():\n    assert {i} * 2 == {i * 2 + 1}\n" for i in range(30))
+
+
+def test_a_failing_test_run_lists_distinct_errors(sandbox):
+    """pytest --tb=long prints _parse's source in each of its 21 frames, each with
+    `raise TypeError(...)`: the first error lines of the elided part are all that
+    one line of one traceback; the list names five different errors instead."""
+    write(sandbox, "test_fail.py", PYTEST_MODULE)
+    env = sh(sandbox, f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 {sys.executable} -m pytest -p no:cacheprovider "
+                      "--tb=long test_fail.py")
+    text = ok_text(env)
+    assert text.endswith("exit_code: 1"), text
+    shown = [" ".join(t.split()) for _, t in listed(text)]
+    assert shown == ["E ValueError: not a number: 'x'", "E RuntimeError: parsing the config failed",
+                     "E assert [1, 2, 3] == [1, 2, 4]",
+                     "E AssertionError: assert {'name': 'a', 'size': 1} == {'name': 'a', 'size': 2}",
+                     "E KeyError: 'missing'"]
+    log = env["meta"]["log_path"]
+    assert [log_line(log, n) for n in env["meta"]["error_lines"]] == [t for _, t in listed(text)]
+    first = env["meta"]["error_lines"][0]
+    before = [n for n, _, _ in errorlines.scan(log, 1, None, want=100) if n < first]
+    assert len(before) >= 20 and {log_line(log, n).strip() for n in before[:20]} == {
+        'raise TypeError(f"not text: {text!r}")'}  # the first lines in order: one line of one traceback
 
 
 # --- a background command's last lines --------------------------------------------------

@@ -5,27 +5,25 @@ root's that the sandbox makes anew works."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import AsyncIterator, Iterator
+from typing import Iterator
 
 import pytest
 
 from guilds.config.settings import AgentSettings, Repo
 from guilds.fronts import doctor
 from guilds.fronts.wiring import Wired
-from guilds.record.store import Store
-from guilds.sandbox.bubblewrap import BwrapSandbox, sandbox_owner
+from guilds.sandbox.bubblewrap import sandbox_owner
 from guilds.sandbox.bwrap_argv import unavailable
 from guilds.sandbox.bwrap_reach import out_of_reach
-from guilds.toolbox import Toolbox
 from guilds.toolbox.log_reading import read_log
 from guilds_code import reach
+from toolbox_kit import sandbox_toolbox
 
 NO_BWRAP = unavailable()
 
@@ -73,18 +71,6 @@ def _settings(home: Path, repos: tuple[Repo, ...] = ()) -> AgentSettings:
     return AgentSettings(id="agent1", home=home, sandbox="bwrap", repos=repos)
 
 
-@contextlib.asynccontextmanager
-async def _bwrap_toolbox(settings: AgentSettings, data: Path) -> AsyncIterator[Toolbox]:
-    box = BwrapSandbox(settings, data)
-    async with Store(f"sqlite:///{data}/guilds.db") as store:
-        toolbox = Toolbox(settings, box, store)
-        try:
-            yield toolbox
-        finally:
-            await toolbox.close()
-            await box.stop()
-
-
 def _git_init(repo: Path) -> None:
     repo.mkdir(parents=True, exist_ok=True)
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
@@ -100,7 +86,7 @@ async def test_a_home_under_a_0700_folder_of_roots_in_tmp_works(tmp_path):
     data = tmp_path / "data"
     data.mkdir(mode=0o700)
     assert out_of_reach(settings, data) == []
-    async with _bwrap_toolbox(settings, data) as toolbox:
+    async with sandbox_toolbox(settings, data) as toolbox:
         result = await toolbox.call("r1", "shell", {"command": "pwd; id -u"})
         assert not result.is_error, result.text
         assert result.text.splitlines()[:2] == [str(locked / "home" / "repos" / "web"), str(sandbox_owner(settings)[0])]
@@ -143,7 +129,7 @@ async def test_a_home_under_a_0700_folder_in_opt_is_said_by_every_tool(opt_locke
     reason = (f"the agent's uid {uid} cannot pass {opt_locked} (drwx------, owned by root): "
               f"let it through (chmod o+x {opt_locked}), or put the home where that uid can reach it")
     assert out_of_reach(settings, data) == [(f"home {home}", *reason.split(": ", 1))]
-    async with _bwrap_toolbox(settings, data) as toolbox:
+    async with sandbox_toolbox(settings, data) as toolbox:
         task = await toolbox.call("r1", "code_task", {"brief": "say hi"})
         assert task.is_error and task.text.splitlines()[0] == (
             f"repo: the folder of web, {home}/repos/web, is out of reach: {reason}")
@@ -167,7 +153,7 @@ async def test_a_root_folder_inside_the_home_is_said_with_the_uid_and_the_chown(
     uid = sandbox_owner(settings)[0]
     data = tmp_path / "data"
     data.mkdir(mode=0o700)
-    async with _bwrap_toolbox(settings, data) as toolbox:
+    async with sandbox_toolbox(settings, data) as toolbox:
         first = await toolbox.call("r1", "shell", {"command": "true"})  # the home is the agent's now
         assert not first.is_error, first.text
         work = home / "work"  # made by root afterwards, 0700
@@ -198,3 +184,30 @@ async def test_a_root_folder_inside_the_home_is_said_with_the_uid_and_the_chown(
         assert lines == [f"no   agent's reach: repos.web {work}/web: {reason.replace(': let', ' -> let', 1)}"]
         found = await asyncio.to_thread(doctor.checks, wired)  # it runs a loop of its own
         assert not doctor.verdict(wired, found)[0]
+
+
+@root_bwrap
+async def test_code_search_of_a_folder_the_agent_cannot_enter_names_it(tmp_path):
+    home = tmp_path / "home"
+    settings = _settings(home)
+    uid = sandbox_owner(settings)[0]
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    async with sandbox_toolbox(settings, data) as toolbox:
+        made = await toolbox.call("r1", "shell",
+                                  {"command": "mkdir -p mine/a && echo needle > mine/a/x && chmod 000 mine"})
+        assert not made.is_error, made.text
+        own = await toolbox.call("r1", "code_search", {"pattern": "needle", "path": "mine"})
+        assert own.is_error and own.text.splitlines()[0] == (
+            f"path: mine cannot be entered: the agent's uid {uid} cannot pass {home}/mine "
+            f"(d---------, owned by {reach.owner_name(uid)}): let it through (chmod u+rx {home}/mine)")
+        roots = home / "roots"  # made by root, 0700
+        roots.mkdir(mode=0o700)
+        theirs = await toolbox.call("r1", "code_search", {"pattern": "needle", "path": "~/roots", "mode": "content"})
+        assert theirs.is_error and theirs.text.splitlines()[0] == (
+            f"path: ~/roots cannot be entered: the agent's uid {uid} cannot pass {roots} (drwx------, owned by root): "
+            f"let it through (chmod o+x {roots}, or chown -R {uid} {roots})")
+        fixed = await toolbox.call("r1", "shell", {"command": "chmod u+rx mine"})
+        assert not fixed.is_error
+        found = await toolbox.call("r1", "code_search", {"pattern": "needle", "path": "mine"})
+        assert not found.is_error and found.text.splitlines()[0] == "mine/a/x: 1 match", found.text

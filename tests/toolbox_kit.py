@@ -28,6 +28,28 @@ def make_settings(tmp_path: Path, *, agent: Mapping[str, Any] | None = None,
 
 
 @contextlib.asynccontextmanager
+async def sandbox_toolbox(settings: AgentSettings, data: Path) -> AsyncIterator[Toolbox]:
+    """A Toolbox over the real sandbox settings name (data: its folder and the record's);
+    stopped at the end, and a kubernetes agent's pod and claim removed."""
+    from guilds.sandbox import get_sandbox
+
+    box = get_sandbox(settings, data)
+    async with Store(f"sqlite:///{data}/guilds.db") as store:
+        toolbox = Toolbox(settings, box, store)
+        try:
+            yield toolbox
+        finally:
+            await toolbox.close()
+            await box.stop()
+            if box.name == "kubernetes":
+                import asyncio
+
+                import kube_kit
+
+                await asyncio.to_thread(kube_kit.remove_agent, box.pod)  # type: ignore[attr-defined]
+
+
+@contextlib.asynccontextmanager
 async def local_toolbox(tmp_path: Path, store: Store | None = None, **kw: Any) -> AsyncIterator[Toolbox]:
     """A Toolbox over the real local sandbox (the built helper, real bash) and real SQLite."""
     settings = make_settings(tmp_path, **kw)

@@ -10,9 +10,11 @@ link, and a command too long for one argv string written to a file and sourced.
 
 from __future__ import annotations
 
+import errno
 import os
 
 from . import limits, proc, protocol, reach, runstate
+from .escaped import CALL_KEY_ENV
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -69,6 +71,7 @@ def _holds(folder: str, path: str) -> bool:
 def command_env(request: protocol.Request, cwd: str, tokens: Dict[str, str]) -> Dict[str, str]:
     """The environment a command runs with (see the module docstring)."""
     env = dict(os.environ)
+    env.pop(CALL_KEY_ENV, None)  # only a foreground call's own processes carry one
     env.update(COMMAND_ENV)
     env["GUILD_RUN_ID"] = request.run_id
     env["GUILD_AGENT_ID"] = request.agent_id
@@ -106,7 +109,15 @@ def start_bash(argv: List[str], cwd: str, env: Dict[str, str], stdout: int, pwd_
     try:
         return proc.spawn(argv, env, stdout=stdout, stderr=proc.STDOUT, cwd=cwd, session=True, pass_fd=passed)
     except OSError as exc:
-        raise protocol.OpError(f"cannot start bash in {cwd}: {reach.why(exc, cwd, env.get('HOME'))}") from None
+        raise protocol.OpError(f"cannot start bash in {cwd}: {_why_not_started(exc, cwd, env)}") from None
+
+
+def _why_not_started(exc: OSError, cwd: str, env: Dict[str, str]) -> str:
+    if exc.errno == errno.EAGAIN:
+        from .pidlimit import why_not_started  # only when a fork failed
+
+        return why_not_started(exc)
+    return reach.why(exc, cwd, env.get("HOME"))
 
 
 def open_log(path: str) -> int:

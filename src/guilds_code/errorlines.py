@@ -22,9 +22,25 @@ as words (``-Werror``, ``errors`` and ``error_count`` are not), which covers a
 compiler's ``file:line:col: error:``, ``make: *** [...] Error 1``, Python's
 ``ValueError:`` and Go's ``--- FAIL:``.
 
-A scan reads at most limits.ERROR_SCAN_MAX_BYTES of the log, for at most
-limits.ERROR_SCAN_SECONDS, and stops at the limits.ERROR_LINES_MAX-th error
-line: the first ones are listed first.
+Distinct errors first: a failing test's traceback or a compiler's repeated
+message must not fill every slot. Each error line gets a rank (``classify``):
+
+    0  it states an error: ``<Name>Error: message`` (``java.lang.XException:``,
+       ``error: ...``, ``error[E0308]: ...``, ``FAIL: ...``, ``fatal: ...``),
+       a line that begins with FAILED, ERROR, error, panic, npm ERR!,
+       Segmentation fault or Aborted (after a ``file:line:`` location), or a
+       pytest ``E   `` line
+    1  it only names one (``raise ValueError(...)``, ``src/app.py:10: ValueError``,
+       ``Traceback (most recent call last)``, ``make: *** [all] Error 1``)
+    2  it repeats one already seen: the same message (rank 0) or the same name
+       (rank 1), or a pytest ``E   `` line right under another (one failure's
+       message over many lines)
+
+and ``shaping.by_priority`` lists rank 0 first, then 1, then 2, each the first first;
+the listing shows those it keeps by line number. A scan reads at most
+limits.ERROR_SCAN_MAX_BYTES of the log, for at most limits.ERROR_SCAN_SECONDS,
+and stops once it holds limits.ERROR_LINES_MAX lines of rank 0 (it keeps at
+most that many of each rank).
 """
 
 from __future__ import annotations
@@ -37,9 +53,12 @@ from . import limits, runstate, shaping
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Optional, Tuple
+    from typing import List, Optional, Set, Tuple
 
     from .redact import Redactor
+
+    Found = Tuple[int, str, int]
+    """An error line: its number in the log, its text as shown, its rank."""
 
 ERROR_PATTERN = re.compile(
     rb"(?<![\w-])error(?![\w-])|(?<!\w)ERROR(?!\w)|Error(?!\w)|(?<!\w)FAILED(?!\w)|(?<!\w)FAIL(?!\w)"
@@ -56,11 +75,40 @@ _ANSI_BYTES = re.compile(
     rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[\]PX^_][^\x07\x1b\n]*(?:\x07|\x1b\\)|\x1b[ -/]+[0-~]|\x1b[0-OQ-WYZ\\`-~]"
 )
 
+# What classify reads in a shown error line (str, ANSI already removed).
+_PYTEST_E = re.compile(r"E(?: {3,}|\Z)")  # shown stripped: a blank E line is "E"
+_LOCATION = re.compile(r"[>\s]*(?:[^\s:]+:\d+(?::\d+)?:\s*)?")
+_STATED = re.compile(
+    r"([\w.]*(?:Error|Exception)|(?<![\w-])(?:error|ERROR|FAILED|FAIL|fatal|FATAL|panic))(?!\w)(?:\[[^\]]*\])?:\s*(\S.*)"
+)
+_LEADING = re.compile(
+    r"(?:--- )?(FAILED|FAIL|ERROR|error|fatal|FATAL|panic|npm ERR!|Segmentation fault|Aborted)(?!\w)(.*)"
+)
+_NAME = re.compile(r"[\w.]*(?:Error|Exception)(?!\w)|Traceback|panic|npm ERR!|Segmentation fault|Aborted"
+                   r"|(?<![\w-])(?:error|ERROR|FAILED|FAIL|fatal|FATAL|E)(?!\w)")
+
+
+def classify(text: str) -> Tuple[int, str]:
+    """(rank 0 or 1, key) of an error line as shown: rank 0 keyed by its name and
+    message, rank 1 by the name it holds (see the module docstring)."""
+    pytest_e = _PYTEST_E.match(text)
+    body = text[pytest_e.end():] if pytest_e else text
+    body = body[_LOCATION.match(body).end():]  # type: ignore[union-attr]  # the pattern matches ""
+    stated = _STATED.search(body) or _LEADING.match(body)
+    if stated:
+        return 0, " ".join(f"{stated.group(1)}: {stated.group(2)}".split())
+    if pytest_e:
+        return 0, " ".join(body.split())
+    name = _NAME.search(body)
+    return 1, name.group(0) if name else body
+
+
 def scan(path: str, first_line: int, redactor: Optional[Redactor], stop_offset: Optional[int] = None,
-         want: int = limits.ERROR_LINES_MAX, seconds: float = limits.ERROR_SCAN_SECONDS) -> List[Tuple[int, str]]:
-    """The first `want` error lines of the log from line first_line (1-based) on,
-    before byte stop_offset when given, found within `seconds`; [] when the log
-    cannot be read."""
+         want: int = limits.ERROR_LINES_MAX, seconds: float = limits.ERROR_SCAN_SECONDS) -> List[Found]:
+    """The error lines of the log from line first_line (1-based) on, before byte
+    stop_offset when given, found within `seconds`, in log order: the first
+    `want` of each rank, up to the `want`-th of rank 0; [] when the log cannot
+    be read."""
     fd = runstate.open_regular(path)
     if fd is None:
         return []
@@ -83,12 +131,18 @@ class _Scanner:
     def __init__(self, first_line: int, redactor: Optional[Redactor], want: int):
         self.first_line, self.redactor, self.want = first_line, redactor, want
         self.line = 1  # the number of the line the pending bytes start
-        self.found: List[Tuple[int, str]] = []
+        self.found: List[Found] = []
+        self.ranks = [0, 0, 0]
+        self.keys: Set[str] = set()
+        self.last_pytest_e = -1
 
-    def run(self, fd: int, limit: int, seconds: float) -> List[Tuple[int, str]]:
+    def full(self) -> bool:
+        return self.ranks[0] >= self.want
+
+    def run(self, fd: int, limit: int, seconds: float) -> List[Found]:
         carry, offset = b"", 0
         deadline = time.monotonic() + seconds
-        while offset < limit and len(self.found) < self.want and time.monotonic() < deadline:
+        while offset < limit and not self.full() and time.monotonic() < deadline:
             chunk = os.pread(fd, min(limits.READ_CHUNK, limit - offset), offset)
             if not chunk:
                 break
@@ -99,7 +153,7 @@ class _Scanner:
                 end = len(data)  # one long line: match what was read of it, in pieces
             self._lines(data[:end])
             carry = data[end:]
-        if carry and len(self.found) < self.want:
+        if carry and not self.full():
             self._lines(carry)
         return self.found
 
@@ -131,7 +185,7 @@ class _Scanner:
             text = _ANSI_BYTES.sub(b"", text)
         ahead = {key: text.find(key) for key in KEYS}
         counted = 0
-        while len(self.found) < self.want:
+        while not self.full():
             hits = [at for at in ahead.values() if at >= 0]
             if not hits:
                 return
@@ -141,10 +195,23 @@ class _Scanner:
             if ERROR_PATTERN.search(text, begin, end):
                 line += text.count(b"\n", counted, begin)
                 counted = begin
-                self.found.append((line, self._shown(text[begin:end])))
+                self._keep(line, self._shown(text[begin:end]))
             for key, at in ahead.items():
                 if 0 <= at <= end:
                     ahead[key] = text.find(key, end + 1)
+
+    def _keep(self, line: int, shown: str) -> None:
+        """Keep an error line with its rank, unless that rank already has `want`."""
+        rank, key = classify(shown)
+        pytest_e = _PYTEST_E.match(shown) is not None
+        if key in self.keys or (pytest_e and line == self.last_pytest_e + 1):
+            rank = 2
+        if pytest_e:
+            self.last_pytest_e = line
+        if self.ranks[rank] < self.want:
+            self.keys.add(key)
+            self.ranks[rank] += 1
+            self.found.append((line, shown, rank))
 
     def _shown(self, raw: bytes) -> str:
         text = shaping.shape_bytes(raw, self.redactor).decode("utf-8", "replace").strip()

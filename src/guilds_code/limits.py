@@ -139,6 +139,12 @@ SHELL_KILL_GRACE_SECONDS = 2
 """shell at its timeout: SIGTERM to the whole process group, SIGKILL this much later."""
 SHELL_DRAIN_SECONDS = 0.2
 """After bash exits, how long to keep reading a pipe that a grandchild holds."""
+ESCAPED_KILL_GRACE_SECONDS = 1
+"""A foreground call's processes that left its group (escaped.py), at the call's
+end: SIGTERM, SIGKILL this much later to what is left. Short: the call waits for it."""
+ESCAPED_SWEEPS = 5
+"""...then look again for what they started meanwhile, at most this many times in all:
+a fork loop that escaped is ended in a round or two, and the call's end stays bounded."""
 STOP_KILL_GRACE_SECONDS = 5
 """stop: SIGTERM to the group, SIGKILL this much later."""
 STOP_WAIT_SECONDS = 0.5

@@ -123,6 +123,14 @@ class Resolved:
             raise fail(given, "changed while it was opened")
         return fd
 
+    def enter(self, given: str, home: str) -> None:
+        """Make the folder this process's working directory; an agent's uid that
+        cannot pass it is told which folder stops it (reach.why)."""
+        try:
+            os.fchdir(self.fd)
+        except OSError as exc:
+            raise fail(given, f"cannot be entered: {reach.why(exc, self.path, home)}") from None
+
     def close(self) -> None:
         for fd in self._fds:
             os.close(fd)

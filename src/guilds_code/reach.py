@@ -87,6 +87,8 @@ def problem_and_fix(folder: str, st: os.stat_result, uid: int, home: Optional[st
     also be given to the agent; one outside it, or the home moved elsewhere)."""
     problem = (f"the agent's uid {uid} cannot pass {folder} "
                f"({stat.filemode(st.st_mode)}, owned by {owner_name(st.st_uid)})")
+    if st.st_uid == uid:  # its own folder: only the owner's bits count
+        return problem, f"let it through (chmod u+rx {folder})"
     if home is not None and (folder == home or folder.startswith(home.rstrip("/") + "/")):
         return problem, f"let it through (chmod o+x {folder}, or chown -R {uid} {folder})"
     return problem, f"let it through (chmod o+x {folder}), or put the home where that uid can reach it"

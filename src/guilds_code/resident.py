@@ -231,7 +231,13 @@ class Server:
     # --- workers ------------------------------------------------------------
     def start(self, frame_id: str, request: object) -> None:
         _touch_idle_clock()
-        worker = self._waiting_worker(request) or self._fork(request)
+        try:
+            worker = self._waiting_worker(request) or self._fork(request)
+        except OSError as exc:  # no process slot (the sandbox's limit), or no memory
+            from .pidlimit import why_not_started
+
+            self.refuse(frame_id, f"cannot start a worker for the call: {why_not_started(exc)}")
+            return
         worker.assign(frame_id)
         self.workers[worker.fd] = worker
         self.by_id[frame_id] = worker
@@ -250,7 +256,12 @@ class Server:
     def _fork(self, request: object) -> Worker:
         answers_r, answers_w = os.pipe()
         requests_r, requests_w = os.pipe()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:
+            for fd in (answers_r, answers_w, requests_r, requests_w):
+                os.close(fd)
+            raise
         if pid == 0:
             os.close(answers_r)
             os.close(requests_w)

@@ -271,7 +271,7 @@ def render_full(
     log_path: str,
     trailers: List[str],
     head_max: Optional[int] = None,
-    find_errors: Optional[Callable[[int], List[Tuple[int, str]]]] = None,
+    find_errors: Optional[Callable[[int], List[Tuple[int, str, int]]]] = None,
 ) -> Rendered:
     """The result, never over max_bytes.
 
@@ -281,10 +281,11 @@ def render_full(
     exact count of shaped bytes between head and tail, the error lines of the
     elided part when find_errors is given, the tail (the rest of the budget, at
     most TAIL_BYTES, starting at a line when one starts early), then the
-    trailers. find_errors(first_line) gives the first error lines from the
-    line after the head on; those before the tail's first line are listed (at
-    most limits.ERROR_LINES_MAX, in at most half the room the tail had), and
-    the tail gives way to them.
+    trailers. find_errors(first_line) gives the error lines from the line
+    after the head on (errorlines.scan: line, text, rank); of those before
+    the tail's first line, the first of the lowest ranks are listed (at most
+    limits.ERROR_LINES_MAX, in at most half the room the tail had), by line
+    number, and the tail gives way to them.
     """
     trailer = "".join("\n" + line for line in trailers)
     if capture.complete:
@@ -304,7 +305,7 @@ def render_full(
         room = max_bytes - len(head) - fixed - utf8_len(block)
         tail = _cut_tail(capture.tail(min(limits.TAIL_BYTES, room)))
         first_tail_line = _line_count(capture) - _line_count_of(tail) + 1
-        now = _fitting([e for e in found if head_lines < e[0] < first_tail_line], block_room)
+        now = _fitting(by_priority([e for e in found if head_lines < e[0] < first_tail_line]), block_room)
         if len(now) <= len(listed):
             break
         listed = now
@@ -316,15 +317,21 @@ def render_full(
     return Rendered(cap_text(text, max_bytes), capture.total - len(head) - len(tail), [e[0] for e in listed])
 
 
+def by_priority(found: List[Tuple[int, str, int]]) -> List[Tuple[int, str]]:
+    """Error lines (line, text, rank: errorlines.scan) as (line, text), rank 0
+    first, then 1, then 2, each the first first."""
+    return [(line, text) for line, text, _ in sorted(found, key=lambda f: (f[2], f[0]))]
+
+
 def _fitting(errors: List[Tuple[int, str]], room: int) -> List[Tuple[int, str]]:
-    """The first errors (at most ERROR_LINES_MAX) whose block fits in room bytes:
-    the block takes at most half of what the tail would have."""
+    """The first errors (at most ERROR_LINES_MAX) whose block fits in room bytes,
+    by line number: the block takes at most half of what the tail would have."""
     kept: List[Tuple[int, str]] = []
     for error in errors[: limits.ERROR_LINES_MAX]:
         if utf8_len("".join("\n" + line for line in _error_block(kept + [error]))) > room:
             break
         kept.append(error)
-    return kept
+    return sorted(kept)
 
 
 def _error_block(listed: List[Tuple[int, str]]) -> List[str]:

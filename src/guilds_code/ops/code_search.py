@@ -45,7 +45,8 @@ path. It respects .gitignore and .ignore files, also outside a git repository
 own .runs folder, skips binary files, and does not follow links. The path must
 resolve inside the home (paths.py); rg runs with its working directory set from
 the descriptor of the resolved folder, so a link swapped in afterwards cannot
-redirect it. A file path is searched through rg's stdin from a descriptor
+redirect it; a folder the agent's uid cannot enter is an error naming the
+folder that stops it (reach.py). A file path is searched through rg's stdin from a descriptor
 opened by paths.py (the glob does not apply to it). Exit 2 with nothing found
 is an error carrying rg's message.
 
@@ -157,12 +158,13 @@ def _maximum(args: Dict[str, Any]) -> int:
     return min(args["limit"] or top, top)
 
 
-def _search(target: paths.Resolved, given: str, args: Dict[str, Any], sink: Any) -> Tuple[int, bytes, bool]:
+def _search(target: paths.Resolved, given: str, args: Dict[str, Any], sink: Any,
+            home: str) -> Tuple[int, bytes, bool]:
     """Run rg on the resolved target: a folder from its descriptor, a file on stdin."""
     program = rg_program()
     timeout = limits.SEARCH_TIMEOUT_SECONDS
     if target.kind == "directory":
-        os.fchdir(target.fd)
+        target.enter(given, home)
         return run_rg(rg_argv(program, args, "."), None, timeout, sink.feed)
     fd = target.open_regular(given)
     try:
@@ -202,7 +204,7 @@ def run(request: protocol.Request) -> protocol.Reply:
     else:
         sink = ContentLines(_maximum(args), args["context"], runstate.redactor_for(request))
     with paths.resolve(request.home, cwd, given) as target:
-        code, err, timed_out = _search(target, given, args, sink)
+        code, err, timed_out = _search(target, given, args, sink, request.home)
         is_file, path = target.kind != "directory", target.path
     matches, files = sink.totals()
     if code == 2 and not files and not timed_out and err:

@@ -21,6 +21,9 @@ Contract (docs/helper.md, "shell"):
   the run folder and sourced (`. FILE`): one argv string holds 128 KiB at most.
 - A helper told to stop (SIGTERM, SIGHUP, SIGINT) mid-command ends the command's
   group first: its own session would otherwise outlive the helper.
+- When the call ends (normally, at the timeout, or cancelled), the processes it
+  started that left its group (setsid, a daemon) are ended (escaped.py); its
+  group's ``cmd &`` jobs run on after a normal end.
 - State that cannot be kept (the run folder, its cwd file, the log: tampered
   with, or a full disk) never costs the command or its output: a line
   ``note: ...`` per loss goes before the exit code, and an elided output whose
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 import os
 
-from .. import limits, proc, protocol, runstate, shaping, supervise, watchdog
+from .. import escaped, limits, proc, protocol, runstate, shaping, supervise, watchdog
 from ..command import PWD_FD, command_env, command_script, open_log, quote, start_bash
 from ..notes import after_run
 
@@ -108,11 +111,14 @@ def run_foreground(request: protocol.Request) -> protocol.Reply:
 
 
 def _error_finder(request: protocol.Request, log: str):
-    """find_errors for render_full: the log's first error lines from a line on."""
+    """find_errors for render_full: the log's error lines from a line on; none
+    for a command that only prints files (their text is no diagnostic)."""
 
     def find(first_line: int):
-        from .. import errorlines  # only when output was elided
+        from .. import errorlines, fileprint  # only when output was elided
 
+        if fileprint.prints_files(request.args["command"]):
+            return []
         return errorlines.scan(log, first_line, runstate.redactor_for(request))
 
     return find
@@ -128,10 +134,15 @@ def _run_logged(request: protocol.Request, cwd: str, log: Optional[str], pwd_fd:
     spill = log[: -len(".log")] + ".sh" if log else _private_spill(request)
     prefix = cd_capture() if pwd_fd is not None else ""
     argv = ["bash", "-c", prefix + command_script(request.args["command"], spill)]
+    env = command_env(request, cwd, tokens)
+    env[escaped.CALL_KEY_ENV] = key = escaped.new_key()
     try:
         with supervise.Supervisor() as supervisor:  # a cancel is caught from the start on
-            child = start_bash(argv, cwd, command_env(request, cwd, tokens), proc.PIPE, pwd_fd)
-            outcome = execute(supervisor, child, request.args["timeout_seconds"], sink.write)
+            child = start_bash(argv, cwd, env, proc.PIPE, pwd_fd)
+            try:
+                outcome = execute(supervisor, child, request.args["timeout_seconds"], sink.write)
+            finally:
+                escaped.end(key, child.pid)
     finally:
         sink.close()
         runstate.unlink_quietly(spill)

@@ -183,15 +183,15 @@ def _errors_before(log: str, window: int, redactor: Redactor, room: int) -> List
         return []
     from .. import errorlines  # only for a log longer than its last lines
 
-    lines = [BEFORE_TAIL_HEADER]
+    kept: List[Tuple[int, str]] = []
     size = shaping.utf8_len(BEFORE_TAIL_HEADER)
-    for line, text in errorlines.scan(log, 1, redactor, stop_offset=window):
-        entry = f"{line}: {text}"
-        size += shaping.utf8_len(entry) + 1
+    found = shaping.by_priority(errorlines.scan(log, 1, redactor, stop_offset=window))
+    for line, text in found[: limits.ERROR_LINES_MAX]:
+        size += shaping.utf8_len(f"{line}: {text}") + 1
         if size > room:
             break
-        lines.append(entry)
-    return lines if len(lines) > 1 else []
+        kept.append((line, text))
+    return errorlines.block_lines(sorted(kept), BEFORE_TAIL_HEADER)
 
 
 def _meta(st: Status) -> Dict[str, Any]:
