@@ -18,6 +18,7 @@ from guilds.fronts.cli import main
 def config(tmp_path: Path, extra: str = "") -> Path:
     path = tmp_path / "agent.toml"
     path.write_text(f'[agent]\nhome = "home"\nsandbox = "local"\n{extra}')
+    path.chmod(0o600)  # a settings file with secrets others may read is refused
     return path
 
 

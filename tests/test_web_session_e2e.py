@@ -96,6 +96,7 @@ async def test_a_server_on_another_port_gets_a_session_that_mcp_refuses(tmp_path
             app = await c.get("/", headers={"cookie": cookie})  # the session opens the app's pages
             assert app.status_code == 200 and "<title>" in app.text
             ran = await c.post("/mcp", json=ID_U, headers={**ID_U_HEADERS, "authorization": f"Bearer {token}"})
-            assert ran.json()["result"]["content"][0]["text"].startswith(f"{os.getuid()}\n")
+            run_line, output = ran.json()["result"]["content"][0]["text"].split("\n", 1)
+            assert run_line.startswith("run: mcp-") and output.startswith(f"{os.getuid()}\n")
     finally:
         stop_serve(proc)
