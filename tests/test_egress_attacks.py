@@ -11,8 +11,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -29,8 +31,8 @@ from guilds.record.store import Store
 from guilds.sandbox import get_sandbox
 from guilds.sandbox.bwrap_argv import unavailable
 from guilds.sandbox.docker_engine import unavailable as docker_unavailable
-from guilds.sandbox.egress_process import proxy_pid
-from guilds.sandbox.egress_side import bound_values, egress_files
+from guilds.sandbox.egress_process import keep_proxy, proxy_pid, stop_proxy
+from guilds.sandbox.egress_side import SOCKET_NAME, bound_values, egress_files, prepare
 from guilds.toolbox import Toolbox
 
 pytestmark = pytest.mark.skipif(not netns_usable(), reason="needs root and ip netns for the test hosts")
@@ -223,6 +225,37 @@ def test_a_git_config_that_is_no_regular_file_gives_no_host_and_never_blocks(tmp
     reading.join(10)
     assert found, "reading .git/config blocked"
     assert found[0]["repos.work"].hosts == ()
+
+
+OUTSIDER = (
+    "import socket, sys\n"
+    "for path in sys.argv[2:]:\n"
+    "    try: open(path).read(); print('read', path)\n"
+    "    except OSError: pass\n"
+    "try: socket.socket(socket.AF_UNIX).connect(sys.argv[1]); print('connected')\n"
+    "except OSError: pass\n"
+)
+"""What another user of the host tries: read each file named after the socket, then connect to it."""
+
+
+def test_another_user_of_the_host_reaches_neither_the_proxy_nor_its_files(tmp_path):
+    data = Path(tempfile.mkdtemp(prefix="guilds-egress-outside-"))
+    data.chmod(0o755)  # a data folder others may look into: the agent's egress folder must not be
+    settings = parse_settings({"agent": {"home": str(tmp_path / "home"), "sandbox": "bwrap", "network": ["git.test"]},
+                               "secrets": {"S": {"value": TOKEN, "hosts": ["git.test"]}}}, tmp_path, env={})
+    files = egress_files(str(data), "outsider")
+    prepare(files)  # as the sandbox does when it is made
+    try:
+        keep_proxy(settings, files, home=str(tmp_path / "home"), clock=str(data / "clock"), idle_seconds=60)
+        inside = [p for p in data.rglob("*") if p.is_file() and not p.is_socket() and p.name != "clock"]
+        assert {p.name for p in inside} >= {"proxy.json", "placeholder.key", "trust.pem", "ca.key"}, inside
+        tried = subprocess.run(["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-I", "-c", OUTSIDER,
+                                os.path.join(files.shared, SOCKET_NAME), *map(str, inside)],
+                               capture_output=True, text=True, timeout=30, check=True)
+        assert tried.stdout == "", tried.stdout
+    finally:
+        stop_proxy(files)
+        shutil.rmtree(data)
 
 
 # --- from inside a bwrap or docker sandbox, through shell ---------------------------------
