@@ -10,6 +10,8 @@ On the host, per agent, under ``<data>/egress/<agent id>/`` (0700):
   host-bound secrets are written; ``decisions.jsonl``: the proxy's decisions,
   read into the run record at each call's end (``egress_process.read_decisions``);
   ``placeholder.key`` (0600): the key placeholders are derived from;
+  ``origins.json`` (0600): each repository's origin host as first read
+  (``pinned_origins``), the default hosts of its token from then on;
   ``proxy.pid``, ``proxy.log``, ``clock`` (docker: the proxy's idle clock).
 
 The certificate authority lives in ``<data>/egress/ca/``, one per data folder.
@@ -177,7 +179,7 @@ def pinned_origins(files: EgressFiles, settings: AgentSettings, home: str) -> di
             kept = {}
         kept = kept if isinstance(kept, dict) else {}
         out, changed = {}, False
-        for repo in settings.repos:
+        for repo in (r for r in settings.repos if r.token and r.token_hosts is None):
             entry = kept.get(repo.name)
             if not isinstance(entry, dict) or entry.get("path") != repo.path:
                 entry = kept[repo.name] = {"path": repo.path, "origin": origin_host(os.path.join(home, repo.path))}
@@ -221,7 +223,7 @@ def bound_values(settings: AgentSettings, files: EgressFiles, home: str) -> dict
     for a repository token (its default hosts from ``pinned_origins``). The agent's
     egress folder is made (``prepare``) and its placeholder key read."""
     key = prepare(files)
-    origins = pinned_origins(files, settings, home) if any(r.token for r in settings.repos) else {}
+    origins = pinned_origins(files, settings, home)
     out = {}
     for name, hosts in settings.secret_hosts.items():
         value = settings.secrets[name]
