@@ -36,6 +36,10 @@ def settings(tmp_path: Path, **repo):
     return parse_settings(data, tmp_path, env={})
 
 
+def files(tmp_path: Path) -> egress.EgressFiles:
+    return egress.egress_files(str(tmp_path / "data"), "agent1")
+
+
 @pytest.fixture
 def state(tmp_path, monkeypatch):
     root = tmp_path / "state"
@@ -90,15 +94,15 @@ def test_the_origin_remote_names_the_token_hosts_by_default(tmp_path, url, host)
     folder = tmp_path / "home" / "repos" / "web"
     subprocess.run(["git", "init", "-q", str(folder)], check=True)
     subprocess.run(["git", "-C", str(folder), "remote", "add", "origin", url], check=True)
-    bound = egress.bound_values(settings(tmp_path), b"k" * 32, str(tmp_path / "home"))["repos.web"]
+    bound = egress.bound_values(settings(tmp_path), files(tmp_path), str(tmp_path / "home"))["repos.web"]
     assert bound.hosts == (("github.com", "api.github.com") if host == "github.com" else (host,))
     assert bound.gh_host == (None if host == "github.com" else host)
 
 
 def test_a_repository_without_origin_gives_its_token_to_no_host_unless_named(tmp_path):
     home = str(tmp_path / "home")
-    assert egress.bound_values(settings(tmp_path), b"k" * 32, home)["repos.web"].hosts == ()
-    named = egress.bound_values(settings(tmp_path, token_hosts=["git.corp"]), b"k" * 32, home)["repos.web"]
+    assert egress.bound_values(settings(tmp_path), files(tmp_path), home)["repos.web"].hosts == ()
+    named = egress.bound_values(settings(tmp_path, token_hosts=["git.corp"]), files(tmp_path), home)["repos.web"]
     assert (named.hosts, named.gh_host) == (("git.corp",), "git.corp")
 
 
@@ -108,7 +112,7 @@ def test_the_sandbox_sees_placeholders_and_the_proxy_config_holds_the_values(tmp
     key = egress.prepare(files)
     assert oct(os.stat(files.path("placeholder.key")).st_mode & 0o777) == "0o600"
     assert egress.prepare(files) == key
-    bound = egress.bound_values(s, key, str(s.home))
+    bound = egress.bound_values(s, files, str(s.home))
     env = egress.sandbox_env(s, bound)
     assert env["PYPI"] == bound["secrets.PYPI"].placeholder and "pypi-value-123" not in env.values()
     assert "PLAIN" not in env  # a plain string stays as before: agent_env gives it

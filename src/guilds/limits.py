@@ -222,6 +222,10 @@ EGRESS_RESOLVE_SECONDS = 10.0
 EGRESS_CONNECT_SECONDS = 15.0
 """How long it waits for an upstream connection, its TLS handshake included, before it
 refuses (502); also the longest TLS handshake it waits for from a client."""
+EGRESS_CONNECTIONS_MAX = 128
+"""The most connections one sandbox's egress proxy serves at once (a host process, outside
+the sandbox's memory limit: each holds up to a head's or a tunnel's buffers). One more is
+answered 503 at once; a package manager's parallel downloads stay well below it."""
 EGRESS_IDLE_POLL_SECONDS = 30.0
 """How often a proxy looks at its idle clock (at most; a quarter of its idle time
 when shorter), like the sandboxes' init."""

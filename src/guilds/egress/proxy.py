@@ -18,7 +18,8 @@ What it takes from a client (the sandbox's relay):
 
 Every refusal is an answer with a status, its one-line reason as both the status
 line's phrase and the body (``guilds egress: api.example.com:443 is not in
-agent.network``), and a line in the decisions file. ``Proxy-Authorization: Basic
+agent.network``), and a line in the decisions file. At most ``EGRESS_CONNECTIONS_MAX``
+connections are served at once; one more is answered 503 at once. ``Proxy-Authorization: Basic
 base64(TAG:)`` names the call (the tag) and never goes further.
 """
 
@@ -37,6 +38,7 @@ from urllib.parse import urlsplit
 
 from ..limits import (
     EGRESS_CONNECT_SECONDS,
+    EGRESS_CONNECTIONS_MAX,
     EGRESS_HEAD_READ_SECONDS,
     EGRESS_PIPE_CHUNK,
     EGRESS_RESOLVE_SECONDS,
@@ -122,6 +124,11 @@ class EgressProxy:
         """Serve one connection from the sandbox, whatever happens; never raises."""
         record = DecisionRecord(host="", port=0)
         task = asyncio.current_task()
+        if len(self._serving) >= EGRESS_CONNECTIONS_MAX:  # a flood from inside holds no more of the host
+            self._refuse(writer, record, 503, f"guilds egress: {EGRESS_CONNECTIONS_MAX} connections are open "
+                                              "through the proxy already; close some and try again")
+            writer.close()
+            return
         if task is not None:
             self._serving.add(task)
         try:

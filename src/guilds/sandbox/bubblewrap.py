@@ -143,7 +143,7 @@ class BwrapSandbox:
         """agent.network a list: the egress proxy's files (None otherwise)."""
         self._bound: dict[str, egress.Bound] | None = None
         if self.egress is not None:  # the real values never enter the commands' environment
-            self._bound = egress.bound_values(settings, egress.prepare(self.egress), self.home)
+            self._bound = egress.bound_values(settings, self.egress, self.home)
             self._env.update(egress.sandbox_env(settings, self._bound))
 
     def helper_path(self, name: str) -> str:

@@ -102,7 +102,7 @@ class DockerSandbox(ContainerSandbox):
         """agent.network a list: the egress proxy's files (None otherwise)."""
         self._bound: dict[str, egress.Bound] | None = None
         if self.egress is not None:  # the real values never enter the commands' environment
-            self._bound = egress.bound_values(settings, egress.prepare(self.egress), self.home)
+            self._bound = egress.bound_values(settings, self.egress, self.home)
             self._env.update(egress.sandbox_env(settings, self._bound))
 
     def _beside_call(self) -> Callable[[], None] | None:

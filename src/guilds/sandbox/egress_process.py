@@ -20,7 +20,7 @@ from ..config.settings import AgentSettings
 from ..errors import SandboxError
 from ..limits import EGRESS_DECISIONS_READ_MAX_BYTES, EGRESS_START_POLL_SECONDS, EGRESS_START_SECONDS
 from ._spawn import spawn_detached
-from .egress_side import BUNDLE_NAME, SOCKET_NAME, EgressFiles, bound_values, prepare, proxy_config
+from .egress_side import BUNDLE_NAME, SOCKET_NAME, EgressFiles, bound_values, proxy_config
 
 
 @contextlib.contextmanager
@@ -42,7 +42,7 @@ def ensure_proxy(files: EgressFiles, digest: str, make_config: Callable[[], Mapp
     """The agent's proxy running: found alive and started from the same settings
     (digest), else started anew with make_config(), detached, and waited for until it
     listens. Alive: its process runs and its socket answers (one hung or whose socket
-    went is replaced). A repository's default hosts are read when the proxy starts."""
+    went is replaced). A repository's default hosts are the pinned ones (egress_side.pinned_origins)."""
     from ..egress.daemon import is_serving
     from ..egress.proxy_config import write_config
 
@@ -81,7 +81,7 @@ def keep_proxy(settings: AgentSettings, files: EgressFiles, *, home: str, clock:
     resolve = settings.egress_resolve
 
     def config() -> dict[str, Any]:
-        bound = bound_values(settings, prepare(files), home)
+        bound = bound_values(settings, files, home)
         write_trust_bundle(files)
         return proxy_config(settings, files, bound, clock=clock, idle_seconds=idle_seconds, resolve=resolve)
 

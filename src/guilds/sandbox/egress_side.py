@@ -10,6 +10,8 @@ On the host, per agent, under ``<data>/egress/<agent id>/`` (0700):
   host-bound secrets are written; ``decisions.jsonl``: the proxy's decisions,
   read into the run record at each call's end (``egress_process.read_decisions``);
   ``placeholder.key`` (0600): the key placeholders are derived from;
+  ``origins.json`` (0600): each repository's origin host as first read
+  (``pinned_origins``), the default hosts of its token from then on;
   ``proxy.pid``, ``proxy.log``, ``clock`` (docker: the proxy's idle clock).
 
 The certificate authority lives in ``<data>/egress/ca/``, one per data folder.
@@ -24,10 +26,13 @@ the same length inside; the proxy puts the value in for its hosts only.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
+import json
 import os
 import re
+import stat
 import string
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +41,7 @@ from typing import Any, Mapping
 from guilds_code.command import EGRESS_PROXY_ENV
 
 from ..config.settings import AgentSettings, Repo
+from ..egress.policy import address_of, normalize_host
 
 EGRESS_INSIDE = "/run/guilds-egress"
 """Where the proxy's socket folder is bound read-only inside the sandbox."""
@@ -132,15 +138,22 @@ def placeholder(key: bytes, name: str, value: str) -> str:
 
 
 _REMOTE_HOST = re.compile(r"^(?:[a-z+]+://)?(?:[^@/]+@)?(\[[^\]]+\]|[^:/]+)")
+ORIGINS_NAME = "origins.json"
+"""Each repository's origin host as first read, by name and path (0600, host side only)."""
 
 
 def origin_host(repo_folder: str) -> str | None:
-    """The host of the repository's ``origin`` remote (its .git/config, read as the
-    host sees it), or None when there is no such repository or remote yet."""
+    """The host name of the repository's ``origin`` remote (its .git/config, read as the
+    host sees it: a regular file only, never waited on), or None when there is no such
+    repository, remote, or host name (an address or a pattern is none)."""
     try:
-        text = Path(repo_folder, ".git", "config").read_text(errors="replace")[:65536]
+        fd = os.open(os.path.join(repo_folder, ".git", "config"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return None
+        text = fh.read(65536).decode(errors="replace")
     section, url = "", None
     for raw in text.splitlines():
         line = raw.strip()
@@ -149,19 +162,46 @@ def origin_host(repo_folder: str) -> str | None:
         elif section == '[remote "origin"]' and line.replace(" ", "").startswith("url="):
             url = line.split("=", 1)[1].strip()
     found = _REMOTE_HOST.match(url or "")
-    return found.group(1).lower() if found else None
+    host = normalize_host(found.group(1)) if found else None
+    return host if host is not None and address_of(host) is None else None
 
 
-def repo_hosts(repo: Repo, home: str) -> tuple[tuple[str, ...], str | None]:
+def pinned_origins(files: EgressFiles, settings: AgentSettings, home: str) -> dict[str, str | None]:
+    """Each repository's origin host (without ``token_hosts``), read from its .git/config
+    the first time its name and path are seen and kept in ORIGINS_NAME from then on: the
+    agent can rewrite .git/config, so what it writes there later never moves a token."""
+    path = files.path(ORIGINS_NAME)
+    with open(files.path(ORIGINS_NAME + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            kept = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            kept = {}
+        kept = kept if isinstance(kept, dict) else {}
+        out, changed = {}, False
+        for repo in (r for r in settings.repos if r.token and r.token_hosts is None):
+            entry = kept.get(repo.name)
+            if not isinstance(entry, dict) or entry.get("path") != repo.path:
+                entry = kept[repo.name] = {"path": repo.path, "origin": origin_host(os.path.join(home, repo.path))}
+                changed = True
+            out[repo.name] = entry["origin"] if isinstance(entry.get("origin"), str) else None
+        if changed:
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as fh:
+                json.dump(kept, fh)
+            os.replace(tmp, path)
+    return out
+
+
+def repo_hosts(repo: Repo, origin: str | None) -> tuple[tuple[str, ...], str | None]:
     """(the hosts the token is for, the GitHub host gh must be told of or None).
 
-    token_hosts when given, else the origin remote's host and its API host
-    (github.com -> api.github.com); none when neither is known. A first host
+    token_hosts when given, else the origin remote's host (``pinned_origins``) and its
+    API host (github.com -> api.github.com); none when neither is known. A first host
     other than github.com is a GitHub Enterprise host: GH_HOST names it."""
     if repo.token_hosts is not None:
         hosts = repo.token_hosts
     else:
-        origin = origin_host(os.path.join(home, repo.path))
         hosts = () if origin is None else (GITHUB, GITHUB_API) if origin == GITHUB else (origin,)
     gh_host = hosts[0].rsplit(":", 1)[0] if hosts and hosts[0] not in (GITHUB, GITHUB_API) else None
     return hosts, gh_host
@@ -178,16 +218,19 @@ class Bound:
     gh_host: str | None = None
 
 
-def bound_values(settings: AgentSettings, key: bytes, home: str) -> dict[str, Bound]:
+def bound_values(settings: AgentSettings, files: EgressFiles, home: str) -> dict[str, Bound]:
     """Every host-bound value: ``secrets.NAME`` for a secret with hosts, ``repos.NAME``
-    for a repository token."""
+    for a repository token (its default hosts from ``pinned_origins``). The agent's
+    egress folder is made (``prepare``) and its placeholder key read."""
+    key = prepare(files)
+    origins = pinned_origins(files, settings, home)
     out = {}
     for name, hosts in settings.secret_hosts.items():
         value = settings.secrets[name]
         out[f"secrets.{name}"] = Bound(name, placeholder(key, f"secrets.{name}", value), value, hosts)
     for repo in settings.repos:
         if repo.token:
-            hosts, gh_host = repo_hosts(repo, home)
+            hosts, gh_host = repo_hosts(repo, origins.get(repo.name))
             name = f"repos.{repo.name}"
             out[name] = Bound(name, placeholder(key, name, repo.token), repo.token, hosts, gh_host)
     return out
