@@ -79,11 +79,10 @@ stop_all() {
 POLICY_CHAINS='(KUBE-ROUTER-|KUBE-POD-FW-|KUBE-NWPLCY-)'
 remove_policy_rules() {
   command -v iptables >/dev/null || return 0
-  local chain rule set
+  local chain jumps rule set
   for chain in INPUT FORWARD OUTPUT; do
-    while rule=$(iptables -S "$chain" 2>/dev/null | grep -m1 -E -- "-j $POLICY_CHAINS"); do
-      eval "iptables -D ${rule#-A }" || break
-    done
+    jumps=$(iptables -S "$chain" 2>/dev/null | grep -E -- "-j $POLICY_CHAINS" || true)
+    while read -r rule; do [ -n "$rule" ] && eval "iptables -D ${rule#-A }"; done <<<"$jumps"
   done
   for chain in $(iptables -S 2>/dev/null | sed -n 's/^-N //p' | grep -E "^$POLICY_CHAINS"); do
     iptables -F "$chain"
@@ -316,6 +315,8 @@ start_policy_controller() {
   daemon kube-router "$bin/kube-router" --kubeconfig "$DIR/pki/admin.kubeconfig" \
     --hostname-override 127.0.0.1 --run-firewall=true --run-router=false --run-service-proxy=false \
     --service-cluster-ip-range "$SERVICE_CIDR" --health-port 0 --metrics-port 0
+  [ "$(cat /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null)" = 1 ] \
+    || log "warning: bridged traffic skips iptables here (net.bridge.bridge-nf-call-iptables is not 1): policies hold between a pod and the node only"
   for _ in $(seq 150); do iptables -S KUBE-ROUTER-FORWARD >/dev/null 2>&1 && return 0; sleep 0.2; done
   log "the policy controller wrote no rules:"; tail -20 "$DIR/kube-router.log" >&2; exit 1
 }
