@@ -192,6 +192,7 @@ async def test_the_network_policy_holds_an_agent_pod_in_and_not_an_unlabelled_on
     box = await make()
     node_port, node_said = node_listener
     targets = {(listener, POD_PORT): pod_said, (NODE_POD_ADDRESS, node_port): node_said}
+    assert await asyncio.to_thread(node_reads, listener, POD_PORT) == pod_said  # it listens
     for (host, port), said in targets.items():  # the positive control: the listeners answer an unlabelled pod
         assert await from_plain_pod(control, host, port) == said
     deadline = time.monotonic() + POLICY_SETTLE_SECONDS
