@@ -1,29 +1,46 @@
 #!/usr/bin/env bash
 # Builds the binaries of a single-node Kubernetes from Go modules and prints the
 # folder that holds them: kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubelet, kubectl and etcd.
+# kube-scheduler, kubelet, kubectl and etcd, and kube-router (its network-policy
+# controller enforces NetworkPolicy objects on the test cluster).
 #
 # k8s.io/kubernetes' module zip leaves its staging/ tree out, so a small wrapper
 # module requires it and replaces each staging module with its published
 # v0.<minor>.<patch> release; etcd comes from go.etcd.io/etcd/server/v3 through
 # etcdmain.Main in the same module (one set of shared dependencies).
 #
+# kube-router is its own module with no replace directives: `go install` of its
+# cmd at the pinned version, kept beside the Kubernetes binaries.
+#
 # The binaries are kept in $GUILDS_KUBE_CACHE (default /var/cache/guilds-kube)
-# under the version, so a later run on the same machine builds nothing.
+# under their versions, so a later run on the same machine builds nothing.
 set -euo pipefail
 version=${GUILDS_KUBE_VERSION:-1.36.3}
+router_version=${GUILDS_KUBE_ROUTER_VERSION:-2.1.0}
 cache=${GUILDS_KUBE_CACHE:-/var/cache/guilds-kube}
 out="$cache/v$version/bin"
+router="$cache/kube-router-v$router_version/kube-router"
 programs=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd)
 
 have_all() {
   for p in "${programs[@]}"; do [ -x "$out/$p" ] || return 1; done
 }
-if have_all; then echo "$out"; exit 0; fi
+have_router() { [ -x "$router" ] && [ "$(readlink "$out/kube-router")" = "$router" ]; }
+if have_all && have_router; then echo "$out"; exit 0; fi
 
 command -v go >/dev/null || PATH=$PATH:/usr/local/go/bin
 command -v go >/dev/null || { echo "kube-build: no go on PATH (Go 1.26 builds Kubernetes 1.36)" >&2; exit 1; }
-export GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0
+export GOWORK=off CGO_ENABLED=0
+
+build_router() {  # only its network-policy controller runs here, but the cmd is one binary
+  mkdir -p "${router%/*}"
+  [ -x "$router" ] || GOFLAGS= GOBIN="${router%/*}" go install -trimpath \
+    -ldflags "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=v$router_version" \
+    "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@v$router_version" >&2
+  ln -sfn "$router" "$out/kube-router"
+}
+if have_all; then build_router; echo "$out"; exit 0; fi
+export GOFLAGS=-mod=mod
 work="$cache/v$version/module"
 rm -rf "$work" && mkdir -p "$work/etcd" "$out"
 here=$(cd "$(dirname "$0")" && pwd)
@@ -65,5 +82,6 @@ for p in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; 
   go build "${flags[@]}" -o "$out/$p" "k8s.io/kubernetes/cmd/$p" >&2
 done
 go build -trimpath -ldflags "-s -w" -o "$out/etcd" ./etcd >&2
-have_all
+build_router
+have_all && have_router
 echo "$out"

@@ -10,8 +10,9 @@
 # scripts/kube-build.sh). Progress goes to stderr, with the seconds each stage
 # took; stdout is only the export line.
 #
-# The parts: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
-# a kubelet, built from Go modules; Debian's containerd, runc and CNI plugins
+# The parts: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, a
+# kubelet and kube-router's network-policy controller, built from Go modules;
+# Debian's containerd, runc, CNI plugins, iptables and ipset
 # (a containerd of its own, apart from the Docker engine's); a pause image
 # built here from scripts/kube/pause.c; the sandbox image built by the Docker
 # engine of scripts/docker-test-env.sh and imported into containerd. The node
@@ -19,7 +20,11 @@
 #
 # Pods get a network namespace on a bridge with no gateway and no route out
 # (the bridge plugin with isGateway false, no masquerade): nothing reaches
-# past the node. The CNI plugins here do not enforce NetworkPolicy objects.
+# past the node. The bridge holds the node's side of the pod network,
+# NODE_POD_ADDRESS (made here, so no plugin turns on forwarding). NetworkPolicy
+# objects are enforced by kube-router run with its network-policy controller
+# only (iptables and ipset rules in the host's filter table); --stop removes
+# its rules and sets with it.
 #
 # For the tests: the namespace guilds-test, a Role with what the backend needs
 # (docs/sandboxes.md) bound to the user guilds-orchestrator, whose kubeconfig
@@ -37,7 +42,12 @@ CTR_SOCK=$DIR/containerd/containerd.sock
 PVS=${GUILDS_KUBE_PVS:-64}
 SMALL_PVS=4
 SMALL_PV_SIZE=32Mi  # a tmpfs of 32m each
-PACKAGES=(containerd runc containernetworking-plugins openssl gcc libc6-dev iproute2 util-linux mount)
+POD_CIDR=10.244.0.0/24
+NODE_POD_ADDRESS=10.244.0.1  # on the bridge; pods get addresses from .2
+POD_BRIDGE=guildskube0
+SERVICE_CIDR=10.96.0.0/24
+PACKAGES=(containerd runc containernetworking-plugins openssl gcc libc6-dev iproute2 util-linux mount
+          iptables ipset)
 
 log() { echo "kube-test-env: $*" >&2; }
 stage() {  # stage NAME COMMAND...: run a stage and say how long it took
@@ -50,7 +60,7 @@ admin() { kubectl --kubeconfig "$DIR/pki/admin.kubeconfig" "$@"; }
 api_up() { admin get --raw /readyz >/dev/null 2>&1; }
 
 stop_all() {
-  for name in recycler kubelet kube-scheduler kube-controller-manager kube-apiserver etcd containerd; do
+  for name in recycler kube-router kubelet kube-scheduler kube-controller-manager kube-apiserver etcd containerd; do
     [ -f "$DIR/run/$name.pid" ] || continue
     pid=$(cat "$DIR/run/$name.pid")
     kill "$pid" 2>/dev/null || true
@@ -60,7 +70,30 @@ stop_all() {
   done
   # The pods' shims and processes outlive containerd: stop them too.
   pkill -f "containerd-shim-runc-v2 -namespace k8s.io .*-address $CTR_SOCK" 2>/dev/null || true
+  remove_policy_rules
   log "stopped"
+}
+
+# kube-router leaves its rules when it stops (a policy outlives a restart): take
+# out its jumps from the built-in chains, its chains and its ipsets.
+POLICY_CHAINS='(KUBE-ROUTER-|KUBE-POD-FW-|KUBE-NWPLCY-)'
+remove_policy_rules() {
+  command -v iptables >/dev/null || return 0
+  local chain jumps rule set
+  for chain in INPUT FORWARD OUTPUT; do
+    jumps=$(iptables -S "$chain" 2>/dev/null | grep -E -- "-j $POLICY_CHAINS" || true)
+    while read -r rule; do [ -n "$rule" ] && eval "iptables -D ${rule#-A }"; done <<<"$jumps"
+  done
+  for chain in $(iptables -S 2>/dev/null | sed -n 's/^-N //p' | grep -E "^$POLICY_CHAINS"); do
+    iptables -F "$chain"
+  done
+  for chain in $(iptables -S 2>/dev/null | sed -n 's/^-N //p' | grep -E "^$POLICY_CHAINS"); do
+    iptables -X "$chain"
+  done
+  command -v ipset >/dev/null || return 0
+  for set in $(ipset list -n 2>/dev/null | grep -E '^(inet6:)?KUBE-(SRC|DST)-'); do
+    ipset destroy "$set" 2>/dev/null || true
+  done
 }
 
 install_packages() { bash "$ROOT/scripts/apt-missing.sh" kube-test-env "${PACKAGES[@]}"; }
@@ -154,8 +187,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 EOF
   cat >"$DIR/cni/10-guilds.conflist" <<EOF
 {"cniVersion": "0.4.0", "name": "guilds-test",
- "plugins": [{"type": "bridge", "bridge": "guildskube0", "isGateway": false, "ipMasq": false,
-              "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]]}},
+ "plugins": [{"type": "bridge", "bridge": "$POD_BRIDGE", "isGateway": false, "ipMasq": false,
+              "ipam": {"type": "host-local",
+                       "ranges": [[{"subnet": "$POD_CIDR", "rangeStart": "${NODE_POD_ADDRESS%.*}.2"}]]}},
              {"type": "loopback"}]}
 EOF
   ctr_up && return 0
@@ -163,6 +197,14 @@ EOF
   echo $! >"$DIR/run/containerd.pid"
   for _ in $(seq 100); do ctr_up && return 0; sleep 0.2; done
   log "containerd did not answer:"; tail -5 "$DIR/containerd.log" >&2; exit 1
+}
+# The bridge the CNI plugin attaches pods to, with the node's address on it: a
+# listener there is what a pod reaches of the node (and what the policy closes).
+pod_bridge() {
+  ip link show "$POD_BRIDGE" >/dev/null 2>&1 || ip link add "$POD_BRIDGE" type bridge
+  ip -4 addr show dev "$POD_BRIDGE" | grep -q " $NODE_POD_ADDRESS/" \
+    || ip addr add "$NODE_POD_ADDRESS/${POD_CIDR#*/}" dev "$POD_BRIDGE"
+  ip link set "$POD_BRIDGE" up
 }
 ctr_up() { ctr -a "$CTR_SOCK" version >/dev/null 2>&1; }
 ctr_k8s() { ctr -a "$CTR_SOCK" -n k8s.io "$@"; }
@@ -214,7 +256,7 @@ start_control_plane() {
     --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
     --kubelet-client-key "$pki/apiserver-kubelet-client.key" --kubelet-certificate-authority "$pki/ca.crt" \
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
-    --service-account-issuer https://kubernetes.default.svc --service-cluster-ip-range 10.96.0.0/24 \
+    --service-account-issuer https://kubernetes.default.svc --service-cluster-ip-range "$SERVICE_CIDR" \
     --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
     --allow-privileged=false --profiling=false
   for _ in $(seq 300); do api_up && break; sleep 0.2; done
@@ -263,6 +305,20 @@ EOF
     sleep 0.5
   done
   log "the node did not become Ready:"; tail -20 "$DIR/kubelet.log" >&2; exit 1
+}
+
+# --- NetworkPolicy: kube-router's policy controller, nothing else of it -----------------
+# It finds the node's pods by the node's address (their hostIP) and writes a chain
+# per pod; no health or metrics port. Ready once its top-level chain is there.
+start_policy_controller() {
+  local bin=$1
+  daemon kube-router "$bin/kube-router" --kubeconfig "$DIR/pki/admin.kubeconfig" \
+    --hostname-override 127.0.0.1 --run-firewall=true --run-router=false --run-service-proxy=false \
+    --service-cluster-ip-range "$SERVICE_CIDR" --health-port 0 --metrics-port 0
+  [ "$(cat /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null)" = 1 ] \
+    || log "warning: bridged traffic skips iptables here (net.bridge.bridge-nf-call-iptables is not 1): policies hold between a pod and the node only"
+  for _ in $(seq 150); do iptables -S KUBE-ROUTER-FORWARD >/dev/null 2>&1 && return 0; sleep 0.2; done
+  log "the policy controller wrote no rules:"; tail -20 "$DIR/kube-router.log" >&2; exit 1
 }
 
 # --- what the tests use: namespace, Role, storage ---------------------------------------
@@ -367,11 +423,13 @@ log "binaries: $BIN ($((SECONDS - began)) s so far)"
 if [ -f "$DIR/pki/admin.kubeconfig" ]; then stage reset reset_state; fi
 [ -n "${DOCKER_HOST:-}" ] || eval "$(bash "$ROOT/scripts/docker-test-env.sh")"
 stage pki make_pki
+stage pod-bridge pod_bridge
 stage containerd start_containerd
 stage pause-image pause_image
 stage sandbox-image sandbox_image
 stage control-plane start_control_plane "$BIN"
 stage kubelet start_kubelet "$BIN"
+stage policy start_policy_controller "$BIN"
 stage objects apply_objects
 stage volumes make_volumes
 recycle_once

@@ -108,3 +108,44 @@ def remove_agent(pod: str) -> None:
             raise
         time.sleep(0.5)
     raise TimeoutError(f"the claim {pod}-home was not gone after {REMOVE_WAIT_SECONDS} s")
+
+
+NODE_POD_ADDRESS = os.environ.get("GUILDS_TEST_KUBE_NODE_ADDRESS", "10.244.0.1")
+"""The node's side of the test cluster's pod network: the bridge's address (scripts/kube-test-env.sh)."""
+NODE_PORTS = range(30000, 32768)
+"""The node-port range kube-router's policy controller leaves open on the node's addresses."""
+PLAIN_POD_WAIT_SECONDS = 120
+
+
+def plain_pod(name: str, argv: list[str]) -> str:
+    """An unlabelled pod of the test image running argv as the image's agent uid, made with the
+    orchestrator's rights; waits until it runs and answers its address (the caller deletes it)."""
+    import time
+
+    api = core()
+    api.create_namespaced_pod(NAMESPACE, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
+                 "terminationGracePeriodSeconds": 0, "enableServiceLinks": False,
+                 "securityContext": {"runAsUser": 65532, "runAsGroup": 65532, "runAsNonRoot": True},
+                 "containers": [{"name": "main", "image": IMAGE, "command": argv,
+                                 "resources": {"limits": {"cpu": "100m", "memory": "64Mi"}},
+                                 "securityContext": {"allowPrivilegeEscalation": False,
+                                                     "capabilities": {"drop": ["ALL"]}}}]}})
+    deadline = time.monotonic() + PLAIN_POD_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        status = api.read_namespaced_pod(name, NAMESPACE).status
+        if status.phase == "Running" and status.pod_ip:
+            return str(status.pod_ip)
+        time.sleep(0.5)
+    raise TimeoutError(f"the pod {name} was not running after {PLAIN_POD_WAIT_SECONDS} s")
+
+
+def delete_pod(name: str) -> None:
+    from kubernetes.client import ApiException
+
+    try:
+        core().delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise

@@ -1,6 +1,6 @@
 """The kubernetes backend on a real cluster: pods made, found and adopted, the resident
 channel over pods/exec, timeouts, cancel, idle stop, lost calls, a full disk, the
-sandbox commands, and what the pod cannot do.
+sandbox commands, what the pod cannot do, and the network policy holding it in.
 
 The cluster is the one KUBECONFIG names, reached as a user bound only to the Role of
 docs/kubernetes-role.yaml (scripts/kube-test-env.sh makes both). Skipped, saying why,
@@ -14,8 +14,10 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,13 +32,17 @@ from guilds.toolbox import Toolbox
 from guilds.toolbox.transport import call_helper
 from kube_kit import (
     NAMESPACE,
+    NODE_POD_ADDRESS,
+    NODE_PORTS,
     SETTINGS,
     SMALL_HOME,
     admin_kubectl,
     container_pid,
     core,
+    delete_pod,
     kube_settings,
     needs_cluster,
+    plain_pod,
     remove_agent,
 )
 
@@ -106,6 +112,116 @@ async def test_the_pod_runs_as_the_agent_with_no_token_and_no_route_out(make):
     assert json.loads(policy)["spec"]["podSelector"] == {"matchLabels": {spec.LABEL_NETWORK: "off"}}
     home = await out(box, "stat -c %g ~; touch ~/x && echo writable; [ -w / ] || echo root-read-only")
     assert home.split("\n")[:3] == ["65532", "writable", "root-read-only"]  # the claim is the fsGroup's
+
+
+LISTEN = """
+import socket, sys
+server = socket.create_server((sys.argv[1], int(sys.argv[2])))
+while True:
+    conn, _ = server.accept()
+    conn.sendall(sys.argv[3].encode() + b"\\n")
+    conn.close()
+"""
+CONNECT = """
+import socket, sys
+try:
+    with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5) as conn:
+        print(conn.recv(64).decode().strip())
+except OSError as exc:
+    print(type(exc).__name__)
+"""
+POD_PORT = 8080
+POLICY_SETTLE_SECONDS = 60
+"""How long the policy controller may take to write a new pod's rules."""
+
+
+@pytest.fixture
+def node_listener():
+    """A listener of this process on the node's pod-network address: (port, what it answers)."""
+    said = f"node-{secrets.token_hex(4)}"
+    try:
+        server = socket.create_server((NODE_POD_ADDRESS, 0))
+    except OSError as exc:
+        pytest.skip(f"the node's pod-network address {NODE_POD_ADDRESS} is not this host's ({exc})")
+    port = server.getsockname()[1]
+    assert port not in NODE_PORTS  # those the policy controller leaves open
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(said.encode() + b"\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield port, said
+    server.close()
+
+
+@pytest.fixture
+def plain_pods():
+    """plain_pods(kind, argv) -> (name, address) of an unlabelled pod (no policy selects it); deleted at the end."""
+    names: list[str] = []
+
+    async def _make(kind: str, argv: list[str]) -> tuple[str, str]:
+        names.append(f"guilds-plain-{kind}-{secrets.token_hex(3)}")
+        return names[-1], await asyncio.to_thread(plain_pod, names[-1], argv)
+
+    yield _make
+    for name in names:
+        delete_pod(name)
+
+
+async def from_agent(box, host: str, port: int) -> str:
+    result = await box.exec(["python3", "-c", CONNECT, host, str(port)], timeout=30)
+    assert result.exit_code == 0, result
+    return result.stdout.decode().strip()
+
+
+async def from_plain_pod(name: str, host: str, port: int) -> str:
+    said = await asyncio.to_thread(admin_kubectl, "exec", name, "--", "python3", "-c", CONNECT, host, str(port))
+    return said.strip()
+
+
+async def test_the_network_policy_holds_an_agent_pod_in_and_not_an_unlabelled_one(make, plain_pods, node_listener):
+    pod_said = f"pod-{secrets.token_hex(4)}"
+    _, listener = await plain_pods("listener", ["python3", "-c", LISTEN, "0.0.0.0", str(POD_PORT), pod_said])
+    control, _ = await plain_pods("control", ["sleep", "600"])
+    box = await make()
+    node_port, node_said = node_listener
+    targets = {(listener, POD_PORT): pod_said, (NODE_POD_ADDRESS, node_port): node_said}
+    assert await asyncio.to_thread(node_reads, listener, POD_PORT) == pod_said  # it listens
+    for (host, port), said in targets.items():  # the positive control: the listeners answer an unlabelled pod
+        assert await from_plain_pod(control, host, port) == said
+    deadline = time.monotonic() + POLICY_SETTLE_SECONDS
+    while await from_agent(box, listener, POD_PORT) == pod_said and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)  # the controller writes a new pod's rules a moment after it starts
+    for host, port in targets:
+        assert await from_agent(box, host, port) == "ConnectionRefusedError", (host, port)
+    # Inward too: the agent's own listener answers the node (the kubelet's side), not another pod.
+    await box.write_file(f"{box.home}/listen.py", LISTEN.encode())
+    agent_said = f"agent-{secrets.token_hex(4)}"
+    await out(box, f"setsid python3 ~/listen.py 0.0.0.0 {POD_PORT} {agent_said} >/dev/null 2>&1 </dev/null & echo")
+    agent = core().read_namespaced_pod(box.pod, NAMESPACE).status.pod_ip
+    assert await asyncio.to_thread(node_reads, agent, POD_PORT) == agent_said
+    assert await from_plain_pod(control, agent, POD_PORT) == "ConnectionRefusedError"
+    for (host, port), said in targets.items():  # and the control still reaches both: the policy, not the network
+        assert await from_plain_pod(control, host, port) == said
+
+
+def node_reads(host: str, port: int, wait: float = 30) -> str:
+    """What a listener at host:port answers this process (the node), once it listens."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=5) as conn:
+                return conn.recv(64).decode().strip()
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
 
 
 async def test_exec_exit_codes_timeouts_and_what_escaped(make):
