@@ -1,0 +1,189 @@
+"""The unmodified E2B Python SDK against a real `guilds serve --e2b`, on local, bwrap and docker.
+
+The SDK reaches the server only through the variables `guilds serve --e2b` prints
+(E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY); every command really runs in the
+agent's sandbox, and every request is a call of the sandbox's run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+
+import httpx
+import pytest
+from e2b import Sandbox
+from e2b.exceptions import AuthenticationException, NotFoundException, SandboxException, TimeoutException
+from e2b.sandbox.commands.command_handle import CommandExitException
+
+from guilds.record import Store, database_url
+
+from .e2b_kit import BACKENDS, E2BServer, e2b_server, pids_alive
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def server(request, tmp_path_factory):
+    with e2b_server(tmp_path_factory.mktemp(f"e2b-{request.param}"), request.param) as served:
+        served.backend = request.param  # type: ignore[attr-defined]
+        yield served
+
+
+@pytest.fixture
+def sbx(server: E2BServer, monkeypatch):
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    box = Sandbox.create(envs={"GREETING": "hello from create"}, metadata={"suite": "e2b"}, timeout=120)
+    yield box
+    box.kill()
+
+
+def _gone(server: E2BServer, marker: str, within: float = 8.0) -> bool:
+    """No process with marker is left (the docker backend's processes are not this machine's: skipped)."""
+    if server.backend == "docker":  # type: ignore[attr-defined]
+        return True
+    deadline = time.monotonic() + within
+    while pids_alive(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not pids_alive(marker)
+
+
+def test_run_streams_stdout_and_stderr_with_the_exit_code(sbx):
+    seen: list[str] = []
+    result = sbx.commands.run("echo out; echo err >&2; echo $GREETING", on_stdout=seen.append)
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "out\nhello from create\n", "err\n")
+    assert "".join(seen) == result.stdout
+    with pytest.raises(CommandExitException) as failed:
+        sbx.commands.run("echo before; exit 3")
+    assert failed.value.exit_code == 3 and failed.value.stdout == "before\n"
+    home = sbx.commands.run("pwd; id -u").stdout.split()
+    assert home[1] == sbx.commands.run("id -u", envs={"X": "1"}).stdout.strip()
+
+
+def test_background_survives_its_client_and_is_reattached_by_pid(sbx, server, monkeypatch):
+    handle = sbx.commands.run("sleep 1.5; echo finished", background=True)
+    pid = handle.pid
+    handle.disconnect()  # the client goes away
+    again = Sandbox.connect(sbx.sandbox_id)
+    assert pid in [p.pid for p in again.commands.list()]
+    result = again.commands.connect(pid).wait()
+    assert (result.exit_code, result.stdout) == (0, "finished\n")
+
+
+def test_list_and_kill_leave_nothing_running(sbx, server):
+    marker = f"e2bkill{secrets.token_hex(4)}"
+    handle = sbx.commands.run(f"bash -c 'sleep 300; echo {marker}'", background=True)
+    assert handle.pid in [p.pid for p in sbx.commands.list()]
+    assert sbx.commands.kill(handle.pid) is True
+    assert _gone(server, marker)
+    assert handle.pid not in [p.pid for p in sbx.commands.list()]
+    with pytest.raises(CommandExitException) as killed:
+        handle.wait()
+    assert killed.value.exit_code == -1
+    assert sbx.commands.kill(handle.pid) is False  # not_found: already gone
+
+
+def test_stdin_is_sent_and_closed(sbx):
+    handle = sbx.commands.run("cat; echo '<eof>'", background=True, stdin=True)
+    sbx.commands.send_stdin(handle.pid, "line one\n")
+    sbx.commands.close_stdin(handle.pid)
+    assert handle.wait().stdout == "line one\n<eof>\n"
+
+
+def test_a_timeout_stops_the_command_inside_the_sandbox(sbx, server):
+    marker = f"e2btimeout{secrets.token_hex(4)}"
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutException):
+        sbx.commands.run(f"bash -c 'sleep 300; echo {marker}'", timeout=2)
+    assert time.monotonic() - t0 < 20
+    assert _gone(server, marker)
+
+
+def test_files_write_read_list_stat_remove(sbx):
+    info = sbx.files.write("notes/a.txt", "alpha\n")
+    assert info.name == "a.txt" and info.path.endswith("/notes/a.txt")
+    assert sbx.files.read("notes/a.txt") == "alpha\n"
+    assert sbx.commands.run("cat notes/a.txt").stdout == "alpha\n"
+    assert [e.name for e in sbx.files.list("notes")] == ["a.txt"]
+    assert sbx.files.get_info("notes/a.txt").size == 6
+    assert sbx.files.make_dir("notes/sub") is True
+    assert sbx.files.make_dir("notes/sub") is False
+    sbx.files.rename("notes/a.txt", "notes/sub/b.txt")
+    assert sbx.files.exists("notes/sub/b.txt") and not sbx.files.exists("notes/a.txt")
+    sbx.files.remove("notes")
+    assert not sbx.files.exists("notes")
+    with pytest.raises(NotFoundException):
+        sbx.files.read("notes/sub/b.txt")
+
+
+def test_paths_outside_the_home_are_refused(sbx):
+    for path in ("/etc/passwd", "../outside.txt", "/proc/self/environ"):
+        with pytest.raises(SandboxException) as refused:
+            sbx.files.read(path)
+        assert "outside the home" in str(refused.value)
+    sbx.commands.run("ln -s /etc escape")
+    with pytest.raises(SandboxException, match="outside the home"):
+        sbx.files.write("escape/planted", "x")
+    with pytest.raises(SandboxException, match="outside the home"):
+        sbx.files.list("/")
+
+
+def test_keys_see_only_their_own_sandboxes(sbx, server):
+    assert sbx.sandbox_id in [s.sandbox_id for s in Sandbox.list().next_items()]
+    assert sbx.sandbox_id not in [s.sandbox_id for s in Sandbox.list(api_key=server.other_key).next_items()]
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(sbx.sandbox_id, api_key=server.other_key)
+    with pytest.raises(AuthenticationException):
+        Sandbox.create(api_key="e2b_" + "0" * 40)
+
+
+def test_bad_requests_get_connect_errors_not_tracebacks(sbx, server):
+    base = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token}
+    start = f"{server.url}/process.Process/Start"
+    cases = [
+        ({**base, "Content-Type": "application/connect+json"}, b"\x00\x00\x00\x00\x09{", 400, "invalid_argument"),
+        ({**base, "Content-Type": "application/proto"}, b"\x0a\x03", 501, "unimplemented"),
+        ({**base, "X-Access-Token": "x" * 5000, "Content-Type": "application/connect+json"}, b"", 401,
+         "unauthenticated"),
+        ({**base, "X-Access-Token": "\u00ff\u00fe", "Content-Type": "application/json"}, b"{}", 401,
+         "unauthenticated"),
+        ({**base, "E2b-Sandbox-Id": "nope", "Content-Type": "application/json"}, b"{}", 404, "not_found"),
+        ({"Content-Type": "application/json"}, b"{}", 400, "invalid_argument"),
+    ]
+    for headers, body, status, code in cases:
+        answer = httpx.post(start, headers=headers, content=body)
+        assert (answer.status_code, answer.json()["code"]) == (status, code), answer.text
+        assert "Traceback" not in answer.text
+    listed = httpx.post(f"{server.url}/process.Process/List", content=b"[1,",
+                        headers={**base, "Content-Type": "application/json"})
+    assert (listed.status_code, listed.json()["code"]) == (400, "invalid_argument")
+    gone = httpx.get(f"{server.url}/sandboxes/nope", headers={"X-API-KEY": server.key})
+    assert (gone.status_code, gone.json()) == (404, {"code": 404, "message": "sandbox 'nope' not found"})
+
+
+def test_pause_keeps_files_and_resume_serves_again(sbx):
+    sbx.files.write("kept.txt", "still here")
+    sbx.beta_pause()
+    again = Sandbox.connect(sbx.sandbox_id)
+    assert again.files.read("kept.txt") == "still here"
+    assert again.commands.run("echo resumed").stdout == "resumed\n"
+
+
+def test_every_request_is_a_call_of_the_sandbox_run(sbx, server):
+    sbx.commands.run("echo recorded")
+    with pytest.raises(CommandExitException):
+        sbx.commands.run("exit 4")
+    sbx.files.write("r.txt", "x")
+    time.sleep(0.5)  # the command's record is written when its end arrives
+
+    async def rows() -> list[tuple[str, str]]:
+        async with Store(database_url(server.data, {})) as store:
+            calls = await store.calls(f"e2b-{sbx.sandbox_id}")
+        return [(c.tool, c.row) for c in calls]
+
+    found = asyncio.run(rows())
+    assert ("shell", "Run echo recorded") in found
+    assert ("shell", "Run exit 4 · exit 4") in found
+    assert ("e2b files.write", "e2b files.write") in found
