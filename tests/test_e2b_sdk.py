@@ -19,7 +19,7 @@ from e2b.sandbox.commands.command_handle import CommandExitException
 
 from guilds.record import Store, database_url
 
-from .e2b_kit import BACKENDS, E2BServer, e2b_server, pids_alive
+from e2b_kit import BACKENDS, E2BServer, e2b_server, pids_alive
 
 pytestmark = pytest.mark.slow
 
@@ -147,7 +147,7 @@ def test_bad_requests_get_connect_errors_not_tracebacks(sbx, server):
         ({**base, "Content-Type": "application/proto"}, b"\x0a\x03", 501, "unimplemented"),
         ({**base, "X-Access-Token": "x" * 5000, "Content-Type": "application/connect+json"}, b"", 401,
          "unauthenticated"),
-        ({**base, "X-Access-Token": "\u00ff\u00fe", "Content-Type": "application/json"}, b"{}", 401,
+        ({**base, "X-Access-Token": "\u00ff\u00fe".encode("latin-1"), "Content-Type": "application/json"}, b"{}", 401,
          "unauthenticated"),
         ({**base, "E2b-Sandbox-Id": "nope", "Content-Type": "application/json"}, b"{}", 404, "not_found"),
         ({"Content-Type": "application/json"}, b"{}", 400, "invalid_argument"),

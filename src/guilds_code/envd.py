@@ -182,7 +182,7 @@ class Service:
 
     def signal(self, req: "Dict[str, Any]") -> "Dict[str, Any]":
         cmd = self.command(req)
-        sig = SIGNALS.get(req.get("signal"))  # type: ignore[arg-type]
+        sig = SIGNALS.get(req.get("signal"))
         if sig is None:
             raise Failed("invalid_argument", f"signal {req.get('signal')!r}: only SIGTERM and SIGKILL")
         proc.signal_group(cmd.child.pid, sig)

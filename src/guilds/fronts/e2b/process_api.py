@@ -178,7 +178,7 @@ def _record_when_ended(command: Command, recorder: Recorder, call: Open) -> None
             if event.get("signal"):
                 meta["signal"] = event["signal"]
             task = asyncio.get_running_loop().create_task(
-                recorder.finish(call, output.text(), is_error=code != 0, meta=meta))
+                recorder.finish(call, output.text(), is_error=False, meta=meta))  # as a shell call's exit
             _PENDING.add(task)
             task.add_done_callback(_PENDING.discard)
 
