@@ -43,9 +43,6 @@ class E2BServer:
 
 def _settings(folder: Path, backend: str) -> Path:
     lines = ["[agent]", f'home = "{folder / "home"}"', f'sandbox = "{backend}"', "max_tool_calls = 1000"]
-    if backend == "docker":
-        image = os.environ.get("GUILDS_TEST_DOCKER_IMAGE", "guilds-sandbox:latest")
-        lines += ["[docker]", f'image = "{image}"']
     path = folder / "agent.toml"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -40,14 +40,20 @@ def sbx(server: E2BServer, monkeypatch):
     box.kill()
 
 
-def _gone(server: E2BServer, marker: str, within: float = 8.0) -> bool:
-    """No process with marker is left (the docker backend's processes are not this machine's: skipped)."""
-    if server.backend == "docker":  # type: ignore[attr-defined]
-        return True
+def _gone(server: E2BServer, sbx: Sandbox, marker: str, within: float = 8.0) -> bool:
+    """No process with marker is left: none seen inside the sandbox (a grep that does not
+    match itself), nor on this machine (where the backend's processes are this machine's)."""
+    pattern = f"{marker[:-1]}[{marker[-1]}]"
+    look = f"grep -l -s -e '{pattern}' /proc/[0-9]*/cmdline || true"
     deadline = time.monotonic() + within
-    while pids_alive(marker) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not pids_alive(marker)
+    while True:
+        inside = sbx.commands.run(look).stdout.strip()
+        outside = [] if server.backend == "docker" else pids_alive(marker)  # type: ignore[attr-defined]
+        if not inside and not outside:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
 
 
 def test_run_streams_stdout_and_stderr_with_the_exit_code(sbx):
@@ -76,12 +82,13 @@ def test_list_and_kill_leave_nothing_running(sbx, server):
     marker = f"e2bkill{secrets.token_hex(4)}"
     handle = sbx.commands.run(f"bash -c 'sleep 300; echo {marker}'", background=True)
     assert handle.pid in [p.pid for p in sbx.commands.list()]
+    assert not _gone(server, sbx, marker, within=0)  # the check sees it while it runs
     assert sbx.commands.kill(handle.pid) is True
-    assert _gone(server, marker)
-    assert handle.pid not in [p.pid for p in sbx.commands.list()]
     with pytest.raises(CommandExitException) as killed:
         handle.wait()
     assert killed.value.exit_code == -1
+    assert _gone(server, sbx, marker)
+    assert handle.pid not in [p.pid for p in sbx.commands.list()]
     assert sbx.commands.kill(handle.pid) is False  # not_found: already gone
 
 
@@ -98,7 +105,7 @@ def test_a_timeout_stops_the_command_inside_the_sandbox(sbx, server):
     with pytest.raises(TimeoutException):
         sbx.commands.run(f"bash -c 'sleep 300; echo {marker}'", timeout=2)
     assert time.monotonic() - t0 < 20
-    assert _gone(server, marker)
+    assert _gone(server, sbx, marker)
 
 
 def test_files_write_read_list_stat_remove(sbx):
