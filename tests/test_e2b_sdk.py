@@ -17,9 +17,8 @@ from e2b import Sandbox
 from e2b.exceptions import AuthenticationException, NotFoundException, SandboxException, TimeoutException
 from e2b.sandbox.commands.command_handle import CommandExitException
 
-from guilds.record import Store, database_url
-
 from e2b_kit import BACKENDS, E2BServer, e2b_server, pids_alive
+from guilds.record import Store, database_url
 
 pytestmark = pytest.mark.slow
 
