@@ -86,7 +86,7 @@ class Command:
         proc.signal_group(self.child.pid, 15)
         deadline = time.monotonic() + limits.ENVD_KILL_GRACE_SECONDS
         while time.monotonic() < deadline and proc.group_alive(self.child.pid):
-            time.sleep(0.02)
+            time.sleep(limits.ENVD_POLL_SECONDS)
         proc.signal_group(self.child.pid, 9)
 
     def close_stdin(self) -> None:
@@ -200,7 +200,7 @@ class Service:
             threading.Thread(target=cmd.stop_group, daemon=True).start()
         deadline = time.monotonic() + limits.ENVD_KILL_GRACE_SECONDS + 1
         while self.commands and time.monotonic() < deadline:
-            time.sleep(0.02)
+            time.sleep(limits.ENVD_POLL_SECONDS)
 
     # --- filesystem --------------------------------------------------------
     def resolve(self, given: "Any") -> paths.Resolved:

@@ -232,6 +232,8 @@ next look)."""
 # --- the E2B front's in-sandbox service (envd.py) ---------------------------
 ENVD_KILL_GRACE_SECONDS = 2.0
 """A command past its deadline, or stopped with its sandbox: SIGKILL this long after SIGTERM."""
+ENVD_POLL_SECONDS = 0.02
+"""Stopping a command's group: how often it is looked at until it is gone or the grace is over."""
 ENVD_DRAIN_SECONDS = 0.5
 """After a command exits, how long its output pipes are still read (a grandchild may hold them)."""
 ENVD_READ_BYTES = 64 * 1024
