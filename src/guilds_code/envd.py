@@ -313,11 +313,22 @@ class Service:
                 os.close(fd)
         return {"b64": _b64(data), "eof": len(data) < size, "size": found.st.st_size}
 
+    def target(self, given: "Any") -> str:
+        """Where a write of given goes: the file it names (a link followed only inside the
+        home), or a new name in its folder (folders made)."""
+        try:
+            with self.resolve(given) as found:
+                return found.path
+        except Failed as exc:
+            if exc.code != "not_found":
+                raise
+        folder, name = self.parent(given, create=True)
+        return os.path.join(folder, name)
+
     def write(self, req: "Dict[str, Any]") -> "Dict[str, Any]":
-        folder, name = self.parent(req.get("path"), create=True)
+        path = self.target(req.get("path"))
         flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         flags |= os.O_APPEND if req.get("append") else os.O_TRUNC
-        path = os.path.join(folder, name)
         try:
             fd = os.open(path, flags, 0o644)
         except OSError as exc:
