@@ -13,7 +13,7 @@ import time
 
 import httpx
 import pytest
-from e2b import Sandbox
+from e2b import Sandbox, SandboxQuery
 from e2b.exceptions import AuthenticationException, NotFoundException, SandboxException, TimeoutException
 from e2b.sandbox.commands.command_handle import CommandExitException
 
@@ -105,6 +105,35 @@ def test_a_timeout_stops_the_command_inside_the_sandbox(sbx, server):
         sbx.commands.run(f"bash -c 'sleep 300; echo {marker}'", timeout=2)
     assert time.monotonic() - t0 < 20
     assert _gone(server, sbx, marker)
+    background = sbx.commands.run(f"bash -c 'sleep 300; echo {marker}b'", background=True, timeout=2)
+    with pytest.raises(TimeoutException):
+        background.wait()  # a background command's deadline is its stream's: it is stopped too
+    assert _gone(server, sbx, marker)
+
+
+def test_the_sandbox_timeout_kills_it_and_its_commands(server, monkeypatch):
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    marker = f"e2bend{secrets.token_hex(4)}"
+    box = Sandbox.create(timeout=3, metadata={"marker": marker})
+    box.commands.run(f"bash -c 'sleep 300; echo {marker}'", background=True, timeout=0)
+    assert [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(metadata={"marker": marker})).next_items()] \
+        == [box.sandbox_id]
+    assert box.get_info().metadata == {"marker": marker}
+    deadline = time.monotonic() + 20
+    while box.sandbox_id in [s.sandbox_id for s in Sandbox.list().next_items()] and time.monotonic() < deadline:
+        time.sleep(0.3)
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(box.sandbox_id)
+    if server.backend != "docker":  # type: ignore[attr-defined]
+        assert pids_alive(marker) == []
+
+
+def test_set_timeout_keeps_the_sandbox(sbx):
+    sbx.set_timeout(600)
+    assert 590 < sbx.get_info().end_at.timestamp() - time.time() <= 600
+    with pytest.raises(SandboxException, match="timeout"):
+        sbx.set_timeout(10**9)
 
 
 def test_files_write_read_list_stat_remove(sbx):
@@ -165,6 +194,13 @@ def test_bad_requests_get_connect_errors_not_tracebacks(sbx, server):
     listed = httpx.post(f"{server.url}/process.Process/List", content=b"[1,",
                         headers={**base, "Content-Type": "application/json"})
     assert (listed.status_code, listed.json()["code"]) == (400, "invalid_argument")
+    other = Sandbox.create(api_key=server.other_key)
+    try:  # one sandbox's token opens no other sandbox, whoever made it
+        crossed = httpx.post(f"{server.url}/process.Process/List", content=b"{}", headers={
+            **base, "X-Access-Token": other._envd_access_token, "Content-Type": "application/json"})
+        assert (crossed.status_code, crossed.json()["code"]) == (401, "unauthenticated")
+    finally:
+        other.kill()
     gone = httpx.get(f"{server.url}/sandboxes/nope", headers={"X-API-KEY": server.key})
     assert (gone.status_code, gone.json()) == (404, {"code": 404, "message": "sandbox 'nope' not found"})
 
@@ -193,3 +229,7 @@ def test_every_request_is_a_call_of_the_sandbox_run(sbx, server):
     assert ("shell", "Run echo recorded") in found
     assert ("shell", "Run exit 4 · exit 4") in found
     assert ("e2b files.write", "e2b files.write") in found
+    token = (server.data / "serve.token").read_text().strip()
+    page = httpx.get(f"{server.url}/runs/e2b-{sbx.sandbox_id}", headers={"Authorization": f"Bearer {token}"})
+    assert page.status_code == 200
+    assert "Run echo recorded" in page.text and "Run exit 4" in page.text
