@@ -147,6 +147,9 @@ def test_files_write_read_list_stat_remove(sbx):
     assert sbx.files.make_dir("notes/sub") is False
     sbx.files.rename("notes/a.txt", "notes/sub/b.txt")
     assert sbx.files.exists("notes/sub/b.txt") and not sbx.files.exists("notes/a.txt")
+    big = secrets.token_bytes(3 * 1024 * 1024 + 5)  # more than one chunk, gzip both ways
+    sbx.files.write("notes/big.bin", big, gzip=True)
+    assert bytes(sbx.files.read("notes/big.bin", format="bytes", gzip=True)) == big
     sbx.files.remove("notes")
     assert not sbx.files.exists("notes")
     with pytest.raises(NotFoundException):

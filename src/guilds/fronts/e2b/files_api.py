@@ -11,6 +11,7 @@ runs as the agent.
 from __future__ import annotations
 
 import base64
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -100,13 +101,27 @@ async def _rechunk(source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield bytes(pending)
 
 
+async def _gunzip(source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A gzip body (``Content-Encoding: gzip``) decompressed, at most a chunk at a time in memory."""
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        async for data in source:
+            pending = data
+            while pending:
+                yield inflate.decompress(pending, ENVD_CHUNK_BYTES)
+                pending = inflate.unconsumed_tail
+        yield inflate.flush()
+    except zlib.error as exc:
+        raise ConnectError("invalid_argument", f"the gzip body is not valid: {exc}") from None
+
+
 async def _upload(upload: UploadFile) -> AsyncIterator[bytes]:
     while data := await upload.read(ENVD_CHUNK_BYTES):
         yield data
 
 
 async def write_files(request: Request, box: E2BSandbox) -> Response:
-    """The body is the file (application/octet-stream) or a multipart form of files, each
+    """The body is the file (application/octet-stream, gzip or not) or a multipart form of files, each
     written at ``path`` (one file) or at its part's file name; the answer lists them."""
     envd, path = _envd(box), request.query_params.get("path")
     kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
@@ -123,6 +138,9 @@ async def write_files(request: Request, box: E2BSandbox) -> Response:
     else:
         if not path:
             raise ConnectError("invalid_argument", "path: the file to write is needed")
+        body = request.stream()
+        if request.headers.get("content-encoding", "").strip().lower() == "gzip":
+            body = _gunzip(body)
         written.append(await _recorder(box).one("e2b files.write", {"path": path},
-                                                _write(envd, path, _rechunk(request.stream()))))
+                                                _write(envd, path, _rechunk(body))))
     return JSONResponse([{"name": e["name"], "path": e["path"], "type": "file"} for e in written])
