@@ -138,7 +138,7 @@ async def write_files(request: Request, box: E2BSandbox) -> Response:
     else:
         if not path:
             raise ConnectError("invalid_argument", "path: the file to write is needed")
-        body = request.stream()
+        body: AsyncIterator[bytes] = request.stream()
         if request.headers.get("content-encoding", "").strip().lower() == "gzip":
             body = _gunzip(body)
         written.append(await _recorder(box).one("e2b files.write", {"path": path},
