@@ -125,8 +125,29 @@ def test_the_sandbox_timeout_kills_it_and_its_commands(server, monkeypatch):
         time.sleep(0.3)
     with pytest.raises(NotFoundException):
         Sandbox.connect(box.sandbox_id)
-    if server.backend != "docker":  # type: ignore[attr-defined]
-        assert pids_alive(marker) == []
+    looker = Sandbox.create()  # the agent's sandbox is shared: another E2B sandbox sees its processes
+    try:
+        assert _gone(server, looker, marker)
+    finally:
+        looker.kill()
+
+
+def test_stopping_the_server_ends_the_commands_and_records_them(tmp_path, monkeypatch):
+    marker = f"e2bstop{secrets.token_hex(4)}"
+    with e2b_server(tmp_path, "local") as served:
+        for name, value in served.env().items():
+            monkeypatch.setenv(name, value)
+        box = Sandbox.create()
+        box.commands.run(f"bash -c 'sleep 300; echo {marker}'", background=True, timeout=0)
+    assert pids_alive(marker) == []
+
+    async def last_call() -> tuple[str, dict]:
+        async with Store(database_url(served.data, {})) as store:
+            calls = await store.calls(f"e2b-{box.sandbox_id}")
+        return calls[-1].status, calls[-1].meta
+
+    status, meta = asyncio.run(last_call())
+    assert status == "done" and meta["exit_code"] == -1 and meta["signal"] in (9, 15)
 
 
 def test_set_timeout_keeps_the_sandbox(sbx):

@@ -144,8 +144,4 @@ async def serve(wired: Wired, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
                         "run; Host names answered: %s", host, ", ".join(lock.hosts))
         config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info",
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS)
-        try:
-            await _run_server(uvicorn.Server(config), host, lock, None if e2b is None else e2b.export_lines)
-        finally:
-            if e2b is not None:
-                await e2b.close()
+        await _run_server(uvicorn.Server(config), host, lock, None if e2b is None else e2b.export_lines)

@@ -3,7 +3,7 @@
     front = E2BFront(toolbox, lock, key_names=("ci",))
     app = front.wrap(app)            # the E2B routes before the locked app
     front.export_lines(base_url)     # the E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL lines
-    await front.close()              # every E2B sandbox killed
+    await front.close()              # every E2B sandbox killed (the wrapped app's shutdown does it)
 
 One server answers both APIs: the control plane (``control``: ``X-API-KEY``) and
 every sandbox's in-sandbox API (``in_sandbox``: ``E2b-Sandbox-Id`` and
@@ -20,11 +20,13 @@ from collections.abc import Callable
 from starlette.applications import Starlette
 
 from ...errors import ConfigError
+from ...limits import SERVE_CANCEL_WAIT_SECONDS as CANCEL_WAIT_SECONDS
 from ...toolbox import Toolbox
 from ...web.endpoint_lock import Lock
 from .control import ControlPlane
 from .in_sandbox import InSandboxApi
 from .keys import Keys
+from .process_api import recorded
 from .sandboxes import Sandboxes
 
 CLIENT_ID = "guilds"
@@ -56,6 +58,9 @@ class E2BFront:
     def wrap(self, app: Callable) -> Callable:
         """An ASGI app: E2B requests (by path) to the E2B routes, the rest to ``app``."""
         async def dispatch(scope: dict, receive: Callable, send: Callable) -> None:
+            if scope["type"] == "lifespan":
+                await app(scope, self._closing_first(receive), send)
+                return
             if scope["type"] != "http" or not is_e2b_path(scope["path"]):
                 await app(scope, receive, send)
                 return
@@ -69,6 +74,17 @@ class E2BFront:
 
         return dispatch
 
+    def _closing_first(self, receive: Callable) -> Callable:
+        """The lifespan's receive: at the server's shutdown, the E2B sandboxes are killed and
+        their commands' ends recorded before the app's own shutdown (the record's last waits)."""
+        async def receive_closing() -> dict:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown":
+                await self.close()
+            return message
+
+        return receive_closing
+
     def export_lines(self, base_url: str) -> list[str]:
         """What ``guilds serve --e2b`` prints: the variables an E2B program needs, one key each."""
         lines = [f"export E2B_API_URL={base_url}", f"export E2B_SANDBOX_URL={base_url}"]
@@ -78,4 +94,6 @@ class E2BFront:
         return lines
 
     async def close(self) -> None:
+        """Every E2B sandbox killed, and its commands' ends recorded."""
         await self.sandboxes.close()
+        await recorded(CANCEL_WAIT_SECONDS)

@@ -190,6 +190,12 @@ def _record_when_ended(command: Command, recorder: Recorder, call: Open) -> None
 _PENDING: set[asyncio.Task] = set()
 
 
+async def recorded(timeout: float) -> None:
+    """Wait up to timeout for the records of the commands that have ended (a server stopping)."""
+    if _PENDING:
+        await asyncio.wait(set(_PENDING), timeout=timeout)
+
+
 def _envd(box: E2BSandbox) -> EnvdChannel:
     if box.envd is None:
         raise ConnectError("unavailable", f"sandbox '{box.id}' is paused: connect to it to resume it")
