@@ -77,6 +77,17 @@ def test_background_survives_its_client_and_is_reattached_by_pid(sbx, server, mo
     assert (result.exit_code, result.stdout) == (0, "finished\n")
 
 
+def test_a_command_that_ended_unwatched_still_gives_its_exit_code(sbx):
+    handle = sbx.commands.run("exit 7", background=True)
+    handle.disconnect()
+    deadline = time.monotonic() + 10
+    while handle.pid in [p.pid for p in sbx.commands.list()] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with pytest.raises(CommandExitException) as ended:
+        sbx.commands.connect(handle.pid).wait()
+    assert ended.value.exit_code == 7
+
+
 def test_list_and_kill_leave_nothing_running(sbx, server):
     marker = f"e2bkill{secrets.token_hex(4)}"
     handle = sbx.commands.run(f"bash -c 'sleep 300; echo {marker}'", background=True)
