@@ -23,40 +23,26 @@ already_exists, internal). Ops:
   ``stop_all``: every command's group stopped (SIGTERM, then SIGKILL), then the reply.
 - ``stat`` / ``list_dir`` {path, depth} / ``make_dir`` / ``remove`` / ``move``
   {source, destination} / ``read`` {path, offset, size} / ``write`` {path, b64,
-  append}: paths resolved as ``file_read`` resolves them (``paths``): ``~`` and
-  relative paths from the home, absolute ones only inside it, links followed only
-  inside it.
+  append}: confined to the home (envd_files.py).
 
 End of stdin ends the service: every command's group gets SIGTERM, then SIGKILL.
 """
 
 import base64
-import grp
 import json
 import os
-import pwd
-import shutil
-import stat
 import sys
 import threading
 import time
 
-from . import command, limits, paths, proc, protocol
+from . import command, limits, proc
+from .envd_files import Failed, Files, b64, text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional
 
 SIGNALS = {"SIGNAL_SIGTERM": 15, "SIGNAL_SIGKILL": 9, 15: 15, 9: 9}
-FILE_TYPES = {"file": "FILE_TYPE_FILE", "directory": "FILE_TYPE_DIRECTORY", "link": "FILE_TYPE_SYMLINK"}
-
-
-class Failed(Exception):
-    """A request's error: a Connect code and one line."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
 
 
 class Out:
@@ -97,13 +83,13 @@ class Command:
 
 class Service:
     def __init__(self, home: str, out: Out):
-        self.home, self.out = home, out
+        self.out, self.files = out, Files(home)
         self.commands = {}  # type: Dict[int, Command]
 
     # --- processes ---------------------------------------------------------
     def start(self, req: "Dict[str, Any]") -> "Dict[str, Any]":
-        argv = [_text(req.get("cmd"), "cmd")] + [_text(a, "args") for a in req.get("args") or []]
-        cwd = self.folder(req.get("cwd") or "~")
+        argv = [text(req.get("cmd"), "cmd")] + [text(a, "args") for a in req.get("args") or []]
+        cwd = self.files.folder_path(req.get("cwd") or "~")
         env = dict(os.environ)
         env.update(command.COMMAND_ENV)
         env.update(_strings(req.get("base_env")))
@@ -137,7 +123,7 @@ class Service:
                 data = os.read(read_fd, limits.ENVD_READ_BYTES)
                 if not data:
                     break
-                self.out.send({"ev": "data", "pid": cmd.child.pid, "fd": name, "b64": _b64(data)})
+                self.out.send({"ev": "data", "pid": cmd.child.pid, "fd": name, "b64": b64(data)})
             os.close(read_fd)
 
         thread = threading.Thread(target=read, daemon=True)
@@ -202,198 +188,16 @@ class Service:
         while self.commands and time.monotonic() < deadline:
             time.sleep(limits.ENVD_POLL_SECONDS)
 
-    # --- filesystem --------------------------------------------------------
-    def resolve(self, given: "Any") -> paths.Resolved:
-        try:
-            return paths.resolve(self.home, self.home, _text(given, "path"))
-        except protocol.OpError as exc:
-            raise _path_failure(str(exc)) from None
-
-    def folder(self, given: "Any") -> str:
-        with self.resolve(given) as found:
-            if found.kind != "directory":
-                raise Failed("invalid_argument", f"path: {given} is not a directory")
-            return found.path
-
-    def parent(self, given: "Any", create: bool) -> "tuple":
-        """(the resolved folder that will hold given, its last name)."""
-        text = _text(given, "path").rstrip("/")
-        head, name = os.path.split(paths.absolute(self.home, self.home, text))
-        if not name or name in (".", ".."):
-            raise Failed("invalid_argument", f"path: {given} names no file")
-        if create:
-            self.make_folders(head)
-        return self.folder(head), name
-
-    def make_folders(self, path: str) -> None:
-        missing = []  # type: List[str]
-        while True:
-            try:
-                self.folder(path)
-                break
-            except Failed as exc:
-                if exc.code != "not_found":
-                    raise
-                path, name = os.path.split(path)
-                missing.append(name)
-        for name in reversed(missing):
-            made = os.path.join(self.folder(path), name)
-            try:
-                os.mkdir(made, 0o755)
-            except FileExistsError:
-                pass
-            path = made
-
-    def stat(self, req: "Dict[str, Any]") -> "Dict[str, Any]":
-        with self.resolve(req.get("path")) as found:
-            return {"entry": entry(found.path, found.st)}
-
-    def list_dir(self, req: "Dict[str, Any]") -> "Dict[str, Any]":
-        depth = req.get("depth") or 1
-        root = self.folder(req.get("path"))
-        entries = []  # type: List[Dict[str, Any]]
-        self._walk(root, depth if isinstance(depth, int) else 1, entries)
-        return {"entries": entries}
-
-    def _walk(self, folder: str, depth: int, entries: "List[Dict[str, Any]]") -> None:
-        try:
-            names = sorted(os.listdir(folder))
-        except OSError as exc:
-            raise Failed("permission_denied", f"path: {folder}: {exc.strerror}") from None
-        for name in names[: limits.ENVD_LIST_MAX_ENTRIES]:
-            path = os.path.join(folder, name)
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            entries.append(entry(path, st))
-            if depth > 1 and stat.S_ISDIR(st.st_mode):
-                self._walk(path, depth - 1, entries)
-
-    def make_dir(self, req: "Dict[str, Any]") -> "Dict[str, Any]":
-        folder, name = self.parent(req.get("path"), create=True)
-        path = os.path.join(folder, name)
-        try:
-            os.mkdir(path, 0o755)
-        except FileExistsError:
-            raise Failed("already_exists", f"path: {req.get('path')} already exists") from None
-        return {"entry": entry(path, os.lstat(path))}
-
-    def remove(self, req: "Dict[str, Any]") -> "Dict[str, Any]":
-        folder, name = self.parent(req.get("path"), create=False)
-        path = os.path.join(folder, name)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            raise Failed("not_found", f"path: {req.get('path')} not found") from None
-        if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(path)
-        else:
-            os.unlink(path)
-        return {}
-
-    def move(self, req: "Dict[str, Any]") -> "Dict[str, Any]":
-        with self.resolve(req.get("source")) as found:
-            source = found.path
-        folder, name = self.parent(req.get("destination"), create=True)
-        destination = os.path.join(folder, name)
-        os.rename(source, destination)
-        return {"entry": entry(destination, os.lstat(destination))}
-
-    def read(self, req: "Dict[str, Any]") -> "Dict[str, Any]":
-        size = min(int(req.get("size") or limits.ENVD_CHUNK_BYTES), limits.ENVD_CHUNK_BYTES)
-        with self.resolve(req.get("path")) as found:
-            try:
-                fd = found.open_regular(_text(req.get("path"), "path"))
-            except protocol.OpError as exc:
-                raise _path_failure(str(exc)) from None
-            try:
-                data = os.pread(fd, size, int(req.get("offset") or 0))
-            finally:
-                os.close(fd)
-        return {"b64": _b64(data), "eof": len(data) < size, "size": found.st.st_size}
-
-    def target(self, given: "Any") -> str:
-        """Where a write of given goes: the file it names (a link followed only inside the
-        home), or a new name in its folder (folders made)."""
-        try:
-            with self.resolve(given) as found:
-                return found.path
-        except Failed as exc:
-            if exc.code != "not_found":
-                raise
-        folder, name = self.parent(given, create=True)
-        return os.path.join(folder, name)
-
-    def write(self, req: "Dict[str, Any]") -> "Dict[str, Any]":
-        path = self.target(req.get("path"))
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        flags |= os.O_APPEND if req.get("append") else os.O_TRUNC
-        try:
-            fd = os.open(path, flags, 0o644)
-        except OSError as exc:
-            raise Failed("invalid_argument", f"path: {req.get('path')} cannot be written: {exc.strerror}") from None
-        try:
-            data = base64.b64decode(req.get("b64") or "", validate=True)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        return {"entry": entry(path, os.lstat(path))}
-
-
-def entry(path: str, st: os.stat_result) -> "Dict[str, Any]":
-    """A filesystem.EntryInfo, as its JSON names it."""
-    info = {
-        "name": os.path.basename(path), "type": FILE_TYPES.get(paths.kind(st), "FILE_TYPE_UNSPECIFIED"),
-        "path": path, "size": str(st.st_size), "mode": stat.S_IMODE(st.st_mode),
-        "permissions": stat.filemode(st.st_mode), "owner": _name(pwd.getpwuid, st.st_uid),
-        "group": _name(grp.getgrgid, st.st_gid),
-        "modifiedTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(st.st_mtime)),
-    }  # type: Dict[str, Any]
-    if stat.S_ISLNK(st.st_mode):
-        info["isSymlink"] = True
-        try:
-            info["symlinkTarget"] = os.readlink(path)
-        except OSError:
-            pass
-    return info
-
-
-def _name(lookup: "Any", ident: int) -> str:
-    try:
-        return lookup(ident)[0]
-    except KeyError:
-        return str(ident)
-
-
-def _path_failure(message: str) -> Failed:
-    if message.endswith("not found"):
-        return Failed("not_found", message)
-    if "outside the home" in message:
-        return Failed("permission_denied", message)
-    return Failed("invalid_argument", message)
-
-
-def _text(value: "Any", name: str) -> str:
-    if not isinstance(value, str) or "\0" in value:
-        raise Failed("invalid_argument", f"{name}: a string without NUL characters is needed")
-    return value
-
 
 def _strings(value: "Any") -> "Dict[str, str]":
+    """An environment from a JSON object: names without '=' and no NUL anywhere."""
     if not isinstance(value, dict):
         return {}
     return {str(k): str(v) for k, v in value.items() if "=" not in str(k) and "\0" not in str(k) + str(v)}
 
 
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-OPS = ("start", "stop_all", "input", "close_stdin", "signal", "list", "stat", "list_dir", "make_dir", "remove", "move",
-       "read", "write")
+PROCESS_OPS = ("start", "stop_all", "input", "close_stdin", "signal", "list")
+FILE_OPS = ("stat", "list_dir", "make_dir", "remove", "move", "read", "write")
 
 
 def handle(service: Service, line: bytes) -> "Dict[str, Any]":
@@ -403,10 +207,10 @@ def handle(service: Service, line: bytes) -> "Dict[str, Any]":
         return {"id": None, "error": {"code": "invalid_argument", "message": "not a JSON line"}}
     ident = req.get("id") if isinstance(req, dict) else None
     op = req.get("op") if isinstance(req, dict) else None
-    if op not in OPS:
+    if op not in PROCESS_OPS and op not in FILE_OPS:
         return {"id": ident, "error": {"code": "unimplemented", "message": f"no op {op!r}"}}
     try:
-        return {"id": ident, "ok": getattr(service, op)(req)}
+        return {"id": ident, "ok": getattr(service if op in PROCESS_OPS else service.files, op)(req)}
     except Failed as exc:
         return {"id": ident, "error": {"code": exc.code, "message": str(exc)}}
     except OSError as exc:
