@@ -3,7 +3,8 @@
 Every request carries ``X-API-KEY`` (``guilds.fronts.e2b.keys``); a wrong or
 missing key is answered 401. Errors are E2B's body ``{"code": <HTTP status>,
 "message": ...}`` with that status: 400 for a bad body, 404 for a sandbox
-that does not exist or belongs to another key, 409 for pausing a paused one.
+that does not exist or belongs to another key, 409 for pausing a paused one, 503
+when the agent's sandbox cannot be started (the reason in the message).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ...errors import GuildsError
 from ...limits import E2B_DEFAULT_TIMEOUT_SECONDS, E2B_MAX_TIMEOUT_SECONDS
 from .connect import STATUS, ConnectError
 from .keys import Keys
@@ -91,6 +93,8 @@ class ControlPlane:
                 return await handler(request, key_name)
             except ConnectError as exc:
                 return e2b_error(STATUS[exc.code], str(exc))
+            except GuildsError as exc:  # the agent's sandbox failed to start: one line, no traceback
+                return e2b_error(503, f"the sandbox could not be started: {exc}")
 
         return endpoint
 

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import itertools
 import json
+import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from ...sandbox.base import Sandbox
 from ...sandbox.helpers import CODE_HELPER
 from ...sandbox.process_channel import ChannelClosed, ProcessChannel
 from .connect import ConnectError
+
+log = logging.getLogger(__name__)
 
 
 class EnvdFailed(ConnectError):
@@ -81,19 +84,33 @@ class EnvdChannel:
         return cls(channel, asyncio.get_running_loop())
 
     def _read(self) -> None:
+        """stdout's lines to the loop until it ends; then every waiting call fails (``_gone``).
+        A line that is not the service's JSON (a sandbox's own noise) is logged and skipped."""
         pending = b""
-        while True:
-            try:
-                data = self._channel.receive()
-            except ChannelClosed:
-                data = b""
-            if not data:
-                break
-            pending += data
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                self._loop.call_soon_threadsafe(self._dispatch, json.loads(line))
-        self._loop.call_soon_threadsafe(self._gone)
+        try:
+            while True:
+                try:
+                    data = self._channel.receive()
+                except ChannelClosed:
+                    data = b""
+                if not data:
+                    break
+                pending += data
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    self._post(line)
+        finally:
+            self._loop.call_soon_threadsafe(self._gone)
+
+    def _post(self, line: bytes) -> None:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            message = None
+        if isinstance(message, dict):
+            self._loop.call_soon_threadsafe(self._dispatch, message)
+        elif line.strip():
+            log.warning("e2b: the sandbox's process service wrote a line that is not its own: %.200r", line)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         if "ev" in message:

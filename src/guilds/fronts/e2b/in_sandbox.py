@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ...errors import GuildsError
 from .connect import ConnectError, error_response, stream_request, unary_request
 from .files_api import FilesystemApi, file_error, read_file, write_files
 from .process_api import ProcessApi, _recorder
@@ -69,6 +70,8 @@ class InSandboxApi:
             box = self.sandbox(request)
         except ConnectError as exc:
             return error_response(exc)
+        except GuildsError as exc:  # the sandbox's process service could not be reached
+            return error_response(ConnectError("unavailable", str(exc)))
         return Response(status_code=502 if box.state == PAUSED else 204)
 
     async def files(self, request: Request) -> Response:
@@ -96,3 +99,5 @@ class InSandboxApi:
             return JSONResponse(answer)
         except ConnectError as exc:
             return error_response(exc)
+        except GuildsError as exc:  # the sandbox's process service could not be reached
+            return error_response(ConnectError("unavailable", str(exc)))
