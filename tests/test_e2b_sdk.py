@@ -207,6 +207,8 @@ def test_keys_see_only_their_own_sandboxes(sbx, server):
         Sandbox.connect(sbx.sandbox_id, api_key=server.other_key)
     with pytest.raises(AuthenticationException):
         Sandbox.create(api_key="e2b_" + "0" * 40)
+    with pytest.raises(SandboxException, match="template 'no-such-template' not found"):
+        Sandbox.create(template="no-such-template")
 
 
 def test_bad_requests_get_connect_errors_not_tracebacks(sbx, server):
@@ -238,6 +240,26 @@ def test_bad_requests_get_connect_errors_not_tracebacks(sbx, server):
         other.kill()
     gone = httpx.get(f"{server.url}/sandboxes/nope", headers={"X-API-KEY": server.key})
     assert (gone.status_code, gone.json()) == (404, {"code": 404, "message": "sandbox 'nope' not found"})
+
+
+def test_the_control_plane_answers_as_e2b_does(server):
+    key = {"X-API-KEY": server.key}
+    made = httpx.post(f"{server.url}/sandboxes", json={"templateID": "base", "timeout": 30}, headers=key)
+    assert made.status_code == 201 and {"sandboxID", "envdAccessToken", "envdVersion"} <= made.json().keys()
+    sandbox = f"{server.url}/sandboxes/{made.json()['sandboxID']}"
+    assert [s["sandboxID"] for s in httpx.get(f"{server.url}/sandboxes", headers=key).json()].count(
+        made.json()["sandboxID"]) == 1
+    assert httpx.post(f"{sandbox}/pause", headers=key).status_code == 204
+    assert (httpx.post(f"{sandbox}/pause", headers=key).json()["code"]) == 409
+    assert httpx.post(f"{sandbox}/resume", json={"timeout": 30}, headers=key).status_code == 201
+    for body, status in [({"timeout": "x"}, 400), ({"envVars": {"A": 1}}, 400), ({"templateID": 3}, 400)]:
+        refused = httpx.post(f"{server.url}/v2/sandboxes", json=body, headers=key)
+        assert (refused.status_code, refused.json()["code"]) == (status, status)
+    assert httpx.post(f"{server.url}/v2/sandboxes", content=b"{", headers=key).json()["code"] == 400
+    assert httpx.get(f"{server.url}/v2/sandboxes").json() == {
+        "code": 401, "message": "Invalid API key: X-API-KEY must be a key this server printed"}
+    assert httpx.delete(sandbox, headers=key).status_code == 204
+    assert httpx.get(sandbox, headers=key).status_code == 404
 
 
 def test_pause_keeps_files_and_resume_serves_again(sbx):
