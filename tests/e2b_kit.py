@@ -49,12 +49,14 @@ def _settings(folder: Path, backend: str) -> Path:
 
 
 def _read_exports(proc: subprocess.Popen, timeout: float = 120) -> dict[str, str]:
-    found: dict[str, str] = {}
+    """The variables the server printed (key "OTHER": the key named other); "printed": all its lines."""
+    found: dict[str, str] = {"printed": ""}
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and len(found) < 4:
+    while time.monotonic() < deadline and len(found) < 5:
         line = proc.stderr.readline()  # type: ignore[union-attr]
         if not line:
             break
+        found["printed"] += line
         if line.startswith("# key other: export E2B_API_KEY="):
             found["OTHER"] = line.split("=", 1)[1].strip()
         elif line.startswith("export "):
@@ -74,7 +76,7 @@ def e2b_server(folder: Path, backend: str) -> Iterator[E2BServer]:
                             stderr=subprocess.PIPE, text=True)
     try:
         found = _read_exports(proc)
-        assert {"E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "OTHER"} <= found.keys(), found
+        assert {"E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "OTHER"} <= found.keys(), found["printed"]
         assert found["E2B_API_URL"] == found["E2B_SANDBOX_URL"]
         yield E2BServer(proc, found["E2B_API_URL"], found["E2B_API_KEY"], found["OTHER"], data)
     finally:
