@@ -233,3 +233,18 @@ EGRESS_WRITE_BUFFER_BYTES = 1024 * 1024
 """How much a tunnel holds for a side that reads slowly before it stops reading the
 other side: room for a burst while the reader waits its turn on a loaded machine,
 and the most a tunnel's way down holds in memory."""
+# --- the E2B front (guilds.fronts.e2b) -------------------------------------------
+E2B_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+"""A Connect request message (JSON) larger than this is refused (resource_exhausted)."""
+E2B_DEFAULT_TIMEOUT_SECONDS = 300
+"""A sandbox created without ``timeout`` ends this long after its start (E2B's default)."""
+E2B_MAX_TIMEOUT_SECONDS = 24 * 3600
+"""The longest ``timeout`` a sandbox may be given (create, connect, set_timeout)."""
+E2B_KEEPALIVE_SECONDS = 30.0
+"""A command's stream with nothing to say for this long sends a keepalive event."""
+E2B_RECORD_OUTPUT_BYTES = 64 * 1024
+"""What a command's record keeps of its output (stdout then stderr): the head."""
+E2B_ENDED_KEPT = 256
+"""How many ended commands of a sandbox stay known, so a Connect after the end gets it."""
+E2B_ENVD_VERSION = "0.5.7"
+"""The envd version the front reports: the SDKs choose their request forms by it."""

@@ -62,6 +62,10 @@ def main(argv=None) -> int:
         from . import resident
 
         return resident.main(argv[1:], lambda data: envelope(data, dispatch_object))
+    if argv[:1] == ["envd"]:  # the E2B front's in-sandbox service (envd.py); not base64 either
+        from . import envd
+
+        return envd.main(argv[1:])
     return serve(argv, dispatch)
 
 

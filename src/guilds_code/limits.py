@@ -240,3 +240,17 @@ first to the second, doubling while the log does not grow and back to the first
 when it does: one fstat a look, so a 10-minute wait costs a few ms of CPU. A
 command's end wakes it at once through a pidfd (without one, it is seen at the
 next look)."""
+
+# --- the E2B front's in-sandbox service (envd.py) ---------------------------
+ENVD_KILL_GRACE_SECONDS = 2.0
+"""A command past its deadline, or stopped with its sandbox: SIGKILL this long after SIGTERM."""
+ENVD_POLL_SECONDS = 0.02
+"""Stopping a command's group: how often it is looked at until it is gone or the grace is over."""
+ENVD_DRAIN_SECONDS = 0.5
+"""After a command exits, how long its output pipes are still read (a grandchild may hold them)."""
+ENVD_READ_BYTES = 64 * 1024
+"""One read of a command's stdout or stderr: one data event at most."""
+ENVD_CHUNK_BYTES = 1024 * 1024
+"""One read or write of a file through the service: the /files endpoint moves files in these."""
+ENVD_LIST_MAX_ENTRIES = 10_000
+"""ListDir: at most this many names of one folder."""

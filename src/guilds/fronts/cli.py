@@ -3,6 +3,7 @@
     guilds call TOOL 'JSON ARGS' [--home DIR] [--run ID] [--config FILE] [--sandbox NAME] [--json] [--context-reset]
     guilds tools [--format anthropic|openai|openai-responses|mcp]
     guilds serve [--home DIR] [--port N] [--host H] [--allow-host NAME] [--no-token] [--sandbox NAME] [--config FILE]
+                 [--e2b [--e2b-key NAME]]
     guilds mcp [--home DIR] [--sandbox NAME] [--config FILE]
     guilds doctor [--config FILE] [--sandbox NAME]
     guilds sandbox image [--tag T] [--base B] [--rootfs TAR] [--no-install]
@@ -75,6 +76,10 @@ def _parser() -> argparse.ArgumentParser:
                                 help="also answer this Host name (a name this machine is reached by)")
             server.add_argument("--no-token", action="store_true",
                                 help="serve without the token (a loopback --host only)")
+            server.add_argument("--e2b", action="store_true",
+                                help="serve the E2B API too, for the E2B SDKs (docs/e2b.md)")
+            server.add_argument("--e2b-key", action="append", default=[], metavar="NAME",
+                                help="with --e2b: one more API key, seeing only its own sandboxes")
     doctor = sub.add_parser("doctor", help="what works on this machine and what does not, with the fix")
     settings_options(doctor)
     box = sub.add_parser("sandbox", help="the agents' sandboxes: image, list, stop, rm")
@@ -195,6 +200,10 @@ def _refuse_no_token_off_loopback(opts: argparse.Namespace) -> None:
 
     if opts.no_token and not is_loopback(opts.host):
         raise ConfigError(f"--no-token: serving on {opts.host} (not a loopback address) needs the token")
+    if opts.no_token and opts.e2b:
+        raise ConfigError("--e2b: the E2B keys are made from the endpoint's token; drop --no-token")
+    if opts.e2b_key and not opts.e2b:
+        raise ConfigError("--e2b-key: only with --e2b")
 
 
 def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -218,7 +227,7 @@ def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
 
     try:
         asyncio.run(serve(wired, opts.host, opts.port, no_token=opts.no_token,
-                          allow_hosts=tuple(opts.allow_host)))
+                          allow_hosts=tuple(opts.allow_host), e2b_keys=tuple(opts.e2b_key) if opts.e2b else None))
     except KeyboardInterrupt:
         pass
     return EXIT_OK

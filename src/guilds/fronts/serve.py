@@ -89,18 +89,24 @@ def build_app(settings: AgentSettings, store: Store, toolbox: Toolbox, *, host: 
                       extra_routes=[mcp.route], lock=lock, lifespan=_lifespan(mcp.lifespan, store))
 
 
+def base_url(host: str, port: int) -> str:
+    """http://HOST:PORT as a client reaches the server (this machine's name for a wildcard bind)."""
+    name = socket.gethostname() if host in ("0.0.0.0", "::") else host
+    return f"http://{'[' + name + ']' if ':' in name else name}:{port}"
+
+
 def served_urls(host: str, port: int, token: str | None) -> list[str]:
     """The lines printed once the server listens: the app's URL with its one-time token, /mcp's."""
-    name = socket.gethostname() if host in ("0.0.0.0", "::") else host
-    base = f"http://{'[' + name + ']' if ':' in name else name}:{port}"
+    base = base_url(host, port)
     if token is None:
         return [f"guilds serve: the app at {base}/ and MCP at {base}/mcp (no token: loopback only)"]
     return [f"guilds serve: the app at {base}/?token={token}",
             f"guilds serve: MCP at {base}/mcp with the header \"Authorization: Bearer {token}\""]
 
 
-async def _run_server(server, host: str, lock: Lock) -> None:
-    """Run uvicorn; print the URLs once it listens; SIGHUP stops it as SIGTERM does."""
+async def _run_server(server, host: str, lock: Lock, more_lines: Callable[[str], list[str]] | None = None) -> None:
+    """Run uvicorn; print the URLs once it listens (and ``more_lines(base URL)``); SIGHUP
+    stops it as SIGTERM does."""
     previous = signal.signal(signal.SIGHUP, server.handle_exit)
     try:
         task = asyncio.ensure_future(server.serve())
@@ -108,24 +114,34 @@ async def _run_server(server, host: str, lock: Lock) -> None:
             await asyncio.sleep(limits.SERVE_START_POLL_SECONDS)
         if server.started:
             port = server.servers[0].sockets[0].getsockname()[1]
-            print("\n".join(served_urls(host, port, lock.token)), file=sys.stderr, flush=True)
+            lines = served_urls(host, port, lock.token)
+            if more_lines is not None:
+                lines += more_lines(base_url(host, port))
+            print("\n".join(lines), file=sys.stderr, flush=True)
         await task
     finally:
         signal.signal(signal.SIGHUP, previous)
 
 
 async def serve(wired: Wired, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, no_token: bool = False,
-                allow_hosts: tuple[str, ...] = ()) -> None:
+                allow_hosts: tuple[str, ...] = (), e2b_keys: tuple[str, ...] | None = None) -> None:
     """Serve until a stop signal; ``wired`` from ``guilds.fronts.wiring.resolve``, as for every front.
-    ``allow_hosts``: more Host names to answer (the names this machine is reached by)."""
+    ``allow_hosts``: more Host names to answer (the names this machine is reached by);
+    ``e2b_keys``: serve the E2B API too (``guilds.fronts.e2b``), with these key names besides the default."""
     import uvicorn
 
     lock = endpoint_lock(private_dir(wired.data_dir), host, no_token=no_token, allow_hosts=allow_hosts)
     async with open_toolbox(wired) as toolbox:
         app = build_app(wired.settings, toolbox.store, toolbox, host=host, lock=lock)
+        e2b = None
+        if e2b_keys is not None:
+            from .e2b import E2BFront  # the E2B front: imported only when served
+
+            e2b = E2BFront(toolbox, lock, e2b_keys)
+            app = e2b.wrap(app)  # type: ignore[assignment]
         if not is_loopback(host):
             log.warning("serving on %s: whoever has the token runs commands as the agent and reads every "
                         "run; Host names answered: %s", host, ", ".join(lock.hosts))
         config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info",
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS)
-        await _run_server(uvicorn.Server(config), host, lock)
+        await _run_server(uvicorn.Server(config), host, lock, None if e2b is None else e2b.export_lines)

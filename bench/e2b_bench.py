@@ -1,0 +1,111 @@
+"""The E2B front's cost: `commands.run("true")` through the E2B SDK against `guilds serve --e2b`,
+beside the same command through ``guilds.open`` and a bare process spawn; a 100 MB file
+written and read through the SDK.
+
+Run: .venv/bin/python bench/e2b_bench.py [--sandbox local|bwrap] [--calls N] [--mb N]
+
+One run, one machine: a real `guilds serve --e2b` (its own data folder) and the
+unmodified E2B Python SDK (sync) pointed at it by the variables it prints. The
+three paths take turns call by call, in a rotating order, so the machine's load
+falls on all alike; medians after 3 warm-up calls each.
+
+    e2b       Sandbox.commands.run("true"): the SDK's Start stream (bash -l -c true) to the
+              end event, through the server and the sandbox's guilds-code envd
+    guilds    Run.call("shell", {"command": "true"}) through guilds.open (same settings)
+    spawn     subprocess.run(["bash", "-l", "-c", "true"]) on this machine, HOME the agent's: the floor
+
+Then files.write of N MB of random bytes and files.read of them back
+(format="bytes"), checked equal: seconds and MB/s, median of 3.
+
+Prints a Markdown table (pasted into docs/benchmarks.md under "E2B front").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from e2b import Sandbox  # noqa: E402
+
+import guilds  # noqa: E402
+from e2b_kit import e2b_server  # noqa: E402
+
+WARMUP = 3
+
+
+def _timed(work: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    work()
+    return (time.perf_counter() - t0) * 1000
+
+
+def commands(sbx: Sandbox, run, loop: asyncio.AbstractEventLoop, calls: int, home: Path) -> dict[str, float]:
+    env = {"PATH": os.environ["PATH"], "HOME": str(home)}  # the agent's home: no profile of this machine's user
+    paths: dict[str, Callable[[], object]] = {
+        "e2b": lambda: sbx.commands.run("true"),
+        "guilds": lambda: loop.run_until_complete(run.call("shell", {"command": "true"})),
+        "spawn": lambda: subprocess.run(["bash", "-l", "-c", "true"], check=True, env=env, cwd=home),
+    }
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    names = list(paths)
+    for i in range(WARMUP + calls):
+        order = names[i % 3:] + names[:i % 3]
+        for name in order:
+            took = _timed(paths[name])
+            if i >= WARMUP:
+                times[name].append(took)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def files(sbx: Sandbox, mb: int) -> tuple[float, float]:
+    data = os.urandom(mb * 1024 * 1024)
+    writes, reads = [], []
+    for _ in range(3):
+        writes.append(_timed(lambda: sbx.files.write("bench.bin", data)) / 1000)
+        got: list[bytes] = []
+        reads.append(_timed(lambda: got.append(bytes(sbx.files.read("bench.bin", format="bytes")))) / 1000)
+        assert got[0] == data, "the file read back differs"
+    return statistics.median(writes), statistics.median(reads)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sandbox", default="local")
+    parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--mb", type=int, default=100)
+    opts = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, e2b_server(Path(tmp), opts.sandbox) as server:
+        os.environ.update(server.env())
+        sbx = Sandbox.create(timeout=3600)
+        loop = asyncio.new_event_loop()
+        agent = guilds.open(Path(tmp) / "agent.toml", data_dir=server.data)
+        loop.run_until_complete(agent.__aenter__())
+        try:
+            medians = commands(sbx, agent.run(), loop, opts.calls, Path(tmp) / "home")
+            write_s, read_s = files(sbx, opts.mb)
+        finally:
+            loop.run_until_complete(agent.__aexit__(None, None, None))
+            sbx.kill()
+    print(f"sandbox {opts.sandbox}, {opts.calls} calls a path\n")
+    print("| path | `true` (ms) | vs guilds.open |\n| --- | ---: | ---: |")
+    for name, label in (("e2b", "E2B SDK `commands.run(\"true\")` against `guilds serve --e2b`"),
+                        ("guilds", "`guilds.open`: `shell` `true`"), ("spawn", "bare spawn: `bash -l -c true`")):
+        print(f"| {label} | {medians[name]:.1f} | {medians[name] / medians['guilds']:.2f}x |")
+    print(f"\n{opts.mb} MB file: write {write_s:.2f} s ({opts.mb / write_s:.0f} MB/s), "
+          f"read {read_s:.2f} s ({opts.mb / read_s:.0f} MB/s)")
+
+
+if __name__ == "__main__":
+    main()
