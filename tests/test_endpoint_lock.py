@@ -152,7 +152,8 @@ async def test_mcp_takes_the_bearer_header_only(toolbox):
         await refused(live)
         await refused({"authorization": f"Bearer {session}"})
         ran = await c.post("/mcp", json=ID_U, headers={**ID_U_HEADERS, **AUTH, **live})
-        assert ran.status_code == 200 and ran.json()["result"]["content"][0]["text"].startswith(f"{os.getuid()}\n")
+        run_line, output = ran.json()["result"]["content"][0]["text"].split("\n", 1)
+        assert ran.status_code == 200 and run_line.startswith("run: mcp-") and output.startswith(f"{os.getuid()}\n")
 
 
 async def test_logins_past_the_most_end_the_session_idle_longest(toolbox):
