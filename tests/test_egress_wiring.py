@@ -31,7 +31,7 @@ def request(home: str) -> Request:
 
 def settings(tmp_path: Path, **repo):
     data = {"agent": {"home": str(tmp_path / "home"), "sandbox": "bwrap", "network": ["github.com", "git.corp"]},
-            "secrets": {"PLAIN": "plain-value-1", "PYPI": {"value": "pypi-value-123", "hosts": ["upload.pypi.org"]}},
+            "secrets": {"PLAIN": "plain-value-1", "PYPI": {"value": "pypi-value-123", "hosts": ["upload.example.org"]}},
             "repos": {"web": {"token": TOKEN, **repo}}}
     return parse_settings(data, tmp_path, env={})
 

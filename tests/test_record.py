@@ -232,11 +232,11 @@ async def test_an_older_record_gets_the_egress_table_and_keeps_decisions_by_call
               "bytes_up": 10, "bytes_down": 20, "tag": "r1/c1"},
              {"time": 1.0, "host": "evil.example", "port": 443, "allowed": False, "reason": "not listed",
               "tag": "r1/c1"},
-             {"time": 3.0, "host": "pypi.org", "port": 443, "allowed": True, "reason": "listed", "tag": ""}]
+             {"time": 3.0, "host": "pkg.example.org", "port": 443, "allowed": True, "reason": "listed", "tag": ""}]
     async with Store(url) as store:
         await store.add_egress(decision_rows(lines, "r1", "c2"))
         first = await store.egress_of_call("r1", "c1")
         assert [(d["host"], d["allowed"]) for d in first] == [("evil.example", False), ("github.com", True)]
-        assert [d["host"] for d in await store.egress_of_call("r1", "c2")] == ["pypi.org"]  # no tag: the reader
+        assert [d["host"] for d in await store.egress_of_call("r1", "c2")] == ["pkg.example.org"]  # no tag: the reader
         assert await store.egress_counts("r1") == {"allowed": 2, "refused": 1}
         assert await store.egress_counts("r2") == {"allowed": 0, "refused": 0}

@@ -234,12 +234,12 @@ def test_the_coding_flag_is_read_afresh(tmp_path):
 def test_a_list_keeps_the_network_off_and_names_what_each_secret_is_for(tmp_path):
     s = load(tmp_path, (
         '[agent]\nsandbox = "docker"\nnetwork = ["github.com", "*.example.org", "10.1.2.0/24"]\n'
-        '[secrets]\nPLAIN = "plain-value"\n[secrets.PYPI]\nvalue = "pypi-value"\nhosts = ["upload.pypi.org"]\n'
+        '[secrets]\nPLAIN = "plain-value"\n[secrets.PYPI]\nvalue = "pypi-value"\nhosts = ["upload.example.org"]\n'
         '[repos.web]\ntoken = "ghp_abcdef"\n[repos.docs]\ntoken = "ghp_123456"\ntoken_hosts = ["git.corp"]\n'
         '[egress.resolve]\n"git.corp" = "10.1.2.3"\n'))
     assert (s.network, s.egress) == (False, ("github.com", "*.example.org", "10.1.2.0/24"))
     assert dict(s.secrets) == {"PLAIN": "plain-value", "PYPI": "pypi-value"}
-    assert dict(s.secret_hosts) == {"PYPI": ("upload.pypi.org",)}
+    assert dict(s.secret_hosts) == {"PYPI": ("upload.example.org",)}
     assert [(r.name, r.token_hosts) for r in s.repos] == [("web", None), ("docs", ("git.corp",))]
     assert dict(s.egress_resolve) == {"git.corp": "10.1.2.3"}
     assert sorted(s.secret_values()) == ["ghp_123456", "ghp_abcdef", "plain-value", "pypi-value"]

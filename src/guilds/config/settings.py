@@ -20,7 +20,7 @@ OPENAI_API_KEY = "..."
 
 [secrets.PYPI_TOKEN]          # with agent.network a list: the sandbox sees a placeholder, and the
 value = "..."                 # egress proxy puts the value in for these hosts only
-hosts = ["upload.pypi.org"]
+hosts = ["upload.example.org"]
 
 [repos.web]                   # a repository: its folder under the home, its token
 path = "repos/web"            # default repos/<name>
