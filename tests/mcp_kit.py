@@ -29,6 +29,7 @@ def write_settings(folder: Path, *, sandbox: str = "local", coding: bool = True,
         f"coding = {'true' if coding else 'false'}\n"
         + "".join(f'[secrets]\n{name} = "{value}"\n' for name, value in (secrets or {}).items())
     )
+    path.chmod(0o600)  # a settings file with secrets others may read is refused
     return path
 
 
