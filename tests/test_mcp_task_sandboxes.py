@@ -5,14 +5,17 @@ port, raw 2026-07-28 requests."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import kube_kit
 import mcp_kit as kit
 from guilds.fronts.mcp_runs import RUN_KEY
 from guilds.fronts.mcp_server import META_KEY, streamable_http_app
@@ -45,9 +48,16 @@ async def _replace(toolbox: Toolbox, old_arg: str) -> None:
     await box.start()
 
 
+async def _fresh_home(toolbox: Toolbox) -> None:
+    """kubernetes: the agent's pod, claim and secret removed, as the others' tmp_path goes."""
+    if toolbox.sandbox.name == "kubernetes":
+        await asyncio.to_thread(kube_kit.remove_agent, toolbox.sandbox.pod)  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 async def test_a_task_of_a_replaced_sandbox_reads_ended_and_never_touches_the_new_commands(backend, tmp_path):
-    settings = settings_for(tmp_path, backend)
+    # an agent of its own: no claim of another test's agent1 holds its records, ids begin at b1
+    settings = replace(settings_for(tmp_path, backend), id=f"agent-{os.urandom(4).hex()}")
     old_sleep, old_arg = kit.sleep_command()
     new_sleep, new_arg = kit.sleep_command()
     async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
@@ -74,6 +84,7 @@ async def test_a_task_of_a_replaced_sandbox_reads_ended_and_never_touches_the_ne
         finally:
             await toolbox.close()
             await toolbox.sandbox.stop()
+            await _fresh_home(toolbox)
             for pid in kit.processes("sleep", old_arg) + kit.processes("sleep", new_arg):
                 os.kill(pid, signal.SIGKILL)
     assert states == ["running", "running"]  # the new sandbox's commands were never signalled
