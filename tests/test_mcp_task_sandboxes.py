@@ -24,8 +24,10 @@ from guilds.sandbox import get_sandbox
 from guilds.toolbox import Toolbox
 from mcp_raw import RawClient
 from test_mcp_http import serving
+from test_mcp_tasks import until_status
 from test_sandbox import BACKENDS, settings_for
 
+ENDED_STATES = {"completed", "failed", "cancelled"}
 ENDED = "{bid} ended: it ran in an earlier sandbox (this sandbox's {bid}, if any, is another command)"
 
 
@@ -76,7 +78,9 @@ async def test_a_task_of_a_replaced_sandbox_reads_ended_and_never_touches_the_ne
                     started = await _call(raw, "shell", {"command": f"echo new-output-{n}; {new_sleep}",
                                                          "background": True}, "r-new")
                     new_ids.append(started["_meta"][META_KEY]["background_id"])
-                got = (await raw.task("tasks/get", followed["taskId"]))["result"]
+                # each task's follower looks at its command in turn: both end once they have looked
+                got = await until_status(raw, followed["taskId"], ENDED_STATES)
+                await until_status(raw, cancelled["taskId"], ENDED_STATES)
                 ack = await raw.task("tasks/cancel", cancelled["taskId"])
                 after = (await raw.task("tasks/get", cancelled["taskId"]))["result"]
                 states = [(await _call(raw, "shell_status", {"id": bid}, "r-new"))["_meta"][META_KEY]["state"]
