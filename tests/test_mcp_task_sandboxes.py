@@ -37,6 +37,19 @@ async def _call(raw: RawClient, tool: str, arguments: dict[str, Any], run: str) 
     return answer["result"]
 
 
+async def _remove_once_quiet(records: Path, quiet: float = 0.5, timeout: float = 10) -> None:
+    """Remove the records once the killed commands' wrappers have written their exit records
+    (a record being renamed while the folder is removed is written again): gone, and still
+    gone ``quiet`` seconds later."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        shutil.rmtree(records, ignore_errors=True)
+        await asyncio.sleep(quiet)
+        if not records.exists() or asyncio.get_running_loop().time() > deadline:
+            assert not records.exists(), sorted(p.name for p in records.iterdir())
+            return
+
+
 async def _replace(toolbox: Toolbox, old_arg: str) -> None:
     """A new sandbox in place of the old one. `local` has none to replace: its commands are
     ended and its records removed, as a new container's empty state root would have it."""
@@ -44,7 +57,7 @@ async def _replace(toolbox: Toolbox, old_arg: str) -> None:
     if box.name == "local":
         for pid in kit.processes("sleep", old_arg):
             os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(Path(box.state_dir) / toolbox.settings.id / "background")
+        await _remove_once_quiet(Path(box.state_dir) / toolbox.settings.id / "background")
         return
     await box.stop()
     await box.start()
