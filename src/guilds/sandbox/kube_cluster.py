@@ -108,11 +108,17 @@ def ignoring(status: int) -> Iterator[None]:
 
 def exec_stream(core: Any, pod: str, namespace: str, command: list[str], stdin: bytes,
                 deadline: float) -> tuple[bytes, bytes, bytes, bool]:
-    """Run command in the pod's sandbox container: (stdout head, stderr tail, status, complete)."""
+    """Run command in the pod's sandbox container: (stdout head, stderr tail, status, complete).
+
+    The exec goes through an ApiClient of its own: ``stream`` swaps its client's request
+    method for a websocket one while it runs, so a call of another thread on a shared
+    client (writing the secret, deleting the pod) would go out as a websocket handshake."""
+    from kubernetes import client
     from kubernetes.stream import stream
 
+    own = client.CoreV1Api(client.ApiClient(core.api_client.configuration))
     with handshake_errors():
-        ws = stream(core.connect_get_namespaced_pod_exec, pod, namespace, container=spec.CONTAINER,
+        ws = stream(own.connect_get_namespaced_pod_exec, pod, namespace, container=spec.CONTAINER,
                     command=command, stdin=bool(stdin), stdout=True, stderr=True, tty=False,
                     _preload_content=False, binary=True)
     out, err = bytearray(), bytearray()
