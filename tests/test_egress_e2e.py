@@ -24,12 +24,11 @@ import pytest
 
 import forge_kit
 from guilds.config.settings import parse_settings
-from guilds.record.store import Store
-from guilds.sandbox import get_sandbox
 from guilds.sandbox.bwrap_argv import unavailable
 from guilds.sandbox.docker_engine import unavailable as docker_unavailable
 from guilds.sandbox.egress_process import proxy_pid
 from guilds.toolbox import Toolbox
+from toolbox_kit import sandbox_toolbox
 
 NO_HOSTS = forge_kit.unavailable()
 NO_BWRAP, NO_DOCKER = unavailable(), docker_unavailable()
@@ -99,14 +98,8 @@ async def agent(request, forge, tmp_path, monkeypatch):
         data["docker"] = {"image": request.getfixturevalue("test_image"), "memory": "512m"}
     settings = parse_settings(data, tmp_path, env={})
     (tmp_path / "home" / "repos" / "work").mkdir(parents=True)
-    sandbox = get_sandbox(settings, tmp_path / "data", idle_seconds=120)
-    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
-        toolbox = Toolbox(settings, sandbox, store)
-        try:
-            yield toolbox
-        finally:
-            await toolbox.close()
-            await sandbox.stop()
+    async with sandbox_toolbox(settings, tmp_path / "data", idle_seconds=120) as toolbox:
+        yield toolbox
 
 
 async def shell(toolbox: Toolbox, command: str, timeout: int = 60):

@@ -28,12 +28,13 @@ def make_settings(tmp_path: Path, *, agent: Mapping[str, Any] | None = None,
 
 
 @contextlib.asynccontextmanager
-async def sandbox_toolbox(settings: AgentSettings, data: Path) -> AsyncIterator[Toolbox]:
-    """A Toolbox over the real sandbox settings name (data: its folder and the record's);
-    stopped at the end, and a kubernetes agent's pod and claim removed."""
+async def sandbox_toolbox(settings: AgentSettings, data: Path, **sandbox: Any) -> AsyncIterator[Toolbox]:
+    """A Toolbox over the real sandbox settings name (data: its folder and the record's;
+    sandbox: get_sandbox's keywords); stopped at the end, and a kubernetes agent's pod
+    and claim removed."""
     from guilds.sandbox import get_sandbox
 
-    box = get_sandbox(settings, data)
+    box = get_sandbox(settings, data, **sandbox)
     async with Store(f"sqlite:///{data}/guilds.db") as store:
         toolbox = Toolbox(settings, box, store)
         try:

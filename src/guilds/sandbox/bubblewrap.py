@@ -186,8 +186,9 @@ class BwrapSandbox:
 
     async def keep_egress(self) -> None:
         """Before each call (the resident helper's too, which enters no new process): the
-        egress proxy running, started again when it died."""
-        await asyncio.to_thread(self._ensure_proxy)
+        egress proxy running, started again when it died (no thread hop without a list)."""
+        if self.egress is not None:
+            await asyncio.to_thread(self._ensure_proxy)
 
     async def _keep_alive(self) -> None:
         """While a call runs, the idle clock stays at zero."""

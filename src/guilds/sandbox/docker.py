@@ -128,8 +128,9 @@ class DockerSandbox(ContainerSandbox):
 
     async def keep_egress(self) -> None:
         """Before each call (the resident helper's too, which makes no new exec): the
-        egress proxy running, started again when it died."""
-        await blocking(self._ensure_proxy)
+        egress proxy running, started again when it died (no thread hop without a list)."""
+        if self.settings.egress:
+            await blocking(self._ensure_proxy)
 
     # --- blocking steps (run in the pool) -------------------------------------
     def _start(self) -> None:
