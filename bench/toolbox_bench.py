@@ -52,6 +52,7 @@ from guilds.sandbox.local import LocalSandbox
 from guilds.config.settings import parse_settings
 from guilds.record.store import Store
 from guilds.toolbox import Toolbox, transport
+from guilds.toolbox.tools import wait_for
 from guilds_code.protocol import Reply, ok_envelope
 
 WARMUP = 3
@@ -105,7 +106,7 @@ class Agent:
                    "redact_env": sorted(self.settings.secrets)}
         if tool == "file_read":
             request["reads"] = []
-        envelope = await transport.call_helper(self.sandbox, request, wait=transport.wait_for(tool, args))
+        envelope = await transport.call_helper(self.sandbox, request, wait=wait_for(tool, args))
         if not envelope["ok"]:
             raise RuntimeError(f"helper call failed: {envelope['error']}")
 

@@ -12,8 +12,9 @@ from typing import Any
 import anyio
 from mcp import Client
 
-from guilds.fronts.mcp_server import ANNOTATIONS, META_KEY
+from guilds.fronts.mcp_server import META_KEY
 from guilds.toolbox import export, tool_specs
+from guilds.toolbox.tools import tool_named
 
 SETTLE_SECONDS = 10.0
 """How long a cancelled command may take to be gone: the helper's 1 s grace, the
@@ -111,7 +112,7 @@ async def check_tool_list(client: Client) -> None:
         assert {**tool.input_schema, "properties": properties} == want["inputSchema"]
         assert run["type"] == "string" and "run" not in tool.input_schema["required"]
         assert tool.description == want["description"]
-        hints = ANNOTATIONS[tool.name]
+        hints = tool_named(tool.name).hints
         assert tool.annotations.read_only_hint is hints.read_only
         assert tool.annotations.idempotent_hint is hints.idempotent
         assert tool.annotations.destructive_hint is hints.destructive

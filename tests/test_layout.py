@@ -418,3 +418,38 @@ def test_the_wait_rule_catches_a_literal_wait(tmp_path):
     module = tmp_path / "bad.py"
     module.write_text("import time\nPOLL_SECONDS = 0.5\nALIAS_SECONDS = limits.X\ntime.sleep(0.1)\ntime.sleep(0)\n")
     assert [w.split(":")[1] for w in _literal_waits(module, tmp_path)] == ["2", "4"]
+
+
+# --- each tool one object ----------------------------------------------------
+
+TOOL_NAME_HOMES = {
+    "guilds/toolbox/tools/": "the tools themselves",
+    "guilds/record/rows.py": "the record's row texts",
+    "guilds/record/statements.py": "the record's queries (code_task's text, file_read's ledger)",
+    "guilds/web/flow.py": "the app's flow (code_task's detail)",
+    "guilds/adapters/": "an adapter calls a tool by its name, as any client does",
+}
+"""Where guilds may write a tool's name as a literal; the helpers (guilds_code,
+guilds_harness) name their own ops. Everywhere else a tool is asked through the
+registry (``guilds.toolbox.tools``): the transport, the toolbox and the fronts."""
+
+
+def _tool_name_literals(path: Path, root: Path = SRC) -> list[str]:
+    from guilds.toolbox.tools import TOOL_NAMES
+
+    return [f"{path.relative_to(root)}:{node.lineno}: {node.value}"
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Constant) and node.value in TOOL_NAMES]
+
+
+def test_no_tool_name_is_written_outside_its_tool():
+    found = [where for path in _modules("guilds")
+             if not any(str(path.relative_to(SRC)).startswith(home) for home in TOOL_NAME_HOMES)
+             for where in _tool_name_literals(path)]
+    assert found == []
+
+
+def test_the_tool_name_rule_catches_a_literal(tmp_path):
+    module = tmp_path / "bad.py"
+    module.write_text('"""A docstring naming shell is no literal."""\nif name == "shell_status":\n    pass\n')
+    assert _tool_name_literals(module, tmp_path) == ["bad.py:2: shell_status"]

@@ -125,6 +125,8 @@ async def test_a_cancel_that_cannot_reach_the_sandbox_is_not_reported_cancelled(
     helper = Path(toolbox.sandbox.helper_path("guilds-code"))
     aside = helper.with_name(helper.name + ".aside")
     helper.rename(aside)
+    await toolbox.transport.opened()  # the resident helper, already running, would still answer the polls
+    await toolbox.close()
     try:
         refused = await raw.task("tasks/cancel", created["taskId"])
         working = (await raw.task("tasks/get", created["taskId"]))["result"]

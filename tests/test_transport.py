@@ -15,7 +15,8 @@ import pytest
 from guilds.config.settings import AgentSettings
 from guilds.errors import BadInput, HelperFailed
 from guilds.sandbox.local import LocalSandbox
-from guilds.toolbox.transport import call_helper, wait_for
+from guilds.toolbox.tools import wait_for
+from guilds.toolbox.transport import call_helper
 from guilds_code import limits
 from guilds_code.protocol import encode_request
 

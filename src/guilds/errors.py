@@ -6,15 +6,19 @@
     ├── HelperFailed      the helper printed no envelope: "code helper failed"
     │                     and the last lines of its stderr
     ├── SandboxError      the sandbox could not start, run or write
-    ├── BudgetExhausted   the run has made all the tool calls it may make
+    ├── NoAnswer          a request sent to the helper got no envelope back:
+    │                     HelperFailed or SandboxError, mapped once, where
+    │                     requests leave (``Toolbox.send``)
     ├── BadInput          a caller's input refused before any call (a run id
     │                     that is not a safe file name, ...)
     └── RecordError       the run record or the data folder could not be
                           written (a full disk): one line saying what
 
-A toolbox call turns HelperFailed and SandboxError into an error result in
+``Toolbox.send``, the one door to the helper, maps HelperFailed and
+SandboxError to NoAnswer; a tool call turns NoAnswer into an error result in
 exactly one place (``guilds.toolbox.toolbox``); fronts turn the others into a
-message and an exit code.
+message and an exit code. A call past the run's budget is no error: it gets
+an error result (``BUDGET_REFUSED``) and runs nothing.
 """
 
 from __future__ import annotations
@@ -40,8 +44,17 @@ class SandboxError(GuildsError):
     """The sandbox could not start, run a process or write a file."""
 
 
-class BudgetExhausted(GuildsError):
-    """The run has no tool calls left (``max_tool_calls``)."""
+class NoAnswer(GuildsError):
+    """A request sent to the helper got no envelope back (``Toolbox.send`` maps it once).
+
+    ``reason``: the text of the error mapped (HelperFailed's or SandboxError's);
+    the message is what a tool result says: HelperFailed's own text, or
+    ``sandbox error: <reason>``.
+    """
+
+    def __init__(self, reason: str, *, sandbox: bool):
+        super().__init__(f"sandbox error: {reason}" if sandbox else reason)
+        self.reason = reason
 
 
 class BadInput(GuildsError):

@@ -101,6 +101,16 @@ class Request:
         self.redact_env = [] if redact_env is None else redact_env
         self.started_by = started_by
 
+    def wire(self) -> Dict[str, Any]:
+        """The request as the orchestrator sends it, what ``parse_request`` reads back:
+        every field, ``reads`` only for file_read, ``started_by`` only when set."""
+        out = {name: getattr(self, name) for name in Request.__slots__}
+        if self.op != "file_read":
+            del out["reads"]
+        if out["started_by"] is None:
+            del out["started_by"]
+        return out
+
 
 def is_safe_name(value: Any) -> bool:
     """True when value can name a file: [A-Za-z0-9][A-Za-z0-9._-]*, at most

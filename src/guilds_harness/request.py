@@ -53,6 +53,10 @@ class HarnessRequest(protocol.Request):
         self.harness = harness
         self.repos = {} if repos is None else repos
 
+    def wire(self) -> Dict[str, Any]:
+        """The request as the orchestrator sends it (``parse_request`` reads it back)."""
+        return {**super().wire(), "harness": self.harness, "repos": self.repos}
+
 
 _ARGS = ("brief", "repo", "session_id", "notes", "timeout_minutes")
 

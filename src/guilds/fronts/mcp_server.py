@@ -11,7 +11,8 @@ Built on the SDK's high-level ``MCPServer`` (``mcp>=2.3,<3``), through its
 public surface only:
 
 - its tool registry (``MCPServer(tools=...)``) holds one ``ToolboxTool`` per
-  ToolSpec: a ``Tool`` whose ``parameters`` are the ToolSpec's JSON Schema and
+  tool of the toolbox's registry (``guilds.toolbox.tools``): an SDK ``Tool`` whose
+  ``parameters`` are the tool's JSON Schema and
   whose ``run`` hands the client's arguments, untouched, to the toolbox. Not
   ``add_tool``/``@tool``: those derive the schema from a Python signature, and
   ``Tool.run`` validates through it (a pydantic model that turns "5" into 5);
@@ -32,13 +33,13 @@ MCPServer adds what it always serves: empty ``prompts/list`` and
 Contract:
 
 - ``tools/list`` asks ``toolbox.tools()`` at every call (the live coding
-  flag): each tool with its ToolSpec's description and input schema (plus
-  the optional ``run`` argument), a title, and the annotations of ``ANNOTATIONS``.
+  flag): each tool with its description and input schema (plus the optional
+  ``run`` argument), and its title and annotations (the tool's ``hints``).
 - ``tools/call`` -> one ``Toolbox.call``: the result text as one text content
   block, ``isError`` as the toolbox says, its metadata under
   ``_meta["guilds/meta"]`` (``run``, ``seq``, ``call``, ``row``, ...). Bad
   arguments, an unknown tool, a call while coding is off, any GuildsError:
-  an ``isError`` result naming what was wrong, made in ``_Front`` only.
+  an ``isError`` result naming what was wrong, made in ``_as_result`` only.
 - Runs (``guilds.fronts.mcp_runs``): every tool takes an optional ``run`` argument,
   the handle of a run an earlier result gave (SEP-2567), checked against the
   token that made the run. Without it: stdio, the process's connection
@@ -92,7 +93,8 @@ from starlette.routing import BaseRoute
 from .. import limits
 from ..errors import GuildsError
 from ..toolbox import CallResult, Toolbox
-from ..toolbox.tools import TOOL_NAMES, ToolSpec, tool_specs
+from ..toolbox.tools import TOOLS, Hints, tool_named
+from ..toolbox.tools import Tool as GuildsTool
 from .mcp_runs import META_KEY, RunChoice, Runs, new_run_id, with_run_argument, with_run_line
 from .mcp_runs import RUN_KEY as RUN_KEY  # the tests and embedders name it from here
 from .mcp_tasks import TasksExtension
@@ -121,33 +123,13 @@ INSTRUCTIONS = (
 )
 
 
-@dataclass(frozen=True)
-class Hints:
-    """The truthful MCP annotations of one tool."""
+def to_annotations(hints: Hints) -> types.ToolAnnotations:
+    """A tool's hints as MCP annotations."""
+    return types.ToolAnnotations(
+        title=hints.title, read_only_hint=hints.read_only, destructive_hint=hints.destructive,
+        idempotent_hint=hints.idempotent, open_world_hint=hints.open_world,
+    )
 
-    title: str
-    read_only: bool
-    destructive: bool
-    idempotent: bool
-    open_world: bool
-
-    def annotations(self) -> types.ToolAnnotations:
-        return types.ToolAnnotations(
-            title=self.title, read_only_hint=self.read_only, destructive_hint=self.destructive,
-            idempotent_hint=self.idempotent, open_world_hint=self.open_world,
-        )
-
-
-ANNOTATIONS = {
-    "code_task": Hints("Delegate a code change", False, True, False, True),
-    "shell": Hints("Run a shell command", False, True, False, True),
-    "shell_status": Hints("Follow or stop a background command", False, True, True, False),
-    "file_read": Hints("Read lines of a file", True, False, True, False),
-    "code_search": Hints("Search the code", True, False, True, False),
-}
-"""shell and code_task change files and may reach the network; shell_status
-lists and checks read-only, but its ``stop`` ends a process (annotations are
-per tool, so it is not read-only); file_read and code_search only read."""
 
 ToolCall = Callable[[Context | None, str, dict[str, Any]], Awaitable[types.CallToolResult]]
 """(context, tool name, the client's arguments) -> the result: ``_Front.call``."""
@@ -156,16 +138,15 @@ ToolCall = Callable[[Context | None, str, dict[str, Any]], Awaitable[types.CallT
 class ToolboxTool(Tool):
     """One toolbox tool in MCPServer's registry.
 
-    ``parameters`` is the ToolSpec's input schema as it is; ``run`` gives ``fn``
+    ``parameters`` is the tool's input schema as it is; ``run`` gives ``fn``
     the arguments exactly as the client sent them. ``fn_metadata`` is an empty
     model, never used: ``Tool.run`` would validate through it.
     """
 
     @classmethod
-    def of(cls, spec: ToolSpec, call: ToolCall) -> ToolboxTool:
-        hints = ANNOTATIONS[spec.name]
-        return cls(fn=call, name=spec.name, title=hints.title, description=spec.description,
-                   parameters=with_run_argument(spec.input_schema), annotations=hints.annotations(),
+    def of(cls, tool: GuildsTool, call: ToolCall) -> ToolboxTool:
+        return cls(fn=call, name=tool.name, title=tool.hints.title, description=tool.description,
+                   parameters=with_run_argument(tool.input_schema), annotations=to_annotations(tool.hints),
                    fn_metadata=FuncMetadata(arg_model=ArgModelBase), is_async=True, context_kwarg=None)
 
     async def run(self, arguments: dict[str, Any], context: Context[Any, Any],
@@ -240,17 +221,14 @@ class _Front:
 
     async def call_in(self, request: ServerRequestContext | None, name: str, arguments: dict[str, Any],
                       report: Report) -> types.CallToolResult:
-        """The one place a failed call becomes an isError result (with ``run_prepared``)."""
-        try:
-            if not self.toolbox.tools():
-                return error_result(CODING_OFF.format(name=name))
-            prepared = await self.prepare(request, arguments)
-        except GuildsError as exc:
-            return error_result(str(exc))
-        except Exception as exc:
-            log.exception("tool %s failed", name)
-            return error_result(f"internal error: {type(exc).__name__}")
-        return await self.run_prepared(request, name, prepared, report)
+        return await _as_result(name, self._call_in(request, name, arguments, report))
+
+    async def _call_in(self, request: ServerRequestContext | None, name: str, arguments: dict[str, Any],
+                       report: Report) -> types.CallToolResult:
+        if not self.toolbox.tools():
+            return error_result(CODING_OFF.format(name=name))
+        prepared = await self.prepare(request, arguments)
+        return await self._run_prepared(request, name, prepared, report)
 
     async def prepare(self, request: ServerRequestContext | None, arguments: dict[str, Any]) -> Prepared:
         """The call's run (``mcp_runs``) and arguments; GuildsError naming what was wrong."""
@@ -260,19 +238,30 @@ class _Front:
 
     async def run_prepared(self, request: ServerRequestContext | None, name: str, prepared: Prepared,
                            report: Report) -> types.CallToolResult:
+        """A prepared call (a task's, ``mcp_tasks``), its failure made a result by ``_as_result``."""
+        return await _as_result(name, self._run_prepared(request, name, prepared, report))
+
+    async def _run_prepared(self, request: ServerRequestContext | None, name: str, prepared: Prepared,
+                            report: Report) -> types.CallToolResult:
         run_id = prepared.choice.run_id
         try:
-            try:
-                result = await run_call(self.toolbox.call(run_id, name, prepared.arguments,
-                                                          context_reset=prepared.context_reset), report)
-            finally:
-                self.runs.ended(request, run_id)
-        except GuildsError as exc:
-            return error_result(str(exc))
-        except Exception as exc:
-            log.exception("tool %s failed", name)
-            return error_result(f"internal error: {type(exc).__name__}")
+            result = await run_call(self.toolbox.call(run_id, name, prepared.arguments,
+                                                      context_reset=prepared.context_reset), report)
+        finally:
+            self.runs.ended(request, run_id)
         return to_result(result, prepared.choice)
+
+
+async def _as_result(name: str, call: Awaitable[types.CallToolResult]) -> types.CallToolResult:
+    """The one place a failed call becomes an isError result: a GuildsError says what was
+    wrong; anything else is logged and answered ``internal error: <type>``."""
+    try:
+        return await call
+    except GuildsError as exc:
+        return error_result(str(exc))
+    except Exception as exc:
+        log.exception("tool %s failed", name)
+        return error_result(f"internal error: {type(exc).__name__}")
 
 
 def _request_of(context: Context | None) -> ServerRequestContext | None:
@@ -307,16 +296,16 @@ class GuildsServer(MCPServer):
         self.tasks = TasksExtension(self.front)
         super().__init__(SERVER_NAME, version=_version(), instructions=INSTRUCTIONS, log_level="WARNING",
                          subscriptions=False, lifespan=_lifespan, extensions=[self.tasks],
-                         tools=[ToolboxTool.of(spec, self.front.call) for spec in tool_specs()])
+                         tools=[ToolboxTool.of(tool, self.front.call) for tool in TOOLS])
 
     async def list_tools(self) -> list[types.Tool]:
         """The registered tools the toolbox offers now (the live coding flag)."""
-        offered = {spec.name for spec in self.front.toolbox.tools()}
+        offered = {tool.name for tool in self.front.toolbox.tools()}
         return [tool for tool in await super().list_tools() if tool.name in offered]
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None) -> Any:
         """A registered tool through the registry; any other name to the toolbox, which records the call."""
-        if name in TOOL_NAMES:
+        if tool_named(name) is not None:
             return await super().call_tool(name, arguments, context)
         return await self.front.call(context, name, arguments)
 

@@ -7,14 +7,15 @@ once it has one. Only on the 2026-07-28 revision, only for a request whose
 ``_meta`` client capabilities declare the extension; every other call is
 answered as before.
 
-Which calls become tasks (the server decides, as the extension says):
+Which calls become tasks (the server decides, as the extension says; each
+tool says which of its calls do, ``Tool.task``):
 
-- ``shell`` with ``background: true``: the command starts as always (a
+- ``shell`` with ``background: true`` (``TASK_COMMAND``): the command starts as always (a
   recorded call, ``started b1 …``), and the answer is a task that follows the
   command: ``working`` while it runs, ``statusMessage`` its state and the last
   lines of its log; ``completed`` once it ended, its result what
   ``shell_status`` with its id says (state, exit code, the log's end);
-- ``code_task`` still running after MCP_TASK_AFTER_SECONDS: the call goes on
+- ``code_task`` still running after MCP_TASK_AFTER_SECONDS (``TASK_CALL``): the call goes on
   unattached to the request (a client that goes away leaves it running), and
   ``completed`` carries its result, exactly the ``tools/call`` result it would
   have had.
@@ -67,6 +68,7 @@ from ..errors import GuildsError, RecordError
 from ..record.owners import LOST
 from ..toolbox import Toolbox
 from ..toolbox.background_read import background_state
+from ..toolbox.tools import TASK_CALL, TASK_COMMAND, tool_named
 from .mcp_runs import META_KEY, principal_of
 
 log = logging.getLogger(__name__)
@@ -172,13 +174,15 @@ class TasksExtension(Extension):
         arguments = params.arguments or {}
         if not _takes_tasks(ctx) or not self.front.toolbox.tools():
             return await call_next(ctx)
-        if params.name == "shell" and arguments.get("background") is True:
-            return await self._background_task(ctx, await call_next(ctx))
-        if params.name == "code_task":
-            return await self._code_task(ctx, arguments, call_next)
+        tool = tool_named(params.name)
+        kind = tool.task(arguments) if tool is not None else None
+        if kind == TASK_COMMAND:
+            return await self._background_task(ctx, params.name, await call_next(ctx))
+        if kind == TASK_CALL:
+            return await self._call_task(ctx, params.name, arguments, call_next)
         return await call_next(ctx)
 
-    async def _background_task(self, ctx: ServerRequestContext, result: HandlerResult) -> HandlerResult:
+    async def _background_task(self, ctx: ServerRequestContext, name: str, result: HandlerResult) -> HandlerResult:
         """A started background command as a task; any other answer as it is."""
         if not isinstance(result, types.CallToolResult) or result.is_error:
             return result
@@ -186,20 +190,20 @@ class TasksExtension(Extension):
         if not (isinstance(meta.get("background_id"), str) and isinstance(meta.get("call"), str)):
             return result
         text = result.content[0].text if result.content and isinstance(result.content[0], types.TextContent) else ""
-        row = await self._new_row(ctx, meta["run"], "shell", meta["background_id"], text, meta["call"])
+        row = await self._new_row(ctx, meta["run"], name, meta["background_id"], text, meta["call"])
         return result if row is None else self._created(row, result.meta)
 
-    async def _code_task(self, ctx: ServerRequestContext, arguments: dict[str, Any],
+    async def _call_task(self, ctx: ServerRequestContext, name: str, arguments: dict[str, Any],
                          call_next: CallNext) -> HandlerResult:
         try:
             prepared = await self.front.prepare(ctx, arguments)
         except GuildsError:
             return await call_next(ctx)  # the ordinary path answers the same error
-        call = asyncio.ensure_future(self.front.run_prepared(ctx, "code_task", prepared, _quiet))
+        call = asyncio.ensure_future(self.front.run_prepared(ctx, name, prepared, _quiet))
         if await _awaited(call, TASK_AFTER_SECONDS):
             return call.result()
         run_id = prepared.choice.run_id
-        row = await self._new_row(ctx, run_id, "code_task", None, "code_task: running")
+        row = await self._new_row(ctx, run_id, name, None, f"{name}: running")
         if row is None:  # no record for it: the call is answered as an ordinary one
             await _awaited(call)
             return call.result()
@@ -207,7 +211,7 @@ class TasksExtension(Extension):
         follower = asyncio.ensure_future(self._follow(row["id"], call))
         self._followers.add(follower)
         follower.add_done_callback(self._followers.discard)
-        return self._created(row, {META_KEY: {"run": run_id, "tool": "code_task"}})
+        return self._created(row, {META_KEY: {"run": run_id, "tool": name}})
 
     async def _new_row(self, ctx: ServerRequestContext, run_id: str, tool: str, bid: str | None,
                        message: str, started_by: str | None = None) -> dict[str, Any] | None:
@@ -277,7 +281,7 @@ class TasksExtension(Extension):
         row = await self._current(await self._row(ctx, params.task_id))
         if row["status"] != "working":
             return {}
-        if row["tool"] == "shell":
+        if _follows_command(row):
             message = await self._stop_command(row)
             await self._end(row["id"], "cancelled", None, f"cancelled at the client's request: {message}")
         elif (call := self._calls.get(row["id"])) is not None:
@@ -289,11 +293,11 @@ class TasksExtension(Extension):
         """The task as it is now: a working one looked at (its command's state, its owner's life)."""
         if row["status"] != "working":
             return row
-        if row["tool"] == "shell":
+        if _follows_command(row):
             return await self._command_state(row)
         if row["owner_alive"]:
             elapsed = (datetime.now(UTC) - _aware(row["created_at"])).total_seconds()
-            return {**row, "status_message": f"code_task: running for {round(elapsed)} s"}
+            return {**row, "status_message": f"{row['tool']}: running for {round(elapsed)} s"}
         return await self._lost(row, LOST_MESSAGE)
 
     async def _lost(self, row: dict[str, Any], message: str) -> dict[str, Any]:
@@ -339,6 +343,11 @@ class TasksExtension(Extension):
         await self._end(row["id"], "completed", result, None)
         return {**row, "status": "completed", "result": result, "status_message": None,
                 "updated_at": datetime.now(UTC)}
+
+
+def _follows_command(row: dict[str, Any]) -> bool:
+    """The task follows a background command (TASK_COMMAND), not a call of this process."""
+    return row["background_id"] is not None
 
 
 def _aware(moment: datetime) -> datetime:

@@ -23,9 +23,10 @@ offered: the model may no longer hold its text, so the next read returns content
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, TypeGuard
+from typing import TYPE_CHECKING, Any, Mapping, TypeGuard
 
-from ..record.store import Store
+if TYPE_CHECKING:  # the tool definitions load without the run record's database layer
+    from ..record.store import Store
 
 
 def _is_range(value: Any) -> TypeGuard[list[int]]:

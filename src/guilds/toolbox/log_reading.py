@@ -2,10 +2,11 @@
 
 ``log_reading(toolbox)`` is what ``guilds serve`` hands the app: an async
 ``(agent_id, path) -> envelope`` that sends guilds-code a ``log_read`` request
-(not a tool of the model; no call is recorded) through the same transport as
-a tool call, so every backend (local, bwrap, docker, kubernetes) opens the log
-where it lives, and the helper shapes and redacts it with the run's secrets.
-A failure to reach the sandbox comes back as an error envelope, a sentence.
+(not a tool of the model; no call is recorded) through the toolbox's one door
+(``Toolbox.request``/``Toolbox.send``, the resident channel when it is open), so
+every backend (local, bwrap, docker, kubernetes) opens the log where it lives,
+and the helper shapes and redacts it with the run's secrets. A failure to
+reach the sandbox comes back as an error envelope, a sentence.
 """
 
 from __future__ import annotations
@@ -16,31 +17,27 @@ from typing import Any
 
 from guilds_code import limits
 
-from ..errors import HelperFailed, SandboxError
-from . import transport
+from ..errors import NoAnswer
 from .toolbox import Toolbox
 
 ReadLog = Callable[[str, str], Awaitable[dict[str, Any]]]
+LOG_READ = "log_read"
+"""The helper's op that reads a log: no tool of the model."""
 APP_RUN_ID = "app"
 """The run id of a log_read request: it belongs to no run of the agent."""
 
 
 def log_request(toolbox: Toolbox, path: str) -> dict[str, Any]:
     """The helper request that reads the log at path (as the sandbox sees it)."""
-    home = toolbox.sandbox.home
-    return {"op": "log_read", "args": {"path": path}, "run_id": APP_RUN_ID, "agent_id": toolbox.settings.id,
-            "call_id": "log-" + secrets.token_hex(6), "home": home, "cwd": home,
-            "redact_env": sorted(toolbox.settings.secrets)}
+    return toolbox.request(LOG_READ, {"path": path}, run_id=APP_RUN_ID, call_id="log-" + secrets.token_hex(6))
 
 
 async def read_log(toolbox: Toolbox, path: str) -> dict[str, Any]:
     """The helper's envelope for the log at path; an error envelope when the sandbox fails."""
-    try:
-        await toolbox._ensure_started()  # the sandbox may not have run a call since serve started
-        return await transport.call_helper(toolbox.sandbox, log_request(toolbox, path),
-                                           wait=float(limits.OP_WAIT_SECONDS))
-    except (HelperFailed, SandboxError) as exc:
-        return {"ok": False, "error": f"The log cannot be read: {exc}"}
+    try:  # a read changes nothing: it may run again on a new resident channel
+        return await toolbox.send(log_request(toolbox, path), wait=float(limits.OP_WAIT_SECONDS), rerunnable=True)
+    except NoAnswer as exc:
+        return {"ok": False, "error": f"The log cannot be read: {exc.reason}"}
 
 
 def log_reading(toolbox: Toolbox) -> ReadLog:

@@ -7,11 +7,13 @@ One call, in order:
    (``max_tool_calls``), atomically; a call past the budget is recorded, runs
    nothing, is not counted, and gets an error result;
 3. the call runs: an unknown tool or bad arguments get the helper's own
-   error without a process; code_task goes to guilds-harness (with the
-   agent's harness and repositories), a status other than ``completed``
-   being an error; the other tools go to guilds-code in the sandbox (a
-   file_read carries the read ledger). HelperFailed and SandboxError become
-   error results here, and only here;
+   error without a process; otherwise the tool (``guilds.toolbox.tools``)
+   says what its request carries beyond the common fields (file_read the
+   read ledger, code_task the agent's harness and repositories), which
+   helper runs it, how long to wait, whether it may run again on a new
+   resident channel, and whether its result is an error (code_task: a
+   status other than ``completed``). The request goes through ``send``, the
+   one door to the helper; NoAnswer becomes an error result here, and only here;
 4. the pipeline: redaction, the 64 KiB cap, the ``remaining_tool_calls`` trailer;
 5. the result is recorded with its metadata (the helper's, plus ``call``,
    ``tool``, ``run``, ``seq``, ``started_at``, ``duration_ms`` and ``row``,
@@ -33,22 +35,23 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from guilds_code.protocol import RequestError
+from guilds_code import limits as code_limits
+from guilds_code.protocol import Request, RequestError
 from guilds_code.redact import Redactor
 
 from ..config.checks import is_safe_name
 from ..config.settings import AgentSettings
-from ..errors import BadInput, HelperFailed, RecordError, SandboxError
+from ..errors import BadInput, HelperFailed, NoAnswer, RecordError, SandboxError
+from ..record.redaction import redact_meta
 from ..record.rows import row_text
 from ..record.store import Store
 from ..record.values import call_fields, decision_rows
 from ..sandbox.base import Sandbox
-from ..sandbox.helpers import HARNESS_HELPER
+from ..sandbox.helpers import CODE_HELPER
 from . import transport
-from .ledger import Ledger, read_ledger
-from .pipeline import redact_meta, run_pipeline
+from .pipeline import run_pipeline
 from .savings import savings_meta
-from .tools import TOOL_NAMES, ToolSpec, tool_specs
+from .tools import TOOL_NAMES, TOOLS, CallSite, Tool, tool_named
 
 BUDGET_REFUSED = (
     "tool call budget exhausted: this run has made all {n} of its tool calls "
@@ -57,8 +60,6 @@ BUDGET_REFUSED = (
 CANCELLED = "the call was cancelled before it finished"
 NOT_RECORDED = "not_recorded"
 """Metadata key, only when the record could not take the result (a full disk): what failed."""
-_SPECS = tuple(tool_specs())
-_BY_NAME = {spec.name: spec for spec in _SPECS}
 
 
 @dataclass(frozen=True)
@@ -136,9 +137,14 @@ class Toolbox:
         self._transport = transport.Transport(sandbox, settings.transport,
                                               max_in_flight=settings.max_in_flight)
 
-    def tools(self) -> list[ToolSpec]:
+    def tools(self) -> list[Tool]:
         """The tools to offer in this generation: all five while coding is on, else none."""
-        return list(_SPECS) if self._coding() else []
+        return list(TOOLS) if self._coding() else []
+
+    @property
+    def redactor(self) -> Redactor:
+        """The agent's secrets' redactor (its secret environment and repository tokens)."""
+        return self._redactor
 
     def default_cwd(self) -> str:
         """repos/<name> when the agent has exactly one repository, else the home (as the sandbox sees it)."""
@@ -210,34 +216,57 @@ class Toolbox:
         return await self._record(call, outcome)
 
     async def _run(self, call: _Call) -> _Outcome:
-        tool, spec = call.tool, _BY_NAME.get(call.tool)
-        if spec is None:
-            return _error(f"unknown tool {tool!r} (known: {', '.join(TOOL_NAMES)})")
+        tool = tool_named(call.tool)
+        if tool is None:
+            return _error(f"unknown tool {call.tool!r} (known: {', '.join(TOOL_NAMES)})")
         try:
-            valid = spec.checked(call.args)
+            valid = tool.check(call.args)
         except RequestError as exc:
             return _error(str(exc))
-        request = self._request(call)
-        ledger = Ledger()
-        if tool == "file_read":
-            ledger = await read_ledger(self.store, call.run_id, call.seq)
-            request["reads"] = ledger.entries
-        if spec.helper == HARNESS_HELPER:  # the harness's request also names the harness and the repositories
-            request.update(harness=self.settings.harness, repos=self._repo_folders())
+        site = CallSite(call.run_id, call.seq, self.store, self.settings, self._repo_folders())
+        extra = await tool.extra_fields(site)
+        request = self.request(tool.name, call.args, run_id=call.run_id, call_id=call.call_id, seq=call.seq,
+                               cwd=self.default_cwd(), max_bytes=self.settings.result_max_bytes,
+                               kind=tool.request_type, **extra.fields)
+        try:
+            envelope = await self.send(request, wait=tool.wait(valid), helper=tool.helper,
+                                       rerunnable=tool.rerunnable(valid))
+        except NoAnswer as exc:
+            return _error(str(exc))
+        if not envelope["ok"]:
+            return _error(envelope["error"])
+        meta = envelope["meta"]
+        return _Outcome(envelope["text"], tool.failed(meta), meta, extra.pointed_bytes(meta))
+
+    def request(self, op: str, args: Any, *, run_id: str, call_id: str, seq: int = 0, cwd: str | None = None,
+                max_bytes: int = code_limits.DEFAULT_MAX_BYTES, kind: type[Request] = Request,
+                **fields: Any) -> dict[str, Any]:
+        """The wire request of one op for this agent, built as the helper's parser reads it
+        (``guilds_code.protocol.Request``, or ``kind``, a subclass such as code_task's
+        ``HarnessRequest``): the agent's id, its home, ``cwd`` (default: the home), the
+        names of its secret variables; ``fields``: the type's other fields (``reads``,
+        ``started_by``, ``harness``, ``repos``)."""
+        home = self.sandbox.home
+        return kind(op=op, args=args, run_id=run_id, agent_id=self.settings.id, call_id=call_id, home=home,
+                    cwd=cwd or home, max_bytes=max_bytes, seq=seq, redact_env=self._redact_env, **fields).wire()
+
+    async def send(self, request: dict[str, Any], *, wait: float, helper: str = CODE_HELPER,
+                   rerunnable: bool = False) -> dict[str, Any]:
+        """The one door to the helper: start the sandbox (once), keep its egress proxy
+        running, and send ``request`` through the transport (the resident channel or a
+        process, ``agent.transport``); the helper's envelope. ``rerunnable``: the request
+        changes nothing, so it may run again when the resident helper died under it.
+
+        HelperFailed and SandboxError are mapped here, once, to NoAnswer.
+        """
         try:
             await self._ensure_started()
             await self._keep_egress()
-            envelope = await self._transport.call(request, wait=transport.wait_for(tool, valid), helper=spec.helper)
+            return await self._transport.call(request, wait=wait, helper=helper, rerunnable=rerunnable)
         except HelperFailed as exc:
-            return _error(exc.message)
+            raise NoAnswer(exc.message, sandbox=False) from exc
         except SandboxError as exc:
-            return _error(f"sandbox error: {exc}")
-        if not envelope["ok"]:
-            return _error(envelope["error"])
-        status = spec.error_unless_status
-        failed = status is not None and envelope["meta"].get("status") != status
-        pointed = ledger.size_of(envelope["meta"].get("repeat_of"))
-        return _Outcome(envelope["text"], failed, envelope["meta"], pointed)
+            raise NoAnswer(str(exc), sandbox=True) from exc
 
     @property
     def transport(self) -> transport.Transport:
@@ -252,13 +281,6 @@ class Toolbox:
         """Each repository's absolute folder as the sandbox sees it."""
         home = self.sandbox.home
         return {r.name: posixpath.normpath(posixpath.join(home, r.path)) for r in self.settings.repos}
-
-    def _request(self, call: _Call) -> dict[str, Any]:
-        return {
-            "op": call.tool, "args": call.args, "run_id": call.run_id, "agent_id": self.settings.id,
-            "call_id": call.call_id, "cwd": self.default_cwd(), "home": self.sandbox.home,
-            "max_bytes": self.settings.result_max_bytes, "seq": call.seq, "redact_env": self._redact_env,
-        }
 
     async def _record(self, call: _Call, outcome: _Outcome, status: str = "done") -> CallResult:
         shaped = run_pipeline(self._redactor, outcome.text, call.remaining)

@@ -22,11 +22,10 @@ import json
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Mapping, TypeGuard
+from typing import TYPE_CHECKING, Any
 
 from guilds_code import limits
 from guilds_code.protocol import decode_envelope, encode_request
-from guilds_harness import limits as task_limits
 
 from ..config.checks import is_safe_name
 from ..config.settings import TRANSPORTS
@@ -40,56 +39,6 @@ if TYPE_CHECKING:
 
 HELPER = CODE_HELPER
 FAILED = "code helper failed"
-
-
-def _valid_int(value: Any, lo: int, hi: int) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
-
-
-def _task_wait(args: Any) -> float:
-    """code_task: its timeout_minutes plus WAIT_EXTRA_SECONDS."""
-    minutes = args.get("timeout_minutes") if isinstance(args, Mapping) else None
-    if not _valid_int(minutes, task_limits.TIMEOUT_MINUTES_MIN, task_limits.TIMEOUT_MINUTES_MAX):
-        minutes = task_limits.TIMEOUT_MINUTES_DEFAULT
-    return float(minutes * 60 + task_limits.WAIT_EXTRA_SECONDS)
-
-
-def _shell_wait(args: Any) -> float:
-    """shell: its own timeout plus SHELL_WAIT_EXTRA_SECONDS."""
-    timeout = args.get("timeout_seconds") if isinstance(args, Mapping) else None
-    if not _valid_int(timeout, limits.SHELL_TIMEOUT_MIN, limits.SHELL_TIMEOUT_MAX):
-        timeout = limits.SHELL_TIMEOUT_DEFAULT
-    return float(timeout + limits.SHELL_WAIT_EXTRA_SECONDS)
-
-
-def _shell_status_wait(args: Any) -> float:
-    """shell_status: its wait plus OP_WAIT_SECONDS."""
-    return float(_status_wait(args) + limits.OP_WAIT_SECONDS)
-
-
-WAITS = {"code_task": _task_wait, "shell": _shell_wait, "shell_status": _shell_status_wait}
-"""The ops whose wait depends on their arguments; any other op waits OP_WAIT_SECONDS."""
-
-
-def wait_for(op: str, args: Mapping[str, Any]) -> float:
-    """How long to wait for the helper: shell its own timeout plus 30 s; code_task
-    its timeout_minutes plus WAIT_EXTRA_SECONDS; shell_status its wait plus 120 s
-    (a stop, a check or a list without wait: 120 s); any other op 120 s.
-
-    A timeout the helper will refuse counts as the default: the refusal comes at once.
-    """
-    wait = WAITS.get(op)
-    return wait(args) if wait is not None else float(limits.OP_WAIT_SECONDS)
-
-
-def _status_wait(args: Any) -> int:
-    """The seconds a shell_status may wait (its wait, or the until default), else 0."""
-    if not isinstance(args, Mapping):
-        return 0
-    wait = args.get("wait")
-    if isinstance(wait, int) and _valid_int(wait, limits.STATUS_WAIT_MIN, limits.STATUS_WAIT_MAX):
-        return wait
-    return limits.STATUS_UNTIL_WAIT_DEFAULT if args.get("until") is not None else 0
 
 
 async def call_helper(sandbox: Sandbox, request: dict[str, Any], *, wait: float,
@@ -144,15 +93,6 @@ def _failure(headline: str, result: ExecResult) -> str:
 # --- the resident transport ---------------------------------------------------
 
 
-def rerunnable(request: Mapping[str, Any]) -> bool:
-    """True for a call that may run once more when its channel died under it: one
-    that changes nothing (shell_status without stop, file_read, code_search)."""
-    op, args = request.get("op"), request.get("args")
-    if op in ("file_read", "code_search"):
-        return True
-    return op == "shell_status" and not (isinstance(args, Mapping) and args.get("stop"))
-
-
 def serve_argv(sandbox: Sandbox, max_in_flight: int) -> list[str]:
     """How the resident helper is started inside the sandbox."""
     idle = getattr(sandbox, "idle_seconds", None) or RESIDENT_IDLE_EXIT_SECONDS_DEFAULT
@@ -171,8 +111,9 @@ class Transport:
     calls made while it opens; after a failed opening, calls go by exec for
     CHANNEL_REOPEN_AFTER_SECONDS before the next try. A dead channel is replaced the
     same way. A call in flight when its channel died is run once more (on a new
-    channel, or by exec under ``auto``) if ``rerunnable``; otherwise it fails
-    with HelperFailed saying so.
+    channel, or by exec under ``auto``) if the caller says it is ``rerunnable``
+    (the tool's rule: it changes nothing); otherwise it fails with HelperFailed
+    saying so.
     """
 
     def __init__(self, sandbox: Sandbox, mode: str = "auto", *, max_in_flight: int = 64):
@@ -196,7 +137,8 @@ class Transport:
             await asyncio.wait({self._opening})
         return self._live()
 
-    async def call(self, request: dict[str, Any], *, wait: float, helper: str = HELPER) -> dict[str, Any]:
+    async def call(self, request: dict[str, Any], *, wait: float, helper: str = HELPER,
+                   rerunnable: bool = False) -> dict[str, Any]:
         if helper != HELPER or self.mode == "exec":
             return await call_helper(self.sandbox, request, wait=wait, helper=helper)
         from .resident_channel import ChannelDied
@@ -208,7 +150,7 @@ class Transport:
             try:
                 return await channel.call(request, wait)
             except ChannelDied as exc:
-                if attempt == 2 or not rerunnable(request):
+                if attempt == 2 or not rerunnable:
                     raise HelperFailed(f"{FAILED}: the resident helper ended while the call ran "
                                        f"({exc.message}); the call may have run in part") from None
         raise AssertionError("unreachable")

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ...limits import E2B_KEEPALIVE_SECONDS, E2B_RECORD_OUTPUT_BYTES
+from ...toolbox.tools import SHELL
 from .connect import STREAM_TYPE, ConnectError, end_stream, envelope
 from .envd_channel import Command, EnvdChannel
 from .recording import Open, Recorder
@@ -126,7 +127,7 @@ class ProcessApi:
         deadline = deadline_of(request)
         envd, recorder = _envd(box), _recorder(box)
         timeout_ms = None if deadline is None else max(1, round((deadline - time.monotonic()) * 1000))
-        call = await recorder.begin("shell", {"command": command_line(config), "e2b": {
+        call = await recorder.begin(SHELL.name, {"command": command_line(config), "e2b": {
             "cmd": config["cmd"], "args": config.get("args") or [], "cwd": config.get("cwd"),
             "tag": message.get("tag"), "timeout_ms": timeout_ms}})
         try:
