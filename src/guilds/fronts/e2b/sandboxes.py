@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ...limits import E2B_ENVD_VERSION
+from ...sandbox.base import Sandbox
 from ...toolbox import Toolbox
 from .connect import ConnectError
 from .envd_channel import EnvdChannel
@@ -39,6 +40,8 @@ class E2BSandbox:
     access_token: str
     started_at: datetime
     end_at: datetime
+    sandbox: Sandbox
+    """The guilds sandbox its commands run in: the agent's own, or one of its own (``egress``)."""
     state: str = RUNNING
     envd: EnvdChannel | None = None
     timer: asyncio.TimerHandle | None = None
@@ -84,9 +87,9 @@ class Sandboxes:
         now = datetime.now(UTC)
         box = E2BSandbox(id="i" + secrets.token_hex(10), key_name=key_name, template=template, metadata=metadata,
                          env_vars=env_vars, access_token=secrets.token_urlsafe(32), started_at=now,
-                         end_at=now + timedelta(seconds=timeout))
+                         end_at=now + timedelta(seconds=timeout), sandbox=self.toolbox.sandbox)
         box.recorder = Recorder(self.toolbox, box.run_id)
-        box.envd = await EnvdChannel.open(self.toolbox.sandbox)
+        box.envd = await EnvdChannel.open(box.sandbox)
         self._all[box.id] = box
         self.set_timeout(box, timeout)
         return box
@@ -128,7 +131,7 @@ class Sandboxes:
         """Running again, for timeout seconds from now; True when it was paused."""
         was_paused = box.state == PAUSED
         if was_paused:
-            box.envd = await EnvdChannel.open(self.toolbox.sandbox)
+            box.envd = await EnvdChannel.open(box.sandbox)
             box.state = RUNNING
         self.set_timeout(box, timeout)
         return was_paused
