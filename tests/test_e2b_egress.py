@@ -18,6 +18,7 @@ import time
 
 import pytest
 from e2b import Sandbox
+from e2b.exceptions import SandboxException
 from e2b.sandbox.network import ALL_TRAFFIC
 
 import egress_kit
@@ -98,6 +99,40 @@ def test_a_sandbox_without_options_has_the_agents_list(client):
     assert fetch(box, ELSEWHERE).startswith("403"), fetch(box, ELSEWHERE)
 
 
+def test_allow_out_reaches_its_host_and_not_another(client, server, hosts):
+    box = client(network=only(hosts, A))
+    assert fetch(box, A) == "200"
+    refused = fetch(box, B)
+    assert refused == f"403 guilds egress: {B}:80 is not in agent.network", refused
+    assert "Network is unreachable" in box.commands.run(DIRECT.format(hosts[B])).stdout
+    plain = client()  # the agent's own list, beside it
+    assert fetch(plain, B) == "200"
+    assert list(server.data.glob("egress/*-e2b-*"))  # its own sandbox and proxy...
+    box.kill()  # ...stopped and removed with it
+    assert not list(server.data.glob("egress/*-e2b-*")) + list(server.data.glob("sandboxes/*-e2b-*"))
+
+
+def test_no_internet_access_reaches_nothing(client, hosts):
+    for box in (client(allow_internet_access=False), client(network={"deny_out": [ALL_TRAFFIC]})):
+        for name in (A, B):
+            assert not fetch(box, name).startswith(("200", "403")), fetch(box, name)
+        assert "Network is unreachable" in box.commands.run(DIRECT.format(hosts[A])).stdout
+
+
+@pytest.mark.parametrize("network, says", [
+    ({"allow_out": [ELSEWHERE], "deny_out": [ALL_TRAFFIC]}, f"network.allowOut: '{ELSEWHERE}' is not in"),
+    ({"allow_out": ["10.0.0.0/8"], "deny_out": [ALL_TRAFFIC]}, "network.allowOut: '10.0.0.0/8' is not in"),
+    ({"allow_out": ["*.e2b.test"], "deny_out": [ALL_TRAFFIC]}, "network.allowOut: '*.e2b.test' is not in"),
+    ({"deny_out": ["10.0.0.0/8"]}, "network.denyOut: only everything"),
+    ({"allow_out": ["a b"], "deny_out": [ALL_TRAFFIC]}, "network.allowOut: 'a b' is not a host name"),
+])
+def test_what_the_operator_did_not_allow_is_refused(client, network, says):
+    with pytest.raises(SandboxException) as refused:
+        client(network=network)
+    assert "400" in str(refused.value) or says in str(refused.value)
+    assert says in str(refused.value), str(refused.value)
+
+
 def test_each_command_start_keeps_the_egress_proxy(client, server, hosts):
     plain, narrowed = client(), client(network=only(hosts, A))
     for box in (plain, narrowed):
@@ -113,3 +148,16 @@ def test_each_command_start_keeps_the_egress_proxy(client, server, hosts):
         time.sleep(0.05)
     for box in (plain, narrowed):
         assert fetch(box, A) == "200"
+
+
+def test_local_refuses_what_it_cannot_confine(tmp_path, monkeypatch):
+    with e2b_server(tmp_path, "local") as served:
+        for name, value in served.env().items():
+            monkeypatch.setenv(name, value)
+        for options in ({"allow_internet_access": False}, {"network": {"deny_out": [ALL_TRAFFIC]}}):
+            with pytest.raises(SandboxException) as refused:
+                Sandbox.create(**options)
+            assert "the local sandbox confines no network" in str(refused.value), str(refused.value)
+        box = Sandbox.create(allow_internet_access=True)
+        assert box.commands.run("echo ok").stdout == "ok\n"
+        box.kill()
