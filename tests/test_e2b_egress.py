@@ -101,6 +101,7 @@ def test_a_sandbox_without_options_has_the_agents_list(client):
 
 def test_allow_out_reaches_its_host_and_not_another(client, server, hosts):
     box = client(network=only(hosts, A))
+    assert box.get_info().network == {"allow_out": only(hosts, A)["allow_out"], "deny_out": [ALL_TRAFFIC]}
     assert fetch(box, A) == "200"
     refused = fetch(box, B)
     assert refused == f"403 guilds egress: {B}:80 is not in agent.network", refused

@@ -65,7 +65,9 @@ class E2BSandbox:
         return {"sandboxID": self.id, "templateID": self.template, "alias": self.template, "clientID": client_id,
                 "startedAt": _iso(self.started_at), "endAt": _iso(self.end_at), "cpuCount": 1, "memoryMB": 512,
                 "diskSizeMB": 1024, "state": self.state, "envdVersion": E2B_ENVD_VERSION,
-                "metadata": self.metadata, "envdAccessToken": self.access_token}
+                "metadata": self.metadata, "envdAccessToken": self.access_token,
+                **({} if self.network is None else
+                   {"network": {"allowOut": list(self.network), "denyOut": ["0.0.0.0/0"]}})}
 
 
 def _iso(moment: datetime) -> str:
