@@ -41,10 +41,13 @@ class E2BServer:
         return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url, "E2B_API_KEY": key or self.key}
 
 
-def _settings(folder: Path, backend: str) -> Path:
-    lines = ["[agent]", f'home = "{folder / "home"}"', f'sandbox = "{backend}"', "max_tool_calls = 1000"]
+def _settings(folder: Path, backend: str, more: str) -> Path:
+    """The agent's settings file; ``more``: TOML lines after the agent's (``network = ...``
+    belongs to [agent]; a table of its own follows)."""
+    lines = ["[agent]", f'home = "{folder / "home"}"', f'sandbox = "{backend}"', "max_tool_calls = 1000", more]
     path = folder / "agent.toml"
     path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o600)
     return path
 
 
@@ -66,12 +69,13 @@ def _read_exports(proc: subprocess.Popen, timeout: float = 120) -> dict[str, str
 
 
 @contextmanager
-def e2b_server(folder: Path, backend: str) -> Iterator[E2BServer]:
+def e2b_server(folder: Path, backend: str, settings: str = "") -> Iterator[E2BServer]:
+    """``settings``: more lines of the agent's settings file (see ``_settings``)."""
     data = folder / "data"
     env = {**os.environ, "GUILDS_DATA": str(data)}
     env.pop("GUILDS_DATABASE_URL", None)
     proc = subprocess.Popen([sys.executable, "-m", "guilds.fronts.cli", "serve", "--port", "0", "--config",
-                             str(_settings(folder, backend)), "--e2b", "--e2b-key", "other"],
+                             str(_settings(folder, backend, settings)), "--e2b", "--e2b-key", "other"],
                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:

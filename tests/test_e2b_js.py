@@ -2,7 +2,8 @@
 
 tests/e2b_js/suite.mjs runs the steps (create, run, exit code, background and
 reconnect, kill, stdin, timeout, files, path escapes, keys, kill) and prints
-"ok <step>" for each; its packages come from `npm install` in tests/e2b_js.
+"ok <step>" for each; its packages come from `npm ci` in tests/e2b_js
+(the versions tests/e2b_js/package-lock.json records).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed"),
     pytest.mark.skipif(not (SUITE / "node_modules" / "e2b").is_dir(),
-                       reason="the JS SDK is not installed: cd tests/e2b_js && npm install"),
+                       reason="the JS SDK is not installed: cd tests/e2b_js && npm ci"),
 ]
 
 

@@ -113,7 +113,7 @@ def list_boxes(wired: Wired) -> list[Box]:
     return boxes
 
 
-def _removed_files(data: Path, settings: AgentSettings, backend: str) -> Iterator[str]:
+def removed_files(data: Path, settings: AgentSettings, backend: str) -> Iterator[str]:
     """Remove what a stopped bwrap or local sandbox keeps in the data folder; yield each path."""
     if backend == "bwrap":
         base = data / BWRAP_FOLDER / settings.id
@@ -180,7 +180,7 @@ async def stop_box(wired: Wired, *, remove: bool) -> list[str]:
     if backend == "kubernetes":
         gone = await asyncio.to_thread(lambda: list(_kube_remove(sandbox)))
     else:
-        gone = list(_removed_files(Path(wired.data_dir), wired.settings, backend))
+        gone = list(removed_files(Path(wired.data_dir), wired.settings, backend))
     return done + [f"removed {thing}" for thing in gone + _removed_egress(wired)]
 
 

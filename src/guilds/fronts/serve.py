@@ -137,7 +137,7 @@ async def serve(wired: Wired, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
         if e2b_keys is not None:
             from .e2b import E2BFront  # the E2B front: imported only when served
 
-            e2b = E2BFront(toolbox, lock, e2b_keys)
+            e2b = E2BFront(toolbox, lock, e2b_keys, str(wired.data_dir))
             app = e2b.wrap(app)  # type: ignore[assignment]
         if not is_loopback(host):
             log.warning("serving on %s: whoever has the token runs commands as the agent and reads every "

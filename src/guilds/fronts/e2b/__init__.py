@@ -46,12 +46,14 @@ def _host_name(host_header: str) -> str:
 
 
 class E2BFront:
-    def __init__(self, toolbox: Toolbox, lock: Lock, key_names: tuple[str, ...] = ()):
+    def __init__(self, toolbox: Toolbox, lock: Lock, key_names: tuple[str, ...] = (), data_dir: str | None = None):
+        """data_dir: the data folder (an E2B sandbox asking for less network than the agent's gets a
+        sandbox of its own there; without it, such a create is refused)."""
         if lock.token is None:
             raise ConfigError("--e2b: the E2B keys are made from the endpoint's token; serve with the token")
         self.keys = Keys(lock.token, key_names)
         self.hosts = lock.hosts
-        self.sandboxes = Sandboxes(toolbox, CLIENT_ID)
+        self.sandboxes = Sandboxes(toolbox, CLIENT_ID, data_dir)
         routes = ControlPlane(self.sandboxes, self.keys).routes() + InSandboxApi(self.sandboxes).routes()
         self.app = Starlette(routes=routes)
 

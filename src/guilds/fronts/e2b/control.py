@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from ...errors import GuildsError
 from ...limits import E2B_DEFAULT_TIMEOUT_SECONDS, E2B_MAX_TIMEOUT_SECONDS
+from . import egress
 from .connect import STATUS, ConnectError
 from .keys import Keys
 from .sandboxes import PAUSED, RUNNING, Sandboxes
@@ -105,7 +106,8 @@ class ControlPlane:
             raise BadBody("templateID: a template name")
         box = await self.sandboxes.create(key_name, template, _timeout(body.get("timeout")),
                                           _strings(body.get("metadata"), "metadata"),
-                                          _strings(body.get("envVars"), "envVars"))
+                                          _strings(body.get("envVars"), "envVars"),
+                                          egress.asked(body, self.sandboxes.toolbox.settings))
         return JSONResponse(box.created(self.sandboxes.client_id), status_code=201)
 
     async def list(self, request: Request, key_name: str) -> Response:

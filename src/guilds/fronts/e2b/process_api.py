@@ -22,6 +22,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from ...errors import GuildsError
 from ...limits import E2B_KEEPALIVE_SECONDS, E2B_RECORD_OUTPUT_BYTES
 from ...toolbox.tools import SHELL
 from .connect import STREAM_TYPE, ConnectError, end_stream, envelope
@@ -131,6 +132,7 @@ class ProcessApi:
             "cmd": config["cmd"], "args": config.get("args") or [], "cwd": config.get("cwd"),
             "tag": message.get("tag"), "timeout_ms": timeout_ms}})
         try:
+            await _keep_egress(box)
             reply = await envd.call("start", cmd=config["cmd"], args=config.get("args") or [],
                                     envs=config.get("envs") or {}, cwd=config.get("cwd"), tag=message.get("tag"),
                                     stdin=message.get("stdin", True) is not False, timeout_ms=timeout_ms,
@@ -195,6 +197,18 @@ async def recorded(timeout: float) -> None:
     """Wait up to timeout for the records of the commands that have ended (a server stopping)."""
     if _PENDING:
         await asyncio.wait(set(_PENDING), timeout=timeout)
+
+
+async def _keep_egress(box: E2BSandbox) -> None:
+    """Before each command: the sandbox's egress proxy running (agent.network a list), started
+    again when it died, as before each tool call; its failure is the command's (unavailable)."""
+    keep = getattr(box.sandbox, "keep_egress", None)
+    if keep is None:
+        return
+    try:
+        await keep()
+    except GuildsError as exc:
+        raise ConnectError("unavailable", f"the sandbox's egress proxy: {exc}") from None
 
 
 def _envd(box: E2BSandbox) -> EnvdChannel:

@@ -21,8 +21,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ...limits import E2B_ENVD_VERSION
+from ...sandbox.base import Sandbox
 from ...toolbox import Toolbox
+from . import own_sandbox
 from .connect import ConnectError
+from .egress import Entries
 from .envd_channel import EnvdChannel
 from .recording import Recorder
 
@@ -39,6 +42,10 @@ class E2BSandbox:
     access_token: str
     started_at: datetime
     end_at: datetime
+    sandbox: Sandbox
+    """The guilds sandbox its commands run in: the agent's own, or one of its own (``own_sandbox``)."""
+    network: Entries = None
+    """The network it asked for (``egress.asked``): None, the agent's."""
     state: str = RUNNING
     envd: EnvdChannel | None = None
     timer: asyncio.TimerHandle | None = None
@@ -58,7 +65,9 @@ class E2BSandbox:
         return {"sandboxID": self.id, "templateID": self.template, "alias": self.template, "clientID": client_id,
                 "startedAt": _iso(self.started_at), "endAt": _iso(self.end_at), "cpuCount": 1, "memoryMB": 512,
                 "diskSizeMB": 1024, "state": self.state, "envdVersion": E2B_ENVD_VERSION,
-                "metadata": self.metadata, "envdAccessToken": self.access_token}
+                "metadata": self.metadata, "envdAccessToken": self.access_token,
+                **({} if self.network is None else
+                   {"network": {"allowOut": list(self.network), "denyOut": ["0.0.0.0/0"]}})}
 
 
 def _iso(moment: datetime) -> str:
@@ -68,8 +77,9 @@ def _iso(moment: datetime) -> str:
 class Sandboxes:
     """Every E2B sandbox of this server, by id; each request names its key."""
 
-    def __init__(self, toolbox: Toolbox, client_id: str):
-        self.toolbox, self.client_id = toolbox, client_id
+    def __init__(self, toolbox: Toolbox, client_id: str, data_dir: str | None = None):
+        """data_dir: the data folder, where sandboxes of their own keep their files (none: not made)."""
+        self.toolbox, self.client_id, self.data_dir = toolbox, client_id, data_dir
         self._all: dict[str, E2BSandbox] = {}
 
     def templates(self) -> tuple[str, ...]:
@@ -77,16 +87,21 @@ class Sandboxes:
         return ("base", self.toolbox.settings.id)
 
     async def create(self, key_name: str, template: str, timeout: int, metadata: dict[str, str],
-                     env_vars: dict[str, str]) -> E2BSandbox:
+                     env_vars: dict[str, str], network: Entries = None) -> E2BSandbox:
         if template not in self.templates():
             raise ConnectError("not_found", f"template '{template}' not found: this server serves "
                                             f"{' and '.join(repr(t) for t in self.templates())}")
-        now = datetime.now(UTC)
-        box = E2BSandbox(id="i" + secrets.token_hex(10), key_name=key_name, template=template, metadata=metadata,
+        now, box_id = datetime.now(UTC), "i" + secrets.token_hex(10)
+        sandbox = own_sandbox.sandbox_for(self.toolbox.sandbox, self.toolbox.settings, network, self.data_dir, box_id)
+        box = E2BSandbox(id=box_id, key_name=key_name, template=template, metadata=metadata,
                          env_vars=env_vars, access_token=secrets.token_urlsafe(32), started_at=now,
-                         end_at=now + timedelta(seconds=timeout))
+                         end_at=now + timedelta(seconds=timeout), sandbox=sandbox, network=network)
         box.recorder = Recorder(self.toolbox, box.run_id)
-        box.envd = await EnvdChannel.open(self.toolbox.sandbox)
+        try:
+            box.envd = await EnvdChannel.open(box.sandbox)
+        except BaseException:
+            await self._remove_own(box)
+            raise
         self._all[box.id] = box
         self.set_timeout(box, timeout)
         return box
@@ -115,6 +130,12 @@ class Sandboxes:
         if box.timer is not None:
             box.timer.cancel()
         await self._stop_envd(box)
+        await self._remove_own(box)
+
+    async def _remove_own(self, box: E2BSandbox) -> None:
+        """A sandbox of its own stopped and its files removed (the agent's is left as it is)."""
+        if box.sandbox is not self.toolbox.sandbox and self.data_dir is not None:
+            await own_sandbox.remove(box.sandbox, self.data_dir)
 
     async def pause(self, box: E2BSandbox) -> None:
         if box.state == PAUSED:
@@ -128,7 +149,7 @@ class Sandboxes:
         """Running again, for timeout seconds from now; True when it was paused."""
         was_paused = box.state == PAUSED
         if was_paused:
-            box.envd = await EnvdChannel.open(self.toolbox.sandbox)
+            box.envd = await EnvdChannel.open(box.sandbox)
             box.state = RUNNING
         self.set_timeout(box, timeout)
         return was_paused

@@ -1,0 +1,164 @@
+"""E2B sandboxes' network options against the agent's egress allowlist, with the real
+Python SDK and a real `guilds serve --e2b`, on bwrap and docker (local refuses them).
+
+Two test hosts, each an HTTP server in a network namespace of its own on a 10.x/30
+(tests/egress_kit.py), are the operator's list with their ranges. An E2B sandbox
+asking for one of them (``allow_out`` with ``deny_out`` everything) reaches it and
+not the other; ``allow_internet_access=False`` reaches neither; a host outside the
+operator's list is refused at create. Every command start keeps the sandbox's
+egress proxy running: one killed between two commands is started again.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import time
+
+import pytest
+from e2b import Sandbox
+from e2b.exceptions import SandboxException
+from e2b.sandbox.network import ALL_TRAFFIC
+
+import egress_kit
+from e2b_kit import BACKENDS, E2BServer, e2b_server
+from guilds.sandbox.egress_process import proxy_pid
+from guilds.sandbox.egress_side import egress_files
+
+pytestmark = pytest.mark.slow
+NO_HOSTS = None if egress_kit.netns_usable() else "test hosts need network namespaces (root and ip)"
+A, B, ELSEWHERE = "a.e2b.test", "b.e2b.test", "elsewhere.e2b.test"
+FETCH = (
+    "python3 -c 'import sys, urllib.request as u\n"
+    "try: print(u.urlopen(sys.argv[1], timeout=10).status)\n"
+    "except u.HTTPError as e: print(e.code, e.read().decode())\n"
+    "except Exception as e: print(type(e).__name__, e)' "
+)
+"""A command that fetches the URL after it (through the proxy variables, as urllib does)
+and prints the status, or the refusal's status and body, or why it failed."""
+DIRECT = "python3 -c 'import socket, sys; socket.create_connection((sys.argv[1], 80), 3)' {} 2>&1 | tail -1"
+
+
+def _range(address: str) -> str:
+    return str(ipaddress.ip_network(f"{address}/30", strict=False))
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    """{name: address} of the two test hosts (HTTP on port 80), each in its own namespace."""
+    if NO_HOSTS:
+        pytest.skip(NO_HOSTS)
+    folder = tmp_path_factory.mktemp("hosts")
+    (folder / "a").mkdir()
+    (folder / "b").mkdir()
+    with egress_kit.namespace() as a, egress_kit.namespace() as b, \
+            egress_kit.upstream(a, folder / "a", cert=None, port=80), \
+            egress_kit.upstream(b, folder / "b", cert=None, port=80):
+        yield {A: a.address, B: b.address}
+
+
+@pytest.fixture(scope="module", params=[p for p in BACKENDS if p != "local"])
+def server(request, hosts, tmp_path_factory):
+    """`guilds serve --e2b` for an agent whose network is the two hosts (names and ranges)."""
+    listed = ", ".join(f'"{entry}"' for entry in (A, B, _range(hosts[A]), _range(hosts[B])))
+    resolve = "\n".join(f'"{name}" = "{address}"' for name, address in hosts.items())
+    settings = f"network = [{listed}]\n[egress.resolve]\n{resolve}"
+    with e2b_server(tmp_path_factory.mktemp(f"e2b-egress-{request.param}"), request.param, settings) as served:
+        yield served
+
+
+@pytest.fixture
+def client(server: E2BServer, monkeypatch):
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    made: list[Sandbox] = []
+
+    def create(**options) -> Sandbox:
+        box = Sandbox.create(timeout=120, **options)
+        made.append(box)
+        return box
+
+    yield create
+    for box in made:
+        box.kill()
+
+
+def fetch(box: Sandbox, name: str) -> str:
+    return box.commands.run(f"{FETCH}http://{name}/echo", timeout=30).stdout.strip()
+
+
+def only(hosts: dict[str, str], name: str) -> dict:
+    """The network option asking for that host alone (its name and its range)."""
+    return {"allow_out": [name, _range(hosts[name])], "deny_out": [ALL_TRAFFIC]}
+
+
+def test_a_sandbox_without_options_has_the_agents_list(client):
+    box = client()
+    assert (fetch(box, A), fetch(box, B)) == ("200", "200")
+    assert fetch(box, ELSEWHERE).startswith("403"), fetch(box, ELSEWHERE)
+
+
+def test_allow_out_reaches_its_host_and_not_another(client, server, hosts):
+    box = client(network=only(hosts, A))
+    assert box.get_info().network == {"allow_out": only(hosts, A)["allow_out"], "deny_out": [ALL_TRAFFIC]}
+    assert fetch(box, A) == "200"
+    refused = fetch(box, B)
+    assert refused == f"403 guilds egress: {B}:80 is not in agent.network", refused
+    assert "Network is unreachable" in box.commands.run(DIRECT.format(hosts[B])).stdout
+    plain = client()  # the agent's own list, beside it
+    assert fetch(plain, B) == "200"
+    assert list(server.data.glob("egress/*-e2b-*"))  # its own sandbox and proxy...
+    box.kill()  # ...stopped and removed with it
+    assert not list(server.data.glob("egress/*-e2b-*")) + list(server.data.glob("sandboxes/*-e2b-*"))
+
+
+def test_no_internet_access_reaches_nothing(client, hosts):
+    for box in (client(allow_internet_access=False), client(network={"deny_out": [ALL_TRAFFIC]})):
+        for name in (A, B):
+            assert not fetch(box, name).startswith(("200", "403")), fetch(box, name)
+        assert "Network is unreachable" in box.commands.run(DIRECT.format(hosts[A])).stdout
+
+
+@pytest.mark.parametrize("network, says", [
+    ({"allow_out": [ELSEWHERE], "deny_out": [ALL_TRAFFIC]}, f"network.allowOut: '{ELSEWHERE}' is not in"),
+    ({"allow_out": ["10.0.0.0/8"], "deny_out": [ALL_TRAFFIC]}, "network.allowOut: '10.0.0.0/8' is not in"),
+    ({"allow_out": ["*.e2b.test"], "deny_out": [ALL_TRAFFIC]}, "network.allowOut: '*.e2b.test' is not in"),
+    ({"deny_out": ["10.0.0.0/8"]}, "network.denyOut: only everything"),
+    ({"allow_out": ["a b"], "deny_out": [ALL_TRAFFIC]}, "network.allowOut: 'a b' is not a host name"),
+])
+def test_what_the_operator_did_not_allow_is_refused(client, network, says):
+    with pytest.raises(SandboxException) as refused:
+        client(network=network)
+    assert "400" in str(refused.value) or says in str(refused.value)
+    assert says in str(refused.value), str(refused.value)
+
+
+def test_each_command_start_keeps_the_egress_proxy(client, server, hosts):
+    plain, narrowed = client(), client(network=only(hosts, A))
+    for box in (plain, narrowed):
+        assert fetch(box, A) == "200"
+    proxies = [egress_files(str(server.data), folder.name) for folder in (server.data / "egress").iterdir()
+               if folder.name != "ca"]
+    killed = [pid for pid in map(proxy_pid, proxies) if pid is not None]
+    assert killed
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(map(proxy_pid, proxies)) and time.monotonic() < deadline:  # gone, as a proxy that died is
+        time.sleep(0.05)
+    for box in (plain, narrowed):
+        assert fetch(box, A) == "200"
+
+
+def test_local_refuses_what_it_cannot_confine(tmp_path, monkeypatch):
+    with e2b_server(tmp_path, "local") as served:
+        for name, value in served.env().items():
+            monkeypatch.setenv(name, value)
+        for options in ({"allow_internet_access": False}, {"network": {"deny_out": [ALL_TRAFFIC]}}):
+            with pytest.raises(SandboxException) as refused:
+                Sandbox.create(**options)
+            assert "the local sandbox confines no network" in str(refused.value), str(refused.value)
+        box = Sandbox.create(allow_internet_access=True)
+        assert box.commands.run("echo ok").stdout == "ok\n"
+        box.kill()
