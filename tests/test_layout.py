@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import posixpath
 import re
 import subprocess
 import sys
@@ -159,8 +160,9 @@ def test_a_limit_table_states_what_limits_holds(doc, module_name, rows):
 # --- files cited ----------------------------------------------------------
 
 _CITED = re.compile(r"(?<![\w/.<-])((?:[\w-]+/)*[\w-]+\.(?:py|md|sh))\b")
-EXAMPLE_FILES = {"src/app.py", "NOTES.md"}
-"""Names a text shows as an example of a repository's files (a diffstat), not citations."""
+EXAMPLE_FILES = {"src/app.py", "NOTES.md", "app.py", "__main__.py"}
+"""Names a text shows as an example of a file (a diffstat, the user's program, a
+zipapp's entry), not citations."""
 
 
 def _tracked() -> list[str]:
@@ -168,16 +170,41 @@ def _tracked() -> list[str]:
     return out.stdout.split()
 
 
+def _cited_from(text: str) -> list[str]:
+    """The folders a citation in text (a repository path) is read from: a doc's folder and
+    the repository's root, as a link of it would be; a module's folder, its package's
+    root and src/, as an import would name it."""
+    folders = [posixpath.dirname(text), ""]
+    if text.endswith(".py"):
+        folders += ["/".join(text.split("/")[:2]), "src"]
+    return folders
+
+
+def _missing_citations(texts: list[str], tracked: set[str], read) -> list[str]:
+    missing = []
+    for path in texts:
+        for cited in _CITED.findall(read(path)):
+            if cited in EXAMPLE_FILES or any(posixpath.normpath(posixpath.join(folder, cited)) in tracked
+                                             for folder in _cited_from(path)):
+                continue
+            missing.append(f"{path}: {cited}")
+    return missing
+
+
 def test_docs_and_code_cite_only_files_the_repository_has():
     tracked = _tracked()
     texts = [p for p in tracked if p.endswith(".md") or (p.startswith("src/") and p.endswith(".py"))]
-    missing = []
-    for path in texts:
-        for cited in _CITED.findall((ROOT / path).read_text(encoding="utf-8")):
-            if cited in EXAMPLE_FILES or any(f == cited or f.endswith("/" + cited) for f in tracked):
-                continue
-            missing.append(f"{path}: {cited}")
-    assert missing == []
+    assert _missing_citations(texts, set(tracked), lambda p: (ROOT / p).read_text(encoding="utf-8")) == []
+
+
+def test_a_citation_resolves_exactly():
+    """A file of the same name elsewhere is no citation of it (not vacuous)."""
+    tracked = {"docs/a.md", "docs/b.md", "src/pkg/sub/mod.py", "src/pkg/other.py", "bench/run.py"}
+    texts = {"docs/a.md": "see b.md, docs/b.md, mod.py, sub/mod.py, src/pkg/sub/mod.py and run.py",
+             "src/pkg/sub/mod.py": "see other.py, sub/mod.py, pkg/other.py, mod/other.py, run.py and b.md"}
+    assert _missing_citations(list(texts), tracked, texts.__getitem__) == [
+        "docs/a.md: mod.py", "docs/a.md: sub/mod.py", "docs/a.md: run.py",
+        "src/pkg/sub/mod.py: mod/other.py", "src/pkg/sub/mod.py: run.py", "src/pkg/sub/mod.py: b.md"]
 
 
 # --- the two sides' grace times ---------------------------------------------
