@@ -20,7 +20,7 @@ Contract every backend keeps (the conformance suite in tests/ checks it):
   Only paths under the home or the state root; a link inside is never followed.
 - ``open_process(argv)`` starts argv as one long-lived process inside the
   sandbox, in the home, with the agent's environment, and returns its channel
-  (``sandbox.channel.ProcessChannel``: bytes to its stdin, from its stdout).
+  (``process_channel.ProcessChannel``: bytes to its stdin, from its stdout).
   No timeout: the process lives until its stdin ends or the sandbox stops. The
   resident helper (``guilds-code serve``) is run this way.
 - ``stop()`` ends everything inside the sandbox (a backend without isolation,
