@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from guilds.sandbox.bubblewrap import AGENT_UID_BASE, AGENT_UID_SPAN, agent_uid
 from guilds.sandbox.bwrap_argv import (
+    AGENT_UID_BASE,
+    AGENT_UID_SPAN,
     INIT,
     LIMITS_SCRIPT,
     RELAY,
     BwrapConfig,
     Limits,
+    agent_uid,
     bwrap_argv,
     enter_argv,
     limited_argv,

@@ -239,3 +239,20 @@ def test_kubernetes_sandbox_list_rm_and_rights(tmp_path, kube):
     assert denied.returncode == 1
     why = "in namespace guilds the user may not create pods/exec -> grant them in guilds"
     assert why in lines(denied)["kubernetes"]
+
+
+def test_auto_picks_bwrap_where_it_works_and_a_named_backend_is_never_asked():
+    from guilds.sandbox import candidates, picked
+
+    asked: list[str] = []
+
+    def works(answer: bool):
+        return lambda name: asked.append(name) or answer
+
+    assert picked("auto", works(True)).name == "bwrap" and asked == ["bwrap"]
+    assert picked("auto", works(False)).name == "local" and asked == ["bwrap", "bwrap"]
+    assert [picked(name, works(False)).name for name in ("local", "bwrap", "docker", "kubernetes")] == [
+        "local", "bwrap", "docker", "kubernetes"]
+    assert asked == ["bwrap", "bwrap"]
+    assert [kind.name for kind in candidates("auto")] == ["bwrap", "local"]
+    assert not picked("auto", works(False)).isolates

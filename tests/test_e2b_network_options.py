@@ -1,5 +1,5 @@
 """The E2B create body's network options read against the operator's agent.network
-(guilds.fronts.e2b.egress): what narrows, what is refused, and the own sandbox's settings.
+(guilds.fronts.e2b.network_options): what narrows, what is refused, and the own sandbox's settings.
 The SDKs against real sandboxes and test hosts: tests/test_e2b_egress.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 from guilds.config.settings import parse_settings
 from guilds.fronts.e2b.connect import ConnectError
-from guilds.fronts.e2b.egress import asked, same_as_agent
+from guilds.fronts.e2b.network_options import asked, same_as_agent
 from guilds.fronts.e2b.own_sandbox import own_settings
 from toolbox_kit import FakeSandbox
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import posixpath
 import re
 import subprocess
 import sys
@@ -159,8 +160,9 @@ def test_a_limit_table_states_what_limits_holds(doc, module_name, rows):
 # --- files cited ----------------------------------------------------------
 
 _CITED = re.compile(r"(?<![\w/.<-])((?:[\w-]+/)*[\w-]+\.(?:py|md|sh))\b")
-EXAMPLE_FILES = {"src/app.py", "NOTES.md"}
-"""Names a text shows as an example of a repository's files (a diffstat), not citations."""
+EXAMPLE_FILES = {"src/app.py", "NOTES.md", "app.py", "__main__.py"}
+"""Names a text shows as an example of a file (a diffstat, the user's program, a
+zipapp's entry), not citations."""
 
 
 def _tracked() -> list[str]:
@@ -168,16 +170,41 @@ def _tracked() -> list[str]:
     return out.stdout.split()
 
 
+def _cited_from(text: str) -> list[str]:
+    """The folders a citation in text (a repository path) is read from: a doc's folder and
+    the repository's root, as a link of it would be; a module's folder, its package's
+    root and src/, as an import would name it."""
+    folders = [posixpath.dirname(text), ""]
+    if text.endswith(".py"):
+        folders += ["/".join(text.split("/")[:2]), "src"]
+    return folders
+
+
+def _missing_citations(texts: list[str], tracked: set[str], read) -> list[str]:
+    missing = []
+    for path in texts:
+        for cited in _CITED.findall(read(path)):
+            if cited in EXAMPLE_FILES or any(posixpath.normpath(posixpath.join(folder, cited)) in tracked
+                                             for folder in _cited_from(path)):
+                continue
+            missing.append(f"{path}: {cited}")
+    return missing
+
+
 def test_docs_and_code_cite_only_files_the_repository_has():
     tracked = _tracked()
     texts = [p for p in tracked if p.endswith(".md") or (p.startswith("src/") and p.endswith(".py"))]
-    missing = []
-    for path in texts:
-        for cited in _CITED.findall((ROOT / path).read_text(encoding="utf-8")):
-            if cited in EXAMPLE_FILES or any(f == cited or f.endswith("/" + cited) for f in tracked):
-                continue
-            missing.append(f"{path}: {cited}")
-    assert missing == []
+    assert _missing_citations(texts, set(tracked), lambda p: (ROOT / p).read_text(encoding="utf-8")) == []
+
+
+def test_a_citation_resolves_exactly():
+    """A file of the same name elsewhere is no citation of it (not vacuous)."""
+    tracked = {"docs/a.md", "docs/b.md", "src/pkg/sub/mod.py", "src/pkg/other.py", "bench/run.py"}
+    texts = {"docs/a.md": "see b.md, docs/b.md, mod.py, sub/mod.py, src/pkg/sub/mod.py and run.py",
+             "src/pkg/sub/mod.py": "see other.py, sub/mod.py, pkg/other.py, mod/other.py, run.py and b.md"}
+    assert _missing_citations(list(texts), tracked, texts.__getitem__) == [
+        "docs/a.md: mod.py", "docs/a.md: sub/mod.py", "docs/a.md: run.py",
+        "src/pkg/sub/mod.py: mod/other.py", "src/pkg/sub/mod.py: run.py", "src/pkg/sub/mod.py: b.md"]
 
 
 # --- the two sides' grace times ---------------------------------------------
@@ -453,3 +480,84 @@ def test_the_tool_name_rule_catches_a_literal(tmp_path):
     module = tmp_path / "bad.py"
     module.write_text('"""A docstring naming shell is no literal."""\nif name == "shell_status":\n    pass\n')
     assert _tool_name_literals(module, tmp_path) == ["bad.py:2: shell_status"]
+
+
+# --- the fronts ask the backends --------------------------------------------
+
+SANDBOX_SHARED = {"guilds.sandbox", "guilds.sandbox.base", "guilds.sandbox.helpers",
+                  "guilds.sandbox.process_channel", "guilds.sandbox.image"}
+"""What of the sandboxes a front may import: the package (its table of backends,
+``get_sandbox``), the seam, the helpers' build, the process channel and the sandbox
+image's build; never a backend's own module nor the code backends share."""
+
+
+def _module_of(name: str, modules: set[str]) -> str:
+    """The module a dotted imported name is (or is a name of)."""
+    while name not in modules and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def _backend_names() -> set[str]:
+    from guilds.config.settings import SANDBOXES
+
+    return set(SANDBOXES)
+
+
+def _name_compares(path: Path, names: set[str], root: Path = SRC) -> list[str]:
+    """Where path compares a value with a backend's name, or keys a dict by one."""
+
+    def named(node: ast.AST) -> bool:
+        elts = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return any(isinstance(e, ast.Constant) and e.value in names for e in elts)
+
+    def operands(node: ast.AST) -> list[ast.AST]:
+        if isinstance(node, ast.Compare):
+            return [node.left, *node.comparators]
+        if isinstance(node, ast.Dict):
+            return [k for k in node.keys if k is not None]
+        return [node.value] if isinstance(node, ast.MatchValue) else []
+
+    return [f"{path.relative_to(root)}:{node.lineno}" for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if any(named(n) for n in operands(node))]
+
+
+def _sandbox_imports(modules: dict[str, Path], root: Path = SRC) -> list[str]:
+    known = set(_guilds_modules())
+    return [f"{name} imports {imported}" for name, path in sorted(modules.items())
+            for imported in sorted(_imported(path, root)) if imported.startswith("guilds.sandbox")
+            and _module_of(imported, known) not in SANDBOX_SHARED]
+
+
+def test_the_fronts_ask_the_backends_and_never_name_one():
+    """A front reaches a backend through ``guilds.sandbox``'s table, never its own modules,
+    and asks it rather than branch on its name."""
+    fronts = {name: path for name, path in _guilds_modules().items() if room_of(name) == "fronts"}
+    assert _sandbox_imports(fronts) == []
+    assert [where for path in fronts.values() for where in _name_compares(path, _backend_names())] == []
+
+
+def test_the_fronts_rule_catches_a_backends_module_and_a_name(tmp_path):
+    """The checks above fail for what they must refuse (not vacuous)."""
+    fronts = tmp_path / "guilds" / "fronts"
+    fronts.mkdir(parents=True)
+    bad = fronts / "bad.py"
+    bad.write_text("from ..sandbox import get_sandbox, docker_spec\nfrom ..sandbox.kube_spec import LABEL_AGENT\n"
+                   "def f(s):\n    from ..sandbox._spawn import start_time\n"
+                   "    if s.sandbox == 'docker' or s.sandbox in ('bwrap', 'x'):\n        return {'local': 1}\n")
+    assert _sandbox_imports({"guilds.fronts.bad": bad}, tmp_path) == [
+        "guilds.fronts.bad imports guilds.sandbox._spawn",
+        "guilds.fronts.bad imports guilds.sandbox._spawn.start_time",
+        "guilds.fronts.bad imports guilds.sandbox.docker_spec",
+        "guilds.fronts.bad imports guilds.sandbox.kube_spec",
+        "guilds.fronts.bad imports guilds.sandbox.kube_spec.LABEL_AGENT",
+    ]
+    assert [w.split(":")[1] for w in _name_compares(bad, _backend_names(), tmp_path)] == ["5", "5", "6"]
+
+
+def test_the_table_of_backends_holds_every_sandbox_the_settings_name():
+    from guilds.config.settings import SANDBOXES
+    from guilds.sandbox import AUTO, BACKENDS, backends
+
+    assert {*BACKENDS, AUTO} == set(SANDBOXES)
+    assert [(name, kind.name) for name, kind in backends()] == [(name, name) for name in BACKENDS]

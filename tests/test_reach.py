@@ -18,8 +18,8 @@ import pytest
 from guilds.config.settings import AgentSettings, Repo
 from guilds.fronts import doctor
 from guilds.fronts.wiring import Wired
-from guilds.sandbox.bubblewrap import sandbox_owner
-from guilds.sandbox.bwrap_argv import unavailable
+from guilds.sandbox.bubblewrap import BwrapSandbox
+from guilds.sandbox.bwrap_argv import sandbox_owner, unavailable
 from guilds.sandbox.bwrap_reach import out_of_reach
 from guilds.toolbox.log_reading import read_log
 from guilds_code import reach
@@ -180,10 +180,10 @@ async def test_a_root_folder_inside_the_home_is_said_with_the_uid_and_the_chown(
             f"let it through (chmod o+x {run_dir}, or chown -R {uid} {run_dir}).")}
         assert out_of_reach(settings, data) == [(f"repos.web {work}/web", *reason.split(": ", 1))]
         wired = Wired(settings=settings, data_dir=data, env={}, coding=lambda: True)
-        lines = [c.line() for c in doctor.check_reach(wired)]
+        lines = [c.line() for c in BwrapSandbox.check_agent(settings, data)]
         assert lines == [f"no   agent's reach: repos.web {work}/web: {reason.replace(': let', ' -> let', 1)}"]
-        found = await asyncio.to_thread(doctor.checks, wired)  # it runs a loop of its own
-        assert not doctor.verdict(wired, found)[0]
+        report = await asyncio.to_thread(doctor.examine, wired)  # it runs a loop of its own
+        assert not report.ok
 
 
 @root_bwrap

@@ -1,6 +1,6 @@
 """argv -> request -> op -> exactly one envelope line on stdout; exit 0.
 
-``guilds-code serve`` instead runs the helper resident (``serve.py``): the same
+``guilds-code serve`` instead runs the helper resident (``resident.py``): the same
 requests and envelopes, framed, over stdin and stdout.
 
 ``serve`` is the helper's only catch-all (guilds-harness runs its own op
@@ -56,7 +56,7 @@ def serve(argv, handle) -> int:
 
 
 def main(argv=None) -> int:
-    """One request from argv; or ``serve [options]``, the resident helper (``serve.py``)."""
+    """One request from argv; or ``serve [options]``, the resident helper (``resident.py``)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:  # "serve" is not base64 (5 characters): never a request
         from . import resident

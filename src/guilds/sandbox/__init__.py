@@ -6,22 +6,64 @@
     docker      one container per agent, Docker SDK              (docker.py)
     kubernetes  one pod per agent, the Kubernetes client         (kubernetes.py)
 
-Backends are imported only when chosen. The seam they implement: ``base.Sandbox``.
+BACKENDS is the one table of them: a front picks a backend there (``backend``,
+``backends``, ``picked``) and asks its class (``base.Backend``: doctor's lines,
+the sandboxes it knows of) or the agent's sandbox (``get_sandbox``; the seam
+they implement: ``base.Sandbox``). Backends are imported only when asked for.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+from collections.abc import Callable
 
 from ..config.egress import NO_LIST_SANDBOXES, list_refused
 from ..config.settings import SANDBOXES, AgentSettings
 from ..errors import ConfigError, SandboxError
-from .base import ExecResult, Sandbox
+from .base import Backend, Box, Check, ExecResult, Sandbox
 
-__all__ = ["ExecResult", "Sandbox", "get_sandbox"]
+__all__ = ["BACKENDS", "Backend", "Box", "Check", "ExecResult", "Sandbox", "backend", "backends", "candidates",
+           "get_sandbox", "picked", "remove_egress_files"]
 
 log = logging.getLogger(__name__)
+
+BACKENDS = {
+    "bwrap": "bubblewrap:BwrapSandbox",
+    "local": "local:LocalSandbox",
+    "docker": "docker:DockerSandbox",
+    "kubernetes": "kubernetes:KubernetesSandbox",
+}
+"""Each backend's class ("module:class" in this package), in the order doctor's lines
+and ``guilds sandbox list`` show them."""
+AUTO = "auto"
+AUTO_PICKS = ("bwrap", "local")
+"""What ``auto`` picks: the first that works here (the last works anywhere)."""
+
+
+def backend(name: str) -> type[Backend]:
+    """The class of the backend named name (a key of BACKENDS)."""
+    module, cls = BACKENDS[name].split(":")
+    found: type[Backend] = getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+    return found
+
+
+def backends() -> list[tuple[str, type[Backend]]]:
+    """(name, class) of every backend, in BACKENDS' order."""
+    return [(name, backend(name)) for name in BACKENDS]
+
+
+def candidates(setting: str) -> list[type[Backend]]:
+    """The backends ``agent.sandbox = setting`` may pick, in the order it tries them."""
+    return [backend(name) for name in (AUTO_PICKS if setting == AUTO else (setting,))]
+
+
+def picked(setting: str, works: Callable[[str], bool]) -> type[Backend]:
+    """The backend ``agent.sandbox = setting`` picks, where works(name) says whether a
+    backend works here (only asked of ``auto``'s picks but the last)."""
+    tried = candidates(setting)
+    return next((kind for kind in tried[:-1] if works(kind.name)), tried[-1])
 
 
 def get_sandbox(
@@ -41,35 +83,36 @@ def get_sandbox(
         raise ConfigError(f"agent.sandbox: unknown sandbox {name!r} (known: {', '.join(SANDBOXES)})")
     if settings.egress and name in NO_LIST_SANDBOXES:  # settings made in code, past the loader's check
         raise ConfigError(list_refused(name))
-    if name == "docker":
-        from .docker import DockerSandbox
-
-        return DockerSandbox(settings, idle_seconds=idle_seconds, data_dir=data_dir)
-    if name == "kubernetes":
-        from .kubernetes import KubernetesSandbox
-
-        return KubernetesSandbox(settings, idle_seconds=idle_seconds)
-    if name != "local":
-        from .bwrap_argv import unavailable
-
-        reason = unavailable()
-        if reason is None:
-            return _bwrap(settings, data_dir, idle_seconds)
-        if name == "bwrap":
-            raise SandboxError(f"agent.sandbox = 'bwrap': bubblewrap does not work here: {reason}")
-        if settings.egress:
-            raise SandboxError(f"{list_refused('local')} (agent.sandbox = 'auto': bubblewrap does not "
-                               f"work here: {reason})")
-        log.warning("sandbox: bubblewrap does not work here (%s); using local, which isolates "
-                    "nothing: commands run as this user, with all its files and the network", reason)
-    from .local import LocalSandbox
-
-    return LocalSandbox(settings, data_dir)
+    kind = picked(name, lambda _: _bwrap_works(settings))
+    return kind.for_agent(settings, data_dir, idle_seconds=idle_seconds)
 
 
-def _bwrap(settings: AgentSettings, data_dir: str | os.PathLike, idle_seconds: float | None) -> Sandbox:
-    from .bubblewrap import BwrapSandbox
+def _bwrap_works(settings: AgentSettings) -> bool:
+    """``auto``: does bubblewrap work here? When not, say so, or refuse an allowlist."""
+    from .bwrap_argv import unavailable
 
-    if idle_seconds is None:
-        return BwrapSandbox(settings, data_dir)
-    return BwrapSandbox(settings, data_dir, idle_seconds=idle_seconds)
+    reason = unavailable()
+    if reason is None:
+        return True
+    if settings.egress:
+        raise SandboxError(f"{list_refused('local')} (agent.sandbox = 'auto': bubblewrap does not "
+                           f"work here: {reason})")
+    log.warning("sandbox: bubblewrap does not work here (%s); using local, which isolates "
+                "nothing: commands run as this user, with all its files and the network", reason)
+    return False
+
+
+def remove_egress_files(data_dir: str | os.PathLike, agent_id: str) -> list[str]:
+    """The egress proxy's files of the agent (agent.network a list), removed once its
+    sandbox is stopped, whichever backend it ran on; the folder's path when it was there."""
+    from .egress_process import remove_files
+    from .egress_side import egress_files
+
+    return remove_files(egress_files(str(data_dir), agent_id))
+
+
+def pin_own_origins(agent_files: object, settings: AgentSettings, own: AgentSettings, data_dir: str) -> None:
+    """The agent's pinned origins given to a sandbox beside it with an allowlist of its own."""
+    from .egress_side import pin_own_origins as pin
+
+    pin(agent_files, settings, own, data_dir)  # type: ignore[arg-type]

@@ -51,6 +51,7 @@ from ..config.settings import AgentSettings
 from ..limits import CONTAINER_CLOCK_POLL_SECONDS, CONTAINER_SEEN_POLL_SECONDS
 from ._host_folder import locate
 from ._spawn import KILL_GRACE_SECONDS
+from .base import Backend
 from .egress_side import RELAY, init_args
 from .helpers import HELPER_PACKAGES, build_bytes, source_digest
 
@@ -253,7 +254,7 @@ async def blocking(fn: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(_pool(), fn, *args)
 
 
-class ContainerSandbox:
+class ContainerSandbox(Backend):
     """What the docker and kubernetes sandboxes share: the helpers' place inside,
     and the Sandbox methods, each running the backend's blocking step in the pool:
 
@@ -263,7 +264,7 @@ class ContainerSandbox:
       cancellation goes on;
     - ``write_file``: the path checked to lie under the home or the state root,
       then ``_write(path, data)``;
-    - ``start`` and ``stop``: ``_start()`` and ``_stop()``.
+    - ``start`` and ``stop``: ``_start()`` and ``_stop()`` (which names what it removed).
     """
 
     home: str
@@ -291,8 +292,8 @@ class ContainerSandbox:
         root, rel = locate(path, {STATE_INSIDE: STATE_INSIDE, self.home: self.home})
         await blocking(self._write, f"{root}/{rel}", data)
 
-    async def stop(self) -> None:
-        await blocking(self._stop)
+    async def stop(self) -> list[str]:
+        return await blocking(self._stop)
 
     def _beside_call(self) -> Callable[[], Any] | None:
         """A blocking step to run beside a call, or None (the default)."""
@@ -310,5 +311,5 @@ class ContainerSandbox:
     def _write(self, path: str, data: bytes) -> None:
         raise NotImplementedError
 
-    def _stop(self) -> None:
+    def _stop(self) -> list[str]:
         raise NotImplementedError

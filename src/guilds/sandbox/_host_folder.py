@@ -1,5 +1,6 @@
 """What the host-folder backends (local, bwrap) share: the agent's environment,
-repos.json, and the sandbox file API's safe write.
+repos.json, the sandbox file API's safe write, and the removal of what ``rm``
+removes of the data folder.
 """
 
 from __future__ import annotations
@@ -8,7 +9,10 @@ import json
 import os
 import posixpath
 import secrets
+import shutil
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Mapping
 
 from guilds_code import limits
@@ -159,3 +163,15 @@ def own_tree(root: str, owner: tuple[int, int]) -> None:
             os.chown(os.path.join(folder, name), *owner, follow_symlinks=False)
     os.chown(root, *owner, follow_symlinks=False)
     os.chmod(root, _DIR_MODE)
+
+
+def removed(paths: list[Path]) -> Iterator[str]:
+    """Remove each of paths that exists (a folder with all it holds); yield each one removed."""
+    for path in paths:
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        else:
+            continue
+        yield str(path)

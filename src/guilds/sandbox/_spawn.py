@@ -214,6 +214,16 @@ def succeeds(argv: Sequence[str], *, timeout: float = 10) -> bool:
     return done.returncode == 0
 
 
+def output_of(argv: Sequence[str], *, timeout: float) -> str | None:
+    """What argv prints (its stdout, else its stderr, stripped) when it exits 0 within
+    timeout; None when it cannot run, fails or is late."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (proc.stdout or proc.stderr).strip() if proc.returncode == 0 else None
+
+
 def read_until(fd: int, *, timeout: float, stop: bytes | None = None) -> bytes:
     """Read fd until EOF, until ``stop`` has arrived, or for timeout seconds; return what came."""
     data, deadline = b"", time.monotonic() + timeout

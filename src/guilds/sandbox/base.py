@@ -20,11 +20,21 @@ Contract every backend keeps (the conformance suite in tests/ checks it):
   Only paths under the home or the state root; a link inside is never followed.
 - ``open_process(argv)`` starts argv as one long-lived process inside the
   sandbox, in the home, with the agent's environment, and returns its channel
-  (``sandbox.channel.ProcessChannel``: bytes to its stdin, from its stdout).
+  (``process_channel.ProcessChannel``: bytes to its stdin, from its stdout).
   No timeout: the process lives until its stdin ends or the sandbox stops. The
   resident helper (``guilds-code serve``) is run this way.
 - ``stop()`` ends everything inside the sandbox (a backend without isolation,
-  ``local``, cannot: it documents what it leaves running).
+  ``local``, cannot: it documents what it leaves running) and names what it
+  removed doing so (docker: the container and its state volume), each as
+  ``guilds sandbox stop`` prints it; ``remove()`` stops, then removes what the
+  sandbox keeps between stops, naming what the stop removed and then each
+  removed thing (``guilds sandbox rm``).
+
+What a backend answers without a sandbox (class methods, ``Backend``'s defaults
+where it has nothing to say): ``check()`` its lines of ``guilds doctor``,
+``can_run()`` whether those lines let it run here, ``check_agent()`` the lines
+about the configured agent once it is the backend the settings pick, and
+``boxes()`` the sandboxes it knows of (``guilds sandbox list``).
 
 Optional, for ``agent.network`` a list (bwrap and docker; docs/network.md): an
 attribute ``egress`` (the egress proxy's files, ``egress_side.EgressFiles``,
@@ -34,10 +44,12 @@ a dead proxy is started again. A backend without them has no egress proxy.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
 if TYPE_CHECKING:
+    from ..config.settings import AgentSettings
     from .process_channel import ProcessChannel
 
 
@@ -57,6 +69,9 @@ class Sandbox(Protocol):
     """The state root as the sandbox sees it (GUILDS_STATE_DIR inside)."""
     python: str
     """The python3 that runs the helpers inside the sandbox."""
+    isolates: bool
+    own_networks: bool
+    """See ``Backend``."""
 
     def helper_path(self, name: str) -> str:
         """Where the one-file helper `name` (guilds-code, guilds-harness) lives inside."""
@@ -76,4 +91,77 @@ class Sandbox(Protocol):
 
     async def open_process(self, argv: Sequence[str]) -> ProcessChannel: ...
 
-    async def stop(self) -> None: ...
+    async def stop(self) -> list[str]: ...
+
+    async def remove(self) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of ``guilds doctor``: ``needed`` False marks it ``--`` when not ok."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    needed: bool = True
+
+    def line(self) -> str:
+        mark = "ok" if self.ok else ("no" if self.needed else "--")
+        fix = f" -> {self.fix}" if self.fix and not self.ok else ""
+        return f"{mark:4} {self.name}: {self.detail}{fix}"
+
+
+@dataclass(frozen=True)
+class Box:
+    """One sandbox, as ``guilds sandbox list`` shows it: the backend, the agent, what it
+    is (a bwrap process, a container, a pod) and its state."""
+
+    backend: str
+    agent: str
+    what: str
+    state: str
+
+    def line(self) -> str:
+        return f"{self.backend:10} {self.agent:20} {self.what:32} {self.state}"
+
+
+class Backend:
+    """What every backend class answers, here with the answers of a backend that has
+    nothing to say; a backend overrides what it knows."""
+
+    name: str
+    isolates = True
+    """False for a backend that isolates nothing (doctor says so when ``auto`` picks it)."""
+    network_true_reach = ""
+    own_networks = False
+    """True for a backend that can run a sandbox beside the agent's with a narrower egress
+    allowlist of its own (the E2B front's ``allow_out``)."""
+    """What ``agent.network = true`` opens on this backend beyond every host, if anything."""
+
+    @classmethod
+    def for_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike, *,
+                  idle_seconds: float | None) -> Sandbox:
+        """The agent's sandbox (``guilds.sandbox.get_sandbox`` has checked the settings)."""
+        raise NotImplementedError
+
+    @classmethod
+    def check(cls, settings: AgentSettings, data_dir: str | os.PathLike, *, needed: bool) -> list[Check]:
+        """Doctor's lines on whether this backend runs here (needed: it is the configured one)."""
+        return []
+
+    @classmethod
+    def can_run(cls, checked: Sequence[Check]) -> bool:
+        """Whether the lines ``check()`` gave let this backend run here."""
+        return all(c.ok for c in checked)
+
+    @classmethod
+    def check_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike) -> list[Check]:
+        """Doctor's lines on the agent in this backend's sandbox (asked of the backend the settings pick)."""
+        return []
+
+    @classmethod
+    def boxes(cls, settings: AgentSettings, data_dir: str | os.PathLike, *, chosen: bool) -> list[Box]:
+        """The sandboxes of this backend this machine knows of (chosen: the settings name it;
+        a backend that cannot be reached then raises SandboxError, else has none)."""
+        return []

@@ -54,7 +54,9 @@ Lifecycle:
 - stop: SIGKILL to the init; the kernel ends the rest.
 
 Needs bwrap, and util-linux's nsenter, setpriv and setsid; as root, or where
-the kernel lets unprivileged users make user namespaces.
+the kernel lets unprivileged users make user namespaces. Doctor's lines and the
+records ``guilds sandbox list`` shows: ``bwrap_admin``; ``remove()`` removes the
+host files above.
 """
 
 from __future__ import annotations
@@ -77,43 +79,28 @@ from ..config.agents import known as known_agents
 from ..config.settings import AgentSettings
 from . import _cgroup
 from .bwrap_hide import Hiding, hiding, stamp
-from ._host_folder import agent_env, checked_id, locate, own_tree, real_python, write_beneath, write_repos
+from ._host_folder import (
+    agent_env, checked_id, locate, own_tree, real_python, removed, write_beneath, write_repos,
+)
 from ._spawn import kill_and_wait, parent_pid, read_until, run_process, spawn_detached, start_time
-from .base import ExecResult
+from . import bwrap_admin as admin
+from .base import Backend, Box, Check, ExecResult
 from .process_channel import LocalProcess
 from . import egress_process
 from . import egress_side as egress
 from .bwrap_argv import (
     HELPER_DIR, READY, STATE_INSIDE, BwrapConfig, Limits, bwrap_argv,
-    enter_argv, host_local_bin, host_system, keep_run, limited_argv, limits_in_child, sandbox_python,
+    enter_argv, host_local_bin, host_system, keep_run, limited_argv, limits_in_child, sandbox_owner, sandbox_python,
+    unavailable,
 )
 from ..limits import BWRAP_IDLE_SECONDS_DEFAULT, BWRAP_START_SECONDS
 
 log = logging.getLogger(__name__)
 
-AGENT_UID_BASE = 1_500_000_000
-AGENT_UID_SPAN = 100_000_000
-"""A root orchestrator's default uid for an agent: AGENT_UID_BASE + (sha256 of the
-id mod AGENT_UID_SPAN), far above the uids of users, of subordinate-id ranges
-(100000 + 65536 per user) and of systemd's dynamic users."""
-
-
-def agent_uid(agent_id: str) -> int:
-    """The default host uid (and gid) of the agent's commands under a root orchestrator."""
-    digest = hashlib.sha256(agent_id.encode()).digest()
-    return AGENT_UID_BASE + int.from_bytes(digest[:8], "big") % AGENT_UID_SPAN
-
-
-def sandbox_owner(settings: AgentSettings) -> tuple[int, int, bool]:
-    """(uid, gid, user namespace?) of the agent's processes."""
-    if os.geteuid() != 0:
-        return os.getuid(), os.getgid(), True
-    uid = settings.bwrap.uid or agent_uid(settings.id)
-    return uid, uid, False
-
-
-class BwrapSandbox:
-    name = "bwrap"
+class BwrapSandbox(Backend):
+    name = admin.NAME
+    own_networks = True
+    network_true_reach = "the host's loopback services"
     state_dir = STATE_INSIDE
 
     def __init__(
@@ -128,11 +115,13 @@ class BwrapSandbox:
         self.uid, self.gid, self._userns = sandbox_owner(settings)
         self._owner = None if self._userns else (self.uid, self.gid)
         self._data = os.path.realpath(data_dir)
-        base = os.path.join(self._data, "sandboxes", checked_id(settings))
-        self._record, self._lock, self._log, self._clock = (
-            f"{base}.{ext}" for ext in ("json", "lock", "log", "clock"))
-        self._old_state = base  # a host folder an earlier layout kept the state root in
-        self._cgroup_name = f"{settings.id}-{hashlib.sha256(base.encode()).hexdigest()[:8]}"
+        base, files = admin.host_files(self._data, checked_id(settings))
+        self._record, self._lock, self._log, self._clock = map(str, files)
+        self._old_state = str(base)  # a host folder an earlier layout kept the state root in
+        given, files = admin.host_files(data_dir, settings.id)
+        self._kept = [given, *files]
+        """What ``remove()`` removes, named under the data folder as it was given."""
+        self._cgroup_name = f"{settings.id}-{hashlib.sha256(self._old_state.encode()).hexdigest()[:8]}"
         self._limits: Limits | None = None
         self._call_limits = Limits(pids=settings.bwrap.pids_limit)
         self._enter_config: BwrapConfig | None = None
@@ -145,6 +134,37 @@ class BwrapSandbox:
         if self.egress is not None:  # the real values never enter the commands' environment
             self._bound = egress.bound_values(settings, self.egress, self.home)
             self._env.update(egress.sandbox_env(settings, self._bound))
+
+    @classmethod
+    def for_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike, *,
+                  idle_seconds: float | None) -> BwrapSandbox:
+        """Refused (SandboxError) where bubblewrap does not work, when the settings name it
+        (``auto`` has looked before it picked it)."""
+        reason = unavailable() if settings.sandbox == cls.name else None
+        if reason is not None:
+            raise SandboxError(f"agent.sandbox = 'bwrap': bubblewrap does not work here: {reason}")
+        if idle_seconds is None:
+            return cls(settings, data_dir)
+        return cls(settings, data_dir, idle_seconds=idle_seconds)
+
+    @classmethod
+    def check(cls, settings: AgentSettings, data_dir: str | os.PathLike, *, needed: bool) -> list[Check]:
+        return admin.check(needed=needed)
+
+    @classmethod
+    def check_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike) -> list[Check]:
+        return admin.check_agent(settings, data_dir)
+
+    @classmethod
+    def boxes(cls, settings: AgentSettings, data_dir: str | os.PathLike, *, chosen: bool) -> list[Box]:
+        """The data folder's records, whichever backend is chosen."""
+        return admin.boxes(data_dir)
+
+    async def remove(self) -> list[str]:
+        """Stop, then remove the agent's files under the data folder (its state root went
+        with the sandbox)."""
+        await self.stop()
+        return await asyncio.to_thread(lambda: list(removed(self._kept)))
 
     def helper_path(self, name: str) -> str:
         if name not in HELPER_PACKAGES:
@@ -209,8 +229,10 @@ class BwrapSandbox:
 
         await asyncio.to_thread(write)
 
-    async def stop(self) -> None:
+    async def stop(self) -> list[str]:
+        """SIGKILL to the init: the kernel ends the rest; nothing is removed."""
         await asyncio.to_thread(self._stop)
+        return []
 
     # --- lifecycle (blocking; run in a thread) --------------------------------
     def _ensure(self) -> int:

@@ -38,12 +38,14 @@ namespaces (it forks into the pid namespace), then ``setpriv``.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import posixpath
 import shutil
 from dataclasses import dataclass
 from typing import Collection, Sequence
 
+from ..config.settings import AgentSettings
 from ..limits import BWRAP_IDLE_SECONDS_DEFAULT
 from ._spawn import succeeds
 from .egress_side import EGRESS_INSIDE, RELAY, init_args
@@ -364,3 +366,24 @@ def sandbox_python(candidates: Sequence[str] = ("/usr/bin/python3", "/usr/local/
         if os.access(real, os.X_OK) and any(_within(real, d) for d in SYSTEM_DIRS):
             return path
     return None
+
+
+AGENT_UID_BASE = 1_500_000_000
+AGENT_UID_SPAN = 100_000_000
+"""A root orchestrator's default uid for an agent: AGENT_UID_BASE + (sha256 of the
+id mod AGENT_UID_SPAN), far above the uids of users, of subordinate-id ranges
+(100000 + 65536 per user) and of systemd's dynamic users."""
+
+
+def agent_uid(agent_id: str) -> int:
+    """The default host uid (and gid) of the agent's commands under a root orchestrator."""
+    digest = hashlib.sha256(agent_id.encode()).digest()
+    return AGENT_UID_BASE + int.from_bytes(digest[:8], "big") % AGENT_UID_SPAN
+
+
+def sandbox_owner(settings: AgentSettings) -> tuple[int, int, bool]:
+    """(uid, gid, user namespace?) of the agent's processes."""
+    if os.geteuid() != 0:
+        return os.getuid(), os.getgid(), True
+    uid = settings.bwrap.uid or agent_uid(settings.id)
+    return uid, uid, False

@@ -21,8 +21,7 @@ import posixpath
 from guilds_code.reach import blocker, problem_and_fix
 
 from ..config.settings import AgentSettings
-from .bubblewrap import sandbox_owner
-from .bwrap_argv import host_system, made_anew
+from .bwrap_argv import host_system, made_anew, sandbox_owner
 
 
 def _is_given(home: str, uid: int) -> bool:

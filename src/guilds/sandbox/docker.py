@@ -28,7 +28,10 @@ Lifecycle:
   container (``_container.exec_argv``); an exec cancelled, or silent past its
   timeout plus guilds.limits.DOCKER_DEADLINE_SLACK_SECONDS, has its processes killed by a second exec;
 - stop: the container and the state volume are removed (its processes die,
-  background ids begin again at b1); the home stays.
+  background ids begin again at b1), each named; the home stays. ``remove()``
+  has nothing more to remove.
+
+Doctor's line and the containers ``guilds sandbox list`` shows: ``docker_admin``.
 
 The SDK blocks: each step runs in a thread (``_container.blocking``).
 """
@@ -50,6 +53,7 @@ from ..limits import (
     DOCKER_KILL_WAIT_SECONDS, DOCKER_START_SLACK_SECONDS, DOCKER_STOPPING_POLL_SECONDS,
 )
 from ..config.settings import AgentSettings
+from . import docker_admin as admin
 from . import docker_engine as engine
 from . import docker_spec as spec
 from ._host_folder import DEFAULT_PATH, agent_env, checked_id, own_tree
@@ -59,7 +63,7 @@ from ._container import (
     helpers_digest, kill_argv, repos_file, repos_json, tar_bytes,
 )
 from ._spawn import KILL_GRACE_SECONDS
-from .base import ExecResult
+from .base import Box, Check, ExecResult
 from .process_channel import DockerProcess
 from . import egress_process
 from . import egress_side as egress
@@ -76,7 +80,8 @@ T = TypeVar("T")
 
 
 class DockerSandbox(ContainerSandbox):
-    name = "docker"
+    name = admin.NAME
+    own_networks = True
     state_dir = STATE_INSIDE
     python = spec.PYTHON
 
@@ -104,6 +109,23 @@ class DockerSandbox(ContainerSandbox):
         if self.egress is not None:  # the real values never enter the commands' environment
             self._bound = egress.bound_values(settings, self.egress, self.home)
             self._env.update(egress.sandbox_env(settings, self._bound))
+
+    @classmethod
+    def for_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike, *,
+                  idle_seconds: float | None) -> DockerSandbox:
+        return cls(settings, idle_seconds=idle_seconds, data_dir=data_dir)
+
+    @classmethod
+    def check(cls, settings: AgentSettings, data_dir: str | os.PathLike, *, needed: bool) -> list[Check]:
+        return admin.check(settings, needed=needed)
+
+    @classmethod
+    def boxes(cls, settings: AgentSettings, data_dir: str | os.PathLike, *, chosen: bool) -> list[Box]:
+        return admin.boxes(chosen=chosen)
+
+    async def remove(self) -> list[str]:
+        """The stop removes the container and the state volume: nothing is left to remove."""
+        return await self.stop()
 
     def _beside_call(self) -> Callable[[], None] | None:
         """The idle clock's move, when it is due."""
@@ -230,18 +252,23 @@ class DockerSandbox(ContainerSandbox):
         if not self._in_container(what, lambda cid: self.client.api.put_archive(cid, "/", archive)):
             raise SandboxError(f"docker: {what}: the engine refused the archive")
 
-    def _stop(self) -> None:
+    def _stop(self) -> list[str]:
+        removed = []
         with self._lock, self._engine("stop"):
             self._cid = None
+            volume = spec.state_volume(self.agent_id)
             with contextlib.suppress(docker.errors.NotFound):
                 self.client.api.remove_container(self.container, force=True)
+                removed.append(f"container {self.container}")
             with contextlib.suppress(docker.errors.NotFound):
-                self.client.api.remove_volume(spec.state_volume(self.agent_id), force=True)
+                self.client.api.remove_volume(volume, force=True)
+                removed.append(f"volume {volume}")
             if self.egress is not None:
                 egress_process.stop_proxy(self.egress)
             self._client, client = None, self._client
             if client is not None:
                 client.close()  # its pooled connections; a later call connects again
+        return removed
 
     # --- finding and creating the container -----------------------------------
     def _ensure_proxy(self) -> None:

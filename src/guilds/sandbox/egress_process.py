@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Mapping
 from ..config.settings import AgentSettings
 from ..errors import SandboxError
 from ..limits import EGRESS_DECISIONS_READ_MAX_BYTES, EGRESS_START_POLL_SECONDS, EGRESS_START_SECONDS
+from ._host_folder import removed
 from ._spawn import spawn_detached
 from .egress_side import BUNDLE_NAME, SOCKET_NAME, EgressFiles, bound_values, proxy_config
 
@@ -103,6 +104,11 @@ def stop_proxy(files: EgressFiles) -> None:
         pid = proxy_pid(files)
         if pid is not None:
             _terminate(pid)
+
+
+def remove_files(files: EgressFiles) -> list[str]:
+    """The agent's proxy folder removed (its proxy stopped first); its path when it was there."""
+    return list(removed([Path(files.folder)]))
 
 
 def proxy_pid(files: EgressFiles) -> int | None:

@@ -294,3 +294,18 @@ def proxy_config(settings: AgentSettings, files: EgressFiles, bound: Mapping[str
         "idle_seconds": idle_seconds,
         "pidfile": files.path("proxy.pid"),
     }
+
+
+def pin_own_origins(agent_files: EgressFiles | None, settings: AgentSettings, own: AgentSettings,
+                    data_dir: str) -> None:
+    """A sandbox beside the agent's with an allowlist of its own (``own``) gets the agent's
+    origins.json (pinned now if it was not yet), where a repository token goes by origin."""
+    if agent_files is None or not own.egress or not any(r.token and r.token_hosts is None for r in own.repos):
+        return
+    pinned_origins(agent_files, settings, str(settings.home))
+    files = egress_files(os.path.realpath(data_dir), own.id)
+    prepare(files)
+    data = Path(agent_files.path(ORIGINS_NAME)).read_bytes()
+    fd = os.open(files.path(ORIGINS_NAME), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)

@@ -23,7 +23,11 @@ Lifecycle:
   state root, so background commands of the old pod show ``ended``;
 - exec: pods/exec over its websocket, the call wrapped as in docker
   (``_container.exec_argv``: timeout inside, processes found again by token);
-- stop: the pod is deleted; the claim and the Secret are kept.
+- stop: the pod is deleted; the claim and the Secret are kept (``remove()``
+  deletes them too).
+
+Doctor's line, the pods ``guilds sandbox list`` shows and what ``rm`` deletes:
+``kube_admin``.
 
 For fleets of agents see docs/sandboxes.md (kubernetes-sigs/agent-sandbox).
 """
@@ -33,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import secrets
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -44,6 +49,7 @@ from ..limits import (
     KUBERNETES_STATUS_POLL_SECONDS, KUBERNETES_STATUS_WAIT_SECONDS, KUBERNETES_WRITE_SECONDS,
 )
 from ..config.settings import AgentSettings
+from . import kube_admin as admin
 from . import kube_cluster as cluster
 from . import kube_spec as spec
 from ._host_folder import DEFAULT_PATH, agent_env, checked_id
@@ -53,14 +59,14 @@ from ._container import (
     helpers_digest, kill_argv, repos_file, repos_json, tar_bytes,
 )
 from ._spawn import KILL_GRACE_SECONDS
-from .base import ExecResult
+from .base import Box, Check, ExecResult
 from .process_channel import KubeProcess
 
 T = TypeVar("T")
 
 
 class KubernetesSandbox(ContainerSandbox):
-    name = "kubernetes"
+    name = admin.NAME
     state_dir = STATE_INSIDE
     python = spec.PYTHON
 
@@ -78,6 +84,25 @@ class KubernetesSandbox(ContainerSandbox):
         self._core: Any = None
         self._ready = False
         self._lock = threading.Lock()
+
+    @classmethod
+    def for_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike, *,
+                  idle_seconds: float | None) -> KubernetesSandbox:
+        return cls(settings, idle_seconds=idle_seconds)
+
+    @classmethod
+    def check(cls, settings: AgentSettings, data_dir: str | os.PathLike, *, needed: bool) -> list[Check]:
+        return admin.check(settings, needed=needed)
+
+    @classmethod
+    def boxes(cls, settings: AgentSettings, data_dir: str | os.PathLike, *, chosen: bool) -> list[Box]:
+        """The pods so labelled in ``kubernetes.namespace``, asked only when chosen."""
+        return admin.boxes(settings) if chosen else []
+
+    async def remove(self) -> list[str]:
+        """Stop (the pod deleted), then delete its home claim and its Secret."""
+        await self.stop()
+        return await blocking(lambda: list(admin.remove_kept(self.core, self.pod, self.config.namespace)))
 
     async def open_process(self, argv: Sequence[str]) -> KubeProcess:
         """One pods/exec websocket with stdin; closing it also kills what it started (by token)."""
@@ -193,10 +218,11 @@ class KubernetesSandbox(ContainerSandbox):
                         raise SandboxError(f"kubernetes: exec in {self.pod}: {gone.message}") from gone
         raise AssertionError("unreachable")
 
-    def _stop(self) -> None:
+    def _stop(self) -> list[str]:
         with self._lock:
             self._ready = False
             self._delete_pod()
+        return []
 
     # --- finding and creating the pod -------------------------------------------
     def _ensure(self) -> bool:

@@ -13,26 +13,39 @@ Commands run as this user, in the home, with the agent's environment
 (``_agent.agent_env``). ``stop()`` ends nothing: without a pid namespace the
 backend cannot find what the agent started (a ``setsid`` daemon leaves any
 process group), so background commands keep running until they end.
+``remove()`` removes the agent's state folder; the home stays.
+
+Doctor's lines: the host's ``rg`` (code_search runs it) and the python that runs
+the helpers; the backend runs whatever they say.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..config.settings import AgentSettings
 from ..errors import SandboxError
-from ._host_folder import agent_env, checked_id, locate, real_python, write_beneath, write_repos
-from ._spawn import run_process
-from .base import ExecResult
+from ..limits import DOCTOR_PROBE_SECONDS
+from ._host_folder import agent_env, checked_id, locate, real_python, removed, write_beneath, write_repos
+from ._spawn import output_of, run_process
+from .base import Backend, Check, ExecResult
 from .helpers import HELPER_PACKAGES, cached_helper
 from .process_channel import LocalProcess
 
+NAME = "local"
+STATE_FOLDER = "state"
+"""The state root's folder under the data folder."""
+MIN_PYTHON = (3, 9)
 
-class LocalSandbox:
-    name = "local"
+
+class LocalSandbox(Backend):
+    name = NAME
+    isolates = False
 
     def __init__(self, settings: AgentSettings, data_dir: str | os.PathLike, *, path: str | None = None):
         """path: the agent's PATH (default: this process's PATH)."""
@@ -40,12 +53,33 @@ class LocalSandbox:
         checked_id(settings)
         self.home = str(settings.home)
         data = os.path.realpath(data_dir)
-        self.state_dir = os.path.join(data, "state")
+        self.state_dir = os.path.join(data, STATE_FOLDER)
+        self._kept = [Path(data_dir) / STATE_FOLDER / settings.id]
+        """What ``remove()`` removes, named under the data folder as it was given."""
         self.python = real_python()
         self._helper_dir = os.path.join(data, "helpers")
         self._helpers: dict[str, str] = {}
         self._env = agent_env(settings, home=self.home, state_dir=self.state_dir,
                               path=path or os.environ.get("PATH"))
+
+    @classmethod
+    def for_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike, *,
+                  idle_seconds: float | None) -> LocalSandbox:
+        return cls(settings, data_dir)
+
+    @classmethod
+    def check(cls, settings: AgentSettings, data_dir: str | os.PathLike, *, needed: bool) -> list[Check]:
+        """rg and the helpers' python, marked needed whatever the configured backend."""
+        return [_check_rg(), _check_python()]
+
+    @classmethod
+    def can_run(cls, checked: Sequence[Check]) -> bool:
+        """Always: without rg only code_search fails."""
+        return True
+
+    async def remove(self) -> list[str]:
+        """Remove the agent's state folder under the data folder (nothing to stop first)."""
+        return await asyncio.to_thread(lambda: list(removed(self._kept)))
 
     def helper_path(self, name: str) -> str:
         if name not in self._helpers:
@@ -74,5 +108,24 @@ class LocalSandbox:
         root, rel = locate(path, {self.state_dir: self.state_dir, self.home: self.home})
         await asyncio.to_thread(write_beneath, root, rel, data)
 
-    async def stop(self) -> None:
+    async def stop(self) -> list[str]:
         """Nothing to end: see the module docstring."""
+        return []
+
+
+def _check_rg() -> Check:
+    found = shutil.which("rg")
+    version = output_of([found, "--version"], timeout=DOCTOR_PROBE_SECONDS) if found else None
+    if not version:
+        return Check("rg", False, "not found on PATH (code_search needs it)",
+                     "install ripgrep (Debian: apt-get install ripgrep)")
+    return Check("rg", True, version.splitlines()[0])
+
+
+def _check_python() -> Check:
+    python = real_python()
+    version = sys.version_info[:3] if python == os.path.realpath(sys.executable) else None
+    text = ".".join(map(str, version)) if version else "?"
+    ok = version is not None and version[:2] >= MIN_PYTHON
+    return Check("sandbox python", ok, f"{python} ({text}; the helpers need {'.'.join(map(str, MIN_PYTHON))}+)",
+                 "run guilds with a Python of 3.9 or later")

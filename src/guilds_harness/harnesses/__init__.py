@@ -1,4 +1,4 @@
-"""Harness adapters by short name, imported lazily (see base.py for the contract).
+"""Harness adapters by short name, imported lazily (see contract.py for the contract).
 
 Adding a harness (aider, opencode, ...): one module with an ``ADAPTER`` that
 keeps the contract, one line here, and its event streams in the conformance

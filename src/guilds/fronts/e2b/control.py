@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from ...errors import GuildsError
 from ...limits import E2B_DEFAULT_TIMEOUT_SECONDS, E2B_MAX_TIMEOUT_SECONDS
-from . import egress
+from . import network_options
 from .connect import STATUS, ConnectError
 from .keys import Keys
 from .sandboxes import PAUSED, RUNNING, Sandboxes
@@ -107,7 +107,7 @@ class ControlPlane:
         box = await self.sandboxes.create(key_name, template, _timeout(body.get("timeout")),
                                           _strings(body.get("metadata"), "metadata"),
                                           _strings(body.get("envVars"), "envVars"),
-                                          egress.asked(body, self.sandboxes.toolbox.settings))
+                                          network_options.asked(body, self.sandboxes.toolbox.settings))
         return JSONResponse(box.created(self.sandboxes.client_id), status_code=201)
 
     async def list(self, request: Request, key_name: str) -> Response:

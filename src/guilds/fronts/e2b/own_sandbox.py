@@ -19,35 +19,28 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import shutil
-from pathlib import Path
 
 from ...config.settings import AgentSettings
-from ...sandbox import get_sandbox
+from ...sandbox import get_sandbox, pin_own_origins, remove_egress_files
 from ...sandbox.base import Sandbox
-from ...sandbox.egress_side import ORIGINS_NAME, EgressFiles, egress_files, pinned_origins, prepare
-from ..sandbox_commands import removed_files
 from .connect import ConnectError
-from .egress import Entries, same_as_agent
-
-CONFINING = ("bwrap", "docker")
-"""The sandboxes that give an E2B sandbox a network of its own."""
+from .network_options import Entries, same_as_agent
 
 
 def sandbox_for(agent: Sandbox, settings: AgentSettings, entries: Entries, data_dir: str | None,
                 box_id: str) -> Sandbox:
     """The agent's sandbox when entries is its own network, else one of the box's own (not started);
     ``invalid_argument`` where the agent's sandbox cannot confine a network."""
-    if entries is not None and agent.name == "local":
+    if entries is not None and not agent.isolates:
         raise ConnectError("invalid_argument", "network: the local sandbox confines no network (its commands "
                                                "have the host's); serve the agent on bwrap or docker")
     if entries is None or same_as_agent(entries, settings):
         return agent
-    if agent.name not in CONFINING or data_dir is None:
+    if not agent.own_networks or data_dir is None:
         raise ConnectError("invalid_argument", f"network: the {agent.name} sandbox serves only the agent's own "
                                                f"network; narrower networks are served on bwrap and docker")
     own = own_settings(settings, agent, entries, box_id)
-    _pin_origins(getattr(agent, "egress", None), settings, own, data_dir)
+    pin_own_origins(getattr(agent, "egress", None), settings, own, data_dir)
     return get_sandbox(own, data_dir)
 
 
@@ -65,27 +58,8 @@ def own_settings(settings: AgentSettings, agent: Sandbox, entries: tuple[str, ..
         repos=tuple(dataclasses.replace(r, token="", token_hosts=None) for r in settings.repos))
 
 
-def _pin_origins(agent_files: EgressFiles | None, settings: AgentSettings, own: AgentSettings,
-                 data_dir: str) -> None:
-    """The own sandbox's origins.json: the agent's (pinned now if it was not yet)."""
-    if agent_files is None or not own.egress or not any(r.token and r.token_hosts is None for r in own.repos):
-        return
-    pinned_origins(agent_files, settings, str(settings.home))
-    files = egress_files(os.path.realpath(data_dir), own.id)
-    prepare(files)
-    data = Path(agent_files.path(ORIGINS_NAME)).read_bytes()
-    fd = os.open(files.path(ORIGINS_NAME), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-
-
 async def remove(sandbox: Sandbox, data_dir: str) -> None:
-    """Stop an own sandbox and remove its files (its egress folder, bwrap's record)."""
-    await sandbox.stop()
+    """Stop an own sandbox and remove its state and its egress folder."""
+    await sandbox.remove()
     settings: AgentSettings = sandbox.settings  # type: ignore[attr-defined]  # bwrap's and docker's
-
-    def remove_files() -> None:
-        list(removed_files(Path(data_dir), settings, sandbox.name))
-        shutil.rmtree(egress_files(os.path.realpath(data_dir), settings.id).folder, ignore_errors=True)
-
-    await asyncio.to_thread(remove_files)
+    await asyncio.to_thread(remove_egress_files, data_dir, settings.id)

@@ -25,8 +25,8 @@ from ...sandbox.base import Sandbox
 from ...toolbox import Toolbox
 from . import own_sandbox
 from .connect import ConnectError
-from .egress import Entries
 from .envd_channel import EnvdChannel
+from .network_options import Entries
 from .recording import Recorder
 
 RUNNING, PAUSED = "running", "paused"
