@@ -25,7 +25,7 @@ from ..errors import ConfigError, SandboxError
 from .base import Backend, Box, Check, ExecResult, Sandbox
 
 __all__ = ["BACKENDS", "Backend", "Box", "Check", "ExecResult", "Sandbox", "backend", "backends", "candidates",
-           "get_sandbox", "picked", "remove_egress_files"]
+           "get_sandbox", "picked", "pin_own_origins", "remove_egress_files"]
 
 log = logging.getLogger(__name__)
 
