@@ -33,8 +33,9 @@ MCPServer adds what it always serves: empty ``prompts/list`` and
 Contract:
 
 - ``tools/list`` asks ``toolbox.tools()`` at every call (the live coding
-  flag): each tool with its description and input schema (plus the optional
-  ``run`` argument), and its title and annotations (the tool's ``hints``).
+  flag): each tool as ``guilds tools --format mcp`` prints it
+  (``guilds.toolbox.tools.formats.to_mcp``): its title, description, input
+  schema with the optional ``run`` argument, and annotations (the tool's ``hints``).
 - ``tools/call`` -> one ``Toolbox.call``: the result text as one text content
   block, ``isError`` as the toolbox says, its metadata under
   ``_meta["guilds/meta"]`` (``run``, ``seq``, ``call``, ``row``, ...). Bad
@@ -93,9 +94,10 @@ from starlette.routing import BaseRoute
 from .. import limits
 from ..errors import GuildsError
 from ..toolbox import CallResult, Toolbox
-from ..toolbox.tools import TOOLS, Hints, tool_named
+from ..toolbox.tools import TOOLS, tool_named
 from ..toolbox.tools import Tool as GuildsTool
-from .mcp_runs import META_KEY, RunChoice, Runs, new_run_id, with_run_argument, with_run_line
+from ..toolbox.tools.formats import to_mcp
+from .mcp_runs import META_KEY, RunChoice, Runs, new_run_id, with_run_line
 from .mcp_runs import RUN_KEY as RUN_KEY  # the tests and embedders name it from here
 from .mcp_tasks import TasksExtension
 from .wiring import Wired, open_toolbox, resolve
@@ -123,14 +125,6 @@ INSTRUCTIONS = (
 )
 
 
-def to_annotations(hints: Hints) -> types.ToolAnnotations:
-    """A tool's hints as MCP annotations."""
-    return types.ToolAnnotations(
-        title=hints.title, read_only_hint=hints.read_only, destructive_hint=hints.destructive,
-        idempotent_hint=hints.idempotent, open_world_hint=hints.open_world,
-    )
-
-
 ToolCall = Callable[[Context | None, str, dict[str, Any]], Awaitable[types.CallToolResult]]
 """(context, tool name, the client's arguments) -> the result: ``_Front.call``."""
 
@@ -145,8 +139,11 @@ class ToolboxTool(Tool):
 
     @classmethod
     def of(cls, tool: GuildsTool, call: ToolCall) -> ToolboxTool:
-        return cls(fn=call, name=tool.name, title=tool.hints.title, description=tool.description,
-                   parameters=with_run_argument(tool.input_schema), annotations=to_annotations(tool.hints),
+        """The tool as ``guilds tools --format mcp`` prints it (``to_mcp``)."""
+        served = to_mcp(tool)
+        return cls(fn=call, name=served["name"], title=served["title"], description=served["description"],
+                   parameters=served["inputSchema"],
+                   annotations=types.ToolAnnotations.model_validate(served["annotations"]),
                    fn_metadata=FuncMetadata(arg_model=ArgModelBase), is_async=True, context_kwarg=None)
 
     async def run(self, arguments: dict[str, Any], context: Context[Any, Any],
