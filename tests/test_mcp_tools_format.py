@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-from toolbox_kit import local_toolbox
-
 from guilds.fronts.cli import main
 from guilds.fronts.mcp_server import build_server
+from toolbox_kit import local_toolbox
 
 
 async def test_the_mcp_format_is_what_tools_list_serves(capsys, tmp_path):
