@@ -10,7 +10,9 @@ from urllib.parse import quote
 
 import pytest
 
-from guilds.toolbox.pipeline import CUT_MARK, cap, redact_meta, run_pipeline, with_trailer
+from guilds.record.redaction import redact_meta
+from guilds.record.values import with_trailer
+from guilds.toolbox.pipeline import CUT_MARK, cap, run_pipeline
 from guilds_code.limits import PLATFORM_CAP_BYTES
 from guilds_code.redact import MARK, Redactor
 

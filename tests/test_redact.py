@@ -15,7 +15,8 @@ from urllib.parse import quote_plus
 import pytest
 
 from fixtures import secret_forms
-from guilds.toolbox.pipeline import redact_meta, run_pipeline
+from guilds.record.redaction import redact_meta
+from guilds.toolbox.pipeline import run_pipeline
 from guilds_code.limits import ESCAPE_DEPTH
 from guilds_code.redact import MARK, Redactor
 

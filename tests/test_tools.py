@@ -81,9 +81,13 @@ def test_formats():
         {"type": "function",
          "function": {"name": "shell", "description": spec.description, "parameters": spec.input_schema}}
     ]
-    assert export([spec], "mcp") == [
-        {"name": "shell", "description": spec.description, "inputSchema": spec.input_schema}
-    ]
+    (mcp,) = export([spec], "mcp")
+    run = mcp["inputSchema"]["properties"].pop("run")
+    assert mcp == {"name": "shell", "title": spec.hints.title, "description": spec.description,
+                   "inputSchema": spec.input_schema, "annotations": {
+                       "title": spec.hints.title, "readOnlyHint": False, "destructiveHint": True,
+                       "idempotentHint": False, "openWorldHint": True}}
+    assert run["type"] == "string" and "run" not in spec.input_schema["properties"]
     assert export([spec], "openai-responses") == [
         {"type": "function", "name": "shell", "description": spec.description, "parameters": spec.input_schema}
     ]

@@ -12,8 +12,8 @@ import pytest_asyncio
 import uvicorn
 
 from fixtures import secret_forms
+from guilds.record.statements import FLOW_PAGE
 from guilds.record.values import decision_rows
-from guilds.web.queries import FLOW_PAGE
 from web_kit import AUTH, FLOW, FORMS_COMMAND, SECRET, SPLITS_COMMAND, fill, record_code_task, served, shown_text
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

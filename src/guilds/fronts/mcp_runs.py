@@ -1,7 +1,9 @@
 """Which run an MCP call belongs to, and who may continue it.
 
     Runs(store, fixed_run, idle_seconds, agent_id).choose(request, arguments) -> (RunChoice, arguments)
-    with_run_argument(schema) -> the tool's schema with the optional ``run`` argument
+
+Every served tool takes the optional ``run`` argument (``RUN_ARG``, added to
+its schema by ``guilds.toolbox.tools.formats.with_run_argument``, the mcp format).
 
 A call's run, first rule that applies:
 
@@ -44,6 +46,7 @@ from ..config.checks import is_safe_name
 from ..errors import BadInput
 from ..record.store import Store
 from ..toolbox.toolbox import check_run_id
+from ..toolbox.tools.formats import RUN_ARG
 from ..web.endpoint_lock import principal_of_scope
 
 RUN_PREFIX = "mcp-"
@@ -51,13 +54,6 @@ META_KEY = "guilds/meta"
 """Where a result's metadata travels: ``_meta["guilds/meta"]``."""
 RUN_KEY = "guilds/run"
 """A request ``_meta`` key naming the run a call belongs to."""
-RUN_ARG = "run"
-"""The optional argument of every tool naming its run (the handle a result gave)."""
-RUN_ARG_DESCRIPTION = (
-    "The run this call continues: the run id an earlier result of this server gave "
-    "(its first line, run: mcp-...). Omit it on the first call; a run keeps the working directory "
-    "and the read pointers."
-)
 RUN_LINE = 'run: {run_id} (pass it back as "run" to continue this run)'
 """The first line of a result whose run the server chose (rule 5): the handle, said to the model."""
 SESSION_HEADER = "mcp-session-id"
@@ -81,12 +77,6 @@ def with_run_line(text: str, run_id: str) -> str:
     the first 2 KB of one over about 50 KB) still shows it."""
     line = RUN_LINE.format(run_id=run_id)
     return f"{line}\n{text}" if text else line
-
-
-def with_run_argument(schema: dict[str, Any]) -> dict[str, Any]:
-    """schema with the optional ``run`` string argument added to its properties."""
-    properties = {**schema.get("properties", {}), RUN_ARG: {"type": "string", "description": RUN_ARG_DESCRIPTION}}
-    return {**schema, "properties": properties}
 
 
 @dataclass(frozen=True)

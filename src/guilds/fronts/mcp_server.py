@@ -33,8 +33,9 @@ MCPServer adds what it always serves: empty ``prompts/list`` and
 Contract:
 
 - ``tools/list`` asks ``toolbox.tools()`` at every call (the live coding
-  flag): each tool with its description and input schema (plus the optional
-  ``run`` argument), and its title and annotations (the tool's ``hints``).
+  flag): each tool as ``guilds tools --format mcp`` prints it
+  (``guilds.toolbox.tools.formats.to_mcp``): its title, description, input
+  schema with the optional ``run`` argument, and annotations (the tool's ``hints``).
 - ``tools/call`` -> one ``Toolbox.call``: the result text as one text content
   block, ``isError`` as the toolbox says, its metadata under
   ``_meta["guilds/meta"]`` (``run``, ``seq``, ``call``, ``row``, ...). Bad
@@ -46,7 +47,7 @@ Contract:
   (``run_id``); ``_meta["guilds/run"]`` on the call; HTTP with a session
   (``Mcp-Session-Id``, the handshake era), a run derived from that id; HTTP
   without a session (the 2026-07-28 revision), the principal's current
-  sessionless run (new after SESSIONLESS_IDLE_SECONDS without such a call),
+  sessionless run (new after limits.MCP_SESSIONLESS_IDLE_SECONDS without such a call),
   named to the model in the result's first line (``mcp_runs.RUN_LINE``). No
   result carries ``structuredContent``: the tools declare no output schema,
   and a client that shows it shows it in place of the text.
@@ -58,7 +59,7 @@ Contract:
   model's context was compacted or rewound before it (``Toolbox.context_reset``):
   no file_read points to a result from before that call.
 - Progress: while a call runs, ``notifications/progress`` every
-  PROGRESS_SECONDS with the elapsed seconds, when the client sent a token.
+  limits.MCP_PROGRESS_SECONDS with the elapsed seconds, when the client sent a token.
 - Cancel: the client's cancel, its disconnect, or the server's shutdown
   cancels the toolbox call once (it runs in a task of its own, so the SDK's
   repeated cancellation cannot cut its clean-up short) and waits for it,
@@ -93,9 +94,10 @@ from starlette.routing import BaseRoute
 from .. import limits
 from ..errors import GuildsError
 from ..toolbox import CallResult, Toolbox
-from ..toolbox.tools import TOOLS, Hints, tool_named
+from ..toolbox.tools import TOOLS, tool_named
 from ..toolbox.tools import Tool as GuildsTool
-from .mcp_runs import META_KEY, RunChoice, Runs, new_run_id, with_run_argument, with_run_line
+from ..toolbox.tools.formats import to_mcp
+from .mcp_runs import META_KEY, RunChoice, Runs, new_run_id, with_run_line
 from .mcp_runs import RUN_KEY as RUN_KEY  # the tests and embedders name it from here
 from .mcp_tasks import TasksExtension
 from .wiring import Wired, open_toolbox, resolve
@@ -106,14 +108,6 @@ SERVER_NAME = "guilds"
 CONTEXT_RESET_KEY = "guilds/context_reset"
 """A request ``_meta`` key: true when the model's context was compacted or
 rewound before this call (Toolbox.context_reset): no read points before it."""
-SESSIONLESS_IDLE_SECONDS = limits.MCP_SESSIONLESS_IDLE_SECONDS
-"""guilds.limits.MCP_SESSIONLESS_IDLE_SECONDS."""
-PROGRESS_SECONDS = limits.MCP_PROGRESS_SECONDS
-"""guilds.limits.MCP_PROGRESS_SECONDS."""
-CANCEL_WAIT_SECONDS = limits.CALL_CANCEL_WAIT_SECONDS
-"""guilds.limits.CALL_CANCEL_WAIT_SECONDS."""
-STOP_WAIT_SECONDS = limits.STDIO_STOP_WAIT_SECONDS
-"""guilds.limits.STDIO_STOP_WAIT_SECONDS."""
 CODING_OFF = "tool {name!r} is not offered: the agent's coding capability is off (agent.coding)"
 INSTRUCTIONS = (
     "Code tools running inside an agent's sandbox: shell (tests, builds, git), shell_status "
@@ -121,14 +115,6 @@ INSTRUCTIONS = (
     "carries over to the next shell call. A result that starts with a run line (run: mcp-...) "
     "names its run: pass that id as the run argument of the next calls to stay in it."
 )
-
-
-def to_annotations(hints: Hints) -> types.ToolAnnotations:
-    """A tool's hints as MCP annotations."""
-    return types.ToolAnnotations(
-        title=hints.title, read_only_hint=hints.read_only, destructive_hint=hints.destructive,
-        idempotent_hint=hints.idempotent, open_world_hint=hints.open_world,
-    )
 
 
 ToolCall = Callable[[Context | None, str, dict[str, Any]], Awaitable[types.CallToolResult]]
@@ -145,8 +131,11 @@ class ToolboxTool(Tool):
 
     @classmethod
     def of(cls, tool: GuildsTool, call: ToolCall) -> ToolboxTool:
-        return cls(fn=call, name=tool.name, title=tool.hints.title, description=tool.description,
-                   parameters=with_run_argument(tool.input_schema), annotations=to_annotations(tool.hints),
+        """The tool as ``guilds tools --format mcp`` prints it (``to_mcp``)."""
+        served = to_mcp(tool)
+        return cls(fn=call, name=served["name"], title=served["title"], description=served["description"],
+                   parameters=served["inputSchema"],
+                   annotations=types.ToolAnnotations.model_validate(served["annotations"]),
                    fn_metadata=FuncMetadata(arg_model=ArgModelBase), is_async=True, context_kwarg=None)
 
     async def run(self, arguments: dict[str, Any], context: Context[Any, Any],
@@ -187,20 +176,20 @@ async def _quiet(elapsed: float) -> None:
 
 
 async def run_call(call: Awaitable[CallResult], report: Callable[[float], Awaitable[None]]) -> CallResult:
-    """Await a toolbox call in a task of its own, reporting elapsed seconds every PROGRESS_SECONDS.
+    """Await a toolbox call in a task of its own, reporting elapsed seconds every limits.MCP_PROGRESS_SECONDS.
 
     When the awaiting side is cancelled, the task is cancelled once and awaited,
-    shielded, for up to CANCEL_WAIT_SECONDS; then the cancellation goes on.
+    shielded, for up to limits.CALL_CANCEL_WAIT_SECONDS; then the cancellation goes on.
     """
     task = asyncio.ensure_future(call)
     started = time.monotonic()
     try:
-        while not (await asyncio.wait({task}, timeout=PROGRESS_SECONDS))[0]:
+        while not (await asyncio.wait({task}, timeout=limits.MCP_PROGRESS_SECONDS))[0]:
             await report(time.monotonic() - started)
         return task.result()
     except BaseException:
         task.cancel()
-        with anyio.move_on_after(CANCEL_WAIT_SECONDS, shield=True):
+        with anyio.move_on_after(limits.CALL_CANCEL_WAIT_SECONDS, shield=True):
             await asyncio.wait({task})
         raise
 
@@ -209,7 +198,7 @@ class _Front:
     """A server's calls, over one toolbox; ``run_id`` fixed for a stdio connection."""
 
     def __init__(self, toolbox: Toolbox, run_id: str | None,
-                 sessionless_idle_seconds: float = SESSIONLESS_IDLE_SECONDS):
+                 sessionless_idle_seconds: float = limits.MCP_SESSIONLESS_IDLE_SECONDS):
         self.toolbox = toolbox
         self.runs = Runs(toolbox.store, run_id, sessionless_idle_seconds, toolbox.settings.id)
         self.ended = asyncio.Event()
@@ -291,7 +280,7 @@ class GuildsServer(MCPServer):
     """
 
     def __init__(self, toolbox: Toolbox, *, run_id: str | None = None,
-                 sessionless_idle_seconds: float = SESSIONLESS_IDLE_SECONDS):
+                 sessionless_idle_seconds: float = limits.MCP_SESSIONLESS_IDLE_SECONDS):
         self.front = _Front(toolbox, run_id, sessionless_idle_seconds)
         self.tasks = TasksExtension(self.front)
         super().__init__(SERVER_NAME, version=_version(), instructions=INSTRUCTIONS, log_level="WARNING",
@@ -323,7 +312,7 @@ async def _lifespan(server: MCPServer[Any]) -> AsyncIterator[dict[str, Any]]:
 
 
 def build_server(toolbox: Toolbox, *, run_id: str | None = None,
-                 sessionless_idle_seconds: float = SESSIONLESS_IDLE_SECONDS) -> GuildsServer:
+                 sessionless_idle_seconds: float = limits.MCP_SESSIONLESS_IDLE_SECONDS) -> GuildsServer:
     """An MCP server offering toolbox's tools; every call goes to ``run_id`` when given."""
     return GuildsServer(toolbox, run_id=run_id, sessionless_idle_seconds=sessionless_idle_seconds)
 
@@ -354,7 +343,7 @@ def http_endpoint(toolbox: Toolbox, *, path: str = "/mcp", host: str = "127.0.0.
 
 
 def streamable_http_app(toolbox: Toolbox, *, path: str = "/mcp", host: str = "127.0.0.1",
-                        sessionless_idle_seconds: float = SESSIONLESS_IDLE_SECONDS) -> Starlette:
+                        sessionless_idle_seconds: float = limits.MCP_SESSIONLESS_IDLE_SECONDS) -> Starlette:
     """A Starlette app serving only the endpoint at path, with its own lifespan."""
     server = build_server(toolbox, sessionless_idle_seconds=sessionless_idle_seconds)
     app = server.streamable_http_app(streamable_http_path=path, host=host)
@@ -398,7 +387,7 @@ async def _end_on_signal(scope: anyio.CancelScope, ended: asyncio.Event) -> None
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         signum = await anext(signals)
     scope.cancel()
-    with anyio.move_on_after(STOP_WAIT_SECONDS, shield=True):
+    with anyio.move_on_after(limits.STDIO_STOP_WAIT_SECONDS, shield=True):
         await ended.wait()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)

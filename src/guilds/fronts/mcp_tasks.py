@@ -74,11 +74,7 @@ from .mcp_runs import META_KEY, principal_of
 log = logging.getLogger(__name__)
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
-TASK_AFTER_SECONDS = limits.MCP_TASK_AFTER_SECONDS
-"""guilds.limits.MCP_TASK_AFTER_SECONDS."""
 POLL_INTERVAL_MS = round(limits.MCP_TASK_POLL_SECONDS * 1000)
-CANCEL_WAIT_SECONDS = limits.CALL_CANCEL_WAIT_SECONDS
-"""guilds.limits.CALL_CANCEL_WAIT_SECONDS: a cancelled task's call, as any cancelled call."""
 RUNNING_STATES = ("running", "stopping")
 """A background command's states while its task is working."""
 NOT_FOUND = "Failed to retrieve task: Task not found"
@@ -139,13 +135,13 @@ async def _quiet(elapsed: float) -> None:
 
 async def _awaited(call: asyncio.Future, timeout: float | None = None) -> bool:
     """Wait for call up to timeout; True if it is done. Cancelled meanwhile: the call is
-    cancelled too and waited for, shielded, for up to CANCEL_WAIT_SECONDS."""
+    cancelled too and waited for, shielded, for up to limits.CALL_CANCEL_WAIT_SECONDS."""
     try:
         done, _ = await asyncio.wait({call}, timeout=timeout)
         return bool(done)
     except BaseException:
         call.cancel()
-        with anyio.move_on_after(CANCEL_WAIT_SECONDS, shield=True):
+        with anyio.move_on_after(limits.CALL_CANCEL_WAIT_SECONDS, shield=True):
             await asyncio.wait({call})
         raise
 
@@ -200,7 +196,7 @@ class TasksExtension(Extension):
         except GuildsError:
             return await call_next(ctx)  # the ordinary path answers the same error
         call = asyncio.ensure_future(self.front.run_prepared(ctx, name, prepared, _quiet))
-        if await _awaited(call, TASK_AFTER_SECONDS):
+        if await _awaited(call, limits.MCP_TASK_AFTER_SECONDS):
             return call.result()
         run_id = prepared.choice.run_id
         row = await self._new_row(ctx, run_id, name, None, f"{name}: running")
@@ -257,7 +253,7 @@ class TasksExtension(Extension):
             for call in list(self._calls.values()):
                 call.cancel()
             if self._followers:
-                with anyio.move_on_after(CANCEL_WAIT_SECONDS):
+                with anyio.move_on_after(limits.CALL_CANCEL_WAIT_SECONDS):
                     await asyncio.wait(set(self._followers))
 
     # --- tasks/* ----------------------------------------------------------------------

@@ -15,7 +15,7 @@ made on first run) is printed with the URLs once the server listens; the app's U
 starts a login session kept in this process's memory (``guilds.web.sessions``: a
 restart ends them all); Host and Origin are checked on every bind. ``no_token`` serves without the token, on a
 loopback address only. SIGTERM, SIGINT and SIGHUP stop the server: running
-calls are cancelled after SHUTDOWN_GRACE_SECONDS, their commands stopped and
+calls are cancelled after SERVE_SHUTDOWN_GRACE_SECONDS (guilds.limits), their commands stopped and
 the calls recorded as cancelled.
 """
 
@@ -48,10 +48,6 @@ from .wiring import Wired, open_toolbox
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
-CANCEL_WAIT_SECONDS = limits.SERVE_CANCEL_WAIT_SECONDS
-"""guilds.limits.SERVE_CANCEL_WAIT_SECONDS."""
-SHUTDOWN_GRACE_SECONDS = limits.SERVE_SHUTDOWN_GRACE_SECONDS
-"""guilds.limits.SERVE_SHUTDOWN_GRACE_SECONDS."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 log = logging.getLogger(__name__)
 
@@ -65,7 +61,7 @@ def _lifespan(mcp_lifespan: Callable[[], contextlib.AbstractAsyncContextManager[
             async with mcp_lifespan():
                 yield
         finally:
-            await store.settled(CANCEL_WAIT_SECONDS)
+            await store.settled(limits.SERVE_CANCEL_WAIT_SECONDS)
 
     return lifespan
 
@@ -143,5 +139,5 @@ async def serve(wired: Wired, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
             log.warning("serving on %s: whoever has the token runs commands as the agent and reads every "
                         "run; Host names answered: %s", host, ", ".join(lock.hosts))
         config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info",
-                                timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS)
+                                timeout_graceful_shutdown=limits.SERVE_SHUTDOWN_GRACE_SECONDS)
         await _run_server(uvicorn.Server(config), host, lock, None if e2b is None else e2b.export_lines)

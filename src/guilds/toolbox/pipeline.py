@@ -9,7 +9,8 @@
 2. the 64 KiB cap (``PLATFORM_CAP_BYTES``): a longer text keeps its start, cut
    at a line where one is near, and ends with ``CUT_MARK``; the result is then
    "cut by the pipeline" and a file_read so cut is never pointed to later;
-3. the ``remaining_tool_calls: N`` trailer, on a line of its own.
+3. the ``remaining_tool_calls: N`` trailer, on a line of its own
+   (``guilds.record.values.with_trailer``: the record keeps the body apart).
 
 It returns the parts apart (``Shaped``: the body, whether it was cut, the
 trailer's count): the run record keeps them apart, and the answer joins them.
@@ -27,10 +28,7 @@ from dataclasses import dataclass
 from guilds_code.limits import PLATFORM_CAP_BYTES
 from guilds_code.redact import Redactor
 
-from ..record.redaction import redact_meta
-from ..record.values import TRAILER, with_trailer
-
-__all__ = ["CUT_MARK", "TRAILER", "Shaped", "cap", "redact_meta", "run_pipeline", "with_trailer"]
+from ..record.values import with_trailer
 
 CUT_MARK = "\n[cut by the platform at {cap} bytes: {left} bytes left out]"
 LINE_SEARCH_BYTES = 2048

@@ -34,9 +34,9 @@ from starlette.staticfiles import StaticFiles
 from guilds_code.redact import Redactor
 
 from ..limits import APP_RETRY_MS
+from ..record.statements import FLOW_PAGE
 from ..record.store import Store
 from ..record.values import CallRecord, RunRecord
-from . import queries
 from .endpoint_lock import EndpointLock, Lock
 from .events import call_updates, sse_message
 from .flow import MAX_SEQ, FlowPage, flow_item, flow_page, later_page, redact_call, runs_page, seq_in_range
@@ -91,7 +91,7 @@ class WebApp:
         return HTMLResponse(self.env.get_template(name).render(**context), status, headers={"vary": "HX-Request"})
 
     async def _run(self, request: Request) -> RunRecord:
-        run = await queries.get_run(self.store, request.path_params["run_id"])
+        run = await self.store.get_run(request.path_params["run_id"])
         if run is None:
             raise HTTPException(404, "no such run")
         return run
@@ -105,7 +105,7 @@ class WebApp:
         return redact_call(call, self.redactor)
 
     async def _flow(self, run_id: str, before: int | None) -> FlowPage:
-        calls = await queries.flow_before(self.store, run_id, before)
+        calls = await self.store.flow_before(run_id, before)
         return flow_page(run_id, [redact_call(c, self.redactor) for c in calls])
 
     async def _flow_from(self, run_id: str, start: int) -> FlowPage:
@@ -113,9 +113,9 @@ class WebApp:
         newest = await self._flow(run_id, None)
         if not newest.items or start >= newest.items[0].seq:
             return newest
-        calls = await queries.flow_after(self.store, run_id, max(0, start - 1), queries.FLOW_PAGE + 1)
-        page = [redact_call(c, self.redactor) for c in calls[: queries.FLOW_PAGE]]
-        return flow_page(run_id, page, more_after=len(calls) > queries.FLOW_PAGE, start=start)
+        calls = await self.store.flow_after(run_id, max(0, start - 1), FLOW_PAGE + 1)
+        page = [redact_call(c, self.redactor) for c in calls[: FLOW_PAGE]]
+        return flow_page(run_id, page, more_after=len(calls) > FLOW_PAGE, start=start)
 
     async def runs(self, request: Request) -> Response:
         offset = max(0, _int(request.query_params.get("offset"), 0))
@@ -135,9 +135,9 @@ class WebApp:
         run = await self._run(request)
         after = _int(request.query_params.get("after"))
         if after is not None:
-            calls = await queries.flow_after(self.store, run.id, max(0, after), queries.FLOW_PAGE + 1)
-            page = [redact_call(c, self.redactor) for c in calls[: queries.FLOW_PAGE]]
-            flow = later_page(run.id, page, more_after=len(calls) > queries.FLOW_PAGE)
+            calls = await self.store.flow_after(run.id, max(0, after), FLOW_PAGE + 1)
+            page = [redact_call(c, self.redactor) for c in calls[: FLOW_PAGE]]
+            flow = later_page(run.id, page, more_after=len(calls) > FLOW_PAGE)
             return self.page("_flow_items.html", flow=flow)
         flow = await self._flow(run.id, _int(request.query_params.get("before")))
         return self.page("_flow_items.html", flow=flow)
@@ -172,8 +172,8 @@ class WebApp:
     async def _stream(self, run_id: str, after: int) -> AsyncIterator[str]:
         yield f"retry: {APP_RETRY_MS}\n\n"
         row = self.env.get_template("_item.html")
-        fetch = lambda seq: queries.flow_after(self.store, run_id, seq)
-        async for call, point in call_updates(fetch, after, page=queries.FLOW_PAGE):
+        fetch = lambda seq: self.store.flow_after(run_id, seq)
+        async for call, point in call_updates(fetch, after, page=FLOW_PAGE):
             item = flow_item(redact_call(call, self.redactor))
             yield sse_message("call", row.render(item=item).strip(), point)
 

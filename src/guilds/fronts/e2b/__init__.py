@@ -20,7 +20,7 @@ from collections.abc import Callable
 from starlette.applications import Starlette
 
 from ...errors import ConfigError
-from ...limits import SERVE_CANCEL_WAIT_SECONDS as CANCEL_WAIT_SECONDS
+from ...limits import SERVE_CANCEL_WAIT_SECONDS
 from ...toolbox import Toolbox
 from ...web.endpoint_lock import Lock
 from .control import ControlPlane
@@ -98,4 +98,4 @@ class E2BFront:
     async def close(self) -> None:
         """Every E2B sandbox killed, and its commands' ends recorded."""
         await self.sandboxes.close()
-        await recorded(CANCEL_WAIT_SECONDS)
+        await recorded(SERVE_CANCEL_WAIT_SECONDS)
