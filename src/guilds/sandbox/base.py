@@ -134,10 +134,10 @@ class Backend:
     isolates = True
     """False for a backend that isolates nothing (doctor says so when ``auto`` picks it)."""
     network_true_reach = ""
+    """What ``agent.network = true`` opens on this backend beyond every host, if anything."""
     own_networks = False
     """True for a backend that can run a sandbox beside the agent's with a narrower egress
     allowlist of its own (the E2B front's ``allow_out``)."""
-    """What ``agent.network = true`` opens on this backend beyond every host, if anything."""
 
     @classmethod
     def for_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike, *,
