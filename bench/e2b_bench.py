@@ -2,7 +2,10 @@
 beside the same command through ``guilds.open`` and a bare process spawn; a 100 MB file
 written and read through the SDK.
 
-Run: .venv/bin/python bench/e2b_bench.py [--sandbox local|bwrap] [--calls N] [--mb N]
+Run: .venv/bin/python bench/e2b_bench.py [--sandbox local|bwrap|docker] [--network-list] [--calls N] [--mb N]
+
+``--network-list``: the agent's ``agent.network`` is a list (one name, never reached), so
+each command and each tool call first keeps the sandbox's egress proxy (bwrap, docker).
 
 One run, one machine: a real `guilds serve --e2b` (its own data folder) and the
 unmodified E2B Python SDK (sync) pointed at it by the variables it prints. The
@@ -85,8 +88,10 @@ def main() -> None:
     parser.add_argument("--sandbox", default="local")
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--mb", type=int, default=100)
+    parser.add_argument("--network-list", action="store_true", help="agent.network a list (bwrap, docker)")
     opts = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, e2b_server(Path(tmp), opts.sandbox) as server:
+    settings = 'network = ["bench.example.org"]' if opts.network_list else ""
+    with tempfile.TemporaryDirectory() as tmp, e2b_server(Path(tmp), opts.sandbox, settings) as server:
         os.environ.update(server.env())
         sbx = Sandbox.create(timeout=3600)
         loop = asyncio.new_event_loop()
@@ -98,7 +103,8 @@ def main() -> None:
         finally:
             loop.run_until_complete(agent.__aexit__(None, None, None))
             sbx.kill()
-    print(f"sandbox {opts.sandbox}, {opts.calls} calls a path\n")
+    network = ", agent.network a list" if opts.network_list else ""
+    print(f"sandbox {opts.sandbox}{network}, {opts.calls} calls a path\n")
     print("| path | `true` (ms) | vs guilds.open |\n| --- | ---: | ---: |")
     for name, label in (("e2b", "E2B SDK `commands.run(\"true\")` against `guilds serve --e2b`"),
                         ("guilds", "`guilds.open`: `shell` `true`"), ("spawn", "bare spawn: `bash -l -c true`")):

@@ -11,6 +11,7 @@ egress proxy running: one killed between two commands is started again.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import os
 import signal
@@ -23,6 +24,7 @@ from e2b.sandbox.network import ALL_TRAFFIC
 
 import egress_kit
 from e2b_kit import BACKENDS, E2BServer, e2b_server
+from guilds.record import Store, database_url
 from guilds.sandbox.egress_process import proxy_pid
 from guilds.sandbox.egress_side import egress_files
 
@@ -63,7 +65,7 @@ def server(request, hosts, tmp_path_factory):
     """`guilds serve --e2b` for an agent whose network is the two hosts (names and ranges)."""
     listed = ", ".join(f'"{entry}"' for entry in (A, B, _range(hosts[A]), _range(hosts[B])))
     resolve = "\n".join(f'"{name}" = "{address}"' for name, address in hosts.items())
-    settings = f"network = [{listed}]\n[egress.resolve]\n{resolve}"
+    settings = f"id = \"e2b-egress\"\nnetwork = [{listed}]\n[egress.resolve]\n{resolve}"
     with e2b_server(tmp_path_factory.mktemp(f"e2b-egress-{request.param}"), request.param, settings) as served:
         yield served
 
@@ -88,6 +90,18 @@ def fetch(box: Sandbox, name: str) -> str:
     return box.commands.run(f"{FETCH}http://{name}/echo", timeout=30).stdout.strip()
 
 
+def decisions(server: E2BServer, box: Sandbox) -> dict[str, list[tuple[str, bool]]]:
+    """Each command of the box's run (its command line) -> its egress decisions (host, allowed)."""
+    async def read() -> dict[str, list[tuple[str, bool]]]:
+        run = f"e2b-{box.sandbox_id}"
+        async with Store(database_url(server.data, {})) as store:
+            return {c.args["command"]: [(d["host"], d["allowed"]) for d in await store.egress_of_call(run, c.call_id)]
+                    for c in await store.calls(run) if c.tool == "shell"}
+
+    time.sleep(0.5)  # a command's record is written when its end arrives
+    return asyncio.run(read())
+
+
 def only(hosts: dict[str, str], name: str) -> dict:
     """The network option asking for that host alone (its name and its range)."""
     return {"allow_out": [name, _range(hosts[name])], "deny_out": [ALL_TRAFFIC]}
@@ -106,6 +120,9 @@ def test_allow_out_reaches_its_host_and_not_another(client, server, hosts):
     refused = fetch(box, B)
     assert refused == f"403 guilds egress: {B}:80 is not in agent.network", refused
     assert "Network is unreachable" in box.commands.run(DIRECT.format(hosts[B])).stdout
+    recorded = decisions(server, box)  # each command's connections under its own call
+    assert recorded[f"{FETCH}http://{A}/echo"] == [(A, True)]
+    assert recorded[f"{FETCH}http://{B}/echo"] == [(B, False)]
     plain = client()  # the agent's own list, beside it
     assert fetch(plain, B) == "200"
     assert list(server.data.glob("egress/*-e2b-*"))  # its own sandbox and proxy...

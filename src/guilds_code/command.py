@@ -91,15 +91,21 @@ def _egress_env(env: Dict[str, str], request: protocol.Request, cwd: str) -> Non
     send it at once), and a
     repository on a GitHub host other than github.com gets GH_HOST and
     GH_ENTERPRISE_TOKEN, which gh reads for such a host."""
-    tag = f"{request.run_id}%2F{request.call_id}"  # both are [A-Za-z0-9._-]: only the slash is quoted
-    url = f"http://{tag}:@{env[EGRESS_PROXY_ENV]}"
-    for name in PROXY_VARS:
-        env[name] = url
-    env["GIT_HTTP_PROXY_AUTHMETHOD"] = "basic"  # else git waits for a 407 to send the proxy user
+    name_call_in_proxy(env, request.run_id, request.call_id)
     host = repo_token(cwd, runstate.load_repo_gh_hosts(request))
     if host is not None and "GH_TOKEN" in env:
         env["GH_HOST"] = host
         env["GH_ENTERPRISE_TOKEN"] = env["GH_TOKEN"]
+
+
+def name_call_in_proxy(env: Dict[str, str], run_id: str, call_id: str) -> None:
+    """The proxy variables' user: ``<run id>/<call id>`` (the proxy records each decision
+    under it); git is told to send it at once. Both ids are safe names
+    ([A-Za-z0-9._-]): only the slash is quoted."""
+    url = f"http://{run_id}%2F{call_id}:@{env[EGRESS_PROXY_ENV]}"
+    for name in PROXY_VARS:
+        env[name] = url
+    env["GIT_HTTP_PROXY_AUTHMETHOD"] = "basic"  # else git waits for a 407 to send the proxy user
 
 
 def start_bash(argv: List[str], cwd: str, env: Dict[str, str], stdout: int, pwd_fd: Optional[int] = None) -> proc.Child:

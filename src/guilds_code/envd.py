@@ -11,10 +11,12 @@ lines: requests on stdin, replies and events on stdout, one line each.
 CODE is a Connect error code (not_found, invalid_argument, permission_denied,
 already_exists, internal). Ops:
 
-- ``start`` {cmd, args, envs, cwd, tag, stdin, timeout_ms, base_env}: argv
-  [cmd, *args] through the helper's spawn path (``proc.spawn``), in a session of
-  its own, with the environment a ``shell`` command gets (``command.COMMAND_ENV``)
-  plus base_env (the sandbox's) and envs (the request's); cwd confined to the home
+- ``start`` {cmd, args, envs, cwd, tag, stdin, timeout_ms, base_env, run_id,
+  call_id}: argv [cmd, *args] through the helper's spawn path (``proc.spawn``), in
+  a session of its own, with the environment a ``shell`` command gets
+  (``command.COMMAND_ENV``) plus base_env (the sandbox's) and envs (the request's);
+  behind the egress proxy, the proxy variables name run_id/call_id (as a ``shell``
+  command's name its call: ``command.name_call_in_proxy``); cwd confined to the home
   (default: the home). stdin a pipe when asked, else /dev/null. With timeout_ms
   the group gets SIGTERM at the deadline and SIGKILL limits.ENVD_KILL_GRACE_SECONDS
   later. Reply {pid}; then data events and one end event.
@@ -35,7 +37,7 @@ import sys
 import threading
 import time
 
-from . import command, limits, proc
+from . import command, limits, proc, protocol
 from .envd_files import Failed, Files, b64, text
 
 TYPE_CHECKING = False
@@ -94,6 +96,9 @@ class Service:
         env.update(command.COMMAND_ENV)
         env.update(_strings(req.get("base_env")))
         env.update(_strings(req.get("envs")))
+        run_id, call_id = req.get("run_id"), req.get("call_id")
+        if env.get(command.EGRESS_PROXY_ENV) and protocol.is_safe_name(run_id) and protocol.is_safe_name(call_id):
+            command.name_call_in_proxy(env, str(run_id), str(call_id))
         read_fd, stdin_fd = os.pipe() if req.get("stdin") else (None, None)
         try:
             child = proc.spawn(argv, env, stdin=read_fd, stdout=proc.PIPE, stderr=proc.PIPE, cwd=cwd, session=True)

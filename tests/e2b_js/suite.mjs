@@ -2,7 +2,7 @@
 // E2B_API_KEY come from the environment, E2B_OTHER_KEY is a second key of the same server.
 // Each step prints one line "ok <name>"; the first failure prints "FAILED <name>: ..." and exits 1.
 import assert from 'node:assert/strict'
-import { CommandExitError, NotFoundError, Sandbox, TimeoutError, AuthenticationError } from 'e2b'
+import { CommandExitError, NotFoundError, Sandbox, SandboxError, TimeoutError, AuthenticationError } from 'e2b'
 
 const marker = process.env.E2B_TEST_MARKER
 let sbx
@@ -111,6 +111,19 @@ await step('keys', async () => {
   assert.ok(!theirs.some((s) => s.sandboxId === sbx.sandboxId))
   await rejects(Sandbox.connect(sbx.sandboxId, { apiKey: process.env.E2B_OTHER_KEY }), NotFoundError)
   await rejects(Sandbox.create({ apiKey: 'e2b_' + '0'.repeat(40) }), AuthenticationError)
+})
+
+await step('network options', async () => {
+  // the agent's network is off: a host is more than it allows, and the client may not widen it
+  const err = await rejects(Sandbox.create({ network: { allowOut: ['elsewhere.example.org'], denyOut: ['0.0.0.0/0'] } }),
+    SandboxError)
+  assert.equal(err.statusCode, 400)
+  assert.match(err.message, /network\.allowOut: 'elsewhere\.example\.org' is not in the agent's network/)
+  const partial = await rejects(Sandbox.create({ network: { denyOut: ['10.0.0.0/8'] } }), SandboxError)
+  assert.match(partial.message, /network\.denyOut: only everything/)
+  const open = await Sandbox.create({ allowInternetAccess: true, timeoutMs: 60_000 })
+  assert.equal((await open.commands.run('echo served')).stdout, 'served\n')
+  await open.kill()
 })
 
 await step('kill the sandbox', async () => {

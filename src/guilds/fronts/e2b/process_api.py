@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ...errors import GuildsError
 from ...limits import E2B_KEEPALIVE_SECONDS, E2B_RECORD_OUTPUT_BYTES
+from ...sandbox.base import Sandbox
 from ...toolbox.tools import SHELL
 from .connect import STREAM_TYPE, ConnectError, end_stream, envelope
 from .envd_channel import Command, EnvdChannel
@@ -136,12 +137,12 @@ class ProcessApi:
             reply = await envd.call("start", cmd=config["cmd"], args=config.get("args") or [],
                                     envs=config.get("envs") or {}, cwd=config.get("cwd"), tag=message.get("tag"),
                                     stdin=message.get("stdin", True) is not False, timeout_ms=timeout_ms,
-                                    base_env=box.env_vars)
+                                    base_env=box.env_vars, run_id=box.run_id, call_id=call.call_id)
         except ConnectError as exc:
             await recorder.finish(call, str(exc), is_error=True, meta={"code": exc.code})
             raise
         command = envd.command(reply["pid"])
-        _record_when_ended(command, recorder, call)
+        _record_when_ended(command, recorder, call, box.sandbox)
         return streaming(stream(command, deadline))
 
     async def connect(self, request: Request, box: E2BSandbox, message: dict[str, Any]) -> Response:
@@ -168,7 +169,7 @@ class ProcessApi:
         return await _envd(box).call("close_stdin", pid=command.pid)
 
 
-def _record_when_ended(command: Command, recorder: Recorder, call: Open) -> None:
+def _record_when_ended(command: Command, recorder: Recorder, call: Open, sandbox: Sandbox) -> None:
     output = Output()
     for event in command.early:
         output(event)
@@ -180,14 +181,18 @@ def _record_when_ended(command: Command, recorder: Recorder, call: Open) -> None
             meta = {"exit_code": code, "timed_out": bool(event.get("timed_out")), "pid": command.pid}
             if event.get("signal"):
                 meta["signal"] = event["signal"]
-            task = asyncio.get_running_loop().create_task(
-                recorder.finish(call, output.text(), is_error=False, meta=meta))  # as a shell call's exit
+            task = asyncio.get_running_loop().create_task(_finish(recorder, call, output.text(), meta, sandbox))
             _PENDING.add(task)
             task.add_done_callback(_PENDING.discard)
 
     command.watchers.append(watch)
     if command.end is not None:
         watch(command.end)
+
+
+async def _finish(recorder: Recorder, call: Open, text: str, meta: dict[str, Any], sandbox: Sandbox) -> None:
+    await recorder.finish(call, text, is_error=False, meta=meta)  # as a shell call's exit
+    await recorder.egress(call, sandbox)
 
 
 _PENDING: set[asyncio.Task] = set()

@@ -6,11 +6,14 @@ when it ends with its output (stdout, then stderr) redacted and capped as any
 result. Every other request is a call of its own tool name (``e2b
 filesystem.Stat``, ``e2b files.write``...) with its arguments. Each counts
 against the agent's ``max_tool_calls`` as a tool call does: past it, the request
-is refused (``resource_exhausted``) and recorded as refused.
+is refused (``resource_exhausted``) and recorded as refused. Behind the egress
+proxy, a command's connections are recorded under its call when it ends.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,8 +21,12 @@ from typing import Any
 
 from guilds_code.redact import Redactor
 
+from ...errors import RecordError
 from ...record.redaction import redact_meta
 from ...record.rows import row_text
+from ...record.values import decision_rows
+from ...sandbox.base import Sandbox
+from ...sandbox.egress_process import read_decisions
 from ...toolbox import Toolbox
 from ...toolbox.pipeline import run_pipeline
 from ...toolbox.toolbox import new_call_id
@@ -33,6 +40,7 @@ class Open:
     """A call begun and not yet finished."""
 
     seq: int
+    call_id: str
     tool: str
     args: Any
     t0: float
@@ -48,10 +56,11 @@ class Recorder:
         """Record the call as running; ConnectError(resource_exhausted) past the budget (recorded so)."""
         budget = self.toolbox.settings.max_tool_calls
         recorded = redact_meta(self.redactor, args)
+        call_id = new_call_id()
         slot = await self.toolbox.store.begin_call(
             run_id=self.run_id, agent_id=self.toolbox.settings.id, tool=tool, args=recorded,
-            call_id=new_call_id(), started_at=datetime.now(UTC), budget=budget)
-        call = Open(slot.seq, tool, recorded, time.monotonic(), max(0, budget - slot.used))
+            call_id=call_id, started_at=datetime.now(UTC), budget=budget)
+        call = Open(slot.seq, call_id, tool, recorded, time.monotonic(), max(0, budget - slot.used))
         if not slot.admitted:
             await self.finish(call, BUDGET_REFUSED.format(n=budget), is_error=True)
             raise ConnectError("resource_exhausted", BUDGET_REFUSED.format(n=budget))
@@ -66,6 +75,17 @@ class Recorder:
             run_id=self.run_id, seq=call.seq, text=shaped.body, is_error=is_error, meta=meta, cut=shaped.cut,
             finished_at=datetime.now(UTC), duration_ms=round((time.monotonic() - call.t0) * 1000),
             row=row, status=status, remaining=shaped.remaining)
+
+    async def egress(self, call: Open, sandbox: Sandbox) -> None:
+        """The sandbox's egress decisions since the last read (agent.network a list), into the
+        record: each under the call its command named (a command's: its own), else under call.
+        A record that cannot take them loses them, not the call."""
+        files = getattr(sandbox, "egress", None)
+        if files is None:
+            return
+        rows = decision_rows(await asyncio.to_thread(read_decisions, files), self.run_id, call.call_id)
+        with contextlib.suppress(RecordError):
+            await self.toolbox.store.add_egress(rows)
 
     async def one(self, tool: str, args: Any, result: Any) -> Any:
         """Record one request around awaiting ``result`` (a coroutine); its answer, or its error."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ...errors import GuildsError
 from ...limits import E2B_ENVD_VERSION
 from ...sandbox.base import Sandbox
 from ...toolbox import Toolbox
@@ -100,7 +101,8 @@ class Sandboxes:
         try:
             box.envd = await EnvdChannel.open(box.sandbox)
         except BaseException:
-            await self._remove_own(box)
+            with contextlib.suppress(GuildsError):  # the first failure is the one to tell
+                await self._remove_own(box)
             raise
         self._all[box.id] = box
         self.set_timeout(box, timeout)
