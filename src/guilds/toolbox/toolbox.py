@@ -309,15 +309,18 @@ class Toolbox:
             await keep()
 
     async def _record_egress(self, call: _Call) -> None:
-        """agent.network a list: the egress proxy's decisions since the last call's end,
-        into the run record, each under the call its command named (that call's own
-        by default). A record that cannot take them loses them, not the call."""
-        files = getattr(self.sandbox, "egress", None)
+        await self.record_egress(self.sandbox, call.run_id, call.call_id)
+
+    async def record_egress(self, sandbox: Sandbox, run_id: str, call_id: str) -> None:
+        """agent.network a list: the sandbox's egress proxy's decisions since the last
+        read, into the run record, each under the call its command named (call_id by
+        default). A record that cannot take them loses them, not the call."""
+        files = getattr(sandbox, "egress", None)
         if files is None:
             return
         from ..sandbox.egress_process import read_decisions
 
-        rows = decision_rows(await asyncio.to_thread(read_decisions, files), call.run_id, call.call_id)
+        rows = decision_rows(await asyncio.to_thread(read_decisions, files), run_id, call_id)
         try:
             await self.store.add_egress(rows)
         except RecordError:

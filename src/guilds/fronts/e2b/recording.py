@@ -12,8 +12,6 @@ proxy, a command's connections are recorded under its call when it ends.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,12 +19,9 @@ from typing import Any
 
 from guilds_code.redact import Redactor
 
-from ...errors import RecordError
 from ...record.redaction import redact_meta
 from ...record.rows import row_text
-from ...record.values import decision_rows
 from ...sandbox.base import Sandbox
-from ...sandbox.egress_process import read_decisions
 from ...toolbox import Toolbox
 from ...toolbox.pipeline import run_pipeline
 from ...toolbox.toolbox import new_call_id
@@ -80,12 +75,7 @@ class Recorder:
         """The sandbox's egress decisions since the last read (agent.network a list), into the
         record: each under the call its command named (a command's: its own), else under call.
         A record that cannot take them loses them, not the call."""
-        files = getattr(sandbox, "egress", None)
-        if files is None:
-            return
-        rows = decision_rows(await asyncio.to_thread(read_decisions, files), self.run_id, call.call_id)
-        with contextlib.suppress(RecordError):
-            await self.toolbox.store.add_egress(rows)
+        await self.toolbox.record_egress(sandbox, self.run_id, call.call_id)
 
     async def one(self, tool: str, args: Any, result: Any) -> Any:
         """Record one request around awaiting ``result`` (a coroutine); its answer, or its error."""
