@@ -88,6 +88,10 @@ class KubernetesSandbox(ContainerSandbox):
     @classmethod
     def for_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike, *,
                   idle_seconds: float | None) -> KubernetesSandbox:
+        if settings.kubernetes.mode == "claim":
+            from .kube_claims import KubeClaimSandbox
+
+            return KubeClaimSandbox(settings, idle_seconds=idle_seconds)
         return cls(settings, idle_seconds=idle_seconds)
 
     @classmethod
@@ -110,8 +114,8 @@ class KubernetesSandbox(ContainerSandbox):
 
     def _open_process(self, argv: list[str]) -> KubeProcess:
         token = secrets.token_hex(8)
-        ws = self._in_pod(lambda: cluster.open_exec(self.core, self.pod, self.config.namespace,
-                                                    spec.with_env(argv, {EXEC_ENV: token})))
+        command = self._wrapped(spec.with_env(argv, {EXEC_ENV: token}))
+        ws = self._in_pod(lambda: cluster.open_exec(self.core, self.pod, self.config.namespace, command))
         return KubeProcess(ws, stop=lambda: self._kill(token))
 
     # --- blocking steps ---------------------------------------------------------
@@ -125,7 +129,7 @@ class KubernetesSandbox(ContainerSandbox):
     def _call(self, argv: list[str], env: dict[str, str], timeout: float, token: str) -> ExecResult:
         if set(env.values()) & set(self.settings.secret_values()):
             raise SandboxError("kubernetes: a secret cannot travel as a per-call variable")
-        command = exec_argv(spec.with_env(argv, {**env, EXEC_ENV: token}), timeout, token=token)
+        command = self._wrapped(exec_argv(spec.with_env(argv, {**env, EXEC_ENV: token}), timeout, token=token))
         began = time.monotonic()
         try:
             out, err, status, complete = self._stream(  # the wrapper's grace, then its reap's
@@ -144,6 +148,10 @@ class KubernetesSandbox(ContainerSandbox):
         if code is not None and code < 0 and not timed_out:
             self._check_running()
         return ExecResult(code, out, err, timed_out)
+
+    def _wrapped(self, command: list[str]) -> list[str]:
+        """A call's command as the pod runs it (the claim mode loads the secrets first)."""
+        return command
 
     def _check_running(self) -> None:
         """After a call that ended by a signal: was it the whole pod? An exec of ``true``
