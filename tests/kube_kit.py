@@ -110,6 +110,31 @@ def remove_agent(pod: str) -> None:
     raise TimeoutError(f"the claim {pod}-home was not gone after {REMOVE_WAIT_SECONDS} s")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_pool_left():
+    """Claim mode: the warm pools and templates a module's tests made are deleted after
+    them (their pods would hold the node's cpu)."""
+    yield
+    if WHY is None:
+        admin_kubectl("delete", "sandboxwarmpools.extensions.agents.x-k8s.io,"
+                      "sandboxtemplates.extensions.agents.x-k8s.io", "-l", "guilds.template",
+                      "--ignore-not-found", "--wait=false")
+
+
+def remove_claimed(name: str) -> None:
+    """Delete a claim-mode agent's claim or own Sandbox (its pod goes with it) and its home
+    volume, without waiting (the test volumes are few; a pool's sandbox is not kept)."""
+    from kubernetes.client import ApiException
+
+    for kind in ("sandboxclaims.extensions.agents.x-k8s.io", "sandboxes.agents.x-k8s.io"):
+        admin_kubectl("delete", kind, name, "--ignore-not-found", "--wait=false")
+    try:
+        core().delete_namespaced_persistent_volume_claim(f"home-{name}", NAMESPACE)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
 NODE_POD_ADDRESS = os.environ.get("GUILDS_TEST_KUBE_NODE_ADDRESS", "10.244.0.1")
 """The node's side of the test cluster's pod network: the bridge's address (scripts/kube-test-env.sh)."""
 NODE_PORTS = range(30000, 32768)

@@ -25,6 +25,7 @@ from guilds.sandbox import kube_claim_spec as claims
 from guilds.sandbox import kube_spec as spec
 from guilds.sandbox.kube_claims import KubeClaimSandbox
 from guilds.toolbox.transport import call_helper
+from kube_kit import no_pool_left  # noqa: F401 - a fixture of this module
 
 CFG = KubernetesSettings(namespace="agents", image="reg/guilds:1", runtime_class="gvisor", cpu="500m",
                          memory="1Gi", home_size="5Gi", mode="claim", warm=3)
@@ -159,31 +160,6 @@ async def wait_pool(pool: str, replicas: int, seconds: float = 120) -> None:
         await asyncio.sleep(0.5)
 
 
-def remove_claimed(box: KubeClaimSandbox) -> None:
-    """Delete the agent's claim or own sandbox and its home volume (the test volumes are few)."""
-    from kubernetes.client import ApiException
-
-    for group, plural in ((claims.EXTENSIONS, claims.CLAIMS), (claims.GROUP, claims.SANDBOXES)):
-        try:
-            kube_kit.admin_kubectl("delete", f"{plural}.{group}", box.claim, "--ignore-not-found", "--wait=false")
-        except subprocess.CalledProcessError:
-            pass
-    try:
-        kube_kit.core().delete_namespaced_persistent_volume_claim(f"home-{box.claim}", kube_kit.NAMESPACE)
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-
-
-@pytest.fixture(scope="module", autouse=True)
-def no_pool_left():
-    """The pools the tests made are deleted after them: their pods would hold the node's cpu."""
-    yield
-    if kube_kit.WHY is None:
-        kube_kit.admin_kubectl("delete", f"{claims.POOLS}.{claims.EXTENSIONS},{claims.TEMPLATES}.{claims.EXTENSIONS}",
-                               "-l", claims.LABEL_TEMPLATE, "--ignore-not-found", "--wait=false")
-
-
 @pytest.fixture
 async def claimed():
     made: list[KubeClaimSandbox] = []
@@ -198,7 +174,7 @@ async def claimed():
     yield _make
     for box in made:
         await box.stop()
-        await asyncio.to_thread(remove_claimed, box)
+        await asyncio.to_thread(kube_kit.remove_claimed, box.claim)
 
 
 def template_name() -> str:
