@@ -29,7 +29,7 @@ Lifecycle:
 Doctor's line, the pods ``guilds sandbox list`` shows and what ``rm`` deletes:
 ``kube_admin``.
 
-For fleets of agents see docs/sandboxes.md (kubernetes-sigs/agent-sandbox).
+The claim mode (warm pools of kubernetes-sigs/agent-sandbox): ``kube_claims``.
 """
 
 from __future__ import annotations
