@@ -261,3 +261,16 @@ async def test_an_own_sandbox_is_suspended_and_resumed_with_its_home_and_logs(cl
     status = await call_helper(box, {**request, "op": "shell_status", "args": {}, "call_id": "c2"}, wait=60)
     assert status["ok"] and " ended " in status["text"] + " ", status
     assert "started" in status["text"], status
+
+
+def test_what_the_sandbox_commands_say_of_a_claim_or_an_own_sandbox():
+    from guilds.sandbox.kube_claim_admin import ClaimBox, _box
+
+    meta = {"name": "guilds-a-1", "annotations": {"guilds/agent-id": "a"}}
+    ready = {"metadata": meta, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    assert _box(ready, "claim") == ClaimBox("a", "guilds-a-1", "claim", "ready")
+    waiting = {"metadata": {"name": "n"}, "status": {"conditions": [
+        {"type": "Ready", "status": "False", "reason": "WarmPoolNotFound", "message": "no pool"}]}}
+    assert _box(waiting, "claim") == ClaimBox("n", "n", "claim", "not ready (WarmPoolNotFound: no pool)")
+    suspended = {**ready, "spec": {"operatingMode": "Suspended"}}
+    assert _box(suspended, "sandbox").state == "suspended"
