@@ -24,7 +24,7 @@ SERVED = {claims.GROUP: (claims.SANDBOXES,), claims.EXTENSIONS: (claims.CLAIMS, 
 """The resources agent-sandbox's CRDs serve, by API group (version claims.VERSION)."""
 RIGHTS = tuple((verb, claims.EXTENSIONS, plural) for plural in (claims.TEMPLATES, claims.POOLS)
                for verb in ("get", "create", "patch")) + tuple(
-    (verb, claims.EXTENSIONS, claims.CLAIMS) for verb in ("get", "list", "create", "delete")) + tuple(
+    (verb, claims.EXTENSIONS, claims.CLAIMS) for verb in ("get", "list", "watch", "create", "delete")) + tuple(
     (verb, claims.GROUP, claims.SANDBOXES) for verb in ("get", "list", "create", "patch", "delete"))
 """What the claim mode does in its namespace (docs/kubernetes-claims-role.yaml)."""
 
