@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 import subprocess
 import time
@@ -274,3 +275,52 @@ def test_what_the_sandbox_commands_say_of_a_claim_or_an_own_sandbox():
     assert _box(waiting, "claim") == ClaimBox("n", "n", "claim", "not ready (WarmPoolNotFound: no pool)")
     suspended = {**ready, "spec": {"operatingMode": "Suspended"}}
     assert _box(suspended, "sandbox").state == "suspended"
+
+
+def guilds_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    import sys
+
+    env = {**os.environ, "GUILDS_DATA": str(tmp_path / "data")}
+    return subprocess.run([sys.executable, "-m", "guilds.fronts.cli", *args], check=False, env=env,
+                          capture_output=True, timeout=300, text=True)
+
+
+@kube_kit.needs_cluster[0]
+@kube_kit.needs_cluster[1]
+async def test_sandbox_list_stop_rm_and_doctor_know_claims(claimed, tmp_path):
+    box = await claimed(keep_home=True, warm=1)
+    ns = kube_kit.NAMESPACE
+    config = tmp_path / "agent.toml"
+    config.write_text(f'[agent]\nid = "{box.agent_id}"\nhome = "/home/agent"\nsandbox = "kubernetes"\n'
+                      f'[kubernetes]\nnamespace = "{ns}"\nimage = "{kube_kit.IMAGE}"\nmode = "claim"\n'
+                      f'keep_home = true\nwarm = 1\ncpu = "{CLAIM_CPU}"\nmemory = "256Mi"\nhome_size = "1Gi"\n')
+    doctor = guilds_cli(tmp_path, "doctor", "--config", str(config))
+    claim_line = next(line for line in doctor.stdout.splitlines() if "kubernetes claims" in line)
+    assert claim_line.startswith("ok"), doctor.stdout
+    listed = guilds_cli(tmp_path, "sandbox", "list", "--config", str(config))
+    assert listed.returncode == 0, listed.stderr
+    assert any(line.split()[:2] == ["kubernetes", box.agent_id] and f"{ns}/sandbox {box.claim}" in line
+               and line.endswith(" ready") for line in listed.stdout.splitlines()), listed.stdout
+    stopped = guilds_cli(tmp_path, "sandbox", "stop", "--config", str(config))
+    assert stopped.returncode == 0, stopped.stderr
+    listed = guilds_cli(tmp_path, "sandbox", "list", "--config", str(config))
+    assert any(f"{ns}/sandbox {box.claim}" in line and line.endswith("suspended")
+               for line in listed.stdout.splitlines()), listed.stdout
+    removed = guilds_cli(tmp_path, "sandbox", "rm", "--config", str(config))
+    assert removed.returncode == 0, removed.stderr
+    assert removed.stdout.splitlines()[1:] == [f"removed sandbox {ns}/{box.claim}",
+                                               f"removed volume claim {ns}/home-{box.claim}"]
+
+
+@kube_kit.needs_cluster[0]
+@kube_kit.needs_cluster[1]
+def test_doctor_says_which_claim_rights_are_missing():
+    from kubernetes import config as kube_config
+
+    from guilds.sandbox import kube_claim_admin
+
+    admin = kube_config.new_client_from_config(str(Path(os.environ["KUBECONFIG"]).with_name("admin.kubeconfig")))
+    assert kube_claim_admin.problems(admin, "default") == []  # the admin: every right, the APIs served
+    orchestrator = kube_kit.core().api_client
+    found = kube_claim_admin.problems(orchestrator, "default")  # bound in the test namespace only
+    assert len(found) == 1 and "may not get sandboxtemplates.extensions.agents.x-k8s.io" in found[0], found

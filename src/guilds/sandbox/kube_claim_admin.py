@@ -7,18 +7,25 @@
   warm pool the controller has not seen at its current generation (no controller
   with ``--extensions`` answering);
 - ``boxes(api, namespace)``: each agent's claim or own Sandbox, its state;
-- ``remove(api, namespace, name)``: an agent's claim, own Sandbox and home volume.
+- ``remove(api, namespace, name)``: an agent's claim, own Sandbox and home volume;
+- ``check(settings, needed)`` and ``listed(settings)``: the kubernetes backend's
+  doctor lines and ``guilds sandbox list`` rows in claim mode, from these.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..config.settings import AgentSettings
 from ..limits import DOCTOR_PROBE_SECONDS
 from . import kube_claim_spec as claims
 from . import kube_cluster as cluster
 from . import kube_spec as spec
+from .base import Box, Check
+
+NAME = "kubernetes claims"
 
 SERVED = {claims.GROUP: (claims.SANDBOXES,), claims.EXTENSIONS: (claims.CLAIMS, claims.TEMPLATES, claims.POOLS)}
 """The resources agent-sandbox's CRDs serve, by API group (version claims.VERSION)."""
@@ -119,13 +126,39 @@ def boxes(api: Any, namespace: str) -> list[ClaimBox]:
     return found
 
 
-def remove(api: Any, namespace: str, name: str) -> None:
-    """Delete the agent's claim, own Sandbox (their pods go with them) and home volume."""
+def remove(api: Any, namespace: str, name: str) -> Iterator[str]:
+    """Delete the agent's claim, own Sandbox (their pods go with them) and home volume;
+    yield each one deleted."""
     from kubernetes import client
 
-    custom = client.CustomObjectsApi(api)
-    for group, plural in ((claims.EXTENSIONS, claims.CLAIMS), (claims.GROUP, claims.SANDBOXES)):
-        with cluster.api_errors(f"delete the {plural[:-1]} {name}", namespace), cluster.ignoring(404):
-            custom.delete_namespaced_custom_object(group, claims.VERSION, namespace, plural, name)
-    with cluster.api_errors(f"delete the volume claim home-{name}", namespace), cluster.ignoring(404):
-        client.CoreV1Api(api).delete_namespaced_persistent_volume_claim(f"home-{name}", namespace)
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    for kind, name_of, delete in (
+            ("claim", name, lambda n: custom.delete_namespaced_custom_object(
+                claims.EXTENSIONS, claims.VERSION, namespace, claims.CLAIMS, n)),
+            ("sandbox", name, lambda n: custom.delete_namespaced_custom_object(
+                claims.GROUP, claims.VERSION, namespace, claims.SANDBOXES, n)),
+            ("volume claim", f"home-{name}", lambda n: core.delete_namespaced_persistent_volume_claim(n, namespace))):
+        with cluster.api_errors(f"delete the {kind} {name_of}", namespace), cluster.ignoring(404):
+            delete(name_of)
+            yield f"{kind} {namespace}/{name_of}"
+
+
+def check(settings: AgentSettings, *, needed: bool) -> list[Check]:
+    """Doctor's line on the claim mode: agent-sandbox installed, the rights, the controller."""
+    namespace = settings.kubernetes.namespace
+    try:
+        found = problems(cluster.connect().api_client, namespace)
+    except Exception as exc:  # noqa: BLE001 - the client's errors and the connection's alike: say which
+        return [Check(NAME, False, f"cannot ask the cluster ({type(exc).__name__}: {exc})"[:300],
+                      "check the kubeconfig's server and credentials", needed)]
+    if found:
+        return [Check(NAME, False, "; ".join(found), "install agent-sandbox with --extensions and bind "
+                      "docs/kubernetes-claims-role.yaml (docs/sandboxes.md)", needed)]
+    return [Check(NAME, True, f"agent-sandbox's APIs served, every right the claim mode needs in namespace "
+                  f"{namespace}, the warm pools seen by its controller", needed=needed)]
+
+
+def listed(settings: AgentSettings) -> list[Box]:
+    namespace = settings.kubernetes.namespace
+    return [Box("kubernetes", b.agent, f"{namespace}/{b.kind} {b.name}", b.state)
+            for b in boxes(cluster.connect().api_client, namespace)]

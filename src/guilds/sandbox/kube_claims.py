@@ -38,10 +38,11 @@ from typing import Any
 from ..config.settings import AgentSettings
 from ..errors import SandboxError
 from ..limits import KUBERNETES_START_SECONDS
+from . import kube_claim_admin as claim_admin
 from . import kube_claim_spec as claims
 from . import kube_cluster as cluster
 from . import kube_spec as spec
-from ._container import helpers_digest, repos_file, repos_json
+from ._container import blocking, helpers_digest, repos_file, repos_json
 from .kubernetes import KubernetesSandbox
 
 WATCH_SLICE_SECONDS = 30
@@ -92,10 +93,11 @@ class KubeClaimSandbox(KubernetesSandbox):
         else:
             self._delete_claim(wait=False)
 
-    def _stop(self) -> None:
-        with self._lock:
-            self._ready = False
-            self._delete_pod()
+    async def remove(self) -> list[str]:
+        """Stop, then delete the claim, the own Sandbox and its home volume."""
+        await self.stop()
+        return await blocking(lambda: list(claim_admin.remove(self.core.api_client, self.config.namespace,
+                                                                  self.claim)))
 
     # --- the template and its pool -----------------------------------------------------
     def _template(self) -> dict[str, Any]:

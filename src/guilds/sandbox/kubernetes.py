@@ -96,12 +96,24 @@ class KubernetesSandbox(ContainerSandbox):
 
     @classmethod
     def check(cls, settings: AgentSettings, data_dir: str | os.PathLike, *, needed: bool) -> list[Check]:
-        return admin.check(settings, needed=needed)
+        lines = admin.check(settings, needed=needed)
+        if settings.kubernetes.mode == "claim" and all(line.ok for line in lines):
+            from . import kube_claim_admin
+
+            lines += kube_claim_admin.check(settings, needed=needed)
+        return lines
 
     @classmethod
     def boxes(cls, settings: AgentSettings, data_dir: str | os.PathLike, *, chosen: bool) -> list[Box]:
-        """The pods so labelled in ``kubernetes.namespace``, asked only when chosen."""
-        return admin.boxes(settings) if chosen else []
+        """The pods so labelled in ``kubernetes.namespace`` (claim mode: and the agents'
+        claims and own Sandboxes), asked only when chosen."""
+        if not chosen:
+            return []
+        if settings.kubernetes.mode == "claim":
+            from . import kube_claim_admin
+
+            return admin.boxes(settings) + kube_claim_admin.listed(settings)
+        return admin.boxes(settings)
 
     async def remove(self) -> list[str]:
         """Stop (the pod deleted), then delete its home claim and its Secret."""
