@@ -194,8 +194,9 @@ async def main() -> None:
     parser.add_argument("--resume-rounds", type=int, default=5)
     parser.add_argument("--skip", nargs="*", default=[], help="claim sections left out: first suspend N per")
     parser.add_argument("--fleet", type=int, default=32)
-    parser.add_argument("--claim-cpu", default="200m", help="each claimed pod's cpu (first calls, per call)")
-    parser.add_argument("--fleet-claim-cpu", default="50m", help="each pod's cpu when --fleet claim at once")
+    parser.add_argument("--claim-cpu", default="500m", help="each claimed pod's cpu (first calls, per call)")
+    parser.add_argument("--warm", type=int, default=2, help="the warm pool's size for the first calls")
+    parser.add_argument("--fleet-claim-cpu", default="20m", help="each pod's cpu when --fleet claim at once")
     args = parser.parse_args()
     if not os.environ.get("KUBECONFIG"):
         sys.exit("kube_bench: KUBECONFIG is not set (eval \"$(bash scripts/kube-test-env.sh)\")")

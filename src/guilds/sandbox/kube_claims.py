@@ -9,7 +9,8 @@ Lifecycle (calls go over pods/exec to the claimed pod, as in pod mode):
 - the agent's claim is found again by name, or made; a claim of another pool
   (the settings changed) is deleted and made anew. The call waits, on a watch
   of the claim, until it holds a ready sandbox, then reads that sandbox's pod;
-- on the claimed pod: the image's helpers are checked (a claim made now), then
+- on the claimed pod: the image's helpers are checked (a claim made now, once per
+  template in a process: its pods run one image), then
   one tar over exec writes the secrets file (0600, ``secrets_file``) and
   repos.json. Every command, the resident helper too, runs under
   ``loaded_argv``, which loads that file: no secret sits in a claim, a
@@ -51,6 +52,8 @@ GONE_WAIT_SECONDS = 60
 _made_lock = threading.Lock()
 _made: set[tuple[str, str, int]] = set()
 """(namespace, template, warm) made or checked by this process: once each."""
+_helpers_checked: set[str] = set()
+"""The templates whose image's helpers this process found to be its own build."""
 
 
 class KubeClaimSandbox(KubernetesSandbox):
@@ -77,9 +80,11 @@ class KubeClaimSandbox(KubernetesSandbox):
             if phase in ("ended", "idle"):
                 self._delete_pod()
                 raise SandboxError(self._ended_text(detail or "it exited"))
-            self._wait_running()
-            if made:
-                self._check_helpers()
+            if phase != "running":
+                self._wait_running()
+            if made and template["metadata"]["name"] not in _helpers_checked:
+                self._check_helpers()  # once per template: every pod of it runs one image
+                _helpers_checked.add(template["metadata"]["name"])
             self._put([(claims.secrets_file(self.agent_id), claims.secrets_text(self.settings.secrets), 0o600),
                        (repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600)], making=True)
             self._ready = True
