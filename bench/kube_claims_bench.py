@@ -184,6 +184,8 @@ async def claims_at_once(fleet: Any, args: argparse.Namespace) -> str:
 
 async def per_call(fleet: Any, args: argparse.Namespace) -> str:
     paths = {"local resident": tool_call(fleet.toolbox("local", "resident"), "shell", {"command": "true"}),
+             "pod mode resident": tool_call(fleet.toolbox("kubernetes", "resident", cpu=args.claim_cpu),
+                                            "shell", {"command": "true"}),
              "claimed pod resident": tool_call(fleet.toolbox("kubernetes", "resident", cpu=args.claim_cpu,
                                                              mode="claim", warm=0), "shell", {"command": "true"})}
     times = await interleaved(paths, args.calls)

@@ -44,11 +44,22 @@ def _unavailable() -> str | None:
 WHY = _unavailable()
 needs_cluster = [pytest.mark.kubernetes, pytest.mark.skipif(WHY is not None, reason=f"kubernetes: {WHY}")]
 PARAM = pytest.param("kubernetes", id="kubernetes", marks=needs_cluster)
+CLAIM_PARAM = pytest.param("kubernetes-claim", id="kubernetes-claim", marks=needs_cluster)
+"""The kubernetes backend in claim mode (a warm pool of 0: every test's home differs, so
+each has a template of its own), for suites parametrized by backend name."""
 
 
 def kube_settings(settings: AgentSettings, **kw: Any) -> AgentSettings:
     """settings on the test cluster: its namespace and image, a 1Gi home (kw: other keys)."""
     return replace(settings, sandbox="kubernetes", kubernetes=replace(SETTINGS, **kw))
+
+
+def backend_settings(settings: AgentSettings) -> AgentSettings:
+    """settings for the backend their ``sandbox`` names: kubernetes on the test cluster,
+    kubernetes-claim in claim mode there; any other as they are."""
+    if settings.sandbox == "kubernetes-claim":
+        return kube_settings(settings, mode="claim", warm=0, cpu="200m")
+    return kube_settings(settings) if settings.sandbox == "kubernetes" else settings
 
 
 def core() -> Any:
