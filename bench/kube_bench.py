@@ -18,6 +18,12 @@ pipeline), as resident_bench.py does:
 
 Each pod asks for --cpu (requests = limits): the fleet's pods must fit the node.
 Prints Markdown (pasted into docs/benchmarks.md under "Kubernetes").
+
+With --claims, the claim mode instead (agent-sandbox's controller running; the
+sections of bench/kube_claims_bench.py): a new agent's first call, a cold pod against
+a claim from a warm pool (--claim-rounds of each, p50 and p99); an own sandbox
+suspended, then resumed by its first call; --fleet agents claiming at once from a
+pool of that size; per call on the resident transport, claimed pod against local.
 """
 
 from __future__ import annotations
@@ -53,14 +59,15 @@ class Fleet:
         self.root, self.store, self.cpu = root, store, cpu
         self.toolboxes: list[Toolbox] = []
 
-    def toolbox(self, backend: str, transport: str, *, cpu: str | None = None) -> Toolbox:
+    def toolbox(self, backend: str, transport: str, *, cpu: str | None = None, **kube: Any) -> Toolbox:
+        """kube: more [kubernetes] keys (mode, warm, keep_home)."""
         agent = f"b{secrets.token_hex(4)}"
         home = self.root / "homes" / agent if backend != "kubernetes" else Path("/home/agent")
         data: dict[str, Any] = {"agent": {"id": agent, "home": str(home), "sandbox": backend,
                                           "transport": transport, "max_tool_calls": 10_000_000}}
         if backend == "kubernetes":
             data["kubernetes"] = {"namespace": NAMESPACE, "image": IMAGE, "cpu": cpu or self.cpu,
-                                  "memory": "256Mi", "home_size": "1Gi"}
+                                  "memory": "256Mi", "home_size": "1Gi", **kube}
         if backend == "docker":
             data["docker"] = {"image": DOCKER_IMAGE}
         settings = parse_settings(data, self.root, env={})
@@ -78,7 +85,8 @@ class Fleet:
             return
         await toolbox.sandbox.stop()
         if toolbox.sandbox.name == "kubernetes":
-            await asyncio.to_thread(_remove_claim_and_secret, toolbox.sandbox)
+            remove = _remove_claimed if hasattr(toolbox.sandbox, "claim") else _remove_claim_and_secret
+            await asyncio.to_thread(remove, toolbox.sandbox)
 
 
 def _remove_claim_and_secret(sandbox: Any) -> None:
@@ -88,6 +96,22 @@ def _remove_claim_and_secret(sandbox: Any) -> None:
                          (sandbox.core.delete_namespaced_secret, f"{sandbox.pod}-env")):
         try:
             delete(name, NAMESPACE)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def _remove_claimed(sandbox: Any) -> None:
+    """A claim-mode agent's own Sandbox (a claim is deleted by stop) and its home volume."""
+    from kubernetes.client import ApiException
+
+    from guilds.sandbox import kube_claim_spec as claims
+
+    for delete, args in ((sandbox.custom.delete_namespaced_custom_object,
+                          (claims.GROUP, claims.VERSION, NAMESPACE, claims.SANDBOXES, sandbox.claim)),
+                         (sandbox.core.delete_namespaced_persistent_volume_claim, (f"home-{sandbox.claim}", NAMESPACE))):
+        try:
+            delete(*args)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -164,9 +188,23 @@ async def main() -> None:
     parser.add_argument("--cpu", default="1", help="each pod's cpu for sections 1 and 2")
     parser.add_argument("--fleet-cpu", default="200m", help="each pod's cpu for section 3")
     parser.add_argument("--no-docker", action="store_true")
+    parser.add_argument("--claims", action="store_true", help="the claim mode's sections instead")
+    parser.add_argument("--claim-rounds", type=int, default=50)
+    parser.add_argument("--cold-rounds", type=int, default=20)
+    parser.add_argument("--resume-rounds", type=int, default=5)
+    parser.add_argument("--skip", nargs="*", default=[], help="claim sections left out: first suspend N per")
+    parser.add_argument("--fleet", type=int, default=32)
+    parser.add_argument("--claim-cpu", default="500m", help="each claimed pod's cpu (first calls, per call)")
+    parser.add_argument("--warm", type=int, default=2, help="the warm pool's size for the first calls")
+    parser.add_argument("--fleet-claim-cpu", default="20m", help="each pod's cpu when --fleet claim at once")
     args = parser.parse_args()
     if not os.environ.get("KUBECONFIG"):
         sys.exit("kube_bench: KUBECONFIG is not set (eval \"$(bash scripts/kube-test-env.sh)\")")
+    if args.claims:
+        from kube_claims_bench import claim_sections
+
+        await claim_sections(Fleet, args)
+        return
     with tempfile.TemporaryDirectory(prefix="guilds-kube-bench-") as tmp:
         root = Path(tmp)
         async with Store(f"sqlite:///{root}/guilds.db") as store:

@@ -10,13 +10,21 @@
 # etcdmain.Main in the same module (one set of shared dependencies).
 #
 # kube-router is its own module with no replace directives: `go install` of its
-# cmd at the pinned version, kept beside the Kubernetes binaries.
+# cmd at the pinned version, kept beside the Kubernetes binaries. So is
+# kubernetes-sigs/agent-sandbox (sigs.k8s.io/agent-sandbox): its controller's
+# main package (cmd/agent-sandbox-controller; with --extensions it also runs the
+# SandboxClaim, SandboxTemplate and SandboxWarmPool controllers), and beside it
+# the module's k8s/ folder, which holds the CRDs (k8s/crds) and the RBAC
+# (k8s/rbac.generated.yaml, k8s/extensions-rbac.generated.yaml) that
+# scripts/kube-test-env.sh applies. Build only those with `--agent-sandbox`
+# (it needs only go: CI starts it first, beside the other setup).
 #
 # The binaries are kept in $GUILDS_KUBE_CACHE (default /var/cache/guilds-kube)
 # under their versions, so a later run on the same machine builds nothing.
 set -euo pipefail
 version=${GUILDS_KUBE_VERSION:-1.36.3}
 router_version=${GUILDS_KUBE_ROUTER_VERSION:-2.1.0}
+sandbox_version=${GUILDS_AGENT_SANDBOX_VERSION:-1.0.1}
 cache=${GUILDS_KUBE_CACHE:-/var/cache/guilds-kube}
 out="$cache/v$version/bin"
 router="$cache/kube-router-v$router_version/kube-router"
@@ -26,11 +34,30 @@ have_all() {
   for p in "${programs[@]}"; do [ -x "$out/$p" ] || return 1; done
 }
 have_router() { [ -x "$router" ] && [ "$(readlink "$out/kube-router")" = "$router" ]; }
-if have_all && have_router; then echo "$out"; exit 0; fi
+sandbox_dir="$cache/agent-sandbox-v$sandbox_version"
+have_sandbox() { [ -x "$sandbox_dir/agent-sandbox-controller" ] && [ -f "$sandbox_dir/k8s/crds/extensions.agents.x-k8s.io_sandboxclaims.yaml" ]; }
+link_sandbox() { mkdir -p "$out" && ln -sfn "$sandbox_dir" "$out/agent-sandbox"; }
+if have_all && have_router && have_sandbox; then link_sandbox; echo "$out"; exit 0; fi
 
 command -v go >/dev/null || PATH=$PATH:/usr/local/go/bin
 command -v go >/dev/null || { echo "kube-build: no go on PATH (Go 1.26 builds Kubernetes 1.36)" >&2; exit 1; }
 export GOWORK=off CGO_ENABLED=0
+
+# The agent-sandbox controller and its manifests, in $sandbox_dir (reached from $out
+# as agent-sandbox/). Built in a folder of its own, then renamed: a build cut off
+# leaves nothing that looks whole.
+build_sandbox() {
+  have_sandbox && return 0
+  local module="sigs.k8s.io/agent-sandbox" part="$sandbox_dir.part" src
+  rm -rf "$part" && mkdir -p "$part"
+  GOFLAGS= GOBIN="$part" go install -trimpath -ldflags "-s -w" \
+    "$module/cmd/agent-sandbox-controller@v$sandbox_version" >&2
+  src=$(GOFLAGS= go mod download -json "$module@v$sandbox_version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  cp -r "$src/k8s" "$part/k8s" && chmod -R u+w "$part/k8s"
+  rm -rf "$sandbox_dir" && mv "$part" "$sandbox_dir"
+}
+if [ "${1:-}" = "--agent-sandbox" ]; then build_sandbox; echo "$sandbox_dir"; exit 0; fi
+if have_all && have_router; then build_sandbox; link_sandbox; echo "$out"; exit 0; fi
 
 build_router() {  # only its network-policy controller runs here, but the cmd is one binary
   mkdir -p "${router%/*}"
@@ -39,7 +66,7 @@ build_router() {  # only its network-policy controller runs here, but the cmd is
     "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@v$router_version" >&2
   ln -sfn "$router" "$out/kube-router"
 }
-if have_all; then build_router; echo "$out"; exit 0; fi
+if have_all; then build_router; build_sandbox; link_sandbox; echo "$out"; exit 0; fi
 export GOFLAGS=-mod=mod
 work="$cache/v$version/module"
 rm -rf "$work" && mkdir -p "$work/etcd" "$out"
@@ -83,5 +110,7 @@ for p in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; 
 done
 go build -trimpath -ldflags "-s -w" -o "$out/etcd" ./etcd >&2
 build_router
-have_all && have_router
+build_sandbox
+link_sandbox
+have_all && have_router && have_sandbox
 echo "$out"

@@ -31,6 +31,13 @@
 # is the one exported; local PersistentVolumes of the default StorageClass,
 # each a folder, and a few small ones each a sized tmpfs (the full-disk cases);
 # a released volume is emptied and offered again (the recycler daemon).
+#
+# The claim mode ([kubernetes] mode = "claim"): kubernetes-sigs/agent-sandbox's
+# CRDs and ClusterRoles as its module ships them (k8s/ beside the controller,
+# scripts/kube-build.sh), bound to a user of its own, and its controller with
+# --extensions as a host daemon on that user's kubeconfig; the orchestrator's
+# user also gets docs/kubernetes-claims-role.yaml. `--agent-sandbox` adds these
+# to a cluster already running.
 set -euo pipefail
 
 DIR=${GUILDS_KUBE_DIR:-/tmp/guilds-kube}
@@ -60,7 +67,7 @@ admin() { kubectl --kubeconfig "$DIR/pki/admin.kubeconfig" "$@"; }
 api_up() { admin get --raw /readyz >/dev/null 2>&1; }
 
 stop_all() {
-  for name in recycler kube-router kubelet kube-scheduler kube-controller-manager kube-apiserver etcd containerd; do
+  for name in recycler agent-sandbox kube-router kubelet kube-scheduler kube-controller-manager kube-apiserver etcd containerd; do
     [ -f "$DIR/run/$name.pid" ] || continue
     pid=$(cat "$DIR/run/$name.pid")
     kill "$pid" 2>/dev/null || true
@@ -151,7 +158,8 @@ make_pki() {
   cert scheduler "/CN=system:kube-scheduler"
   cert kubelet "/O=system:nodes/CN=system:node:127.0.0.1" "IP:127.0.0.1,DNS:localhost"
   cert orchestrator "/CN=guilds-orchestrator"
-  for name in admin controller-manager scheduler kubelet orchestrator; do kubeconfig "$name"; done
+  cert agent-sandbox "/CN=agent-sandbox-controller"
+  for name in admin controller-manager scheduler kubelet orchestrator agent-sandbox; do kubeconfig "$name"; done
 }
 
 # --- containerd, the pause image, the sandbox image -----------------------------------------
@@ -348,6 +356,34 @@ EOF
   for _ in $(seq 100); do admin -n "$NS" get serviceaccount default >/dev/null 2>&1 && break; sleep 0.2; done
 }
 
+# --- the claim mode: agent-sandbox's CRDs, ClusterRoles and controller ----------------
+SANDBOX_HEALTH=127.0.0.1:18081
+sandbox_bindings() {
+  local role
+  for role in agent-sandbox-controller agent-sandbox-controller-extensions; do
+    printf -- '---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: %s}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: %s}\nsubjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: agent-sandbox-controller}]\n' "$role" "$role"
+  done
+  printf -- '---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: guilds-orchestrator-claims, namespace: %s}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: guilds-orchestrator-claims}\nsubjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: guilds-orchestrator}]\n' "$NS"
+}
+sandbox_ready() {
+  python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" \
+    "http://$SANDBOX_HEALTH/readyz" 2>/dev/null
+}
+start_agent_sandbox() {
+  local bin=$1 k8s=$1/agent-sandbox/k8s
+  # Server-side: the template CRD is larger than the annotation a client-side apply keeps.
+  admin apply --server-side --force-conflicts -f "$k8s/crds" >/dev/null
+  admin wait --for condition=Established --timeout 60s -f "$k8s/crds" >/dev/null
+  admin apply -f "$k8s/rbac.generated.yaml" -f "$k8s/extensions-rbac.generated.yaml" >/dev/null
+  sed -e "s/namespace: guilds$/namespace: $NS/" "$ROOT/docs/kubernetes-claims-role.yaml" | admin apply -f - >/dev/null
+  sandbox_bindings | admin apply -f - >/dev/null
+  daemon agent-sandbox env KUBECONFIG="$DIR/pki/agent-sandbox.kubeconfig" \
+    "$bin/agent-sandbox/agent-sandbox-controller" --extensions --leader-elect=false \
+    --metrics-bind-address 0 --health-probe-bind-address "$SANDBOX_HEALTH"
+  for _ in $(seq 150); do sandbox_ready && return 0; sleep 0.2; done
+  log "the agent-sandbox controller did not answer:"; tail -20 "$DIR/agent-sandbox.log" >&2; exit 1
+}
+
 pv() {  # pv NAME SIZE PATH
   cat <<EOF
 ---
@@ -414,6 +450,10 @@ reset_state() {
 
 if [ "${1:-}" = "--stop" ]; then stop_all; exit 0; fi
 if [ "${1:-}" = "--recycle" ]; then recycle_loop; exit 0; fi
+if [ "${1:-}" = "--agent-sandbox" ]; then
+  BIN=$(bash "$ROOT/scripts/kube-build.sh"); export PATH="$BIN:$PATH"
+  make_pki; stage agent-sandbox start_agent_sandbox "$BIN"; exit 0
+fi
 began=$SECONDS
 mkdir -p "$DIR/run"
 stage packages install_packages
@@ -431,6 +471,7 @@ stage control-plane start_control_plane "$BIN"
 stage kubelet start_kubelet "$BIN"
 stage policy start_policy_controller "$BIN"
 stage objects apply_objects
+stage agent-sandbox start_agent_sandbox "$BIN"
 stage volumes make_volumes
 recycle_once
 daemon recycler bash "$ROOT/scripts/kube-test-env.sh" --recycle

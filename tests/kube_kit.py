@@ -44,11 +44,22 @@ def _unavailable() -> str | None:
 WHY = _unavailable()
 needs_cluster = [pytest.mark.kubernetes, pytest.mark.skipif(WHY is not None, reason=f"kubernetes: {WHY}")]
 PARAM = pytest.param("kubernetes", id="kubernetes", marks=needs_cluster)
+CLAIM_PARAM = pytest.param("kubernetes-claim", id="kubernetes-claim", marks=needs_cluster)
+"""The kubernetes backend in claim mode (a warm pool of 0: every test's home differs, so
+each has a template of its own), for suites parametrized by backend name."""
 
 
 def kube_settings(settings: AgentSettings, **kw: Any) -> AgentSettings:
     """settings on the test cluster: its namespace and image, a 1Gi home (kw: other keys)."""
     return replace(settings, sandbox="kubernetes", kubernetes=replace(SETTINGS, **kw))
+
+
+def backend_settings(settings: AgentSettings) -> AgentSettings:
+    """settings for the backend their ``sandbox`` names: kubernetes on the test cluster,
+    kubernetes-claim in claim mode there; any other as they are."""
+    if settings.sandbox == "kubernetes-claim":
+        return kube_settings(settings, mode="claim", warm=0, cpu="200m")
+    return kube_settings(settings) if settings.sandbox == "kubernetes" else settings
 
 
 def core() -> Any:
@@ -108,6 +119,31 @@ def remove_agent(pod: str) -> None:
             raise
         time.sleep(0.5)
     raise TimeoutError(f"the claim {pod}-home was not gone after {REMOVE_WAIT_SECONDS} s")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_pool_left():
+    """Claim mode: the warm pools and templates a module's tests made are deleted after
+    them (their pods would hold the node's cpu)."""
+    yield
+    if WHY is None:
+        admin_kubectl("delete", "sandboxwarmpools.extensions.agents.x-k8s.io,"
+                      "sandboxtemplates.extensions.agents.x-k8s.io", "-l", "guilds.template",
+                      "--ignore-not-found", "--wait=false")
+
+
+def remove_claimed(name: str) -> None:
+    """Delete a claim-mode agent's claim or own Sandbox (its pod goes with it) and its home
+    volume, without waiting (the test volumes are few; a pool's sandbox is not kept)."""
+    from kubernetes.client import ApiException
+
+    for kind in ("sandboxclaims.extensions.agents.x-k8s.io", "sandboxes.agents.x-k8s.io"):
+        admin_kubectl("delete", kind, name, "--ignore-not-found", "--wait=false")
+    try:
+        core().delete_namespaced_persistent_volume_claim(f"home-{name}", NAMESPACE)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
 
 
 NODE_POD_ADDRESS = os.environ.get("GUILDS_TEST_KUBE_NODE_ADDRESS", "10.244.0.1")

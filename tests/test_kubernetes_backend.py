@@ -24,6 +24,7 @@ from guilds.sandbox import _container as box_lib
 from guilds.sandbox import kube_spec as spec
 from guilds.sandbox.kubernetes import KubernetesSandbox
 from guilds.toolbox.transport import call_helper
+from kube_kit import no_pool_left  # noqa: F401 - a fixture of this module
 
 CFG = KubernetesSettings(namespace="agents", image="reg/guilds:1", runtime_class="gvisor",
                          cpu="500m", memory="1Gi", service_account="guilds-none", home_size="5Gi")
@@ -245,17 +246,26 @@ async def test_a_secret_never_rides_the_command_line(tmp_path):
 # --- with a cluster ----------------------------------------------------------------
 
 
-@pytest.fixture
-async def pod(tmp_path):
+@pytest.fixture(params=["pod", "claim"])
+async def pod(request):
+    """A started sandbox in each mode: a pod of its own, and a claim from a warm pool."""
+    from dataclasses import replace
+
+    from guilds.sandbox import get_sandbox
+
+    kube = replace(kube_kit.SETTINGS, mode=request.param, cpu="200m", warm=1)
     settings = AgentSettings(id=f"t{secrets.token_hex(4)}", home=Path("/home/agent"), sandbox="kubernetes",
-                             repos=(Repo("web", "repos/web", "ghp_token-4c8a9b0e"),), kubernetes=kube_kit.SETTINGS)
-    box = KubernetesSandbox(settings)
+                             repos=(Repo("web", "repos/web", "ghp_token-4c8a9b0e"),), kubernetes=kube)
+    box = get_sandbox(settings, "/nonexistent")
     try:
         await box.start()
         yield box
     finally:
         await box.stop()
-        await asyncio.to_thread(kube_kit.remove_agent, box.pod)
+        if request.param == "claim":
+            await asyncio.to_thread(kube_kit.remove_claimed, box.claim)
+        else:
+            await asyncio.to_thread(kube_kit.remove_agent, box.pod)
 
 
 @kube_kit.needs_cluster[0]

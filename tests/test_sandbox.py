@@ -25,6 +25,7 @@ from guilds.sandbox.bubblewrap import BwrapSandbox
 from guilds.sandbox.bwrap_argv import unavailable
 from guilds.sandbox.docker_engine import unavailable as docker_unavailable
 from guilds.toolbox.transport import call_helper
+from kube_kit import no_pool_left  # noqa: F401 - a fixture of this module
 
 SECRET = "s3cret-value-7d1f2e"
 TOKEN = "ghp_token-4c8a9b0e"
@@ -37,6 +38,7 @@ BACKENDS = [
     pytest.param("docker", id="docker", marks=[
         pytest.mark.docker, pytest.mark.skipif(NO_DOCKER is not None, reason=f"docker: {NO_DOCKER}")]),
     kube_kit.PARAM,
+    kube_kit.CLAIM_PARAM,
 ]
 ISOLATED = [p for p in BACKENDS if p.values[0] == "bwrap"]  # docker's: tests/test_docker_backend.py
 
@@ -46,7 +48,7 @@ def settings_for(tmp_path: Path, backend: str, **kw) -> AgentSettings:
         id="agent1", home=tmp_path / "home", sandbox=backend, secrets={"MY_SECRET": SECRET},
         repos=(Repo("web", "repos/web", TOKEN),), **kw,
     )
-    return kube_kit.kube_settings(settings) if backend == "kubernetes" else settings
+    return kube_kit.backend_settings(settings)
 
 
 @pytest.fixture

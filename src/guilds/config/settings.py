@@ -54,6 +54,11 @@ memory = "2Gi"
 service_account = ""          # one with no API rights; empty: the namespace's default
 idle_minutes = 30             # the pod is deleted after this long without a call
 home_size = "10Gi"            # the agent's volume claim (home and state root)
+mode = "pod"                  # pod: a pod per agent; claim: a SandboxClaim per agent from a warm
+                              # pool (kubernetes-sigs/agent-sandbox installed; docs/sandboxes.md)
+warm = 2                      # claim: ready sandboxes kept in the pool, waiting for new agents
+keep_home = false             # claim: the agent keeps a Sandbox of its own with its home on a
+                              # volume claim, suspended by `guilds sandbox stop`, resumed on use
 ```
 
 Every section and key is optional. A bad file raises ``ConfigError`` whose
@@ -92,6 +97,7 @@ DEFAULT_MAX_IN_FLIGHT = 64
 MAX_IN_FLIGHT_LIMIT = 4096
 """The most agent.max_in_flight may be: each request in flight is a process in the sandbox."""
 SANDBOXES = ("auto", "local", "bwrap", "docker", "kubernetes")
+KUBERNETES_MODES = ("pod", "claim")
 """The sandbox backends by the name agent.sandbox gives (guilds.sandbox.get_sandbox)."""
 SETTINGS_FILE = "settings.toml"
 DATA_ENV = "GUILDS_DATA"
@@ -155,6 +161,12 @@ class KubernetesSettings:
     service_account: str = ""
     idle_minutes: int = DEFAULT_IDLE_MINUTES
     home_size: str = "10Gi"
+    mode: str = "pod"
+    """pod: one pod per agent; claim: one SandboxClaim per agent from a warm pool."""
+    warm: int = 2
+    """claim: the warm pool's size (sandboxes made before any agent asks)."""
+    keep_home: bool = False
+    """claim: a Sandbox of the agent's own with a home volume instead of a claim from the pool."""
 
 
 @dataclass(frozen=True)
@@ -298,7 +310,9 @@ _SECTIONS: dict[str, tuple[type, dict[str, Callable[[Any, str], Any]]]] = {
     "kubernetes": (KubernetesSettings, {
         "namespace": check.string, "image": check.string, "runtime_class": check.string,
         "cpu": check.string, "memory": check.string, "service_account": check.string,
-        "idle_minutes": _minutes, "home_size": check.string}),
+        "idle_minutes": _minutes, "home_size": check.string,
+        "mode": lambda v, k: check.choice(v, k, KUBERNETES_MODES),
+        "warm": lambda v, k: check.integer(v, k, 0, 1000), "keep_home": check.boolean}),
 }
 
 

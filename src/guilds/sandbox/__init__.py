@@ -5,6 +5,7 @@
     auto        bwrap where it works here, else local with a one-line warning
     docker      one container per agent, Docker SDK              (docker.py)
     kubernetes  one pod per agent, the Kubernetes client         (kubernetes.py)
+                or a claim from a warm pool of agent-sandbox     (kube_claims.py)
 
 BACKENDS is the one table of them: a front picks a backend there (``backend``,
 ``backends``, ``picked``) and asks its class (``base.Backend``: doctor's lines,

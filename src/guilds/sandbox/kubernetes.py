@@ -29,7 +29,7 @@ Lifecycle:
 Doctor's line, the pods ``guilds sandbox list`` shows and what ``rm`` deletes:
 ``kube_admin``.
 
-For fleets of agents see docs/sandboxes.md (kubernetes-sigs/agent-sandbox).
+The claim mode (warm pools of kubernetes-sigs/agent-sandbox): ``kube_claims``.
 """
 
 from __future__ import annotations
@@ -88,16 +88,32 @@ class KubernetesSandbox(ContainerSandbox):
     @classmethod
     def for_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike, *,
                   idle_seconds: float | None) -> KubernetesSandbox:
+        if settings.kubernetes.mode == "claim":
+            from .kube_claims import KubeClaimSandbox
+
+            return KubeClaimSandbox(settings, idle_seconds=idle_seconds)
         return cls(settings, idle_seconds=idle_seconds)
 
     @classmethod
     def check(cls, settings: AgentSettings, data_dir: str | os.PathLike, *, needed: bool) -> list[Check]:
-        return admin.check(settings, needed=needed)
+        lines = admin.check(settings, needed=needed)
+        if settings.kubernetes.mode == "claim" and all(line.ok for line in lines):
+            from . import kube_claim_admin
+
+            lines += kube_claim_admin.check(settings, needed=needed)
+        return lines
 
     @classmethod
     def boxes(cls, settings: AgentSettings, data_dir: str | os.PathLike, *, chosen: bool) -> list[Box]:
-        """The pods so labelled in ``kubernetes.namespace``, asked only when chosen."""
-        return admin.boxes(settings) if chosen else []
+        """The pods so labelled in ``kubernetes.namespace`` (claim mode: and the agents'
+        claims and own Sandboxes), asked only when chosen."""
+        if not chosen:
+            return []
+        if settings.kubernetes.mode == "claim":
+            from . import kube_claim_admin
+
+            return admin.boxes(settings) + kube_claim_admin.listed(settings)
+        return admin.boxes(settings)
 
     async def remove(self) -> list[str]:
         """Stop (the pod deleted), then delete its home claim and its Secret."""
@@ -110,8 +126,8 @@ class KubernetesSandbox(ContainerSandbox):
 
     def _open_process(self, argv: list[str]) -> KubeProcess:
         token = secrets.token_hex(8)
-        ws = self._in_pod(lambda: cluster.open_exec(self.core, self.pod, self.config.namespace,
-                                                    spec.with_env(argv, {EXEC_ENV: token})))
+        command = self._wrapped(spec.with_env(argv, {EXEC_ENV: token}))
+        ws = self._in_pod(lambda: cluster.open_exec(self.core, self.pod, self.config.namespace, command))
         return KubeProcess(ws, stop=lambda: self._kill(token))
 
     # --- blocking steps ---------------------------------------------------------
@@ -125,7 +141,7 @@ class KubernetesSandbox(ContainerSandbox):
     def _call(self, argv: list[str], env: dict[str, str], timeout: float, token: str) -> ExecResult:
         if set(env.values()) & set(self.settings.secret_values()):
             raise SandboxError("kubernetes: a secret cannot travel as a per-call variable")
-        command = exec_argv(spec.with_env(argv, {**env, EXEC_ENV: token}), timeout, token=token)
+        command = self._wrapped(exec_argv(spec.with_env(argv, {**env, EXEC_ENV: token}), timeout, token=token))
         began = time.monotonic()
         try:
             out, err, status, complete = self._stream(  # the wrapper's grace, then its reap's
@@ -144,6 +160,10 @@ class KubernetesSandbox(ContainerSandbox):
         if code is not None and code < 0 and not timed_out:
             self._check_running()
         return ExecResult(code, out, err, timed_out)
+
+    def _wrapped(self, command: list[str]) -> list[str]:
+        """A call's command as the pod runs it (the claim mode loads the secrets first)."""
+        return command
 
     def _check_running(self) -> None:
         """After a call that ended by a signal: was it the whole pod? An exec of ``true``

@@ -1,0 +1,161 @@
+"""The claim mode's objects (kubernetes-sigs/agent-sandbox), as pure functions.
+
+``[kubernetes] mode = "claim"``: in the configured namespace,
+
+- one ``SandboxTemplate`` per pod spec (``template_manifest``): today's pod of
+  ``kube_spec.pod_manifest`` (non-root uid, no token, every capability dropped,
+  requests = limits, the runtime class, the network label) with what no
+  agent's own: no Secret in its environment, the home and the state root on
+  an ``emptyDir`` of ``home_size``, and no idle stop (a pooled pod waits for
+  its agent). Its name is a hash of that spec, so agents whose settings give
+  the same pod (one image and runtime class, the same home path) share it.
+  The controller's own NetworkPolicy is turned off (``Unmanaged``): the
+  namespace's ``guilds-network-off`` holds the labelled pods;
+- one ``SandboxWarmPool`` per template, of the same name, ``warm`` replicas;
+- one ``SandboxClaim`` per agent, named like its pod in pod mode
+  (``kube_spec.object_name``), pointing at the pool: the controller adopts a
+  ready sandbox of the pool, or makes one from the template when none is ready;
+- with ``keep_home``: instead of a claim, a ``Sandbox`` of the agent's own, of
+  the same name, with a volume claim template ``home`` (the controller names
+  its claim ``home-<name>``); suspended (``operatingMode: Suspended``: its pod
+  deleted, the volume kept) and resumed (``Running``).
+
+No secret is in any of these: the agent's secrets go into the claimed pod
+after adoption, as a 0600 file of the state root (``secrets_file``) that
+every command's wrapper loads (``loaded_argv``).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shlex
+from typing import Any, Mapping, Sequence
+
+from ..config.settings import KubernetesSettings
+from ..errors import SandboxError
+from . import kube_spec as spec
+from ._container import STATE_INSIDE, fingerprint, init_argv
+
+GROUP = "agents.x-k8s.io"
+EXTENSIONS = "extensions.agents.x-k8s.io"
+VERSION = "v1beta1"
+CLAIMS, TEMPLATES, POOLS, SANDBOXES = "sandboxclaims", "sandboxtemplates", "sandboxwarmpools", "sandboxes"
+ANNOTATION_POD_NAME = "agents.x-k8s.io/pod-name"
+LABEL_TEMPLATE = "guilds.template"
+HOME_VOLUME = "home"
+NO_IDLE_SECONDS = 10 * 365 * 24 * 3600.0
+"""INIT's idle time in claim mode: never (a pooled pod has no calls while it waits)."""
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LOAD = ('[ -r "$0" ] || { echo "guilds: the sandbox has no environment file $0" >&2; exit 126; }; '
+         '. "$0" && exec "$@"')
+
+
+def _pod_spec(cfg: KubernetesSettings, *, home: str, network: bool,
+              base_env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """(the pod spec every agent of these settings shares, its labels)."""
+    pod = spec.pod_manifest(cfg, agent_id="pool", home=home, network=network, idle_seconds=NO_IDLE_SECONDS,
+                            base_env=base_env, fingerprint="")
+    pod_spec = copy.deepcopy(pod["spec"])
+    container = pod_spec["containers"][0]
+    del container["envFrom"]
+    container["command"] = init_argv(spec.PYTHON, NO_IDLE_SECONDS)
+    pod_spec["volumes"] = [{"name": HOME_VOLUME, "emptyDir": {"sizeLimit": cfg.home_size}}]
+    return pod_spec, {spec.LABEL_NETWORK: pod["metadata"]["labels"][spec.LABEL_NETWORK]}
+
+
+def template_manifest(cfg: KubernetesSettings, *, home: str, network: bool,
+                      base_env: Mapping[str, str], helpers: str) -> dict[str, Any]:
+    """The SandboxTemplate for these settings; its name covers the spec and the helpers' build."""
+    pod_spec, labels = _pod_spec(cfg, home=home, network=network, base_env=base_env)
+    name = "guilds-" + fingerprint([pod_spec, labels, helpers])[:12]
+    return {"apiVersion": f"{EXTENSIONS}/{VERSION}", "kind": "SandboxTemplate",
+            "metadata": {"name": name, "namespace": cfg.namespace, "labels": {LABEL_TEMPLATE: name}},
+            "spec": {"podTemplate": {"metadata": {"labels": {**labels, LABEL_TEMPLATE: name}},
+                                     "spec": pod_spec},
+                     "networkPolicyManagement": "Unmanaged"}}
+
+
+def warm_pool_manifest(template: Mapping[str, Any], replicas: int) -> dict[str, Any]:
+    meta = template["metadata"]
+    return {"apiVersion": f"{EXTENSIONS}/{VERSION}", "kind": "SandboxWarmPool",
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"], "labels": dict(meta["labels"])},
+            "spec": {"replicas": replicas, "sandboxTemplateRef": {"name": meta["name"]}}}
+
+
+def claim_manifest(namespace: str, agent_id: str, pool: str) -> dict[str, Any]:
+    name = spec.object_name(agent_id)
+    return {"apiVersion": f"{EXTENSIONS}/{VERSION}", "kind": "SandboxClaim",
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {spec.LABEL_AGENT: name, LABEL_TEMPLATE: pool},
+                         "annotations": {spec.ANNOTATION_AGENT: agent_id}},
+            "spec": {"warmPoolRef": {"name": pool}}}
+
+
+def own_sandbox_manifest(cfg: KubernetesSettings, template: Mapping[str, Any], agent_id: str) -> dict[str, Any]:
+    """The Sandbox of an agent that keeps its home: the template's pod with the home on a
+    volume claim of ``home_size`` (the controller mounts it in place of the emptyDir)."""
+    name = spec.object_name(agent_id)
+    pod_template = copy.deepcopy(template["spec"]["podTemplate"])
+    pod_template["metadata"]["labels"][spec.LABEL_AGENT] = name
+    pod_template["spec"]["volumes"] = []
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Sandbox",
+            "metadata": {"name": name, "namespace": cfg.namespace,
+                         "labels": {spec.LABEL_AGENT: name, LABEL_TEMPLATE: template["metadata"]["name"]},
+                         "annotations": {spec.ANNOTATION_AGENT: agent_id}},
+            "spec": {"podTemplate": pod_template, "operatingMode": "Running",
+                     "volumeClaimTemplates": [{
+                         "metadata": {"name": HOME_VOLUME},
+                         "spec": {"accessModes": ["ReadWriteOnce"],
+                                  "resources": {"requests": {"storage": cfg.home_size}}}}]}}
+
+
+def operating_mode(mode: str) -> dict[str, Any]:
+    """The merge patch that suspends ("Suspended") or resumes ("Running") a Sandbox."""
+    return {"spec": {"operatingMode": mode}}
+
+
+def condition(obj: Mapping[str, Any], kind: str) -> tuple[str, str]:
+    """(status, "reason: message") of obj's condition of that type; ("", "") when absent."""
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            detail = ": ".join(x for x in (cond.get("reason"), cond.get("message")) if x)
+            return str(cond.get("status", "")), detail
+    return "", ""
+
+
+def bound_sandbox(claim: Mapping[str, Any]) -> str:
+    """The name of the ready sandbox a claim holds, "" while it holds none ready."""
+    name = ((claim.get("status") or {}).get("sandbox") or {}).get("name") or ""
+    return name if name and condition(claim, "Ready")[0] == "True" else ""
+
+
+def pod_of(sandbox: Mapping[str, Any]) -> str:
+    """The pod of a Sandbox: its pod-name annotation (a pod adopted from a pool), else its name."""
+    meta = sandbox.get("metadata") or {}
+    return (meta.get("annotations") or {}).get(ANNOTATION_POD_NAME) or meta.get("name", "")
+
+
+def pool_of(claim: Mapping[str, Any]) -> str:
+    return ((claim.get("spec") or {}).get("warmPoolRef") or {}).get("name", "")
+
+
+def secrets_file(agent_id: str) -> str:
+    """The 0600 file of the state root that holds the agent's environment of secrets."""
+    return f"{STATE_INSIDE}/{agent_id}/secrets.env"
+
+
+def secrets_text(secrets: Mapping[str, str]) -> bytes:
+    """One ``export NAME='value'`` line per secret, as ``.`` reads it (pure)."""
+    lines = []
+    for name, value in secrets.items():
+        if not _SHELL_NAME.fullmatch(name):
+            raise SandboxError(f"kubernetes: the secret name {name!r} is not a variable name")
+        lines.append(f"export {name}={shlex.quote(value)}\n")
+    return "".join(lines).encode()
+
+
+def loaded_argv(agent_id: str, argv: Sequence[str]) -> list[str]:
+    """argv run with the secrets file loaded into its environment; without the file it
+    fails (status 126) rather than run without the agent's secrets."""
+    return ["/bin/sh", "-c", _LOAD, secrets_file(agent_id), *argv]
