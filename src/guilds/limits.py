@@ -166,6 +166,15 @@ KUBERNETES_STATUS_POLL_SECONDS = 0.2
 KUBERNETES_FRAME_WAIT_SECONDS = 1.0
 """The longest wait for one websocket frame before the deadline is looked at again."""
 
+KUBERNETES_CLAIM_WATCH_SLICE_SECONDS = 30
+"""Claim mode: the longest single watch of a claim; the wait goes on with another until its deadline."""
+KUBERNETES_CLAIM_GONE_SECONDS = 60
+"""Claim mode: how long a deleted claim may take to be gone."""
+KUBERNETES_CLAIM_POLL_SECONDS = 0.1
+"""Claim mode: between two reads of a claim or sandbox that is not there yet."""
+KUBERNETES_CLAIM_NO_IDLE_SECONDS = 10 * 365 * 24 * 3600.0
+"""Claim mode: INIT's idle time (never: a pooled pod has no calls while it waits)."""
+
 # --- the containers' init (docker, kubernetes) ----------------------------------------
 CONTAINER_CLOCK_POLL_SECONDS = 30.0
 """How often INIT looks at a clock file (at most; a quarter of the idle time when shorter)."""

@@ -4,7 +4,7 @@
     bwrap       one long-lived bubblewrap sandbox per agent      (bubblewrap.py)
     auto        bwrap where it works here, else local with a one-line warning
     docker      one container per agent, Docker SDK              (docker.py)
-    kubernetes  one pod per agent, the Kubernetes client         (kubernetes.py)
+    kubernetes  one pod per agent, the Kubernetes client         (kube_backend.py)
                 or a claim from a warm pool of agent-sandbox     (kube_claims.py)
 
 BACKENDS is the one table of them: a front picks a backend there (``backend``,
@@ -34,7 +34,7 @@ BACKENDS = {
     "bwrap": "bubblewrap:BwrapSandbox",
     "local": "local:LocalSandbox",
     "docker": "docker:DockerSandbox",
-    "kubernetes": "kubernetes:KubernetesSandbox",
+    "kubernetes": "kube_backend:KubernetesBackend",
 }
 """Each backend's class ("module:class" in this package), in the order doctor's lines
 and ``guilds sandbox list`` show them."""

@@ -34,6 +34,7 @@ from typing import Any, Mapping, Sequence
 
 from ..config.settings import KubernetesSettings
 from ..errors import SandboxError
+from ..limits import KUBERNETES_CLAIM_NO_IDLE_SECONDS
 from . import kube_spec as spec
 from ._container import STATE_INSIDE, fingerprint, init_argv
 
@@ -44,8 +45,7 @@ CLAIMS, TEMPLATES, POOLS, SANDBOXES = "sandboxclaims", "sandboxtemplates", "sand
 ANNOTATION_POD_NAME = "agents.x-k8s.io/pod-name"
 LABEL_TEMPLATE = "guilds.template"
 HOME_VOLUME = "home"
-NO_IDLE_SECONDS = 10 * 365 * 24 * 3600.0
-"""INIT's idle time in claim mode: never (a pooled pod has no calls while it waits)."""
+NO_IDLE_SECONDS = KUBERNETES_CLAIM_NO_IDLE_SECONDS
 _SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LOAD = ('[ -r "$0" ] || { echo "guilds: the sandbox has no environment file $0" >&2; exit 126; }; '
          '. "$0" && exec "$@"')

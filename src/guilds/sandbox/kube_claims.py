@@ -38,7 +38,12 @@ from typing import Any
 
 from ..config.settings import AgentSettings
 from ..errors import SandboxError
-from ..limits import KUBERNETES_START_SECONDS
+from ..limits import (
+    KUBERNETES_CLAIM_GONE_SECONDS,
+    KUBERNETES_CLAIM_POLL_SECONDS,
+    KUBERNETES_CLAIM_WATCH_SLICE_SECONDS,
+    KUBERNETES_START_SECONDS,
+)
 from . import kube_claim_admin as claim_admin
 from . import kube_claim_spec as claims
 from . import kube_cluster as cluster
@@ -46,9 +51,8 @@ from . import kube_spec as spec
 from ._container import blocking, helpers_digest, repos_file, repos_json
 from .kubernetes import KubernetesSandbox
 
-WATCH_SLICE_SECONDS = 30
-"""The longest single watch of a claim; the wait goes on with another until its deadline."""
-GONE_WAIT_SECONDS = 60
+WATCH_SLICE_SECONDS = KUBERNETES_CLAIM_WATCH_SLICE_SECONDS
+GONE_WAIT_SECONDS = KUBERNETES_CLAIM_GONE_SECONDS
 _made_lock = threading.Lock()
 _made: set[tuple[str, str, int]] = set()
 """(namespace, template, warm) made or checked by this process: once each."""
@@ -184,7 +188,7 @@ class KubeClaimSandbox(KubernetesSandbox):
         while wait and self._read(claims.EXTENSIONS, claims.CLAIMS, self.claim) is not None:
             if time.monotonic() > deadline:
                 raise SandboxError(f"kubernetes: the claim {self.claim} was not gone after {GONE_WAIT_SECONDS} s")
-            time.sleep(0.1)
+            time.sleep(KUBERNETES_CLAIM_POLL_SECONDS)
 
     # --- an agent's own Sandbox (keep_home) --------------------------------------------
     def _own_sandbox(self, template: dict[str, Any]) -> bool:
@@ -208,7 +212,7 @@ class KubeClaimSandbox(KubernetesSandbox):
                 if status == "True":
                     self.pod = claims.pod_of(sandbox)
                     return made
-            time.sleep(0.1)
+            time.sleep(KUBERNETES_CLAIM_POLL_SECONDS)
         raise SandboxError(f"kubernetes: the sandbox {self.claim} was not ready after "
                            f"{KUBERNETES_START_SECONDS} s ({detail or 'no condition yet'})")
 

@@ -29,7 +29,8 @@ Lifecycle:
 Doctor's line, the pods ``guilds sandbox list`` shows and what ``rm`` deletes:
 ``kube_admin``.
 
-The claim mode (warm pools of kubernetes-sigs/agent-sandbox): ``kube_claims``.
+The claim mode (warm pools of kubernetes-sigs/agent-sandbox): ``kube_claims``; the table's
+class, which picks one mode or the other: ``kube_backend``.
 """
 
 from __future__ import annotations
@@ -88,32 +89,16 @@ class KubernetesSandbox(ContainerSandbox):
     @classmethod
     def for_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike, *,
                   idle_seconds: float | None) -> KubernetesSandbox:
-        if settings.kubernetes.mode == "claim":
-            from .kube_claims import KubeClaimSandbox
-
-            return KubeClaimSandbox(settings, idle_seconds=idle_seconds)
         return cls(settings, idle_seconds=idle_seconds)
 
     @classmethod
     def check(cls, settings: AgentSettings, data_dir: str | os.PathLike, *, needed: bool) -> list[Check]:
-        lines = admin.check(settings, needed=needed)
-        if settings.kubernetes.mode == "claim" and all(line.ok for line in lines):
-            from . import kube_claim_admin
-
-            lines += kube_claim_admin.check(settings, needed=needed)
-        return lines
+        return admin.check(settings, needed=needed)
 
     @classmethod
     def boxes(cls, settings: AgentSettings, data_dir: str | os.PathLike, *, chosen: bool) -> list[Box]:
-        """The pods so labelled in ``kubernetes.namespace`` (claim mode: and the agents'
-        claims and own Sandboxes), asked only when chosen."""
-        if not chosen:
-            return []
-        if settings.kubernetes.mode == "claim":
-            from . import kube_claim_admin
-
-            return admin.boxes(settings) + kube_claim_admin.listed(settings)
-        return admin.boxes(settings)
+        """The pods so labelled in ``kubernetes.namespace``, asked only when chosen."""
+        return admin.boxes(settings) if chosen else []
 
     async def remove(self) -> list[str]:
         """Stop (the pod deleted), then delete its home claim and its Secret."""
