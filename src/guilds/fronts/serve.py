@@ -32,8 +32,6 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 
-from guilds_code.redact import Redactor
-
 from .. import limits
 from ..config.private import private_dir
 from ..config.settings import AgentSettings
@@ -81,7 +79,7 @@ def build_app(settings: AgentSettings, store: Store, toolbox: Toolbox, *, host: 
     from .mcp_server import http_endpoint  # the MCP SDK: imported only to serve
 
     mcp = http_endpoint(toolbox, path="/mcp", host=host)
-    return create_app(store, redactor=Redactor(settings.secret_values()), logs=HelperLogReader(log_reading(toolbox)),
+    return create_app(store, redactor=toolbox.redactor, logs=HelperLogReader(log_reading(toolbox)),
                       extra_routes=[mcp.route], lock=lock, lifespan=_lifespan(mcp.lifespan, store))
 
 

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from guilds_code.redact import Redactor
-
 from ...record.redaction import redact_meta
 from ...record.rows import row_text
 from ...sandbox.base import Sandbox
@@ -45,7 +43,7 @@ class Open:
 class Recorder:
     def __init__(self, toolbox: Toolbox, run_id: str):
         self.toolbox, self.run_id = toolbox, run_id
-        self.redactor = Redactor(toolbox.settings.secret_values())
+        self.redactor = toolbox.redactor
 
     async def begin(self, tool: str, args: Any) -> Open:
         """Record the call as running; ConnectError(resource_exhausted) past the budget (recorded so)."""
