@@ -65,7 +65,7 @@ def server(request, hosts, tmp_path_factory):
     """`guilds serve --e2b` for an agent whose network is the two hosts (names and ranges)."""
     listed = ", ".join(f'"{entry}"' for entry in (A, B, _range(hosts[A]), _range(hosts[B])))
     resolve = "\n".join(f'"{name}" = "{address}"' for name, address in hosts.items())
-    settings = f"id = \"e2b-egress\"\nnetwork = [{listed}]\n[egress.resolve]\n{resolve}"
+    settings = f"network = [{listed}]\n[egress.resolve]\n{resolve}"
     with e2b_server(tmp_path_factory.mktemp(f"e2b-egress-{request.param}"), request.param, settings) as served:
         yield served
 
