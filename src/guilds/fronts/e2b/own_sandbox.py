@@ -1,5 +1,5 @@
 """A guilds sandbox of an E2B sandbox's own: made when it asks for less network than the
-agent has (``egress.asked``), on bwrap and docker alone.
+agent has (``network_options.asked``), on bwrap and docker alone.
 
 The agent's sandboxes share one network namespace, so one command cannot be kept
 off a host another reaches: a narrower network needs a sandbox of its own. It is
