@@ -126,8 +126,21 @@ def test_allow_out_reaches_its_host_and_not_another(client, server, hosts):
     plain = client()  # the agent's own list, beside it
     assert fetch(plain, B) == "200"
     assert list(server.data.glob("egress/*-e2b-*"))  # its own sandbox and proxy...
-    box.kill()  # ...stopped and removed with it
+    box.kill()  # ...stopped and removed with it, its home too
     assert not list(server.data.glob("egress/*-e2b-*")) + list(server.data.glob("sandboxes/*-e2b-*"))
+    assert not (server.data.parent / "home.e2b").exists()
+
+
+def test_a_narrowed_sandbox_has_a_home_of_its_own(client, hosts):
+    """Nothing it writes runs where the network is wider (a login profile: bash -l reads it)."""
+    box, plain = client(network=only(hosts, A)), client()
+    plain.files.write("agents.txt", "the agent's")
+    box.commands.run("echo 'echo PLANTED' > ~/.bash_profile; echo mine > planted.txt")
+    profile, home, *listed = box.commands.run("echo $HOME; ls -A").stdout.split()
+    assert (profile, listed) == ("PLANTED", [".bash_profile", "planted.txt"])  # its own profile, its own home
+    assert "home.e2b/" in home
+    assert plain.commands.run("true").stdout == ""
+    assert "planted.txt" not in plain.commands.run("ls -A").stdout
 
 
 def test_no_internet_access_reaches_nothing(client, hosts):
