@@ -192,3 +192,12 @@ def test_local_refuses_what_it_cannot_confine(tmp_path, monkeypatch):
         box = Sandbox.create(allow_internet_access=True)
         assert box.commands.run("echo ok").stdout == "ok\n"
         box.kill()
+
+
+def test_a_narrowed_sandbox_paused_and_resumed_keeps_its_network_and_home(client, hosts):
+    box = client(network=only(hosts, A))
+    box.files.write("kept.txt", "still here")
+    box.beta_pause()
+    again = Sandbox.connect(box.sandbox_id)
+    assert again.files.read("kept.txt") == "still here"
+    assert (fetch(again, A), fetch(again, B)) == ("200", f"403 guilds egress: {B}:80 is not in agent.network")
