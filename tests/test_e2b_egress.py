@@ -5,8 +5,11 @@ Two test hosts, each an HTTP server in a network namespace of its own on a 10.x/
 (tests/egress_kit.py), are the operator's list with their ranges. An E2B sandbox
 asking for one of them (``allow_out`` with ``deny_out`` everything) reaches it and
 not the other; ``allow_internet_access=False`` reaches neither; a host outside the
-operator's list is refused at create. Every command start keeps the sandbox's
-egress proxy running: one killed between two commands is started again.
+operator's list is refused at create. A narrowed sandbox has a home of its own
+(what it writes never runs with the agent's wider network) and keeps its network
+across a pause. Each command's connections are recorded under its call. Every
+command start keeps the sandbox's egress proxy running: one killed between two
+commands is started again.
 """
 
 from __future__ import annotations
