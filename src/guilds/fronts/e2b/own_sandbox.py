@@ -37,8 +37,8 @@ def sandbox_for(agent: Sandbox, settings: AgentSettings, entries: Entries, data_
     """The agent's sandbox when entries is its own network, else one of the box's own (not started);
     ``invalid_argument`` where the agent's sandbox cannot confine a network."""
     if entries is not None and not agent.isolates:
-        raise ConnectError("invalid_argument", "network: the local sandbox confines no network (its commands "
-                                               "have the host's); serve the agent on bwrap or docker")
+        raise ConnectError("invalid_argument", f"network: the {agent.name} sandbox confines no network (its "
+                                               "commands have the host's); serve the agent on bwrap or docker")
     if entries is None or same_as_agent(entries, settings):
         return agent
     if not agent.own_networks or data_dir is None:
