@@ -4,6 +4,7 @@ sandbox backend, its printed E2B variables read back, stopped at the end."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -42,9 +43,11 @@ class E2BServer:
 
 
 def _settings(folder: Path, backend: str, more: str) -> Path:
-    """The agent's settings file; ``more``: TOML lines after the agent's (``network = ...``
-    belongs to [agent]; a table of its own follows)."""
-    lines = ["[agent]", f'home = "{folder / "home"}"', f'sandbox = "{backend}"', "max_tool_calls = 1000", more]
+    """The agent's settings file, its agent an id of its own (no two servers share a sandbox);
+    ``more``: TOML lines after the agent's (``network = ...`` belongs to [agent]; a table of
+    its own follows)."""
+    lines = ["[agent]", f'id = "e2b{secrets.token_hex(3)}"', f'home = "{folder / "home"}"',
+             f'sandbox = "{backend}"', "max_tool_calls = 1000", more]
     path = folder / "agent.toml"
     path.write_text("\n".join(lines) + "\n")
     path.chmod(0o600)
@@ -74,8 +77,9 @@ def e2b_server(folder: Path, backend: str, settings: str = "") -> Iterator[E2BSe
     data = folder / "data"
     env = {**os.environ, "GUILDS_DATA": str(data)}
     env.pop("GUILDS_DATABASE_URL", None)
+    config = str(_settings(folder, backend, settings))
     proc = subprocess.Popen([sys.executable, "-m", "guilds.fronts.cli", "serve", "--port", "0", "--config",
-                             str(_settings(folder, backend, settings)), "--e2b", "--e2b-key", "other"],
+                             config, "--e2b", "--e2b-key", "other"],
                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -91,6 +95,8 @@ def e2b_server(folder: Path, backend: str, settings: str = "") -> Iterator[E2BSe
             proc.kill()
             proc.wait()
         proc.stderr.close()  # type: ignore[union-attr]
+        subprocess.run([sys.executable, "-m", "guilds.fronts.cli", "sandbox", "rm", "--config", config], env=env,
+                       stdin=subprocess.DEVNULL, capture_output=True, check=False, timeout=120)
 
 
 def pids_alive(marker: str) -> list[int]:

@@ -5,8 +5,11 @@ Two test hosts, each an HTTP server in a network namespace of its own on a 10.x/
 (tests/egress_kit.py), are the operator's list with their ranges. An E2B sandbox
 asking for one of them (``allow_out`` with ``deny_out`` everything) reaches it and
 not the other; ``allow_internet_access=False`` reaches neither; a host outside the
-operator's list is refused at create. Every command start keeps the sandbox's
-egress proxy running: one killed between two commands is started again.
+operator's list is refused at create. A narrowed sandbox has a home of its own
+(what it writes never runs with the agent's wider network) and keeps its network
+across a pause. Each command's connections are recorded under its call. Every
+command start keeps the sandbox's egress proxy running: one killed between two
+commands is started again.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ def server(request, hosts, tmp_path_factory):
     """`guilds serve --e2b` for an agent whose network is the two hosts (names and ranges)."""
     listed = ", ".join(f'"{entry}"' for entry in (A, B, _range(hosts[A]), _range(hosts[B])))
     resolve = "\n".join(f'"{name}" = "{address}"' for name, address in hosts.items())
-    settings = f"id = \"e2b-egress\"\nnetwork = [{listed}]\n[egress.resolve]\n{resolve}"
+    settings = f"network = [{listed}]\n[egress.resolve]\n{resolve}"
     with e2b_server(tmp_path_factory.mktemp(f"e2b-egress-{request.param}"), request.param, settings) as served:
         yield served
 
@@ -126,8 +129,21 @@ def test_allow_out_reaches_its_host_and_not_another(client, server, hosts):
     plain = client()  # the agent's own list, beside it
     assert fetch(plain, B) == "200"
     assert list(server.data.glob("egress/*-e2b-*"))  # its own sandbox and proxy...
-    box.kill()  # ...stopped and removed with it
+    box.kill()  # ...stopped and removed with it, its home too
     assert not list(server.data.glob("egress/*-e2b-*")) + list(server.data.glob("sandboxes/*-e2b-*"))
+    assert not (server.data.parent / "home.e2b").exists()
+
+
+def test_a_narrowed_sandbox_has_a_home_of_its_own(client, hosts):
+    """Nothing it writes runs where the network is wider (a login profile: bash -l reads it)."""
+    box, plain = client(network=only(hosts, A)), client()
+    plain.files.write("agents.txt", "the agent's")
+    box.commands.run("echo 'echo PLANTED' > ~/.bash_profile; echo mine > planted.txt")
+    profile, home, *listed = box.commands.run("echo $HOME; ls -A").stdout.split()
+    assert (profile, listed) == ("PLANTED", [".bash_profile", "planted.txt"])  # its own profile, its own home
+    assert "home.e2b/" in home
+    assert plain.commands.run("true").stdout == ""
+    assert "planted.txt" not in plain.commands.run("ls -A").stdout
 
 
 def test_no_internet_access_reaches_nothing(client, hosts):
@@ -179,3 +195,12 @@ def test_local_refuses_what_it_cannot_confine(tmp_path, monkeypatch):
         box = Sandbox.create(allow_internet_access=True)
         assert box.commands.run("echo ok").stdout == "ok\n"
         box.kill()
+
+
+def test_a_narrowed_sandbox_paused_and_resumed_keeps_its_network_and_home(client, hosts):
+    box = client(network=only(hosts, A))
+    box.files.write("kept.txt", "still here")
+    box.beta_pause()
+    again = Sandbox.connect(box.sandbox_id)
+    assert again.files.read("kept.txt") == "still here"
+    assert (fetch(again, A), fetch(again, B)) == ("200", f"403 guilds egress: {B}:80 is not in agent.network")

@@ -98,4 +98,4 @@ def test_an_own_sandbox_without_network_holds_no_value_meant_for_a_host(tmp_path
     assert [r.token for r in off.repos] == [""]
     narrowed = own_settings(agent, fake, ("api.example.org",), "i0123456789abcdef0123")
     assert narrowed.egress == ("api.example.org",) and narrowed.secret_hosts == agent.secret_hosts
-    assert narrowed.home == agent.home and narrowed.repos == agent.repos
+    assert narrowed.home == tmp_path / "home.e2b" / narrowed.id and narrowed.repos == agent.repos

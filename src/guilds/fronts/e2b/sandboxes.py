@@ -46,7 +46,7 @@ class E2BSandbox:
     sandbox: Sandbox
     """The guilds sandbox its commands run in: the agent's own, or one of its own (``own_sandbox``)."""
     network: Entries = None
-    """The network it asked for (``egress.asked``): None, the agent's."""
+    """The network it asked for (``network_options.asked``): None, the agent's."""
     state: str = RUNNING
     envd: EnvdChannel | None = None
     timer: asyncio.TimerHandle | None = None
