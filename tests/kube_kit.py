@@ -123,13 +123,18 @@ def remove_agent(pod: str) -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def no_pool_left():
-    """Claim mode: the warm pools and templates a module's tests made are deleted after
-    them (their pods would hold the node's cpu)."""
+    """Claim mode: the warm pools and templates a module's tests made first in this
+    process are deleted after them (their pods would hold the node's cpu); another
+    process's, of other settings, are left to it."""
+    from guilds.sandbox import kube_claims
+
+    before = {name for _, name, _ in kube_claims._made}
     yield
-    if WHY is None:
-        admin_kubectl("delete", "sandboxwarmpools.extensions.agents.x-k8s.io,"
-                      "sandboxtemplates.extensions.agents.x-k8s.io", "-l", "guilds.template",
-                      "--ignore-not-found", "--wait=false")
+    made = sorted({name for _, name, _ in kube_claims._made} - before)
+    if WHY is None and made:
+        for kind in ("sandboxwarmpools.extensions.agents.x-k8s.io", "sandboxtemplates.extensions.agents.x-k8s.io"):
+            admin_kubectl("delete", kind, *made, "--ignore-not-found", "--wait=false")
+        kube_claims._made.difference_update({key for key in kube_claims._made if key[1] in made})
 
 
 def remove_claimed(name: str) -> None:

@@ -76,7 +76,8 @@ def test_pool_claim_and_own_sandbox():
     assert claim["metadata"]["name"] == spec.object_name("Web_1")
     assert claim["metadata"]["annotations"] == {"guilds/agent-id": "Web_1"}
     assert claim["spec"] == {"warmPoolRef": {"name": name}} and claims.pool_of(claim) == name
-    own = claims.own_sandbox_manifest(CFG, template, "Web_1")
+    own = claims.own_sandbox_manifest(CFG, template, "Web_1", 600)
+    assert own["spec"]["podTemplate"]["spec"]["containers"][0]["command"] == box_lib.init_argv("python3", 600)
     assert own["spec"]["podTemplate"]["spec"]["volumes"] == []  # the controller adds home-<name>
     assert own["spec"]["volumeClaimTemplates"][0]["metadata"] == {"name": "home"}
     assert own["spec"]["volumeClaimTemplates"][0]["spec"]["resources"] == {"requests": {"storage": "5Gi"}}
@@ -165,8 +166,8 @@ async def wait_pool(pool: str, replicas: int, seconds: float = 120) -> None:
 async def claimed():
     made: list[KubeClaimSandbox] = []
 
-    async def _make(agent: str | None = None, **kube) -> KubeClaimSandbox:
-        box = get_sandbox(claim_settings(agent, **kube), "/nonexistent")
+    async def _make(agent: str | None = None, idle_seconds: float | None = None, **kube) -> KubeClaimSandbox:
+        box = get_sandbox(claim_settings(agent, **kube), "/nonexistent", idle_seconds=idle_seconds)
         assert isinstance(box, KubeClaimSandbox)
         made.append(box)
         await box.start()
@@ -324,3 +325,23 @@ def test_doctor_says_which_claim_rights_are_missing():
     orchestrator = kube_kit.core().api_client
     found = kube_claim_admin.problems(orchestrator, "default")  # bound in the test namespace only
     assert len(found) == 1 and "may not get sandboxtemplates.extensions.agents.x-k8s.io" in found[0], found
+
+
+@kube_kit.needs_cluster[0]
+@kube_kit.needs_cluster[1]
+async def test_an_own_sandbox_idle_stop_and_silent_resume(claimed):
+    box = await claimed(keep_home=True, warm=1, idle_seconds=2)
+    await box.exec(["sh", "-c", "echo kept > ~/kept.txt"], timeout=30)
+    first = box.pod
+    uid = kube_kit.core().read_namespaced_pod(first, kube_kit.NAMESPACE).metadata.uid
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        phase = kube_kit.core().read_namespaced_pod(first, kube_kit.NAMESPACE).status.phase
+        if phase == "Succeeded":
+            break
+    assert phase == "Succeeded"  # INIT's idle stop
+    box._ready = False  # as a new orchestrator process would: it looks at the pod first
+    assert (await box.exec(["cat", "/home/agent/kept.txt"], timeout=120)).stdout == b"kept\n"
+    assert kube_kit.core().read_namespaced_pod(box.pod, kube_kit.NAMESPACE).metadata.uid != uid
+    assert custom(claims.GROUP, claims.SANDBOXES, box.claim)["spec"]["operatingMode"] == "Running"

@@ -92,13 +92,16 @@ def claim_manifest(namespace: str, agent_id: str, pool: str) -> dict[str, Any]:
             "spec": {"warmPoolRef": {"name": pool}}}
 
 
-def own_sandbox_manifest(cfg: KubernetesSettings, template: Mapping[str, Any], agent_id: str) -> dict[str, Any]:
+def own_sandbox_manifest(cfg: KubernetesSettings, template: Mapping[str, Any], agent_id: str,
+                         idle_seconds: float) -> dict[str, Any]:
     """The Sandbox of an agent that keeps its home: the template's pod with the home on a
-    volume claim of ``home_size`` (the controller mounts it in place of the emptyDir)."""
+    volume claim of ``home_size`` (the controller mounts it in place of the emptyDir), and
+    INIT's idle stop after idle_seconds (this pod waits in no pool)."""
     name = spec.object_name(agent_id)
     pod_template = copy.deepcopy(template["spec"]["podTemplate"])
     pod_template["metadata"]["labels"][spec.LABEL_AGENT] = name
     pod_template["spec"]["volumes"] = []
+    pod_template["spec"]["containers"][0]["command"] = init_argv(spec.PYTHON, idle_seconds)
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Sandbox",
             "metadata": {"name": name, "namespace": cfg.namespace,
                          "labels": {spec.LABEL_AGENT: name, LABEL_TEMPLATE: template["metadata"]["name"]},

@@ -25,9 +25,11 @@ Lifecycle (calls go over pods/exec to the claimed pod, as in pod mode):
   its claim is deleted and the next call claims another (an own Sandbox is
   suspended and resumed, which makes its pod anew).
 
-Neither mode stops an idle sandbox of its own accord here: a pooled pod has no
-calls while it waits, so INIT runs without its idle stop; ``guilds sandbox stop``
-(or a claim's lifecycle set by the cluster's operators) ends it.
+A pooled pod has no calls while it waits, so a claimed pod runs INIT without its
+idle stop: ``guilds sandbox stop`` (or a claim's lifecycle set by the cluster's
+operators) ends it. An own Sandbox's pod keeps the idle stop (``idle_minutes``):
+INIT exits, the pod ends, and the next call suspends the Sandbox (the controller
+deletes the ended pod) and resumes it, silently, as pod mode replaces an idle pod.
 """
 
 from __future__ import annotations
@@ -193,7 +195,7 @@ class KubeClaimSandbox(KubernetesSandbox):
     # --- an agent's own Sandbox (keep_home) --------------------------------------------
     def _own_sandbox(self, template: dict[str, Any]) -> bool:
         """Make the agent's Sandbox, or resume it when suspended; wait until it is ready."""
-        wanted = claims.own_sandbox_manifest(self.config, template, self.agent_id)
+        wanted = claims.own_sandbox_manifest(self.config, template, self.agent_id, self.idle_seconds)
         have = self._read(claims.GROUP, claims.SANDBOXES, self.claim)
         if have is not None and have["spec"].get("podTemplate") != wanted["spec"]["podTemplate"]:
             with self._api("update the sandbox"):  # the settings changed: the next pod is the new one
@@ -203,6 +205,8 @@ class KubeClaimSandbox(KubernetesSandbox):
         made = have is None and self._create_custom(claims.GROUP, claims.SANDBOXES, wanted, "sandbox")
         if have is not None and have["spec"].get("operatingMode") == "Suspended":
             self._set_mode("Running")
+        elif have is not None and spec.pod_phase(self._read_pod_named(claims.pod_of(have)))[0] == "idle":
+            self._resume_after_idle(claims.pod_of(have))
         deadline = time.monotonic() + KUBERNETES_START_SECONDS
         detail = ""
         while time.monotonic() < deadline:
@@ -215,6 +219,23 @@ class KubeClaimSandbox(KubernetesSandbox):
             time.sleep(KUBERNETES_CLAIM_POLL_SECONDS)
         raise SandboxError(f"kubernetes: the sandbox {self.claim} was not ready after "
                            f"{KUBERNETES_START_SECONDS} s ({detail or 'no condition yet'})")
+
+    def _resume_after_idle(self, pod: str) -> None:
+        """The idle stop ended the pod (INIT exited 0): suspend the Sandbox, wait until the
+        controller has deleted that pod, and resume it (a new pod on the same volume)."""
+        self._suspend()
+        deadline = time.monotonic() + GONE_WAIT_SECONDS
+        while self._read_pod_named(pod):
+            if time.monotonic() > deadline:
+                raise SandboxError(f"kubernetes: the idle pod {pod} was not gone after {GONE_WAIT_SECONDS} s")
+            time.sleep(KUBERNETES_CLAIM_POLL_SECONDS)
+        self._set_mode("Running")
+
+    def _read_pod_named(self, pod: str) -> dict[str, Any]:
+        with self._api("read the pod"), cluster.ignoring(404):
+            found = self.core.read_namespaced_pod(pod, self.config.namespace)
+            return dict(self.core.api_client.sanitize_for_serialization(found))
+        return {}
 
     def _suspend(self) -> None:
         self._set_mode("Suspended")
