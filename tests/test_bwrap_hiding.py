@@ -14,8 +14,7 @@ import pytest
 from guilds.config.agents import KnownAgent, known, remember
 from guilds.config.settings import parse_settings
 from guilds.fronts.wiring import open_toolbox, resolve
-from guilds.sandbox.bubblewrap import agent_uid
-from guilds.sandbox.bwrap_argv import unavailable
+from guilds.sandbox.bwrap_argv import agent_uid, unavailable
 from guilds.sandbox.bwrap_hide import Hiding, hiding, stamp
 
 NO_BWRAP = unavailable()
