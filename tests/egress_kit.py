@@ -162,7 +162,8 @@ class Proxy:
         self.socket = folder / "sock" / "proxy.sock"
         self.decisions = folder / "decisions.jsonl"
         self.pidfile = folder / "proxy.pid"
-        full: dict[str, object] = {"socket": str(self.socket), "decisions": str(self.decisions),
+        where = {} if "listen" in config else {"socket": str(self.socket)}
+        full: dict[str, object] = {**where, "decisions": str(self.decisions),
                                    "pidfile": str(self.pidfile), "ca_dir": str(folder / "ca"), **config}
         from guilds.egress.proxy_config import write_config
 

@@ -108,3 +108,26 @@ class ForgeHost:
                 self.proc.stdout.close()
         subprocess.run(["ip", "link", "del", f"{self.veth}h"], capture_output=True, check=False)
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True, check=False)
+
+
+def image_with_gh(base: str, tag: str) -> str:
+    """base with the host's gh in /usr/local/bin, built by the Docker engine as tag (gh
+    needs only libc); returns tag."""
+    import io
+    import tarfile
+
+    import docker
+
+    client = docker.from_env()
+    with open(shutil.which("gh") or "/usr/bin/gh", "rb") as fh:
+        gh = fh.read()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data, mode in (("Dockerfile", f"FROM {base}\nCOPY gh /usr/local/bin/gh\n".encode(), 0o644),
+                                 ("gh", gh, 0o755)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    client.images.build(fileobj=io.BytesIO(buf.getvalue()), custom_context=True, tag=tag, rm=True)
+    client.close()
+    return tag

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,40 @@ def backend_settings(settings: AgentSettings) -> AgentSettings:
     if settings.sandbox == "kubernetes-claim":
         return kube_settings(settings, mode="claim", warm=0, cpu="200m")
     return kube_settings(settings) if settings.sandbox == "kubernetes" else settings
+
+
+def settings_table(**kw: str) -> dict[str, str]:
+    """SETTINGS as a ``[kubernetes]`` table of a settings document (kw: keys replaced)."""
+    table = {"namespace": NAMESPACE, "image": IMAGE, "cpu": SETTINGS.cpu, "memory": SETTINGS.memory,
+             "home_size": SETTINGS.home_size}
+    return {**table, **kw}
+
+
+EGRESS_IMAGE = IMAGE.rsplit(":", 1)[0] + "-gh:kube-test"
+
+
+def image_with_gh() -> str:
+    """IMAGE with the host's gh (forge_kit.image_with_gh), imported into the node's containerd."""
+    import docker
+
+    import forge_kit
+
+    forge_kit.image_with_gh(IMAGE, EGRESS_IMAGE)
+    client = docker.from_env()
+    with tempfile.TemporaryFile() as said:
+        ctr = subprocess.Popen(["ctr", "-a", CONTAINERD, "-n", "k8s.io", "images", "import", "-"],
+                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=said)
+        assert ctr.stdin is not None
+        try:
+            for chunk in client.images.get(EGRESS_IMAGE).save(named=True):
+                ctr.stdin.write(chunk)
+        finally:
+            ctr.stdin.close()
+            client.close()
+        if ctr.wait(300) != 0:
+            said.seek(0)
+            raise RuntimeError(f"ctr import of {EGRESS_IMAGE}: {said.read().decode(errors='replace')}")
+    return EGRESS_IMAGE
 
 
 def core() -> Any:

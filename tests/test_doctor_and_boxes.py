@@ -57,6 +57,10 @@ def test_doctor_on_a_local_agent(tmp_path):
 
 @pytest.mark.parametrize(("network", "said"), [
     ("false", "ok false: commands have no network"),
+    ('["github.com"]\nsandbox = "kubernetes"', (
+        "ok a list of 1 entry: commands reach only those, through the egress proxy; on kubernetes only where the "
+        "cluster enforces NetworkPolicy (each new pod is checked before its first call and refused if not) "
+        "(docs/network.md)")),
     ("true", ("ok true: unfiltered, commands reach every host and, on bwrap, the host's loopback services; "
              "a list of hosts filters it (docs/network.md)")),
     ('["github.com", "10.1.2.0/24"]', ("ok a list of 2 entries: commands reach only those, through the "
@@ -64,7 +68,8 @@ def test_doctor_on_a_local_agent(tmp_path):
 ])
 def test_doctor_says_what_the_network_setting_lets_through(tmp_path, network, said):
     path = tmp_path / "agent.toml"
-    path.write_text(f'[agent]\nhome = "home"\nsandbox = "bwrap"\nnetwork = {network}\n')
+    sandbox = "" if "sandbox" in network else 'sandbox = "bwrap"\n'
+    path.write_text(f'[agent]\nhome = "home"\nnetwork = {network}\n{sandbox}')
     assert lines(guilds(tmp_path, "doctor", "--config", str(path)))["network"] == said
 
 

@@ -1,5 +1,6 @@
 """The agent's job through the egress allowlist, end to end, with real clients, on
-the bwrap and docker sandboxes.
+the bwrap, docker and kubernetes sandboxes (kubernetes: the test cluster, its
+policy controller holding the pod to the proxy's port).
 
 A test forge (git smart HTTP and a stand-in of GitHub's API, over TLS, requiring
 the token) runs in a network namespace of its own (tests/forge_kit.py). From
@@ -8,21 +9,19 @@ succeed, the forge sees the real token, and the token is nowhere the sandbox can
 read. Then it fails closed, each way caused: a direct connection, a client that
 ignores the proxy variables, an unlisted host, the proxy killed mid-call.
 Fetches are python3's urllib, which honours the proxy variables and is in both
-sandboxes (the docker test image gets the host's gh, which needs only libc).
+sandboxes (the docker and kubernetes test images get the host's gh, which needs only libc).
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
 import os
-import shutil
 import subprocess
-import tarfile
 
 import pytest
 
 import forge_kit
+import kube_kit
 from guilds.config.settings import parse_settings
 from guilds.sandbox.bwrap_argv import unavailable
 from guilds.sandbox.docker_engine import unavailable as docker_unavailable
@@ -37,6 +36,7 @@ BACKENDS = [
         pytest.mark.bwrap, pytest.mark.skipif(NO_BWRAP is not None, reason=f"bwrap: {NO_BWRAP}")]),
     pytest.param("docker", id="docker", marks=[
         pytest.mark.docker, pytest.mark.skipif(NO_DOCKER is not None, reason=f"docker: {NO_DOCKER}")]),
+    pytest.param("kubernetes", id="kubernetes", marks=kube_kit.needs_cluster),
 ]
 pytestmark = pytest.mark.skipif(NO_HOSTS is not None, reason=str(NO_HOSTS))
 IMAGE = os.environ.get("GUILDS_SANDBOX_IMAGE", "guilds-sandbox:latest")
@@ -66,29 +66,23 @@ def forge(tmp_path_factory):
 @pytest.fixture(scope="module")
 def test_image():
     """The docker sandbox image with the host's gh in /usr/local/bin (built once)."""
-    import docker
+    return forge_kit.image_with_gh(IMAGE, TEST_IMAGE)
 
-    client = docker.from_env()
-    with open(shutil.which("gh") or "/usr/bin/gh", "rb") as fh:
-        gh = fh.read()
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data, mode in ((
-                "Dockerfile", f"FROM {IMAGE}\nCOPY gh /usr/local/bin/gh\n".encode(), 0o644), ("gh", gh, 0o755)):
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), mode
-            tar.addfile(info, io.BytesIO(data))
-    client.images.build(fileobj=io.BytesIO(buf.getvalue()), custom_context=True, tag=TEST_IMAGE, rm=True)
-    client.close()
-    return TEST_IMAGE
+
+@pytest.fixture(scope="module")
+def kube_image():
+    """The test cluster's image with the host's gh, on the node (built once)."""
+    return kube_kit.image_with_gh()
 
 
 @pytest.fixture(params=BACKENDS)
 async def agent(request, forge, tmp_path, monkeypatch):
     """A Toolbox over the sandbox with agent.network the forge's name and subnet."""
     monkeypatch.setenv("SSL_CERT_FILE", forge.ca)  # the proxy verifies the forge by the test authority
+    kube = request.param == "kubernetes"
+    home = "/home/agent" if kube else str(tmp_path / "home")  # kubernetes: the home is in the pod
     data = {
-        "agent": {"id": f"egress-{request.param}", "home": str(tmp_path / "home"), "sandbox": request.param,
+        "agent": {"id": f"egress-{request.param}", "home": home, "sandbox": request.param,
                   "network": [forge_kit.HOST_NAME, forge.subnet]},
         "repos": {"work": {"path": "repos/work", "token": forge.token,
                            "token_hosts": [forge_kit.HOST_NAME]}},
@@ -96,9 +90,14 @@ async def agent(request, forge, tmp_path, monkeypatch):
     }
     if request.param == "docker":
         data["docker"] = {"image": request.getfixturevalue("test_image"), "memory": "512m"}
+    if kube:
+        data["kubernetes"] = kube_kit.settings_table(image=request.getfixturevalue("kube_image"), memory="512Mi")
     settings = parse_settings(data, tmp_path, env={})
     (tmp_path / "home" / "repos" / "work").mkdir(parents=True)
     async with sandbox_toolbox(settings, tmp_path / "data", idle_seconds=120) as toolbox:
+        if kube:
+            made = await toolbox.sandbox.exec(["mkdir", "-p", f"{home}/repos/work"], timeout=120)
+            assert made.exit_code == 0, made
         yield toolbox
 
 

@@ -394,6 +394,68 @@ def test_a_dead_proxys_socket_is_replaced_by_the_next(tmp_path):
         second.stop()
 
 
+CREDENTIAL = "5c" * 32
+
+
+def _tcp_exchange(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(data)
+        conn.shutdown(socket.SHUT_WR)
+        return b"".join(iter(lambda: conn.recv(4096), b""))
+
+
+def test_on_tcp_only_a_connection_that_sends_the_credential_first_is_served(tmp_path):
+    proxy = _proxy(tmp_path, listen="127.0.0.1:0", credential=CREDENTIAL)
+    try:
+        pid, port = proxy.pidfile.read_text().split()
+        assert int(pid) == proxy.process.pid and not proxy.socket.exists()
+        ask = b"CONNECT x.test:443 HTTP/1.1\r\n\r\n"
+        served = _tcp_exchange(int(port), b"GUILDS-EGRESS " + CREDENTIAL.encode() + b"\n" + ask)
+        assert served.startswith(b"HTTP/1.1 403") and b"x.test:443 is not in agent.network" in served
+        assert proxy.stderr.read_text() == ""
+        for wrong in (b"GUILDS-EGRESS " + b"5d" * 32 + b"\n", b"GUILDS-EGRESS " + CREDENTIAL.encode()[:-1], b""):
+            assert _tcp_exchange(int(port), wrong + ask) == b""  # another agent's, one cut short, none
+        assert _tcp_exchange(int(port), b"") == b""  # a probe: it sends nothing, and is not logged
+        assert [d["host"] for d in proxy.decision_lines()] == ["x.test"]  # none of them reached the policy
+        assert proxy.stderr.read_text().count("without this sandbox's credential was closed") == 3
+    finally:
+        assert proxy.stop() == 0
+    assert not proxy.pidfile.exists()
+
+
+def test_on_tcp_a_taken_port_falls_back_to_another(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = _proxy(tmp_path / "a", listen="127.0.0.1:0", credential=CREDENTIAL)
+    taken = int(first.pidfile.read_text().split()[1])
+    second = _proxy(tmp_path / "b", listen=f"127.0.0.1:{taken}", credential=CREDENTIAL)
+    try:
+        port = int(second.pidfile.read_text().split()[1])
+        assert port != taken
+        assert _tcp_exchange(port, b"GUILDS-EGRESS " + CREDENTIAL.encode() + b"\nCONNECT x.test:443 HTTP/1.1\r\n\r\n"
+                             ).startswith(b"HTTP/1.1 403")
+    finally:
+        first.stop()
+        second.stop()
+
+
+@pytest.mark.parametrize(("config", "said"), [
+    ({"listen": "127.0.0.1:0"}, "egress config: credential must be 64 hex digits with listen"),
+    ({"listen": "127.0.0.1:0", "credential": "abc"}, "egress config: credential must be 64 hex digits with listen"),
+    ({"listen": "localhost:80", "credential": CREDENTIAL},
+     "egress config: listen must be an address and a port, got 'localhost:80'"),
+    ({"listen": "127.0.0.1:0", "credential": CREDENTIAL, "socket": "/s"},
+     "egress config: socket and listen exclude each other"),
+    ({"socket": "/s", "credential": CREDENTIAL}, "egress config: credential is only for listen"),
+])
+def test_a_wrong_tcp_config_is_named(config, said):
+    from guilds.egress.proxy_config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError) as raised:
+        parse_config({"decisions": "/d", "allow": ["git.test"], **config})
+    assert str(raised.value) == said
+
+
 def test_a_wrong_config_is_one_line_and_exit_2(tmp_path):
     config = tmp_path / "bad.json"
     config.write_text(json.dumps({"socket": str(tmp_path / "s"), "decisions": str(tmp_path / "d"),

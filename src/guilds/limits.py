@@ -165,6 +165,9 @@ KUBERNETES_STATUS_POLL_SECONDS = 0.2
 """While a pod that lost a call is waited for to say it ended: how often to read it."""
 KUBERNETES_FRAME_WAIT_SECONDS = 1.0
 """The longest wait for one websocket frame before the deadline is looked at again."""
+KUBERNETES_EGRESS_SETTLE_SECONDS = 60
+"""agent.network a list: how long a pod's network policy may take to hold (the policy
+controller writes a new pod's rules a moment after it starts) before its first call."""
 
 KUBERNETES_CLAIM_WATCH_SLICE_SECONDS = 30
 """Claim mode: the longest single watch of a claim; the wait goes on with another until its deadline."""

@@ -5,7 +5,8 @@ repository tokens that name the hosts they are for (docs/network.md).
 unfiltered network) or a list of allowlist entries (``guilds.egress.policy``):
 the sandbox then has no network of its own and its traffic leaves only through
 the egress proxy, which allows the listed hosts only. A list is enforced by the
-``bwrap`` and ``docker`` sandboxes alone: on any other it is refused at load.
+``bwrap``, ``docker`` and ``kubernetes`` sandboxes (kubernetes: with a CNI that
+enforces NetworkPolicy); on ``local`` it is refused at load.
 
 With a list, a secret may be a table, ``[secrets.NAME] value = "...", hosts =
 [...]``, and a repository's token names its hosts (``token_hosts``, default: the
@@ -21,9 +22,9 @@ from typing import Any
 from ..errors import ConfigError
 from . import checks as check
 
-ENFORCING_SANDBOXES = ("bwrap", "docker")
+ENFORCING_SANDBOXES = ("bwrap", "docker", "kubernetes")
 """The sandboxes that keep a list's sandbox off the network and run the egress proxy."""
-NO_LIST_SANDBOXES = ("local", "kubernetes")
+NO_LIST_SANDBOXES = ("local",)
 """Refused with a list at load (``auto`` is checked when it picks its sandbox)."""
 LIST_ONLY = "only with agent.network a list of hosts (the egress proxy puts the value in)"
 
@@ -52,7 +53,7 @@ def network(value: Any, sandbox: str) -> tuple[bool, tuple[str, ...]]:
 def list_refused(sandbox: str) -> str:
     """The one-line error for a list on a sandbox that cannot enforce it."""
     return (f"agent.network: a list of hosts is enforced only by the "
-            f"{' and '.join(ENFORCING_SANDBOXES)} sandboxes, not {sandbox!r}; "
+            f"{', '.join(ENFORCING_SANDBOXES[:-1])} and {ENFORCING_SANDBOXES[-1]} sandboxes, not {sandbox!r}; "
             "use one of them, or true or false")
 
 

@@ -9,7 +9,7 @@ coding = true                 # the live coding flag: tools offered only while t
 max_tool_calls = 200          # per run; remaining_tool_calls counts down from it
 ports = "20000-20099"         # the port block; PORT is its first port
 network = false               # false | true (unfiltered) | ["github.com", "*.example.org", ...]
-                              # a list: bwrap and docker only, through the egress proxy (docs/network.md)
+                              # a list: bwrap, docker, kubernetes, through the egress proxy (docs/network.md)
 result_max_bytes = 8192       # the helper's cap (else $CODE_RESULT_MAX_BYTES, else 8192)
 harness = "claude-code"       # code_task's harness: claude-code | codex
 transport = "auto"            # how calls reach the helper: auto | resident | exec (docs/helper.md)
@@ -59,6 +59,9 @@ mode = "pod"                  # pod: a pod per agent; claim: a SandboxClaim per 
 warm = 2                      # claim: ready sandboxes kept in the pool, waiting for new agents
 keep_home = false             # claim: the agent keeps a Sandbox of its own with its home on a
                               # volume claim, suspended by `guilds sandbox stop`, resumed on use
+egress_address = ""           # agent.network a list: where the egress proxy listens for the
+                              # pods (an address of this host they reach); empty: the one
+                              # this host sends from towards the agent's pod (docs/network.md)
 ```
 
 Every section and key is optional. A bad file raises ``ConfigError`` whose
@@ -167,6 +170,7 @@ class KubernetesSettings:
     """claim: the warm pool's size (sandboxes made before any agent asks)."""
     keep_home: bool = False
     """claim: a Sandbox of the agent's own with a home volume instead of a claim from the pool."""
+    egress_address: str = ""
 
 
 @dataclass(frozen=True)
@@ -300,6 +304,16 @@ def _size(value: Any, key: str) -> int:
     return size
 
 
+def _address(value: Any, key: str) -> str:
+    """An IP address in its standard form, or "" (none given)."""
+    text = check.string(value, key).strip()
+    from ..egress.policy import address_of
+
+    if text and (address_of(text) is None or str(address_of(text)) != text):
+        raise ConfigError(f"{key}: must be an IP address such as \"10.244.0.1\", got {value!r}")
+    return text
+
+
 _SECTIONS: dict[str, tuple[type, dict[str, Callable[[Any, str], Any]]]] = {
     "docker": (DockerSettings, {"image": check.string, "memory": check.string,
                                 "pids_limit": lambda v, k: check.integer(v, k, 16),
@@ -312,7 +326,8 @@ _SECTIONS: dict[str, tuple[type, dict[str, Callable[[Any, str], Any]]]] = {
         "cpu": check.string, "memory": check.string, "service_account": check.string,
         "idle_minutes": _minutes, "home_size": check.string,
         "mode": lambda v, k: check.choice(v, k, KUBERNETES_MODES),
-        "warm": lambda v, k: check.integer(v, k, 0, 1000), "keep_home": check.boolean}),
+        "warm": lambda v, k: check.integer(v, k, 0, 1000), "keep_home": check.boolean,
+        "egress_address": _address}),
 }
 
 

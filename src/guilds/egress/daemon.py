@@ -3,8 +3,10 @@
 It reads the config (``proxy_config``), takes the lock ``<pidfile>.lock`` (a second
 proxy for the same sandbox exits at once with status 3: one is enough), binds the
 Unix socket (0666, so the sandbox's uid can connect; its folder is made 0755 when
-missing; a socket left by a dead proxy is replaced), writes its pid into the
-pidfile once it listens, and serves until:
+missing; a socket left by a dead proxy is replaced) or the TCP address (``listen``:
+each connection must first send the credential, else it is closed unserved),
+writes its pid (and, on TCP, the port it got) into the pidfile once it listens,
+and serves until:
 
 - SIGTERM or SIGINT, or
 - the idle clock's mtime is older than ``idle_seconds`` (or the clock is gone),
@@ -19,7 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
+import functools
+import hmac
 import os
 import signal
 import socket
@@ -28,10 +33,10 @@ import time
 from pathlib import Path
 from typing import IO
 
-from ..limits import EGRESS_HEAD_MAX_BYTES, EGRESS_IDLE_POLL_SECONDS
+from ..limits import EGRESS_HEAD_MAX_BYTES, EGRESS_HEAD_READ_SECONDS, EGRESS_IDLE_POLL_SECONDS
 from .decisions import DecisionLog
 from .proxy import EgressProxy
-from .proxy_config import ConfigError, ProxyConfig, load_config
+from .proxy_config import CREDENTIAL_PREFIX, ConfigError, ProxyConfig, load_config
 
 EXIT_CONFIG = 2
 """The config could not be read or is wrong."""
@@ -52,6 +57,15 @@ def is_serving(socket_path: str | os.PathLike[str]) -> bool:
     return True
 
 
+def is_listening(address: str, port: int) -> bool:
+    """Does a proxy listen at address:port? (The TCP form of ``is_serving``.)"""
+    try:
+        socket.create_connection((address, port), timeout=2).close()
+    except OSError:
+        return False
+    return True
+
+
 def _idle(config: ProxyConfig) -> bool:
     if config.idle_clock is None:
         return False
@@ -69,7 +83,7 @@ def _take_lock(config: ProxyConfig) -> IO[str] | None:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        print(f"guilds egress: a proxy already serves {config.socket}", file=sys.stderr)
+        print(f"guilds egress: a proxy already serves {config.socket or config.listen}", file=sys.stderr)
         raise SystemExit(EXIT_RUNNING) from None
     return lock
 
@@ -82,10 +96,47 @@ def _clear_socket(path: Path) -> None:
         path.unlink()
 
 
-async def _bind(proxy: EgressProxy, path: Path) -> asyncio.AbstractServer:
-    server = await asyncio.start_unix_server(proxy.handle, path=str(path), limit=EGRESS_HEAD_MAX_BYTES)
-    os.chmod(path, 0o666)  # noqa: S103 (the sandbox's uid connects; the socket is its only way out)
-    return server
+async def _bind(proxy: EgressProxy, config: ProxyConfig) -> asyncio.Server:
+    if config.listen is None or config.credential is None:
+        path = str(config.socket)
+        server = await asyncio.start_unix_server(proxy.handle, path=path, limit=EGRESS_HEAD_MAX_BYTES)
+        os.chmod(path, 0o666)  # noqa: S103 (the sandbox's uid connects; the socket is its only way out)
+        return server
+    handler = functools.partial(_with_credential, proxy, CREDENTIAL_PREFIX + config.credential.encode() + b"\n")
+    address, port = config.listen
+    try:
+        return await asyncio.start_server(handler, address, port, limit=EGRESS_HEAD_MAX_BYTES)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE or port == 0:
+            raise
+        return await asyncio.start_server(handler, address, 0, limit=EGRESS_HEAD_MAX_BYTES)
+
+
+async def _with_credential(proxy: EgressProxy, expected: bytes,
+                           reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Serve a TCP connection that first sends expected (the sandbox's credential); close
+    any other unserved, saying so in the log when it sent something (a probe sends nothing)."""
+    try:
+        got = await asyncio.wait_for(reader.readexactly(len(expected)), EGRESS_HEAD_READ_SECONDS)
+    except asyncio.IncompleteReadError as short:
+        got = short.partial
+    except (TimeoutError, OSError):
+        got = b""
+    if hmac.compare_digest(got, expected):
+        await proxy.handle(reader, writer)
+        return
+    if got:
+        peer = writer.get_extra_info("peername")
+        print(f"guilds egress: a connection from {peer[0] if peer else 'unknown'} without this sandbox's "
+              "credential was closed", file=sys.stderr, flush=True)
+    writer.close()
+
+
+def _pid_line(server: asyncio.Server, config: ProxyConfig) -> str:
+    """The pidfile's line: the pid, and on TCP the port listened on."""
+    if config.listen is None:
+        return f"{os.getpid()}\n"
+    return f"{os.getpid()} {server.sockets[0].getsockname()[1]}\n"
 
 
 async def serve(config: ProxyConfig) -> None:
@@ -101,10 +152,10 @@ async def serve(config: ProxyConfig) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    server = await _bind(proxy, config.socket)
+    server = await _bind(proxy, config)
     try:
         if config.pidfile is not None:
-            config.pidfile.write_text(f"{os.getpid()}\n")
+            config.pidfile.write_text(_pid_line(server, config))
         poll = min(config.idle_seconds / 4, EGRESS_IDLE_POLL_SECONDS)
         while not _idle(config):
             with contextlib.suppress(TimeoutError):
@@ -114,8 +165,9 @@ async def serve(config: ProxyConfig) -> None:
     finally:
         server.close()
         await proxy.close()
-        with contextlib.suppress(FileNotFoundError):
-            config.socket.unlink()
+        if config.socket is not None:
+            with contextlib.suppress(FileNotFoundError):
+                config.socket.unlink()
         if config.pidfile is not None:
             with contextlib.suppress(FileNotFoundError):
                 config.pidfile.unlink()
@@ -134,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         print(bad, file=sys.stderr)
         return EXIT_CONFIG
     lock = _take_lock(config)
-    _clear_socket(config.socket)
+    if config.socket is not None:
+        _clear_socket(config.socket)
     try:
         asyncio.run(serve(config))
     finally:

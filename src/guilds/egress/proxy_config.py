@@ -3,7 +3,11 @@
 A JSON object (the file 0600: it holds the secrets' real values)::
 
     {
-      "socket": "/…/egress/proxy.sock",      the Unix socket to listen on (made 0666)
+      "socket": "/…/egress/proxy.sock",      the Unix socket to listen on (made 0666), or
+      "listen": "10.244.0.1:0",              a TCP address to listen on (port 0: any; a port
+                                               taken falls back to any), with
+      "credential": "…64 hex digits…",       what each TCP connection sends first
+                                               (CREDENTIAL_PREFIX, it, a newline)
       "allow": ["github.com", "10.1.2.0/24"],  the agent.network list (guilds.egress.policy)
       "secrets": [{"name": "GH_TOKEN", "placeholder": "…", "value": "…",
                    "hosts": ["github.com", "api.github.com"]}],
@@ -15,7 +19,8 @@ A JSON object (the file 0600: it holds the secrets' real values)::
       "pidfile": "/…/proxy.pid"              optional: written once the proxy listens
     }
 
-Unknown keys are errors; every error is one line naming the key.
+Exactly one of ``socket`` and ``listen``; ``credential`` with ``listen`` only. Unknown
+keys are errors; every error is one line naming the key.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,9 +37,12 @@ from pathlib import Path
 from .policy import Allowlist, IPAddress, address_of, normalize_host
 from .swap import Secret, secret_hosts
 
-KEYS = frozenset({"socket", "allow", "secrets", "ca_dir", "decisions", "resolve", "idle_clock",
-                  "idle_seconds", "pidfile"})
+KEYS = frozenset({"socket", "listen", "credential", "allow", "secrets", "ca_dir", "decisions", "resolve",
+                  "idle_clock", "idle_seconds", "pidfile"})
 SECRET_KEYS = frozenset({"name", "placeholder", "value", "hosts"})
+CREDENTIAL_PREFIX = b"GUILDS-EGRESS "
+"""What a TCP connection to the proxy sends first, before its credential and a newline."""
+_CREDENTIAL = re.compile(r"[0-9a-f]{64}")
 
 
 class ConfigError(ValueError):
@@ -44,7 +53,7 @@ class ConfigError(ValueError):
 class ProxyConfig:
     """One proxy's settings (see the module's docstring for each key)."""
 
-    socket: Path
+    socket: Path | None
     allow: Allowlist
     decisions: Path
     ca_dir: Path | None = None
@@ -53,6 +62,8 @@ class ProxyConfig:
     idle_clock: Path | None = None
     idle_seconds: float = math.inf
     pidfile: Path | None = None
+    listen: tuple[str, int] | None = None
+    credential: str | None = None
 
 
 def _path(raw: Mapping[str, object], key: str, required: bool = False) -> Path | None:
@@ -93,6 +104,24 @@ def _resolve(raw: object) -> dict[str, IPAddress]:
     return pinned
 
 
+def _listen(raw: Mapping[str, object]) -> tuple[tuple[str, int] | None, str | None]:
+    """(listen's address and port, the credential), or (None, None) for a Unix socket."""
+    if "listen" not in raw:
+        if "credential" in raw:
+            raise ConfigError("egress config: credential is only for listen")
+        return None, None
+    if "socket" in raw:
+        raise ConfigError("egress config: socket and listen exclude each other")
+    text = raw["listen"]
+    address, _, port = text.rpartition(":") if isinstance(text, str) else ("", "", "")
+    if address_of(address.strip("[]")) is None or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"egress config: listen must be an address and a port, got {text!r}")
+    credential = raw.get("credential")
+    if not isinstance(credential, str) or not _CREDENTIAL.fullmatch(credential):
+        raise ConfigError("egress config: credential must be 64 hex digits with listen")
+    return (address.strip("[]"), int(port)), credential
+
+
 def parse_config(raw: object) -> ProxyConfig:
     """The config of a parsed JSON object; ConfigError names the first wrong key."""
     if not isinstance(raw, dict):
@@ -110,8 +139,10 @@ def parse_config(raw: object) -> ProxyConfig:
         allow = Allowlist.parse(raw.get("allow", []))
     except ValueError as bad:
         raise ConfigError(f"egress config: {bad}") from None
+    listen, credential = _listen(raw)
     return ProxyConfig(
-        socket=_path(raw, "socket", required=True) or Path(), allow=allow,
+        socket=None if listen else _path(raw, "socket", required=True), listen=listen, credential=credential,
+        allow=allow,
         decisions=_path(raw, "decisions", required=True) or Path(), ca_dir=_path(raw, "ca_dir"),
         secrets=tuple(_secret(s) for s in secrets), resolve=_resolve(raw.get("resolve", {})),
         idle_clock=_path(raw, "idle_clock"), idle_seconds=float(idle), pidfile=_path(raw, "pidfile"))

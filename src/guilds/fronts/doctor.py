@@ -96,8 +96,10 @@ def check_network(wired: Wired) -> Check:
     settings = wired.settings
     if settings.egress:
         count = len(settings.egress)
+        held = ("; on kubernetes only where the cluster enforces NetworkPolicy (each new pod is checked "
+                "before its first call and refused if not)") if settings.sandbox == "kubernetes" else ""
         return Check("network", True, f"a list of {count} entr{'y' if count == 1 else 'ies'}: commands reach "
-                     "only those, through the egress proxy (docs/network.md)")
+                     f"only those, through the egress proxy{held} (docs/network.md)")
     if settings.network:
         loopback = "".join(f" and, on {kind.name}, {kind.network_true_reach}"
                            for kind in candidates(settings.sandbox) if kind.network_true_reach)

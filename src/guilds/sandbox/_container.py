@@ -150,13 +150,15 @@ def seconds(value: float) -> str:
     return f"{value:.3f}".rstrip("0").rstrip(".")
 
 
-def init_argv(python: str, idle_seconds: float, clock: str = "", *, relay: bool = False) -> list[str]:
+def init_argv(python: str, idle_seconds: float, clock: str = "", *, relay: bool = False,
+              relay_with: tuple[str, Sequence[str]] | None = None) -> list[str]:
     """The container's command: INIT with the idle clock's file ("": none, the calls
     seen), the idle time and how often it looks; with relay (agent.network a list),
-    the egress relay first (``egress_side.RELAY``)."""
+    the egress relay first (``egress_side.RELAY``), or relay_with's (code, its argv[4:])."""
     poll = CONTAINER_CLOCK_POLL_SECONDS if clock else CONTAINER_SEEN_POLL_SECONDS
-    if relay:
-        return [python, "-I", "-S", "-c", RELAY + INIT, clock, seconds(idle_seconds), seconds(poll), *init_args()]
+    if relay or relay_with:
+        code, args = relay_with or (RELAY, init_args())
+        return [python, "-I", "-S", "-c", code + INIT, clock, seconds(idle_seconds), seconds(poll), *args]
     return [python, "-I", "-S", "-c", INIT, clock, seconds(idle_seconds), seconds(poll)]
 
 

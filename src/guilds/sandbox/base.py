@@ -36,7 +36,7 @@ where it has nothing to say): ``check()`` its lines of ``guilds doctor``,
 about the configured agent once it is the backend the settings pick, and
 ``boxes()`` the sandboxes it knows of (``guilds sandbox list``).
 
-Optional, for ``agent.network`` a list (bwrap and docker; docs/network.md): an
+Optional, for ``agent.network`` a list (bwrap, docker, kubernetes; docs/network.md): an
 attribute ``egress`` (the egress proxy's files, ``egress_side.EgressFiles``,
 or None) and ``keep_egress()``, which the toolbox awaits before each call so that
 a dead proxy is started again. A backend without them has no egress proxy.

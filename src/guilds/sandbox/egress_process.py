@@ -21,7 +21,7 @@ from ..errors import SandboxError
 from ..limits import EGRESS_DECISIONS_READ_MAX_BYTES, EGRESS_START_POLL_SECONDS, EGRESS_START_SECONDS
 from ._host_folder import removed
 from ._spawn import spawn_detached
-from .egress_side import BUNDLE_NAME, SOCKET_NAME, EgressFiles, bound_values, proxy_config
+from .egress_side import BUNDLE_NAME, SOCKET_NAME, EgressFiles, Listen, bound_values, proxy_config
 
 
 @contextlib.contextmanager
@@ -39,18 +39,19 @@ def settings_digest(settings: AgentSettings, *parts: Any) -> str:
     return hashlib.sha256(json.dumps(data, default=list).encode()).hexdigest()
 
 
-def ensure_proxy(files: EgressFiles, digest: str, make_config: Callable[[], Mapping[str, Any]]) -> None:
+def ensure_proxy(files: EgressFiles, digest: str, make_config: Callable[[], Mapping[str, Any]],
+                 listen: Listen | None = None) -> None:
     """The agent's proxy running: found alive and started from the same settings
     (digest), else started anew with make_config(), detached, and waited for until it
-    listens. Alive: its process runs and its socket answers (one hung or whose socket
-    went is replaced). A repository's default hosts are the pinned ones (egress_side.pinned_origins)."""
-    from ..egress.daemon import is_serving
+    listens. Alive: its process runs and its socket (listen: its TCP port) answers (one
+    hung or whose socket went is replaced). A repository's default hosts are the pinned
+    ones (egress_side.pinned_origins)."""
     from ..egress.proxy_config import write_config
 
     config_path, digest_path = files.path("proxy.json"), files.path("proxy.digest")
     with _locked(files):
         pid = proxy_pid(files)
-        serving = pid is not None and is_serving(os.path.join(files.shared, SOCKET_NAME))
+        serving = pid is not None and _answers(files, listen)
         if serving and _read(digest_path) == digest:
             return
         if pid is not None:
@@ -73,10 +74,20 @@ def ensure_proxy(files: EgressFiles, digest: str, make_config: Callable[[], Mapp
             time.sleep(EGRESS_START_POLL_SECONDS)
 
 
+def _answers(files: EgressFiles, listen: Listen | None) -> bool:
+    from ..egress.daemon import is_listening, is_serving
+
+    if listen is None:
+        return is_serving(os.path.join(files.shared, SOCKET_NAME))
+    port = proxy_port(files)
+    return port is not None and is_listening(listen.address, port)
+
+
 def keep_proxy(settings: AgentSettings, files: EgressFiles, *, home: str, clock: str,
-               idle_seconds: float) -> None:
+               idle_seconds: float, listen: Listen | None = None) -> None:
     """At each call: the proxy's idle clock moved, the proxy started when it is not running
-    (or was started from other settings)."""
+    (or was started from other settings). listen: on TCP (``egress_side.proxy_config``);
+    its address and credential are part of the settings, its port only asked for."""
     Path(clock).touch(mode=0o644)
     os.utime(clock)
     resolve = settings.egress_resolve
@@ -84,9 +95,11 @@ def keep_proxy(settings: AgentSettings, files: EgressFiles, *, home: str, clock:
     def config() -> dict[str, Any]:
         bound = bound_values(settings, files, home)
         write_trust_bundle(files)
-        return proxy_config(settings, files, bound, clock=clock, idle_seconds=idle_seconds, resolve=resolve)
+        return proxy_config(settings, files, bound, clock=clock, idle_seconds=idle_seconds, resolve=resolve,
+                            listen=listen)
 
-    ensure_proxy(files, settings_digest(settings, idle_seconds, sorted(resolve.items())), config)
+    where = None if listen is None else (listen.address, listen.credential)
+    ensure_proxy(files, settings_digest(settings, idle_seconds, sorted(resolve.items()), where), config, listen)
 
 
 def write_trust_bundle(files: EgressFiles) -> None:
@@ -120,6 +133,17 @@ def proxy_pid(files: EgressFiles) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return pid if files.path("proxy.json").encode() in cmdline.split(b"\0") else None
+
+
+def proxy_port(files: EgressFiles) -> int | None:
+    """The TCP port the agent's proxy listens on (its pidfile's second field), when it runs."""
+    try:
+        fields = Path(files.path("proxy.pid")).read_text().split()
+    except OSError:
+        return None
+    if len(fields) < 2 or not fields[1].isdigit() or proxy_pid(files) is None:
+        return None
+    return int(fields[1])
 
 
 def _terminate(pid: int) -> None:

@@ -1,5 +1,5 @@
 """The sandbox's side of the egress proxy (``agent.network`` a list; docs/network.md),
-shared by the bwrap and docker sandboxes.
+shared by the bwrap, docker and kubernetes sandboxes (kubernetes: kube_egress).
 
 On the host, per agent, under ``<data>/egress/<agent id>/`` (0700):
 
@@ -58,7 +58,7 @@ NO_PROXY = "localhost,127.0.0.1,::1"
 """The sandbox's own loopback (the agent's servers on its ports) is reached directly."""
 GITHUB, GITHUB_API = "github.com", "api.github.com"
 _PLACEHOLDER_CHARS = string.ascii_letters + string.digits
-RELAY = (
+_RELAY_PIPE = (
     "import socket,sys,threading,time\n"
     "def _pipe(a,b):\n"
     " try:\n"
@@ -69,18 +69,29 @@ RELAY = (
     " except OSError:pass\n"
     " try:b.shutdown(socket.SHUT_WR)\n"
     " except OSError:pass\n"
-    "def _serve(c,path):\n"
+)
+_RELAY_UNIX = (
+    "def _connect(path):\n"
     " u=socket.socket(socket.AF_UNIX)\n"
+    " try:u.connect(path)\n"
+    " except OSError:\n"
+    "  u.close()\n"
+    "  raise\n"
+    " return u\n"
+)
+_RELAY_SERVE = (
+    "def _serve(c,path):\n"
+    " u=None\n"
     " try:\n"
-    "  u.connect(path)\n"
+    "  u=_connect(path)\n"
     "  t=threading.Thread(target=_pipe,args=(u,c),daemon=True)\n"
     "  t.start()\n"
     "  _pipe(c,u)\n"
     "  t.join()\n"
-    " except OSError:pass\n"
+    " except (OSError,ValueError,KeyError,TypeError):pass\n"
     " finally:\n"
     "  c.close()\n"
-    "  u.close()\n"
+    "  if u is not None:u.close()\n"
     "def _relay(lst,path):\n"
     " while True:\n"
     "  try:c=lst.accept()[0]\n"
@@ -93,6 +104,15 @@ RELAY = (
     "_lst.listen(128)\n"
     "threading.Thread(target=_relay,args=(_lst,sys.argv[4]),daemon=True).start()\n"
 )
+
+
+def relay_code(connect: str) -> str:
+    """The relay with connect's ``_connect(path)`` (a connected socket to the proxy, or
+    OSError/ValueError: the connection is closed and nothing else is tried)."""
+    return _RELAY_PIPE + connect + _RELAY_SERVE
+
+
+RELAY = relay_code(_RELAY_UNIX)
 """The relay, run first by the sandbox's init (its argv[4]: the proxy's socket inside,
 argv[5]: the port): each connection to 127.0.0.1:port is spliced to the socket,
 each way in its own thread, a half-close passed on. A socket that refuses (the
@@ -208,6 +228,16 @@ def repo_hosts(repo: Repo, origin: str | None) -> tuple[tuple[str, ...], str | N
 
 
 @dataclass(frozen=True)
+class Listen:
+    """Where a proxy listens on TCP: the address, the port asked for (0: any) and the
+    credential each connection must send first."""
+
+    address: str
+    port: int
+    credential: str
+
+
+@dataclass(frozen=True)
 class Bound:
     """A value the proxy puts in for its hosts: its name, placeholder, value and hosts."""
 
@@ -218,12 +248,13 @@ class Bound:
     gh_host: str | None = None
 
 
-def bound_values(settings: AgentSettings, files: EgressFiles, home: str) -> dict[str, Bound]:
+def bound_values(settings: AgentSettings, files: EgressFiles, home: str | None) -> dict[str, Bound]:
     """Every host-bound value: ``secrets.NAME`` for a secret with hosts, ``repos.NAME``
-    for a repository token (its default hosts from ``pinned_origins``). The agent's
+    for a repository token (its default hosts from ``pinned_origins``; home None: the
+    home is not on this host, a token goes to its ``token_hosts`` only). The agent's
     egress folder is made (``prepare``) and its placeholder key read."""
     key = prepare(files)
-    origins = pinned_origins(files, settings, home)
+    origins = {} if home is None else pinned_origins(files, settings, home)
     out = {}
     for name, hosts in settings.secret_hosts.items():
         value = settings.secrets[name]
@@ -249,12 +280,13 @@ def repos_entries(settings: AgentSettings, home: str, bound: Mapping[str, Bound]
     return out
 
 
-def sandbox_env(settings: AgentSettings, bound: Mapping[str, Bound]) -> dict[str, str]:
+def sandbox_env(settings: AgentSettings, bound: Mapping[str, Bound],
+                bundle: str = f"{EGRESS_INSIDE}/{BUNDLE_NAME}") -> dict[str, str]:
     """What every command's environment gets behind the proxy, over agent_env's: the
     proxy variables (the helper names the call in them), NO_PROXY, the trust bundle's
-    variables, and each host-bound secret's placeholder in place of its value."""
+    variables (bundle: its path inside), and each host-bound secret's placeholder in
+    place of its value."""
     where = f"127.0.0.1:{RELAY_PORT}"
-    bundle = f"{EGRESS_INSIDE}/{BUNDLE_NAME}"
     env = {EGRESS_PROXY_ENV: where, **dict.fromkeys(PROXY_VARS, f"http://{where}"),
            "NO_PROXY": NO_PROXY, "no_proxy": NO_PROXY, **dict.fromkeys(TRUST_VARS, bundle)}
     for name in settings.secret_hosts:
@@ -280,10 +312,14 @@ def prepare(files: EgressFiles, owner: tuple[int, int] | None = None) -> bytes:
 
 
 def proxy_config(settings: AgentSettings, files: EgressFiles, bound: Mapping[str, Bound], *,
-                 clock: str, idle_seconds: float, resolve: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The proxy's config (guilds.egress's contract): the only holder of the real values."""
+                 clock: str, idle_seconds: float, resolve: Mapping[str, str] | None = None,
+                 listen: Listen | None = None) -> dict[str, Any]:
+    """The proxy's config (guilds.egress's contract): the only holder of the real values.
+    listen: a TCP address with a credential (kubernetes) in place of the Unix socket."""
+    where = ({"listen": f"{listen.address}:{listen.port}", "credential": listen.credential} if listen
+             else {"socket": os.path.join(files.shared, SOCKET_NAME)})
     return {
-        "socket": os.path.join(files.shared, SOCKET_NAME),
+        **where,
         "allow": list(settings.egress),
         "secrets": [{"name": b.name, "placeholder": b.placeholder, "value": b.value, "hosts": list(b.hosts)}
                     for b in bound.values() if b.hosts],

@@ -25,6 +25,8 @@ NAME = "kubernetes"
 KUBE_VERBS = (("create", "pods", ""), ("get", "pods", ""), ("delete", "pods", ""), ("create", "pods", "exec"),
               ("create", "persistentvolumeclaims", ""))
 """What the kubernetes backend does in its namespace."""
+KUBE_EGRESS_VERBS = (("create", "networkpolicies", ""),)
+"""agent.network a list: what it does besides (each pod's egress policy)."""
 
 
 def _kubeconfig() -> Path | None:
@@ -32,13 +34,14 @@ def _kubeconfig() -> Path | None:
     return path if path.is_file() else None
 
 
-def _missing_rights(namespace: str) -> list[str]:
-    """The verbs the backend needs that the kubeconfig's user lacks in namespace."""
+def _missing_rights(namespace: str, egress: bool = False) -> list[str]:
+    """The verbs the backend needs that the kubeconfig's user lacks in namespace (egress:
+    with agent.network a list)."""
     from kubernetes import client, config
 
     api = client.AuthorizationV1Api(config.new_client_from_config())
     missing = []
-    for verb, resource, sub in KUBE_VERBS:
+    for verb, resource, sub in KUBE_VERBS + (KUBE_EGRESS_VERBS if egress else ()):
         attrs = client.V1ResourceAttributes(namespace=namespace, verb=verb, resource=resource,
                                             subresource=sub or None)
         review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(resource_attributes=attrs))
@@ -55,7 +58,7 @@ def check(settings: AgentSettings, *, needed: bool) -> list[Check]:
         return [Check(NAME, False, "no kubeconfig (KUBECONFIG, ~/.kube/config)",
                       "point KUBECONFIG at the cluster's config", needed)]
     try:
-        missing = _missing_rights(namespace)
+        missing = _missing_rights(namespace, bool(settings.egress))
     except Exception as exc:  # the client's errors and the connection's alike: say which
         return [Check(NAME, False, f"{path}: cannot ask the cluster ({type(exc).__name__}: {exc})"[:300],
                       "check the kubeconfig's server and credentials", needed)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from ..config.settings import AgentSettings
+from ..errors import SandboxError
 from . import kube_admin as admin
 from . import kube_claim_admin
 from .base import Box, Check
@@ -22,8 +23,11 @@ class KubernetesBackend(KubernetesSandbox):
     def for_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike, *,
                   idle_seconds: float | None) -> KubernetesSandbox:
         if settings.kubernetes.mode == CLAIM:
+            if settings.egress:
+                raise SandboxError("agent.network: a list of hosts is enforced by kubernetes.mode = \"pod\" "
+                                   "only, not \"claim\"; use the pod mode, or true or false")
             return KubeClaimSandbox(settings, idle_seconds=idle_seconds)
-        return KubernetesSandbox(settings, idle_seconds=idle_seconds)
+        return KubernetesSandbox(settings, idle_seconds=idle_seconds, data_dir=data_dir)
 
     @classmethod
     def check(cls, settings: AgentSettings, data_dir: str | os.PathLike, *, needed: bool) -> list[Check]:

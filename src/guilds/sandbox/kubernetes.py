@@ -24,7 +24,10 @@ Lifecycle:
 - exec: pods/exec over its websocket, the call wrapped as in docker
   (``_container.exec_argv``: timeout inside, processes found again by token);
 - stop: the pod is deleted; the claim and the Secret are kept (``remove()``
-  deletes them too).
+  deletes them too);
+- agent.network a list: ``kube_egress`` (the egress proxy on this host, the
+  pod's own NetworkPolicy to it, the relay's file and the trust bundle written
+  once the pod runs, and the policy checked to hold before the first call).
 
 Doctor's line, the pods ``guilds sandbox list`` shows and what ``rm`` deletes:
 ``kube_admin``.
@@ -37,8 +40,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import secrets
 import os
+import secrets
 import threading
 import time
 from collections.abc import Sequence
@@ -48,11 +51,14 @@ from ..errors import SandboxError
 from ..limits import (
     KUBERNETES_DEADLINE_SLACK_SECONDS, KUBERNETES_START_POLL_SECONDS, KUBERNETES_START_SECONDS,
     KUBERNETES_STATUS_POLL_SECONDS, KUBERNETES_STATUS_WAIT_SECONDS, KUBERNETES_WRITE_SECONDS,
+    KUBERNETES_EGRESS_SETTLE_SECONDS,
 )
 from ..config.settings import AgentSettings
 from . import kube_admin as admin
 from . import kube_cluster as cluster
+from . import kube_egress
 from . import kube_spec as spec
+from .kube_egress import KubeEgress
 from ._host_folder import DEFAULT_PATH, agent_env, checked_id
 from ._container import (
     EXEC_ENV, HELPER_DIR, STATE_INSIDE, blocking, exec_argv, exec_status, fingerprint, helper_files,
@@ -72,8 +78,9 @@ class KubernetesSandbox(ContainerSandbox):
     python = spec.PYTHON
 
     def __init__(self, settings: AgentSettings, *, idle_seconds: float | None = None,
-                 api_client: Any = None):
-        """api_client: a ``kubernetes.client.ApiClient`` (default: from the kubeconfig)."""
+                 api_client: Any = None, data_dir: str | os.PathLike | None = None):
+        """api_client: a ``kubernetes.client.ApiClient`` (default: from the kubeconfig);
+        data_dir: where the egress proxy keeps its files (needed when agent.network is a list)."""
         self.settings, self.config = settings, settings.kubernetes
         self.home = str(settings.home)
         self.agent_id = checked_id(settings)
@@ -81,6 +88,15 @@ class KubernetesSandbox(ContainerSandbox):
         self.idle_seconds = idle_seconds or self.config.idle_minutes * 60
         env = agent_env(settings, home=self.home, state_dir=STATE_INSIDE, path=DEFAULT_PATH)
         self._base_env = {k: v for k, v in env.items() if k not in settings.secrets}
+        self._egress = self._egress_of(data_dir)
+        self.egress = None if self._egress is None else self._egress.files
+        """agent.network a list: the egress proxy's files (None otherwise)."""
+        if self._egress is not None:
+            self._base_env.update(self._egress.env())
+        self._pod_ip: str | None = None
+        """agent.network a list: the pod's address, once its egress is set up."""
+        self._egress_pod: str | None = None
+        """agent.network a list: the uid of the pod whose egress was set up."""
         self._api_client = api_client
         self._core: Any = None
         self._ready = False
@@ -89,7 +105,7 @@ class KubernetesSandbox(ContainerSandbox):
     @classmethod
     def for_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike, *,
                   idle_seconds: float | None) -> KubernetesSandbox:
-        return cls(settings, idle_seconds=idle_seconds)
+        return cls(settings, idle_seconds=idle_seconds, data_dir=data_dir)
 
     @classmethod
     def check(cls, settings: AgentSettings, data_dir: str | os.PathLike, *, needed: bool) -> list[Check]:
@@ -115,10 +131,79 @@ class KubernetesSandbox(ContainerSandbox):
         ws = self._in_pod(lambda: cluster.open_exec(self.core, self.pod, self.config.namespace, command))
         return KubeProcess(ws, stop=lambda: self._kill(token))
 
+    def _egress_of(self, data_dir: str | os.PathLike | None) -> KubeEgress | None:
+        if not self.settings.egress:
+            return None
+        if data_dir is None:
+            raise SandboxError("agent.network is a list, and the kubernetes sandbox was given no data folder "
+                               "for the egress proxy")
+        return KubeEgress(self.settings, data_dir, agent_id=self.agent_id, pod=self.pod,
+                          idle_seconds=self.idle_seconds)
+
+    async def keep_egress(self) -> None:
+        """Before each call: the egress proxy running (started again when it died), and the
+        pod told again where it listens when that changed (no thread hop without a list)."""
+        if self._egress is not None:
+            await blocking(self._keep_egress)
+
     # --- blocking steps ---------------------------------------------------------
     def _start(self) -> None:
         if not self._ensure():
-            self._put([(repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600)])
+            self._put(self._repos_files())
+
+    def _repos_files(self) -> list[tuple[str, bytes, int]]:
+        entries = None if self._egress is None else self._egress.repos_entries()
+        return [(repos_file(self.agent_id), repos_json(self.settings, self.home, entries), 0o600)]
+
+    def _keep_egress(self) -> None:
+        """The pod known running: its proxy kept (a pod not known yet is made, and told,
+        by the call)."""
+        pod_ip = self._pod_ip
+        if self._ready and pod_ip is not None:
+            with self._lock:
+                self._publish_egress(pod_ip)
+
+    def _egress_for_pod(self) -> None:
+        """agent.network a list, the pod found or made running (under the lock): set up
+        (``_publish_egress``) once per pod in this process, a pod of another uid anew."""
+        if self._egress is None:
+            return
+        pod = self._read_pod() or {}
+        uid, pod_ip = (pod.get("metadata") or {}).get("uid"), (pod.get("status") or {}).get("podIP")
+        if not pod_ip:
+            raise SandboxError(f"kubernetes: the pod {self.pod} runs without an address")
+        if uid != self._egress_pod:
+            self._egress.published = None
+        self._egress_pod, self._pod_ip = uid, pod_ip
+        self._publish_egress(pod_ip)
+
+    def _publish_egress(self, pod_ip: str) -> None:
+        """The proxy kept; where it changed (or the pod is not told yet), the pod's policy
+        applied, the relay's file and the trust bundle written, and the policy checked to hold."""
+        if self._egress is None:
+            return
+        from kubernetes import client
+
+        address, port = self._egress.keep(pod_ip)
+        if self._egress.published == (address, port):
+            return
+        policy = kube_egress.policy_manifest(self.config.namespace, self.pod, address, port,
+                                             owner=self._egress_pod or "")
+        self._create_once("egress network policy", lambda: client.NetworkingV1Api(self.core.api_client)
+                          .create_namespaced_network_policy(self.config.namespace, policy))
+        self._put(self._egress.pod_files(address, port), making=True)
+        self._egress.check_held(address, port, self._run_quietly)
+        self._egress.published = (address, port)
+
+    def _run_quietly(self, argv: list[str]) -> str:
+        """argv's stdout, run in the pod as it is (the backend's own check)."""
+        out, err, status, complete = self._exec_stream(
+            argv, b"", time.monotonic() + KUBERNETES_EGRESS_SETTLE_SECONDS + KUBERNETES_WRITE_SECONDS)
+        code, problem = spec.exit_status(status) if complete else (None, "no answer")
+        if code != 0:
+            raise SandboxError(f"kubernetes: {argv[0]} in {self.pod} failed: "
+                               f"{problem or err.decode('utf-8', 'replace').strip()[-300:]}")
+        return out.decode("utf-8", "replace")
 
     def _write(self, path: str, data: bytes) -> None:
         self._put([(path, data, 0o600)])
@@ -227,6 +312,9 @@ class KubernetesSandbox(ContainerSandbox):
         with self._lock:
             self._ready = False
             self._delete_pod()
+            if self._egress is not None:
+                self._pod_ip = None
+                self._egress.stop()
         return []
 
     # --- finding and creating the pod -------------------------------------------
@@ -243,6 +331,7 @@ class KubernetesSandbox(ContainerSandbox):
                     == manifest["metadata"]["annotations"][spec.ANNOTATION_FINGERPRINT]
                 if same and phase in ("running", "pending"):
                     self._wait_running()
+                    self._egress_for_pod()
                     self._ready = True
                     return False
                 self._delete_pod()
@@ -257,6 +346,8 @@ class KubernetesSandbox(ContainerSandbox):
         pod = spec.pod_manifest(self.config, agent_id=self.agent_id, home=self.home,
                                 network=self.settings.network, idle_seconds=self.idle_seconds,
                                 base_env=self._base_env, fingerprint="")
+        if self._egress is not None:
+            pod["spec"]["containers"][0]["command"] = self._egress.init_command()
         stamp = fingerprint([pod, dict(self.settings.secrets), helpers_digest()])
         pod["metadata"]["annotations"][spec.ANNOTATION_FINGERPRINT] = stamp
         return pod
@@ -269,7 +360,8 @@ class KubernetesSandbox(ContainerSandbox):
                           .create_namespaced_network_policy(ns, spec.network_policy_manifest(ns)))
         self._create_once("volume claim", lambda: core.create_namespaced_persistent_volume_claim(
             ns, spec.claim_manifest(cfg, self.pod)))
-        secret = spec.secret_manifest(cfg, self.pod, self.settings.secrets)
+        secrets_in_pod = self.settings.secrets if self._egress is None else self._egress.pod_secrets()
+        secret = spec.secret_manifest(cfg, self.pod, secrets_in_pod)
         with self._api("write the secret"):
             try:
                 core.create_namespaced_secret(ns, secret)
@@ -284,10 +376,12 @@ class KubernetesSandbox(ContainerSandbox):
                 if exc.status != 409:
                     raise
                 self._wait_running()  # another orchestrator process made it: it sets it up
+                self._egress_for_pod()
                 return
         self._wait_running()
         self._check_helpers()
-        self._put([(repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600)], making=True)
+        self._put(self._repos_files(), making=True)
+        self._egress_for_pod()
 
     def _check_helpers(self) -> None:
         expected = {f"{HELPER_DIR}/{n}": hashlib.sha256(data).hexdigest() for n, data in helper_files()}

@@ -1,0 +1,250 @@
+"""``agent.network`` a list on the kubernetes sandbox (docs/network.md, "On kubernetes").
+
+The same egress proxy as on bwrap and docker (``egress_process``: one per agent,
+on the orchestrator's host, holding the real values), listening on TCP instead of
+a Unix socket: at ``kubernetes.egress_address``, else the address this host sends
+from towards the agent's pod (``route_source``; in the test cluster the node's
+side of the pod network), on a port of its own (the one it had before, when free).
+
+The pod:
+
+- keeps the label ``guilds.network: "off"``: the namespace's deny-all policy
+  holds it from its start, and one more policy, ``<name>-egress-<port>``
+  (``policy_manifest``), allows its egress to the proxy's address and port and
+  nothing else (policies add up; both need a CNI that enforces them). The pod
+  owns it, so the cluster deletes it with the pod: the orchestrator only makes
+  policies (a proxy started again on another port gets one more);
+- runs the relay in its init (``egress_side.relay_code`` with RELAY_TCP): each
+  connection to 127.0.0.1:RELAY_PORT is spliced to the proxy after the agent's
+  credential, read with the proxy's address and port from RELAY_CONF at each
+  connection (a file the orchestrator writes over exec once the proxy listens);
+- gets the proxy variables, the placeholders and the trust bundle (BUNDLE, also
+  written over exec) as on docker; its Secret holds only the secrets without
+  hosts, repos.json the placeholders: no real value of a host-bound secret or a
+  repository token is in any object of the cluster or anything the pod reads.
+
+The credential (``credential``, derived from the agent's placeholder key, 0600 on
+the host) keeps one agent's pod from another agent's proxy, whose port its own
+policy does not open anyway: a port a stopped proxy left may be another agent's
+next. Before the pod's first call ``PROBE`` runs in it until it reaches the proxy
+and not a listener of the orchestrator's on another port of the same address (the
+canary): a cluster that does not enforce the policy is refused, in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from ..config.settings import AgentSettings
+from ..errors import SandboxError
+from ..limits import KUBERNETES_EGRESS_SETTLE_SECONDS
+from . import egress_process
+from . import egress_side as egress
+from ._container import STATE_INSIDE, init_argv
+from .kube_spec import LABEL_AGENT, PYTHON
+
+log = logging.getLogger(__name__)
+RELAY_TCP = (
+    "def _connect(path):\n"
+    " import json\n"
+    " with open(path) as f:d=json.load(f)\n"
+    " u=socket.create_connection((d['address'],int(d['port'])),10)\n"
+    " try:\n"
+    "  u.settimeout(None)\n"
+    "  u.sendall(('GUILDS-EGRESS '+d['credential']+'\\n').encode())\n"
+    " except OSError:\n"
+    "  u.close()\n"
+    "  raise\n"
+    " return u\n"
+)
+"""The relay's connection to the proxy on TCP: address, port and credential from the
+file named by its argv[4], read at each connection (missing or wrong: the
+connection is closed, nothing else is tried)."""
+PROBE = (
+    "import socket,sys,time\n"
+    "a,p,c,end=sys.argv[1],int(sys.argv[2]),int(sys.argv[3]),time.time()+float(sys.argv[4])\n"
+    "def reach(port):\n"
+    " try:socket.create_connection((a,port),2).close()\n"
+    " except OSError:return False\n"
+    " return True\n"
+    "while True:\n"
+    " ok,canary=reach(p),reach(c)\n"
+    " if ok and not canary:print('held');break\n"
+    " if time.time()>end:print('open' if canary else 'unreachable');break\n"
+    " time.sleep(0.2)\n"
+)
+"""Run in the pod: 'held' once the proxy's port answers and the canary's does not,
+else at the deadline 'open' (the canary answered: nothing confines the pod) or
+'unreachable' (the proxy never answered)."""
+NODE_PORTS = range(30000, 32768)
+"""Kubernetes' default node-port range, which some policy controllers leave open on a
+node's addresses: never the canary's port."""
+POLICY_SUFFIX = "-egress"
+PORT_FILE = "port"
+"""In the agent's egress folder: the port the proxy last listened on (asked for again)."""
+
+
+def relay_conf(agent_id: str) -> str:
+    """Where the relay reads the proxy's address, port and credential inside the pod."""
+    return f"{STATE_INSIDE}/{agent_id}/egress.json"
+
+
+def bundle_path(agent_id: str) -> str:
+    """The trust bundle inside the pod (the orchestrator's authority plus the host's roots)."""
+    return f"{STATE_INSIDE}/{agent_id}/{egress.BUNDLE_NAME}"
+
+
+def policy_name(pod: str, port: int) -> str:
+    return f"{pod}{POLICY_SUFFIX}-{port}"
+
+
+def policy_manifest(namespace: str, pod: str, address: str, port: int, *, owner: str) -> dict[str, Any]:
+    """The agent's pod may open TCP connections to address:port, nothing more (pure). Owned
+    by the pod (owner: its uid), so the cluster deletes it with the pod."""
+    width = ipaddress.ip_address(address).max_prefixlen
+    owners = [{"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": owner}] if owner else []
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": policy_name(pod, port), "namespace": namespace, "labels": {LABEL_AGENT: pod},
+                         "ownerReferences": owners},
+            "spec": {"podSelector": {"matchLabels": {LABEL_AGENT: pod}},
+                     "policyTypes": ["Egress"],
+                     "egress": [{"to": [{"ipBlock": {"cidr": f"{address}/{width}"}}],
+                                 "ports": [{"protocol": "TCP", "port": port}]}]}}
+
+
+def credential(key: bytes) -> str:
+    """The agent's credential at its proxy: 64 hex digits derived from its placeholder key."""
+    return hmac.new(key, b"guilds egress credential", hashlib.sha256).hexdigest()
+
+
+def route_source(pod_ip: str) -> str:
+    """The address this host sends from towards pod_ip (a route lookup, nothing is sent)."""
+    family = socket.AF_INET6 if ":" in pod_ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((pod_ip, 9))
+        return str(probe.getsockname()[0])
+
+
+@contextlib.contextmanager
+def canary(address: str) -> Iterator[int]:
+    """A listener of this process on address, on a port outside NODE_PORTS, while in use;
+    each connection is taken and closed (a full backlog would look like a refusal)."""
+    held: list[socket.socket] = []
+    try:
+        while True:
+            server = socket.create_server((address, 0))
+            held.append(server)
+            port = int(server.getsockname()[1])
+            if port not in NODE_PORTS:
+                break
+        threading.Thread(target=_take_all, args=(server,), daemon=True).start()
+        yield port
+    finally:
+        for server in held:
+            with contextlib.suppress(OSError):
+                server.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
+            server.close()
+
+
+def _take_all(server: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
+        conn.close()
+
+
+class KubeEgress:
+    """One agent's egress on kubernetes: its proxy's files, placeholders and credential,
+    and what the pod is given (see the module docstring)."""
+
+    def __init__(self, settings: AgentSettings, data_dir: str | os.PathLike, *, agent_id: str, pod: str,
+                 idle_seconds: float) -> None:
+        self.settings, self.agent_id, self.pod = settings, agent_id, pod
+        self.home, self.idle_seconds = str(settings.home), idle_seconds
+        untargeted = [r.name for r in settings.repos if r.token and r.token_hosts is None]
+        if untargeted:
+            raise SandboxError(f"repos.{untargeted[0]}.token_hosts: needed on kubernetes with agent.network a "
+                               "list (the repository's origin is in the pod, not read from this host)")
+        self.files = egress.egress_files(os.path.realpath(data_dir), agent_id)
+        self.bound = egress.bound_values(settings, self.files, None)
+        self.credential = credential(egress.prepare(self.files))
+        self.published: tuple[str, int] | None = None
+        """The proxy's address and port the pod was last given (None: not yet, by this process)."""
+
+    def env(self) -> dict[str, str]:
+        """Over the pod's environment: the proxy variables, the trust bundle's, the placeholders."""
+        return egress.sandbox_env(self.settings, self.bound, bundle=bundle_path(self.agent_id))
+
+    def init_command(self) -> list[str]:
+        """The pod's command: INIT with the relay on TCP first."""
+        relay = (egress.relay_code(RELAY_TCP), [relay_conf(self.agent_id), str(egress.RELAY_PORT)])
+        return init_argv(PYTHON, self.idle_seconds, relay_with=relay)
+
+    def pod_secrets(self) -> dict[str, str]:
+        """The secrets the pod's Secret holds: those without hosts."""
+        return {k: v for k, v in self.settings.secrets.items() if k not in self.settings.secret_hosts}
+
+    def repos_entries(self) -> dict[str, Any]:
+        return egress.repos_entries(self.settings, self.home, self.bound)
+
+    def keep(self, pod_ip: str) -> tuple[str, int]:
+        """The proxy running, listening where the pod reaches it: (address, port)."""
+        address = self.settings.kubernetes.egress_address or route_source(pod_ip)
+        listen = egress.Listen(address, self._last_port(), self.credential)
+        egress_process.keep_proxy(self.settings, self.files, home=self.home, clock=self.files.path("clock"),
+                                  idle_seconds=self.idle_seconds, listen=listen)
+        port = egress_process.proxy_port(self.files)
+        if port is None:
+            raise SandboxError("the egress proxy did not say which port it listens on")
+        if port != listen.port:
+            if listen.port:
+                log.warning("egress proxy of %s: port %d was taken, it listens on %d now", self.agent_id,
+                            listen.port, port)
+            Path(self.files.path(PORT_FILE)).write_text(f"{port}\n")
+        return address, port
+
+    def pod_files(self, address: str, port: int) -> list[tuple[str, bytes, int]]:
+        """What the pod is given over exec for the relay: RELAY_CONF and the trust bundle."""
+        conf = json.dumps({"address": address, "port": port, "credential": self.credential}).encode()
+        bundle = Path(self.files.shared, egress.BUNDLE_NAME).read_bytes()
+        return [(relay_conf(self.agent_id), conf, 0o600), (bundle_path(self.agent_id), bundle, 0o644)]
+
+    def check_held(self, address: str, port: int, run: Callable[[list[str]], str]) -> None:
+        """PROBE in the pod (run: argv -> its stdout) until the policy holds; SandboxError
+        when it never does."""
+        with canary(address) as canary_port:
+            said = run(["python3", "-I", "-S", "-c", PROBE, address, str(port), str(canary_port),
+                        str(KUBERNETES_EGRESS_SETTLE_SECONDS)]).strip()
+        if said == "held":
+            return
+        if said == "open":
+            raise SandboxError(
+                f"kubernetes: the pod {self.pod} reached a port of {address} that its network policy does not "
+                "allow: this cluster does not enforce NetworkPolicy, so agent.network's list would not confine "
+                "it (install a CNI that does, e.g. Calico or Cilium; docs/sandboxes.md)")
+        raise SandboxError(
+            f"kubernetes: the pod {self.pod} cannot reach the egress proxy at {address}:{port} after "
+            f"{KUBERNETES_EGRESS_SETTLE_SECONDS} s ({said or 'no answer'}); set kubernetes.egress_address "
+            "to an address of this host that the pods reach")
+
+    def stop(self) -> None:
+        egress_process.stop_proxy(self.files)
+        self.published = None
+
+    def _last_port(self) -> int:
+        try:
+            return int(Path(self.files.path(PORT_FILE)).read_text())
+        except (OSError, ValueError):
+            return 0
