@@ -70,31 +70,31 @@ def settings_table(**kw: str) -> dict[str, str]:
     return {**table, **kw}
 
 
-EGRESS_IMAGE = IMAGE.rsplit(":", 1)[0] + "-gh:kube-test"
-
-
 def image_with_gh() -> str:
-    """IMAGE with the host's gh (forge_kit.image_with_gh), imported into the node's containerd."""
+    """IMAGE with the host's gh (forge_kit.image_with_gh), imported into the node's containerd,
+    tagged after IMAGE's id (a tag the node has seen is never taken for a newer build)."""
     import docker
 
     import forge_kit
 
-    forge_kit.image_with_gh(IMAGE, EGRESS_IMAGE)
     client = docker.from_env()
+    base_id = client.images.get(IMAGE).id.split(":")[-1][:12]
+    tag = f"{IMAGE.rsplit(':', 1)[0]}-gh:{base_id}"
+    forge_kit.image_with_gh(IMAGE, tag)
     with tempfile.TemporaryFile() as said:
         ctr = subprocess.Popen(["ctr", "-a", CONTAINERD, "-n", "k8s.io", "images", "import", "-"],
                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=said)
         assert ctr.stdin is not None
         try:
-            for chunk in client.images.get(EGRESS_IMAGE).save(named=True):
+            for chunk in client.images.get(tag).save(named=tag):
                 ctr.stdin.write(chunk)
         finally:
             ctr.stdin.close()
             client.close()
         if ctr.wait(300) != 0:
             said.seek(0)
-            raise RuntimeError(f"ctr import of {EGRESS_IMAGE}: {said.read().decode(errors='replace')}")
-    return EGRESS_IMAGE
+            raise RuntimeError(f"ctr import of {tag}: {said.read().decode(errors='replace')}")
+    return tag
 
 
 def core() -> Any:
