@@ -92,6 +92,28 @@ def test_a_repository_token_names_its_hosts_on_kubernetes(tmp_path):
         KubernetesSandbox(parse_settings(data, tmp_path, env={}), api_client=object(), data_dir=tmp_path)
 
 
+def _probe_here(argv: list[str]) -> str:
+    """PROBE run on this host, where nothing holds it in: what a pod of a cluster that enforces
+    no policy would say."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, check=True,
+                          timeout=60).stdout
+
+
+def test_the_check_refuses_a_pod_that_reaches_more_than_its_proxy(tmp_path, monkeypatch):
+    monkeypatch.setattr(kube_egress, "KUBERNETES_EGRESS_SETTLE_SECONDS", 2)
+    box = KubernetesSandbox(settings_of(tmp_path), api_client=object(), data_dir=tmp_path / "data")
+    assert box._egress is not None
+    with socket.create_server(("127.0.0.1", 0)) as proxy:
+        port = proxy.getsockname()[1]
+        with pytest.raises(SandboxError, match=r"^kubernetes: the pod \S+ reached a port of 127.0.0.1 that its "
+                                               "network policy does not allow: this cluster does not enforce "
+                                               "NetworkPolicy"):
+            box._egress.check_held("127.0.0.1", port, _probe_here)  # the canary answered
+
+
 # --- on the test cluster ---------------------------------------------------------------
 
 NO_HOSTS = forge_kit.unavailable()
@@ -262,29 +284,3 @@ async def test_the_token_is_in_nothing_the_pod_reads_nor_in_any_object_of_the_na
     for value in (forge.token, UPLOAD):
         assert not [t for t in texts if value in t]
     assert box.pod in objects and f"{box.pod}-env" in objects and f"{box.pod}-egress" in objects
-
-
-
-
-@on_cluster
-async def test_a_pod_its_policy_does_not_hold_is_refused_before_its_first_call(forge, tmp_path, monkeypatch):
-    """What a cluster that enforces nothing looks like to the check: the pod's egress policy
-    made to let it go anywhere, so the orchestrator's canary on the proxy's address is reached."""
-    monkeypatch.setenv("SSL_CERT_FILE", forge.ca)
-    made = kube_egress.policy_manifest
-
-    def open_policy(*args, **kw):
-        policy = made(*args, **kw)
-        policy["spec"]["egress"] = [{}]
-        return policy
-
-    monkeypatch.setattr(kube_egress, "policy_manifest", open_policy)
-    box = KubernetesSandbox(settings_of(tmp_path, forge=forge), data_dir=tmp_path / "data", idle_seconds=300)
-    try:
-        with pytest.raises(SandboxError, match=f"^kubernetes: the pod {box.pod} reached a port of "
-                                               r"[0-9.]+ that its network policy does not allow: this cluster "
-                                               "does not enforce NetworkPolicy"):
-            await box.start()  # after KUBERNETES_EGRESS_SETTLE_SECONDS: a policy may take that long to hold
-    finally:
-        await box.stop()
-        await asyncio.to_thread(kube_kit.remove_agent, box.pod)
