@@ -96,8 +96,8 @@ def check_network(wired: Wired) -> Check:
     settings = wired.settings
     if settings.egress:
         count = len(settings.egress)
-        held = ("; on kubernetes only where the cluster enforces NetworkPolicy (each new pod is checked "
-                "before its first call and refused if not)") if settings.sandbox == "kubernetes" else ""
+        held = "".join(f"; {kind.network_list_held}" for kind in candidates(settings.sandbox)
+                       if kind.network_list_held)
         return Check("network", True, f"a list of {count} entr{'y' if count == 1 else 'ies'}: commands reach "
                      f"only those, through the egress proxy{held} (docs/network.md)")
     if settings.network:

@@ -135,6 +135,9 @@ class Backend:
     """False for a backend that isolates nothing (doctor says so when ``auto`` picks it)."""
     network_true_reach = ""
     """What ``agent.network = true`` opens on this backend beyond every host, if anything."""
+    network_list_held = ""
+    """What holds ``agent.network`` as a list in on this backend, when the backend does
+    not hold it by itself (doctor says so)."""
     own_networks = False
     """True for a backend that can run a sandbox beside the agent's with a narrower egress
     allowlist of its own (the E2B front's ``allow_out``)."""

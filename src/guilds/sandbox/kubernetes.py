@@ -74,6 +74,8 @@ T = TypeVar("T")
 
 class KubernetesSandbox(ContainerSandbox):
     name = admin.NAME
+    network_list_held = ("on kubernetes only where the cluster enforces NetworkPolicy (each new pod is "
+                         "checked before its first call and refused if not)")
     state_dir = STATE_INSIDE
     python = spec.PYTHON
 
