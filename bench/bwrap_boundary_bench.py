@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from guilds.sandbox._spawn import run_process  # noqa: E402
-from guilds.sandbox.bubblewrap import BwrapSandbox  # noqa: E402
-from guilds.sandbox.bwrap_argv import (  # noqa: E402
+from guilds.sandbox.bwrap.bwrap_sandbox import BwrapSandbox  # noqa: E402
+from guilds.sandbox.bwrap.bwrap_argv import (  # noqa: E402
     HELPER_DIR, NAMESPACES, STATE_INSIDE, BwrapConfig, Limits, unavailable,
 )
 from guilds.config.settings import AgentSettings  # noqa: E402

@@ -105,7 +105,7 @@ def _remove_claimed(sandbox: Any) -> None:
     """A claim-mode agent's own Sandbox (a claim is deleted by stop) and its home volume."""
     from kubernetes.client import ApiException
 
-    from guilds.sandbox import kube_claim_spec as claims
+    from guilds.sandbox.kubernetes import kube_claim_spec as claims
 
     for delete, args in ((sandbox.custom.delete_namespaced_custom_object,
                           (claims.GROUP, claims.VERSION, NAMESPACE, claims.SANDBOXES, sandbox.claim)),

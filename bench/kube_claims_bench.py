@@ -21,7 +21,7 @@ from kube_bench import NAMESPACE, first_call
 from resident_bench import interleaved, median_ms, pct_ms, tool_call
 
 from guilds.record.store import Store
-from guilds.sandbox import kube_claim_spec as claims
+from guilds.sandbox.kubernetes import kube_claim_spec as claims
 
 POOL_WAIT_SECONDS = 300
 

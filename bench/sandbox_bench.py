@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from guilds.sandbox import get_sandbox  # noqa: E402
-from guilds.sandbox.bwrap_argv import unavailable as bwrap_unavailable  # noqa: E402
-from guilds.sandbox.docker_engine import unavailable as docker_unavailable  # noqa: E402
+from guilds.sandbox.bwrap.bwrap_argv import unavailable as bwrap_unavailable  # noqa: E402
+from guilds.sandbox.docker.docker_engine import unavailable as docker_unavailable  # noqa: E402
 from guilds.config.settings import AgentSettings  # noqa: E402
 from guilds.toolbox.transport import call_helper  # noqa: E402
 

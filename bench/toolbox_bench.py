@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from guilds.sandbox import get_sandbox
 from guilds.sandbox.base import ExecResult
-from guilds.sandbox.bwrap_argv import unavailable as bwrap_unavailable
+from guilds.sandbox.bwrap.bwrap_argv import unavailable as bwrap_unavailable
 from guilds.sandbox.local import LocalSandbox
 from guilds.config.settings import parse_settings
 from guilds.record.store import Store

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from guilds.sandbox.bwrap_argv import unavailable as bwrap_unavailable
-from guilds.sandbox.docker_engine import unavailable as docker_unavailable
+from guilds.sandbox.bwrap.bwrap_argv import unavailable as bwrap_unavailable
+from guilds.sandbox.docker.docker_engine import unavailable as docker_unavailable
 
 BACKENDS = [
     "local",

@@ -34,7 +34,7 @@ def _unavailable() -> str | None:
     if not os.environ.get("KUBECONFIG"):
         return "KUBECONFIG is not set (scripts/kube-test-env.sh starts a cluster)"
     try:
-        from guilds.sandbox import kube_cluster
+        from guilds.sandbox.kubernetes import kube_cluster
 
         kube_cluster.connect().list_namespaced_pod(NAMESPACE, limit=1, _request_timeout=5)
     except Exception as exc:  # noqa: BLE001 - any failure is the reason to skip
@@ -98,7 +98,7 @@ def image_with_gh() -> str:
 
 
 def core() -> Any:
-    from guilds.sandbox import kube_cluster
+    from guilds.sandbox.kubernetes import kube_cluster
 
     return kube_cluster.connect()
 
@@ -161,7 +161,7 @@ def no_pool_left():
     """Claim mode: the warm pools and templates a module's tests made first in this
     process are deleted after them (their pods would hold the node's cpu); another
     process's, of other settings, are left to it."""
-    from guilds.sandbox import kube_claims
+    from guilds.sandbox.kubernetes import kube_claims
 
     before = {name for _, name, _ in kube_claims._made}
     yield

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from guilds.sandbox.bwrap_argv import (
+from guilds.sandbox.bwrap.bwrap_argv import (
     AGENT_UID_BASE,
     AGENT_UID_SPAN,
     INIT,

@@ -14,8 +14,8 @@ import pytest
 from guilds.config.agents import KnownAgent, known, remember
 from guilds.config.settings import parse_settings
 from guilds.fronts.wiring import open_toolbox, resolve
-from guilds.sandbox.bwrap_argv import agent_uid, unavailable
-from guilds.sandbox.bwrap_hide import Hiding, hiding, stamp
+from guilds.sandbox.bwrap.bwrap_argv import agent_uid, unavailable
+from guilds.sandbox.bwrap.bwrap_hide import Hiding, hiding, stamp
 
 NO_BWRAP = unavailable()
 SECRET_A, SECRET_B = "a-secret-5d1e77c0", "b-secret-93c1f0aa"

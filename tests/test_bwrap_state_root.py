@@ -19,8 +19,8 @@ import pytest
 
 from guilds.config.settings import AgentSettings, BwrapSettings, Repo
 from guilds.errors import SandboxError
-from guilds.sandbox.bubblewrap import BwrapSandbox
-from guilds.sandbox.bwrap_argv import unavailable
+from guilds.sandbox.bwrap.bwrap_argv import unavailable
+from guilds.sandbox.bwrap.bwrap_sandbox import BwrapSandbox
 from guilds.toolbox.transport import call_helper
 
 NO_BWRAP = unavailable()
@@ -146,7 +146,7 @@ async def test_a_host_state_folder_left_by_an_earlier_layout_goes_at_the_next_st
 
 
 async def test_a_reused_pid_is_not_written_into(box):
-    from guilds.sandbox import bubblewrap
+    from guilds.sandbox.bwrap import bwrap_sandbox as bubblewrap
 
     pid, start = box._ensure_init()
     with (

@@ -141,8 +141,8 @@ def test_a_call_imports_only_what_it_needs(tmp_path):
     tops, ours = (set(line.split()) for line in proc.stderr.splitlines()[-2:])
     assert not tops & {"mcp", "starlette", "uvicorn", "jinja2", "docker", "kubernetes", "anthropic", "openai"}
     assert "guilds.sandbox.local" in ours and "sqlalchemy.dialects.sqlite" in ours
-    assert not {m for m in ours if m.startswith(("guilds.web", "guilds.sandbox.docker", "guilds.sandbox.kube",
-                                                   "guilds.sandbox.bubblewrap", "sqlalchemy.dialects.postgresql"))}
+    assert not {m for m in ours if m.startswith(("guilds.web", "guilds.sandbox.docker", "guilds.sandbox.kubernetes",
+                                                   "guilds.sandbox.bwrap", "sqlalchemy.dialects.postgresql"))}
 
 
 

@@ -25,10 +25,10 @@ from conftest import sized_tmpfs
 from guilds.config.settings import AgentSettings, DockerSettings, Repo, parse_settings
 from guilds.errors import ConfigError, SandboxError
 from guilds.sandbox import _container as box_lib
-from guilds.sandbox import docker_spec as spec
 from guilds.sandbox import image
-from guilds.sandbox.docker import DockerSandbox
-from guilds.sandbox.docker_engine import unavailable
+from guilds.sandbox.docker import docker_spec as spec
+from guilds.sandbox.docker.docker_engine import unavailable
+from guilds.sandbox.docker.docker_sandbox import DockerSandbox
 from guilds.sandbox.egress_side import RELAY
 from guilds.toolbox.transport import call_helper
 

@@ -13,7 +13,7 @@ import sys
 import docker
 import pytest
 
-from guilds.sandbox.docker_engine import unavailable
+from guilds.sandbox.docker.docker_engine import unavailable
 
 IMAGE = os.environ.get("GUILDS_SANDBOX_IMAGE", "guilds-sandbox:latest")
 WHY = unavailable(IMAGE)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from guilds.sandbox.bwrap_argv import unavailable as bwrap_unavailable
-from guilds.sandbox.docker_engine import unavailable as docker_unavailable
+from guilds.sandbox.bwrap.bwrap_argv import unavailable as bwrap_unavailable
+from guilds.sandbox.docker.docker_engine import unavailable as docker_unavailable
 
 GUILDS = shutil.which("guilds", path=os.path.dirname(sys.executable))
 IMAGE = os.environ.get("GUILDS_SANDBOX_IMAGE", "guilds-sandbox:latest")
@@ -218,7 +218,7 @@ def kube(tmp_path):
 
 
 def test_kubernetes_sandbox_list_rm_and_rights(tmp_path, kube):
-    from guilds.sandbox.kube_spec import object_name
+    from guilds.sandbox.kubernetes.kube_spec import object_name
 
     env = {"KUBECONFIG": str(kube.kubeconfig(tmp_path / "kubeconfig")), "DOCKER_HOST": f"unix://{tmp_path}/none"}
     config = str(settings(tmp_path, "kubernetes"))

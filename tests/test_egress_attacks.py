@@ -29,8 +29,8 @@ from guilds.egress.ca import CertificateAuthority
 from guilds.limits import EGRESS_CONNECTIONS_MAX
 from guilds.record.store import Store
 from guilds.sandbox import get_sandbox
-from guilds.sandbox.bwrap_argv import unavailable
-from guilds.sandbox.docker_engine import unavailable as docker_unavailable
+from guilds.sandbox.bwrap.bwrap_argv import unavailable
+from guilds.sandbox.docker.docker_engine import unavailable as docker_unavailable
 from guilds.sandbox.egress_process import keep_proxy, proxy_pid, stop_proxy
 from guilds.sandbox.egress_side import SOCKET_NAME, bound_values, egress_files, prepare
 from guilds.toolbox import Toolbox

@@ -23,8 +23,8 @@ import pytest
 import forge_kit
 import kube_kit
 from guilds.config.settings import parse_settings
-from guilds.sandbox.bwrap_argv import unavailable
-from guilds.sandbox.docker_engine import unavailable as docker_unavailable
+from guilds.sandbox.bwrap.bwrap_argv import unavailable
+from guilds.sandbox.docker.docker_engine import unavailable as docker_unavailable
 from guilds.sandbox.egress_process import proxy_pid
 from guilds.toolbox import Toolbox
 from toolbox_kit import sandbox_toolbox

@@ -17,8 +17,8 @@ import pytest
 import kube_kit
 from conftest import ok_text
 from guilds.config.settings import AgentSettings, BwrapSettings, DockerSettings
-from guilds.sandbox.bwrap_argv import unavailable
-from guilds.sandbox.docker_engine import unavailable as docker_unavailable
+from guilds.sandbox.bwrap.bwrap_argv import unavailable
+from guilds.sandbox.docker.docker_engine import unavailable as docker_unavailable
 from guilds_code import escaped
 from toolbox_kit import sandbox_toolbox
 

@@ -26,10 +26,10 @@ import forge_kit
 import kube_kit
 from guilds.config.settings import AgentSettings, parse_settings
 from guilds.errors import SandboxError
-from guilds.sandbox import kube_egress
-from guilds.sandbox import kube_spec as spec
 from guilds.sandbox.egress_process import proxy_pid
-from guilds.sandbox.kubernetes import KubernetesSandbox
+from guilds.sandbox.kubernetes import kube_egress
+from guilds.sandbox.kubernetes import kube_spec as spec
+from guilds.sandbox.kubernetes.kube_sandbox import KubernetesSandbox
 from test_kubernetes_cluster import CONNECT, LISTEN, POD_PORT, from_plain_pod, node_listener, plain_pods
 
 __all__ = ["node_listener", "plain_pods"]  # fixtures used here

@@ -21,8 +21,8 @@ import kube_kit
 from guilds.config.settings import AgentSettings, KubernetesSettings, Repo
 from guilds.errors import SandboxError
 from guilds.sandbox import _container as box_lib
-from guilds.sandbox import kube_spec as spec
-from guilds.sandbox.kubernetes import KubernetesSandbox
+from guilds.sandbox.kubernetes import kube_spec as spec
+from guilds.sandbox.kubernetes.kube_sandbox import KubernetesSandbox
 from guilds.toolbox.transport import call_helper
 from kube_kit import no_pool_left  # noqa: F401 - a fixture of this module
 
@@ -298,7 +298,7 @@ def built_helper(tmp_path):
 async def test_the_resident_helper_over_pods_exec(tmp_path, built_helper, server_protocols, spoken):
     import sys
 
-    from guilds.sandbox import kube_cluster as cluster
+    from guilds.sandbox.kubernetes import kube_cluster as cluster
     from guilds.sandbox.process_channel import KubeProcess
     from guilds.toolbox.resident_channel import ResidentChannel
     from kube_exec_server import ExecServer

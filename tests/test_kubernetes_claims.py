@@ -22,9 +22,9 @@ from guilds.config.settings import AgentSettings, KubernetesSettings, Repo, pars
 from guilds.errors import ConfigError, SandboxError
 from guilds.sandbox import _container as box_lib
 from guilds.sandbox import get_sandbox
-from guilds.sandbox import kube_claim_spec as claims
-from guilds.sandbox import kube_spec as spec
-from guilds.sandbox.kube_claims import KubeClaimSandbox
+from guilds.sandbox.kubernetes import kube_claim_spec as claims
+from guilds.sandbox.kubernetes import kube_spec as spec
+from guilds.sandbox.kubernetes.kube_claims import KubeClaimSandbox
 from guilds.toolbox.transport import call_helper
 from kube_kit import no_pool_left  # noqa: F401 - a fixture of this module
 
@@ -266,7 +266,7 @@ async def test_an_own_sandbox_is_suspended_and_resumed_with_its_home_and_logs(cl
 
 
 def test_what_the_sandbox_commands_say_of_a_claim_or_an_own_sandbox():
-    from guilds.sandbox.kube_claim_admin import ClaimBox, _box
+    from guilds.sandbox.kubernetes.kube_claim_admin import ClaimBox, _box
 
     meta = {"name": "guilds-a-1", "annotations": {"guilds/agent-id": "a"}}
     ready = {"metadata": meta, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
@@ -318,7 +318,7 @@ async def test_sandbox_list_stop_rm_and_doctor_know_claims(claimed, tmp_path):
 def test_doctor_says_which_claim_rights_are_missing():
     from kubernetes import config as kube_config
 
-    from guilds.sandbox import kube_claim_admin
+    from guilds.sandbox.kubernetes import kube_claim_admin
 
     admin = kube_config.new_client_from_config(str(Path(os.environ["KUBECONFIG"]).with_name("admin.kubeconfig")))
     assert kube_claim_admin.problems(admin, "default") == []  # the admin: every right, the APIs served

@@ -26,8 +26,8 @@ import pytest
 from guilds.config.settings import AgentSettings, Repo
 from guilds.errors import SandboxError
 from guilds.record.store import Store
-from guilds.sandbox import kube_spec as spec
-from guilds.sandbox.kubernetes import KubernetesSandbox
+from guilds.sandbox.kubernetes import kube_spec as spec
+from guilds.sandbox.kubernetes.kube_sandbox import KubernetesSandbox
 from guilds.toolbox import Toolbox
 from guilds.toolbox.transport import call_helper
 from kube_kit import (

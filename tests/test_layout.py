@@ -542,15 +542,16 @@ def test_the_fronts_rule_catches_a_backends_module_and_a_name(tmp_path):
     fronts = tmp_path / "guilds" / "fronts"
     fronts.mkdir(parents=True)
     bad = fronts / "bad.py"
-    bad.write_text("from ..sandbox import get_sandbox, docker_spec\nfrom ..sandbox.kube_spec import LABEL_AGENT\n"
+    bad.write_text("from ..sandbox.docker import docker_spec\nfrom ..sandbox.kubernetes.kube_spec import LABEL_AGENT\n"
                    "def f(s):\n    from ..sandbox._spawn import start_time\n"
                    "    if s.sandbox == 'docker' or s.sandbox in ('bwrap', 'x'):\n        return {'local': 1}\n")
     assert _sandbox_imports({"guilds.fronts.bad": bad}, tmp_path) == [
         "guilds.fronts.bad imports guilds.sandbox._spawn",
         "guilds.fronts.bad imports guilds.sandbox._spawn.start_time",
-        "guilds.fronts.bad imports guilds.sandbox.docker_spec",
-        "guilds.fronts.bad imports guilds.sandbox.kube_spec",
-        "guilds.fronts.bad imports guilds.sandbox.kube_spec.LABEL_AGENT",
+        "guilds.fronts.bad imports guilds.sandbox.docker",
+        "guilds.fronts.bad imports guilds.sandbox.docker.docker_spec",
+        "guilds.fronts.bad imports guilds.sandbox.kubernetes.kube_spec",
+        "guilds.fronts.bad imports guilds.sandbox.kubernetes.kube_spec.LABEL_AGENT",
     ]
     assert [w.split(":")[1] for w in _name_compares(bad, _backend_names(), tmp_path)] == ["5", "5", "6"]
 

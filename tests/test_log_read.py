@@ -11,7 +11,7 @@ import pytest
 
 from guilds.record.store import Store
 from guilds.sandbox import get_sandbox
-from guilds.sandbox.bwrap_argv import unavailable
+from guilds.sandbox.bwrap.bwrap_argv import unavailable
 from guilds.toolbox import Toolbox
 from guilds.toolbox.log_reading import log_reading
 from guilds.web.logs import LOG_HEAD_BYTES, LOG_TAIL_BYTES, HelperLogReader, LogUnavailable

@@ -19,7 +19,7 @@ from mcp import Client, StdioServerParameters
 
 import mcp_kit as kit
 from guilds.record.store import Store
-from guilds.sandbox.bwrap_argv import unavailable
+from guilds.sandbox.bwrap.bwrap_argv import unavailable
 
 
 def server_params(tmp_path: Path, sandbox: str = "local", secrets: dict[str, str] | None = None

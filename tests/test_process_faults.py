@@ -32,7 +32,7 @@ from guilds.record.engine import normalize_url
 from guilds.record.owners import LOST
 from guilds.record.schema import calls, metadata, owners
 from guilds.record.store import Store
-from guilds.sandbox.bwrap_argv import unavailable
+from guilds.sandbox.bwrap.bwrap_argv import unavailable
 from guilds.web.app import create_app
 from guilds.web.endpoint_lock import TOKEN_FILE, Lock, host_names
 from guilds.web.logs import HelperLogReader

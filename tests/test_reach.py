@@ -18,9 +18,9 @@ import pytest
 from guilds.config.settings import AgentSettings, Repo
 from guilds.fronts import doctor
 from guilds.fronts.wiring import Wired
-from guilds.sandbox.bubblewrap import BwrapSandbox
-from guilds.sandbox.bwrap_argv import sandbox_owner, unavailable
-from guilds.sandbox.bwrap_reach import out_of_reach
+from guilds.sandbox.bwrap.bwrap_argv import sandbox_owner, unavailable
+from guilds.sandbox.bwrap.bwrap_reach import out_of_reach
+from guilds.sandbox.bwrap.bwrap_sandbox import BwrapSandbox
 from guilds.toolbox.log_reading import read_log
 from guilds_code import reach
 from toolbox_kit import sandbox_toolbox

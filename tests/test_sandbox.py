@@ -21,9 +21,9 @@ import kube_kit
 from guilds.config.settings import AgentSettings, Repo
 from guilds.errors import ConfigError, SandboxError
 from guilds.sandbox import get_sandbox
-from guilds.sandbox.bubblewrap import BwrapSandbox
-from guilds.sandbox.bwrap_argv import unavailable
-from guilds.sandbox.docker_engine import unavailable as docker_unavailable
+from guilds.sandbox.bwrap.bwrap_argv import unavailable
+from guilds.sandbox.bwrap.bwrap_sandbox import BwrapSandbox
+from guilds.sandbox.docker.docker_engine import unavailable as docker_unavailable
 from guilds.toolbox.transport import call_helper
 from kube_kit import no_pool_left  # noqa: F401 - a fixture of this module
 
@@ -312,6 +312,7 @@ async def test_idle_stop(tmp_path):
 def test_the_container_backends_label_their_sandboxes_guilds_agent():
     """The label containers and pods already running carry: `guilds sandbox list` and a
     later orchestrator find them by it, so it never changes."""
-    from guilds.sandbox import docker_spec, kube_spec
+    from guilds.sandbox.docker import docker_spec
+    from guilds.sandbox.kubernetes import kube_spec
 
     assert docker_spec.LABEL_AGENT == kube_spec.LABEL_AGENT == "guilds.agent"

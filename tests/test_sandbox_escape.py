@@ -23,8 +23,8 @@ import pytest
 import kube_kit
 from guilds.config.settings import AgentSettings, BwrapSettings, DockerSettings
 from guilds.sandbox import get_sandbox
-from guilds.sandbox.bwrap_argv import unavailable
-from guilds.sandbox.docker_engine import unavailable as docker_unavailable
+from guilds.sandbox.bwrap.bwrap_argv import unavailable
+from guilds.sandbox.docker.docker_engine import unavailable as docker_unavailable
 
 NO_BWRAP = unavailable()
 NO_DOCKER = docker_unavailable()

@@ -94,7 +94,7 @@ DOCKER_START_SLACK_SECONDS = 30.0
 """Past DOCKER_CREATED_GRACE_SECONDS, how long making the container again may take."""
 DOCKER_STOPPING_POLL_SECONDS = 0.2
 """Between the tries of a step refused because the container is gone or not running
-(guilds.sandbox.docker.IN_CONTAINER_TRIES): this long times the tries so far (a container whose init has
+(guilds.sandbox.docker.docker_sandbox.IN_CONTAINER_TRIES): this long times the tries so far (a container whose init has
 just exited is still "running" for a moment)."""
 DOCKER_ADOPT_POLL_SECONDS = 0.05
 """While another process sets up the container: how often to look again."""

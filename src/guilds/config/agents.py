@@ -7,7 +7,7 @@ One file per agent, ``<data>/agents/<agent id>.json``: ``{"settings": path or
 null, "home": path}``, mode 0600 in the private data folder (no sandbox sees
 it). Every front that opens a toolbox (``guilds call``, ``guilds mcp``,
 ``guilds serve``, ``guilds.open``) remembers its agent there first; the bwrap
-sandbox reads the list each time it checks its config (``guilds.sandbox.bwrap_hide``),
+sandbox reads the list each time it checks its config (``guilds.sandbox.bwrap.bwrap_hide``),
 and ``guilds doctor`` checks each remembered settings file's mode.
 An entry that cannot be read is skipped; one whose files are gone hides nothing.
 """

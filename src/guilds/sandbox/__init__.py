@@ -1,11 +1,11 @@
 """Sandbox backends, chosen by the short name in ``agent.sandbox``.
 
     local       a folder on this machine; isolates nothing       (local.py)
-    bwrap       one long-lived bubblewrap sandbox per agent      (bubblewrap.py)
+    bwrap       one long-lived bubblewrap sandbox per agent      (bwrap/bwrap_sandbox.py)
     auto        bwrap where it works here, else local with a one-line warning
-    docker      one container per agent, Docker SDK              (docker.py)
-    kubernetes  one pod per agent, the Kubernetes client         (kube_backend.py)
-                or a claim from a warm pool of agent-sandbox     (kube_claims.py)
+    docker      one container per agent, Docker SDK              (docker/docker_sandbox.py)
+    kubernetes  one pod per agent, the Kubernetes client         (kubernetes/kube_backend.py)
+                or a claim from a warm pool of agent-sandbox     (kubernetes/kube_claims.py)
 
 BACKENDS is the one table of them: a front picks a backend there (``backend``,
 ``backends``, ``picked``) and asks its class (``base.Backend``: doctor's lines,
@@ -31,10 +31,10 @@ __all__ = ["BACKENDS", "Backend", "Box", "Check", "ExecResult", "Sandbox", "back
 log = logging.getLogger(__name__)
 
 BACKENDS = {
-    "bwrap": "bubblewrap:BwrapSandbox",
+    "bwrap": "bwrap.bwrap_sandbox:BwrapSandbox",
     "local": "local:LocalSandbox",
-    "docker": "docker:DockerSandbox",
-    "kubernetes": "kube_backend:KubernetesBackend",
+    "docker": "docker.docker_sandbox:DockerSandbox",
+    "kubernetes": "kubernetes.kube_backend:KubernetesBackend",
 }
 """Each backend's class ("module:class" in this package), in the order doctor's lines
 and ``guilds sandbox list`` show them."""
@@ -90,7 +90,7 @@ def get_sandbox(
 
 def _bwrap_works(settings: AgentSettings) -> bool:
     """``auto``: does bubblewrap work here? When not, say so, or refuse an allowlist."""
-    from .bwrap_argv import unavailable
+    from .bwrap.bwrap_argv import unavailable
 
     reason = unavailable()
     if reason is None:

@@ -18,12 +18,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.settings import AgentSettings
-from ..limits import DOCTOR_PROBE_SECONDS
+from ...config.settings import AgentSettings
+from ...limits import DOCTOR_PROBE_SECONDS
+from ..base import Box, Check
 from . import kube_claim_spec as claims
 from . import kube_cluster as cluster
 from . import kube_spec as spec
-from .base import Box, Check
 
 NAME = "kubernetes claims"
 

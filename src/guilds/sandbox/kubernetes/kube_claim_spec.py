@@ -32,11 +32,11 @@ import re
 import shlex
 from typing import Any, Mapping, Sequence
 
-from ..config.settings import KubernetesSettings
-from ..errors import SandboxError
-from ..limits import KUBERNETES_CLAIM_NO_IDLE_SECONDS
+from ...config.settings import KubernetesSettings
+from ...errors import SandboxError
+from ...limits import KUBERNETES_CLAIM_NO_IDLE_SECONDS
+from .._container import STATE_INSIDE, fingerprint, init_argv
 from . import kube_spec as spec
-from ._container import STATE_INSIDE, fingerprint, init_argv
 
 GROUP = "agents.x-k8s.io"
 EXTENSIONS = "extensions.agents.x-k8s.io"

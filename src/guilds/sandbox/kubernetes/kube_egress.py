@@ -45,12 +45,12 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..config.settings import AgentSettings
-from ..errors import SandboxError
-from ..limits import KUBERNETES_EGRESS_SETTLE_SECONDS
-from . import egress_process
-from . import egress_side as egress
-from ._container import STATE_INSIDE, init_argv
+from ...config.settings import AgentSettings
+from ...errors import SandboxError
+from ...limits import KUBERNETES_EGRESS_SETTLE_SECONDS
+from .. import egress_process
+from .. import egress_side as egress
+from .._container import STATE_INSIDE, init_argv
 from .kube_spec import LABEL_AGENT, PYTHON
 
 log = logging.getLogger(__name__)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import os
 
-from ..config.settings import AgentSettings
-from ..errors import SandboxError
+from ...config.settings import AgentSettings
+from ...errors import SandboxError
+from ..base import Box, Check
 from . import kube_admin as admin
 from . import kube_claim_admin
-from .base import Box, Check
 from .kube_claims import KubeClaimSandbox
-from .kubernetes import KubernetesSandbox
+from .kube_sandbox import KubernetesSandbox
 
 CLAIM = "claim"
 

@@ -73,27 +73,27 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
-from ..errors import SandboxError
-from .helpers import HELPER_PACKAGES, cached_helper
-from ..config.agents import known as known_agents
-from ..config.settings import AgentSettings
+from ...errors import SandboxError
+from ..helpers import HELPER_PACKAGES, cached_helper
+from ...config.agents import known as known_agents
+from ...config.settings import AgentSettings
 from . import _cgroup
 from .bwrap_hide import Hiding, hiding, stamp
-from ._host_folder import (
+from .._host_folder import (
     agent_env, checked_id, locate, own_tree, real_python, removed, write_beneath, write_repos,
 )
-from ._spawn import kill_and_wait, parent_pid, read_until, run_process, spawn_detached, start_time
+from .._spawn import kill_and_wait, parent_pid, read_until, run_process, spawn_detached, start_time
 from . import bwrap_admin as admin
-from .base import Backend, Box, Check, ExecResult
-from .process_channel import LocalProcess
-from . import egress_process
-from . import egress_side as egress
+from ..base import Backend, Box, Check, ExecResult
+from ..process_channel import LocalProcess
+from .. import egress_process
+from .. import egress_side as egress
 from .bwrap_argv import (
     HELPER_DIR, READY, STATE_INSIDE, BwrapConfig, Limits, bwrap_argv,
     enter_argv, host_local_bin, host_system, keep_run, limited_argv, limits_in_child, sandbox_owner, sandbox_python,
     unavailable,
 )
-from ..limits import BWRAP_IDLE_SECONDS_DEFAULT, BWRAP_START_SECONDS
+from ...limits import BWRAP_IDLE_SECONDS_DEFAULT, BWRAP_START_SECONDS
 
 log = logging.getLogger(__name__)
 

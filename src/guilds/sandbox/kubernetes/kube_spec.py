@@ -29,8 +29,8 @@ import json
 import re
 from typing import Any, Mapping, Sequence
 
-from ..config.settings import KubernetesSettings
-from ._container import CONTAINER_UID, STATE_INSIDE, init_argv
+from ...config.settings import KubernetesSettings
+from .._container import CONTAINER_UID, STATE_INSIDE, init_argv
 
 LABEL_AGENT = "guilds.agent"
 LABEL_NETWORK = "guilds.network"

@@ -16,10 +16,10 @@ import json
 import os
 from pathlib import Path
 
-from ..config.settings import AgentSettings
-from ..limits import DOCTOR_PROBE_SECONDS
-from ._spawn import output_of, start_time
-from .base import Box, Check
+from ...config.settings import AgentSettings
+from ...limits import DOCTOR_PROBE_SECONDS
+from .._spawn import output_of, start_time
+from ..base import Box, Check
 from .bwrap_argv import sandbox_owner, unavailable
 from .bwrap_reach import out_of_reach
 

@@ -24,9 +24,9 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
-from ..config.settings import DockerSettings
-from ._container import CLOCK, STATE_INSIDE, exec_argv, init_argv
-from .egress_side import EGRESS_INSIDE
+from ...config.settings import DockerSettings
+from .._container import CLOCK, STATE_INSIDE, exec_argv, init_argv
+from ..egress_side import EGRESS_INSIDE
 
 LABEL_AGENT = "guilds.agent"
 LABEL_FINGERPRINT = "guilds.fingerprint"

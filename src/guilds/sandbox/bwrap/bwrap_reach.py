@@ -20,7 +20,7 @@ import posixpath
 
 from guilds_code.reach import blocker, problem_and_fix
 
-from ..config.settings import AgentSettings
+from ...config.settings import AgentSettings
 from .bwrap_argv import host_system, made_anew, sandbox_owner
 
 

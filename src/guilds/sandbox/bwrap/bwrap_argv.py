@@ -45,10 +45,10 @@ import shutil
 from dataclasses import dataclass
 from typing import Collection, Sequence
 
-from ..config.settings import AgentSettings
-from ..limits import BWRAP_IDLE_SECONDS_DEFAULT
-from ._spawn import succeeds
-from .egress_side import EGRESS_INSIDE, RELAY, init_args
+from ...config.settings import AgentSettings
+from ...limits import BWRAP_IDLE_SECONDS_DEFAULT
+from .._spawn import succeeds
+from ..egress_side import EGRESS_INSIDE, RELAY, init_args
 
 STATE_INSIDE = "/run/guilds"
 CLOCK_INSIDE = "/run/guilds-clock"

@@ -28,7 +28,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..config.agents import KnownAgent
+from ...config.agents import KnownAgent
 
 
 @dataclass(frozen=True)

@@ -47,26 +47,26 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import docker
 
-from ..errors import SandboxError
-from ..limits import (
+from ...errors import SandboxError
+from ...limits import (
     DOCKER_ADOPT_POLL_SECONDS, DOCKER_CREATED_GRACE_SECONDS, DOCKER_DEADLINE_SLACK_SECONDS,
     DOCKER_KILL_WAIT_SECONDS, DOCKER_START_SLACK_SECONDS, DOCKER_STOPPING_POLL_SECONDS,
 )
-from ..config.settings import AgentSettings
+from ...config.settings import AgentSettings
 from . import docker_admin as admin
 from . import docker_engine as engine
 from . import docker_spec as spec
-from ._host_folder import DEFAULT_PATH, agent_env, checked_id, own_tree
-from ._container import (
+from .._host_folder import DEFAULT_PATH, agent_env, checked_id, own_tree
+from .._container import (
     CLOCK, EXEC_ENV, HELPER_DIR, STATE_INSIDE, blocking, container_owner, exec_status, fingerprint,
     folders_of, helper_files, ContainerSandbox,
     helpers_digest, kill_argv, repos_file, repos_json, tar_bytes,
 )
-from ._spawn import KILL_GRACE_SECONDS
-from .base import Box, Check, ExecResult
-from .process_channel import DockerProcess
-from . import egress_process
-from . import egress_side as egress
+from .._spawn import KILL_GRACE_SECONDS
+from ..base import Box, Check, ExecResult
+from ..process_channel import DockerProcess
+from .. import egress_process
+from .. import egress_side as egress
 
 IN_CONTAINER_TRIES = 4
 """A step refused because the container is gone or not running is tried again this

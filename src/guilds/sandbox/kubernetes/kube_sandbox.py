@@ -47,27 +47,27 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable, TypeVar
 
-from ..errors import SandboxError
-from ..limits import (
+from ...errors import SandboxError
+from ...limits import (
     KUBERNETES_DEADLINE_SLACK_SECONDS, KUBERNETES_START_POLL_SECONDS, KUBERNETES_START_SECONDS,
     KUBERNETES_STATUS_POLL_SECONDS, KUBERNETES_STATUS_WAIT_SECONDS, KUBERNETES_WRITE_SECONDS,
     KUBERNETES_EGRESS_SETTLE_SECONDS,
 )
-from ..config.settings import AgentSettings
+from ...config.settings import AgentSettings
 from . import kube_admin as admin
 from . import kube_cluster as cluster
 from . import kube_egress
 from . import kube_spec as spec
 from .kube_egress import KubeEgress
-from ._host_folder import DEFAULT_PATH, agent_env, checked_id
-from ._container import (
+from .._host_folder import DEFAULT_PATH, agent_env, checked_id
+from .._container import (
     EXEC_ENV, HELPER_DIR, STATE_INSIDE, blocking, exec_argv, exec_status, fingerprint, helper_files,
     ContainerSandbox,
     helpers_digest, kill_argv, repos_file, repos_json, tar_bytes,
 )
-from ._spawn import KILL_GRACE_SECONDS
-from .base import Box, Check, ExecResult
-from .process_channel import KubeProcess
+from .._spawn import KILL_GRACE_SECONDS
+from ..base import Box, Check, ExecResult
+from ..process_channel import KubeProcess
 
 T = TypeVar("T")
 

@@ -22,7 +22,7 @@ import errno
 import os
 import time
 
-from ..limits import CGROUP_REMOVE_WAIT_SECONDS, GROUP_POLL_SECONDS
+from ...limits import CGROUP_REMOVE_WAIT_SECONDS, GROUP_POLL_SECONDS
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 PARENT = "guilds"

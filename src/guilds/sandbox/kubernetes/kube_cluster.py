@@ -23,10 +23,10 @@ import re
 import time
 from typing import Any, Iterator
 
-from ..errors import SandboxError
-from ..limits import KUBERNETES_FRAME_WAIT_SECONDS
+from ...errors import SandboxError
+from ...limits import KUBERNETES_FRAME_WAIT_SECONDS
+from .._spawn import STDERR_KEEP_BYTES, STDOUT_MAX_BYTES
 from . import kube_spec as spec
-from ._spawn import STDERR_KEEP_BYTES, STDOUT_MAX_BYTES
 
 
 class PodGone(Exception):

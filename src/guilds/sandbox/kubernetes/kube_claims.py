@@ -38,20 +38,20 @@ import threading
 import time
 from typing import Any
 
-from ..config.settings import AgentSettings
-from ..errors import SandboxError
-from ..limits import (
+from ...config.settings import AgentSettings
+from ...errors import SandboxError
+from ...limits import (
     KUBERNETES_CLAIM_GONE_SECONDS,
     KUBERNETES_CLAIM_POLL_SECONDS,
     KUBERNETES_CLAIM_WATCH_SLICE_SECONDS,
     KUBERNETES_START_SECONDS,
 )
+from .._container import blocking, helpers_digest, repos_file, repos_json
 from . import kube_claim_admin as claim_admin
 from . import kube_claim_spec as claims
 from . import kube_cluster as cluster
 from . import kube_spec as spec
-from ._container import blocking, helpers_digest, repos_file, repos_json
-from .kubernetes import KubernetesSandbox
+from .kube_sandbox import KubernetesSandbox
 
 WATCH_SLICE_SECONDS = KUBERNETES_CLAIM_WATCH_SLICE_SECONDS
 GONE_WAIT_SECONDS = KUBERNETES_CLAIM_GONE_SECONDS

@@ -26,18 +26,18 @@ from typing import Any, Callable, Iterator
 import docker
 import requests
 
-from ..config.settings import DEFAULT_SANDBOX_IMAGE
-from ..errors import SandboxError
-from ..limits import (
+from ...config.settings import DEFAULT_SANDBOX_IMAGE
+from ...errors import SandboxError
+from ...limits import (
     DOCKER_CHECK_SECONDS,
     DOCKER_CLIENT_TIMEOUT_SECONDS,
     DOCKER_EXIT_STATUS_POLL_SECONDS,
     DOCKER_EXIT_STATUS_WAIT_SECONDS,
     DOCKER_EXITED_POLL_SECONDS,
 )
+from .._container import POOL_THREADS
+from .._spawn import DRAIN_SECONDS, STDERR_KEEP_BYTES, STDOUT_MAX_BYTES
 from . import docker_spec as spec
-from ._container import POOL_THREADS
-from ._spawn import DRAIN_SECONDS, STDERR_KEEP_BYTES, STDOUT_MAX_BYTES
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 _READ = 64 * 1024

@@ -8,11 +8,11 @@
 
 from __future__ import annotations
 
-from ..config.settings import AgentSettings
-from ..errors import SandboxError
-from ..limits import DOCKER_PROBE_SECONDS
+from ...config.settings import AgentSettings
+from ...errors import SandboxError
+from ...limits import DOCKER_PROBE_SECONDS
+from ..base import Box, Check
 from . import docker_engine as engine
-from .base import Box, Check
 from .docker_spec import LABEL_AGENT
 
 NAME = "docker"

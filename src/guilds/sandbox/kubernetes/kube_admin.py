@@ -15,11 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..config.settings import AgentSettings
-from ..limits import DOCTOR_PROBE_SECONDS
+from ...config.settings import AgentSettings
+from ...limits import DOCTOR_PROBE_SECONDS
+from ..base import Box, Check
 from . import kube_cluster as cluster
 from . import kube_spec as spec
-from .base import Box, Check
 
 NAME = "kubernetes"
 KUBE_VERBS = (("create", "pods", ""), ("get", "pods", ""), ("delete", "pods", ""), ("create", "pods", "exec"),

@@ -1,0 +1,1 @@
+"""The bwrap backend: each agent's commands in a bubblewrap sandbox on this machine."""
