@@ -22,7 +22,7 @@ ROUNDS = 10
 FIRST_CALL = """
 import asyncio, sys
 from pathlib import Path
-from guilds.sandbox.docker import DockerSandbox
+from guilds.sandbox.docker.docker_sandbox import DockerSandbox
 from guilds.config.settings import AgentSettings, DockerSettings
 
 async def main():

@@ -347,7 +347,7 @@ async def test_the_toolbox_on_the_resident_channel_over_pods_exec_v5(make, tmp_p
 RACE = """
 import asyncio, sys
 from pathlib import Path
-from guilds.sandbox.kubernetes import KubernetesSandbox
+from guilds.sandbox.kubernetes.kube_sandbox import KubernetesSandbox
 from guilds.config.settings import AgentSettings, KubernetesSettings
 
 async def main():
