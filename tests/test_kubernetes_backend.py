@@ -165,8 +165,9 @@ def test_pod_phase(pod, expected):
 @pytest.mark.parametrize("status, body, expected", [
     (0, None, "kubernetes: read the pod: the cluster is not reachable (refused); check KUBECONFIG"),
     (403, '{"message":"pods is forbidden"}', ("kubernetes: read the pod: forbidden in namespace 'ns' "
-     "(pods is forbidden); the orchestrator needs rights on pods, pods/exec, secrets and "
-     "persistentvolumeclaims there")),
+     "(pods is forbidden); the orchestrator needs rights on pods, pods/exec, secrets, "
+     "persistentvolumeclaims and networkpolicies there, and in claim mode on agent-sandbox's "
+     "sandboxes, sandboxclaims, sandboxtemplates and sandboxwarmpools")),
     (404, '{"message":"namespaces \\"ns\\" not found"}',
      'kubernetes: read the pod: not found (namespaces "ns" not found)'),
     (422, '{"message":"bad quantity"}',

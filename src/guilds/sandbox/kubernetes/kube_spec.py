@@ -194,8 +194,9 @@ def api_error_text(what: str, status: int, reason: str, body: str | None, namesp
         return f"kubernetes: {what}: the cluster is not reachable ({message}); check KUBECONFIG"
     if status in (401, 403):
         return (f"kubernetes: {what}: forbidden in namespace {namespace!r} ({message}); "
-                "the orchestrator needs rights on pods, pods/exec, secrets and "
-                "persistentvolumeclaims there")
+                "the orchestrator needs rights on pods, pods/exec, secrets, "
+                "persistentvolumeclaims and networkpolicies there, and in claim mode on "
+                "agent-sandbox's sandboxes, sandboxclaims, sandboxtemplates and sandboxwarmpools")
     if status == 404:
         return f"kubernetes: {what}: not found ({message})"
     if status == 422:
