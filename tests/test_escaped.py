@@ -69,6 +69,15 @@ def test_a_normal_end_ends_what_left_the_group_not_its_jobs(sandbox, sleepers):
     assert running("302.5") == [] and len(running("303.5")) == 1
 
 
+def test_a_job_that_leaves_the_group_as_the_call_ends_is_ended_too(sandbox, sleepers):
+    """The job calls setsid a moment after bash has exited: the end looks once more."""
+    sleepers.extend(["302.7", "303.7"])
+    env = sh(sandbox, "(sleep 0.01; exec setsid sleep 302.7) >/dev/null 2>&1 </dev/null & "
+                      "sleep 303.7 >/dev/null 2>&1 & echo ok")
+    assert ok_text(env) == "ok"
+    assert running("302.7") == [] and len(running("303.7")) == 1
+
+
 def test_what_a_background_command_started_outlives_foreground_calls(sandbox, sleepers):
     sleepers.append("304.5")
     start = sh(sandbox, "setsid sleep 304.5 >/dev/null 2>&1 </dev/null & sleep 30", background=True)

@@ -9,7 +9,10 @@ at its timeout, or cancelled) ``end`` finds every process whose environment
 holds that key and that is not in the command's own group, and stops it:
 SIGTERM (to it, and to its group when it leads one), SIGKILL to what is left
 limits.ESCAPED_KILL_GRACE_SECONDS later; then it looks again, for what those
-processes started meanwhile, up to limits.ESCAPED_SWEEPS times.
+processes started meanwhile, up to limits.ESCAPED_SWEEPS times. When the first
+look finds none while the group still runs, it looks once more
+limits.ESCAPED_SETTLE_SECONDS later (a `setsid cmd &` job may be leaving the
+group just as bash exits).
 
 What stays: the command's own group after a normal end (``cmd &`` jobs run on
 as before; a timeout stops the group anyway), and background commands, whose
@@ -48,15 +51,29 @@ def end(key: str, leader: int) -> int:
     info = proc_stat(leader)  # bash, not yet reaped: its start time bounds the call's
     since = info.start_time if info is not None else 0
     ended = 0
-    for _ in range(limits.ESCAPED_SWEEPS):
+    found = marked(key, leader, since)
+    if not found and _group_runs(leader):
+        time.sleep(limits.ESCAPED_SETTLE_SECONDS)
         found = marked(key, leader, since)
+    for _ in range(limits.ESCAPED_SWEEPS):
         if not found:
             break
         ended += len(found)
         _signal(found, signals.SIGTERM)
         _wait_gone(found, limits.ESCAPED_KILL_GRACE_SECONDS)
         _signal(marked(key, leader, since), signals.SIGKILL)
+        found = marked(key, leader, since)
     return ended
+
+
+def _group_runs(group: int) -> bool:
+    """Does a live process (not a zombie) other than this one belong to group?"""
+    me = os.getpid()
+    for name in _pids():
+        info = proc_stat(int(name)) if int(name) != me else None
+        if info is not None and info.pgrp == group and info.state not in "ZX":
+            return True
+    return False
 
 
 def marked(key: str, group: int, since: int = 0) -> List[int]:

@@ -145,6 +145,10 @@ end: SIGTERM, SIGKILL this much later to what is left. Short: the call waits for
 ESCAPED_SWEEPS = 5
 """...then look again for what they started meanwhile, at most this many times in all:
 a fork loop that escaped is ended in a round or two, and the call's end stays bounded."""
+ESCAPED_SETTLE_SECONDS = 0.1
+"""When the first look finds no escaped process but the call's group still runs (its
+`cmd &` jobs), look once more this much later: a job that was leaving the group as
+bash exited (``setsid cmd &``) has left it by then. Only such calls wait for it."""
 STOP_KILL_GRACE_SECONDS = 5
 """stop: SIGTERM to the group, SIGKILL this much later."""
 STOP_WAIT_SECONDS = 0.5
