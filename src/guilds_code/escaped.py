@@ -33,7 +33,7 @@ from .proc import proc_stat, signal_group, signal_process, signals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List
+    from typing import List, Tuple
 
 CALL_KEY_ENV = "GUILDS_CALL_KEY"
 """The variable a foreground call's processes inherit, holding the call's key."""
@@ -51,8 +51,8 @@ def end(key: str, leader: int) -> int:
     info = proc_stat(leader)  # bash, not yet reaped: its start time bounds the call's
     since = info.start_time if info is not None else 0
     ended = 0
-    found = marked(key, leader, since)
-    if not found and _group_runs(leader):
+    found, group_runs = _scan(key, leader, since)
+    if not found and group_runs:
         time.sleep(limits.ESCAPED_SETTLE_SECONDS)
         found = marked(key, leader, since)
     for _ in range(limits.ESCAPED_SWEEPS):
@@ -66,32 +66,32 @@ def end(key: str, leader: int) -> int:
     return ended
 
 
-def _group_runs(group: int) -> bool:
-    """Does a live process (not a zombie) other than this one belong to group?"""
-    me = os.getpid()
-    for name in _pids():
-        info = proc_stat(int(name)) if int(name) != me else None
-        if info is not None and info.pgrp == group and info.state not in "ZX":
-            return True
-    return False
-
-
 def marked(key: str, group: int, since: int = 0) -> List[int]:
     """The live processes (not zombies) started at or after `since` (clock ticks
     after boot) outside group whose environment holds key. The start time and
     group come from /proc/<pid>/stat first: the environment, dearer to read, is
     read only for a process the call could have started."""
+    return _scan(key, group, since)[0]
+
+
+def _scan(key: str, group: int, since: int) -> Tuple[List[int], bool]:
+    """``marked``'s processes, and whether a live process (other than this one) is
+    still in group, from one walk of /proc."""
     needle = f"\0{CALL_KEY_ENV}={key}\0".encode()
     me, uid = os.getpid(), os.geteuid()
-    found = []
+    found: List[int] = []
+    group_runs = False
     for name in _pids():
         pid = int(name)
         info = proc_stat(pid) if pid != me else None
-        if info is None or info.state in "ZX" or info.start_time < since or info.pgrp == group:
+        if info is None or info.state in "ZX":
             continue
-        if _holds(pid, needle, uid):
+        if info.pgrp == group:
+            group_runs = True
+            continue
+        if info.start_time >= since and _holds(pid, needle, uid):
             found.append(pid)
-    return found
+    return found, group_runs
 
 
 def _pids() -> List[str]:
