@@ -19,11 +19,15 @@ import importlib
 import logging
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..config.egress import NO_LIST_SANDBOXES, list_refused
 from ..config.settings import SANDBOXES, AgentSettings
 from ..errors import ConfigError, SandboxError
 from .base import Backend, Box, Check, ExecResult, Sandbox
+
+if TYPE_CHECKING:
+    from .egress_side import EgressFiles
 
 __all__ = ["BACKENDS", "Backend", "Box", "Check", "ExecResult", "Sandbox", "backend", "backends", "candidates",
            "get_sandbox", "picked", "pin_own_origins", "remove_egress_files"]
@@ -112,8 +116,9 @@ def remove_egress_files(data_dir: str | os.PathLike, agent_id: str) -> list[str]
     return remove_files(egress_files(str(data_dir), agent_id))
 
 
-def pin_own_origins(agent_files: object, settings: AgentSettings, own: AgentSettings, data_dir: str) -> None:
+def pin_own_origins(agent_files: EgressFiles | None, settings: AgentSettings, own: AgentSettings,
+                    data_dir: str) -> None:
     """The agent's pinned origins given to a sandbox beside it with an allowlist of its own."""
     from .egress_side import pin_own_origins as pin
 
-    pin(agent_files, settings, own, data_dir)  # type: ignore[arg-type]
+    pin(agent_files, settings, own, data_dir)
