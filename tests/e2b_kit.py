@@ -3,30 +3,27 @@ sandbox backend, its printed E2B variables read back, stopped at the end."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import os
 import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from guilds.sandbox.bwrap.bwrap_argv import unavailable as bwrap_unavailable
-from guilds.sandbox.docker.docker_engine import unavailable as docker_unavailable
-
-BACKENDS = [
-    "local",
-    pytest.param("bwrap", marks=[pytest.mark.bwrap, pytest.mark.skipif(
-        bwrap_unavailable() is not None, reason=f"bwrap: {bwrap_unavailable()}")]),
-    pytest.param("docker", marks=[pytest.mark.docker, pytest.mark.skipif(
-        docker_unavailable() is not None, reason=f"docker: {docker_unavailable()}")]),
-]
-"""The backends the E2B suite runs on."""
+BACKENDS = ("local", "bwrap", "docker")
+"""The backends the E2B suite runs on (``pytest.mark.backends``, tests/backend_kit.py)."""
+LOG_LINES_KEPT = 200
+"""The server's last stderr lines kept (``E2BServer.log``) once its variables are read."""
 
 
 @dataclass
@@ -36,18 +33,34 @@ class E2BServer:
     key: str
     other_key: str
     data: Path
+    pid: int
+    log: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=LOG_LINES_KEPT))
+    """Its last stderr lines (a line per call, uvicorn's): read on as it writes, so that its
+    writes never fill the pipe and stop the server."""
+
+    def rss_mb(self) -> float:
+        """The server process's resident memory now, in MB."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmRSS")
 
     def env(self, key: str | None = None) -> dict[str, str]:
         """The variables `guilds serve --e2b` printed, as an E2B program exports them."""
         return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url, "E2B_API_KEY": key or self.key}
 
+    def export(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The variables set for the test, as an E2B program's shell has them."""
+        for name, value in self.env().items():
+            monkeypatch.setenv(name, value)
 
-def _settings(folder: Path, backend: str, more: str) -> Path:
+
+def _settings(folder: Path, backend: str, more: str, max_tool_calls: int = 1000) -> Path:
     """The agent's settings file, its agent an id of its own (no two servers share a sandbox);
     ``more``: TOML lines after the agent's (``network = ...`` belongs to [agent]; a table of
     its own follows)."""
     lines = ["[agent]", f'id = "e2b{secrets.token_hex(3)}"', f'home = "{folder / "home"}"',
-             f'sandbox = "{backend}"', "max_tool_calls = 1000", more]
+             f'sandbox = "{backend}"', f"max_tool_calls = {max_tool_calls}", more]
     path = folder / "agent.toml"
     path.write_text("\n".join(lines) + "\n")
     path.chmod(0o600)
@@ -72,21 +85,27 @@ def _read_exports(proc: subprocess.Popen, timeout: float = 120) -> dict[str, str
 
 
 @contextmanager
-def e2b_server(folder: Path, backend: str, settings: str = "") -> Iterator[E2BServer]:
-    """``settings``: more lines of the agent's settings file (see ``_settings``)."""
+def e2b_server(folder: Path, backend: str, settings: str = "", *, max_tool_calls: int = 1000,
+               options: tuple[str, ...] = ()) -> Iterator[E2BServer]:
+    """``settings``: more lines of the agent's settings file (see ``_settings``); ``options``:
+    more options of `guilds serve`."""
     data = folder / "data"
     env = {**os.environ, "GUILDS_DATA": str(data)}
     env.pop("GUILDS_DATABASE_URL", None)
-    config = str(_settings(folder, backend, settings))
+    config = str(_settings(folder, backend, settings, max_tool_calls))
     proc = subprocess.Popen([sys.executable, "-m", "guilds.fronts.cli", "serve", "--port", "0", "--config",
-                             config, "--e2b", "--e2b-key", "other"],
+                             config, "--e2b", "--e2b-key", "other", *options],
                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
+    reader: threading.Thread | None = None
     try:
         found = _read_exports(proc)
         assert {"E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "OTHER"} <= found.keys(), found["printed"]
         assert found["E2B_API_URL"] == found["E2B_SANDBOX_URL"]
-        yield E2BServer(proc, found["E2B_API_URL"], found["E2B_API_KEY"], found["OTHER"], data)
+        server = E2BServer(proc, found["E2B_API_URL"], found["E2B_API_KEY"], found["OTHER"], data, proc.pid)
+        reader = threading.Thread(target=server.log.extend, args=(proc.stderr,), daemon=True)
+        reader.start()
+        yield server
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -94,9 +113,56 @@ def e2b_server(folder: Path, backend: str, settings: str = "") -> Iterator[E2BSe
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        proc.stderr.close()  # type: ignore[union-attr]
+        if reader is not None:
+            reader.join(5)
+        if reader is None or not reader.is_alive():
+            proc.stderr.close()  # type: ignore[union-attr]
         subprocess.run([sys.executable, "-m", "guilds.fronts.cli", "sandbox", "rm", "--config", config], env=env,
                        stdin=subprocess.DEVNULL, capture_output=True, check=False, timeout=120)
+
+
+def home_of(box: Any, data: Path) -> Path:
+    """An E2B sandbox's home on this machine: its agent's own (``<data>/agent-homes/<agent id>``),
+    found by a file of a name of its own written into it (inside, the home is /home/user)."""
+    marker = f".home-of-{secrets.token_hex(6)}"
+    box.files.write(marker, "")
+    found = list((data / "agent-homes").glob(f"*/{marker}"))
+    assert len(found) == 1, found
+    found[0].unlink()
+    return found[0].parent
+
+
+def folder_key(path: Path | str) -> tuple[int, int]:
+    """A folder as the kernel tells it apart (device, inode): the same inside a sandbox, where
+    it has another path (every E2B home is /home/user inside), and after its removal."""
+    found = os.stat(path)
+    return found.st_dev, found.st_ino
+
+
+def pids_in(key: tuple[int, int]) -> list[int]:
+    """Processes on this machine whose working folder is that folder (``folder_key``)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if folder_key(f"/proc/{entry}/cwd") == key:
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def services_of(data: Path) -> dict[str, set[int]]:
+    """The process services (guilds-code envd) running in agents' homes under data: their pids
+    by the home's path on this machine (each runs in its home)."""
+    root = data / "agent-homes"
+    homes = {folder_key(home): str(home) for home in (root.iterdir() if root.exists() else [])}
+    found: dict[str, set[int]] = {}
+    for pid in pids_alive("envd\0"):
+        with contextlib.suppress(OSError):
+            home = homes.get(folder_key(f"/proc/{pid}/cwd"))
+            if home is not None:
+                found.setdefault(home, set()).add(pid)
+    return found
 
 
 def pids_alive(marker: str) -> list[int]:

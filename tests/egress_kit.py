@@ -27,6 +27,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from guilds.egress.daemon import connect_unix
+
 UPSTREAM = Path(__file__).resolve().parent / "fixtures" / "egress_upstream.py"
 WAIT_SECONDS = 15.0
 """How long a test waits for a server or a proxy to start listening."""
@@ -137,11 +139,13 @@ def _wait_ready(process: subprocess.Popen[str]) -> None:
 @contextlib.contextmanager
 def upstream(ns: Namespace, folder: Path, *, cert: Path | None, port: int = 443,
              token: str = "") -> Iterator[Path]:
-    """The test host (fixtures/egress_upstream.py) on ns's address; yields its seen-log."""
+    """The test host (fixtures/egress_upstream.py) on ns's address; yields its seen-log.
+    Every test host of folder keeps its ``/store`` in one file, ``store.jsonl``."""
     seen = folder / f"seen-{port}.log"
     seen.touch()
+    (folder / "store.jsonl").touch()
     argv = [sys.executable, str(UPSTREAM), "--addr", ns.address, "--port", str(port), "--seen", str(seen),
-            "--token", token] + (["--cert", str(cert)] if cert else [])
+            "--token", token, "--store", str(folder / "store.jsonl")] + (["--cert", str(cert)] if cert else [])
     process = ns.run(argv, stdout=subprocess.PIPE, text=True)
     try:
         _wait_ready(process)
@@ -249,9 +253,8 @@ def curl(relay: Relay, url: str, *args: str, tag: str = "", ca: Path | None = No
 
 def raw_exchange(unix_path: Path, data: bytes, timeout: float = 10) -> bytes:
     """Send data to the proxy's socket as it is and read its whole answer."""
-    with socket.socket(socket.AF_UNIX) as sock:
+    with connect_unix(unix_path) as sock:
         sock.settimeout(timeout)
-        sock.connect(str(unix_path))
         sock.sendall(data)
         chunks = []
         with contextlib.suppress(OSError):

@@ -156,20 +156,23 @@ def remove_agent(pod: str) -> None:
     raise TimeoutError(f"the claim {pod}-home was not gone after {REMOVE_WAIT_SECONDS} s")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def no_pool_left():
-    """Claim mode: the warm pools and templates a module's tests made first in this
-    process are deleted after them (their pods would hold the node's cpu); another
-    process's, of other settings, are left to it."""
-    from guilds.sandbox.kubernetes import kube_claims
+def templates_noted(base: Path) -> set[str]:
+    """The templates the data folders under base noted as made (``kube_host``'s notes)."""
+    return {note.stem for note in base.glob("**/kubernetes/templates/*.json")}
 
-    before = {name for _, name, _ in kube_claims._made}
+
+@pytest.fixture(scope="module", autouse=True)
+def no_pool_left(tmp_path_factory):
+    """Claim mode: the warm pools and templates this module's tests made (noted in their
+    data folders, under this session's temporary folder) are deleted after them (their
+    pods would hold the node's cpu); another process's are left to it."""
+    base = tmp_path_factory.getbasetemp()
+    before = templates_noted(base)
     yield
-    made = sorted({name for _, name, _ in kube_claims._made} - before)
+    made = sorted(templates_noted(base) - before)
     if WHY is None and made:
         for kind in ("sandboxwarmpools.extensions.agents.x-k8s.io", "sandboxtemplates.extensions.agents.x-k8s.io"):
             admin_kubectl("delete", kind, *made, "--ignore-not-found", "--wait=false")
-        kube_claims._made.difference_update({key for key in kube_claims._made if key[1] in made})
 
 
 def remove_claimed(name: str) -> None:

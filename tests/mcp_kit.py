@@ -17,6 +17,8 @@ from guilds.toolbox import export, tool_specs
 from guilds.toolbox.tools import tool_named
 
 SETTLE_SECONDS = 10.0
+START_SECONDS = 60.0
+"""The longest a server's start and first call may take on a loaded machine (a wait ends as soon as it is done)."""
 """How long a cancelled command may take to be gone: the helper's 1 s grace, the
 spawn path's 2 s, with room for a machine under load (a passing test waits less)."""
 

@@ -55,6 +55,19 @@ async def agent(tmp_path) -> AsyncIterator[guilds.fronts.agent.Agent]:
         yield opened
 
 
+@pytest.fixture
+async def openai_client(models) -> AsyncIterator[openai.AsyncOpenAI]:
+    """Closed at the test's end: its pooled connections never outlive the test's event loop."""
+    async with openai.AsyncOpenAI(base_url=models.url + "/v1", api_key="test-key", max_retries=0) as client:
+        yield client
+
+
+@pytest.fixture
+async def anthropic_client(models) -> AsyncIterator[anthropic.AsyncAnthropic]:
+    async with anthropic.AsyncAnthropic(base_url=models.url, api_key="test-key", max_retries=0) as client:
+        yield client
+
+
 async def check_record(agent, run_id: str, tmp_path: Path) -> None:
     calls = await agent.toolbox.store.calls(run_id)
     assert len(calls) == 5 and all(c.status == "done" for c in calls)
@@ -77,8 +90,8 @@ def check_second_turn(texts: list[tuple[str, bool]], sub: Path, with_error_flag:
         assert [flag for _, flag in texts] == [False, True, False]
 
 
-async def test_anthropic_messages_loop(agent, models, tmp_path):
-    client = anthropic.AsyncAnthropic(base_url=models.url, api_key="test-key", max_retries=0)
+async def test_anthropic_messages_loop(agent, models, anthropic_client, tmp_path):
+    client = anthropic_client
     run = agent.run("loop-anthropic")
     messages: list = [{"role": "user", "content": "go"}]
     while True:
@@ -98,8 +111,8 @@ async def test_anthropic_messages_loop(agent, models, tmp_path):
     await check_record(agent, run.id, tmp_path)
 
 
-async def test_openai_responses_loop(agent, models, tmp_path):
-    client = openai.AsyncOpenAI(base_url=models.url + "/v1", api_key="test-key", max_retries=0)
+async def test_openai_responses_loop(agent, models, openai_client, tmp_path):
+    client = openai_client
     run = agent.run("loop-responses")
     items: list = [{"role": "user", "content": "go"}]
     while True:
@@ -119,8 +132,8 @@ async def test_openai_responses_loop(agent, models, tmp_path):
     await check_record(agent, run.id, tmp_path)
 
 
-async def test_openai_chat_loop(agent, models, tmp_path):
-    client = openai.AsyncOpenAI(base_url=models.url + "/v1", api_key="test-key", max_retries=0)
+async def test_openai_chat_loop(agent, models, openai_client, tmp_path):
+    client = openai_client
     run = agent.run("loop-chat")
     messages: list = [{"role": "user", "content": "go"}]
     while True:

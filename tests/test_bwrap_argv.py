@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from guilds.sandbox.bwrap.bwrap_argv import (
     AGENT_UID_BASE,
     AGENT_UID_SPAN,
@@ -16,6 +18,7 @@ from guilds.sandbox.bwrap.bwrap_argv import (
     bwrap_argv,
     enter_argv,
     limited_argv,
+    parent_folders,
 )
 
 UID = 1500000001
@@ -196,3 +199,9 @@ def test_bwrap_settings_and_their_edges(tmp_path):
         with pytest.raises(ConfigError) as caught:
             parse_settings({"bwrap": table}, tmp_path)
         assert str(caught.value).startswith(error), caught.value
+
+
+def test_a_relative_home_is_refused_rather_than_walked_for_ever():
+    assert parent_folders("/srv/agents/a1", ()) == ["/srv", "/srv/agents"]
+    with pytest.raises(ValueError, match="absolute"):
+        parent_folders("data/agent-homes/a1", ())

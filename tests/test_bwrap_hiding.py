@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from guilds.config.agents import KnownAgent, known, remember
+from guilds.config.agents import KnownAgent, forget, known, remember
 from guilds.config.settings import parse_settings
 from guilds.fronts.wiring import open_toolbox, resolve
 from guilds.sandbox.bwrap.bwrap_argv import agent_uid, unavailable
@@ -84,6 +84,27 @@ def test_the_data_folder_remembers_each_agent_once(tmp_path):
     assert known(tmp_path) == (KnownAgent("a7", str(tmp_path / "h"), str(tmp_path / "a7.toml")),)
     assert (tmp_path / "agents" / "a7.json").stat().st_mode & 0o777 == 0o600
     assert sorted(os.listdir(tmp_path / "agents")) == ["a7.json", "broken.json"]
+
+
+def test_the_known_list_follows_each_entry_written_again_removed_or_added(tmp_path):
+    first = parse_settings({"agent": {"id": "a7", "home": "h"}}, tmp_path, env={})
+    remember(tmp_path, first, None)
+    assert known(tmp_path) == (KnownAgent("a7", str(tmp_path / "h"), None),)
+    moved = parse_settings({"agent": {"id": "a7", "home": "elsewhere"}}, tmp_path, env={})
+    remember(tmp_path, moved, tmp_path / "a7.toml")  # the same entry written again: read again
+    other = parse_settings({"agent": {"id": "b8", "home": "g"}}, tmp_path, env={})
+    remember(tmp_path, other, None)
+    assert known(tmp_path) == (KnownAgent("a7", str(tmp_path / "elsewhere"), str(tmp_path / "a7.toml")),
+                               KnownAgent("b8", str(tmp_path / "g"), None))
+    forget(tmp_path, "a7")
+    assert known(tmp_path) == (KnownAgent("b8", str(tmp_path / "g"), None),)
+
+
+def test_homes_in_the_data_folder_hide_with_it_unless_the_home_puts_them_back(tmp_path):
+    opt = tmp_path / "opt"
+    a_home, b_home, c_home = folders(opt, "data/agent-homes/a", "data/agent-homes/b", "data/agent-homes/a/c")
+    agents = [KnownAgent(i, h, None) for i, h in (("a", a_home), ("b", b_home), ("c", c_home))]
+    assert hiding(a_home, str(opt / "data"), agents, [(str(opt), None)]) == Hiding((str(opt / "data"), c_home), ())
 
 
 # --- from inside a real sandbox ------------------------------------------------------------

@@ -37,6 +37,19 @@ def test_tools_prints_the_definitions(capsys, tmp_path, fmt):
     assert names == ["code_task", "shell", "shell_status", "file_read", "code_search"]
 
 
+def test_version_is_the_installed_packages_and_an_unknown_format_is_named(capsys, tmp_path):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exited:
+        run(capsys, tmp_path, "--version")
+    out, _ = capsys.readouterr()
+    assert exited.value.code == 0 and out == f"guilds {version('guilds')}\n"
+    with pytest.raises(SystemExit) as exited:
+        run(capsys, tmp_path, "tools", "--format", "yaml")
+    _, err = capsys.readouterr()
+    assert exited.value.code == 2 and "'anthropic', 'mcp', 'openai', 'openai-responses'" in err
+
+
 def test_call_prints_the_result_and_a_run_carries_its_directory(capsys, tmp_path):
     cfg = str(config(tmp_path))
     (tmp_path / "home/sub").mkdir(parents=True)

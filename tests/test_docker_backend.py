@@ -12,6 +12,7 @@ import asyncio
 import io
 import json
 import os
+import resource
 import secrets
 import signal
 import tarfile
@@ -29,7 +30,7 @@ from guilds.sandbox import image
 from guilds.sandbox.docker import docker_spec as spec
 from guilds.sandbox.docker.docker_engine import unavailable
 from guilds.sandbox.docker.docker_sandbox import DockerSandbox
-from guilds.sandbox.egress_side import RELAY
+from guilds.sandbox.egress_side.relay import RELAY
 from guilds.toolbox.transport import call_helper
 
 IMAGE = os.environ.get("GUILDS_SANDBOX_IMAGE", "guilds-sandbox:latest")
@@ -360,3 +361,158 @@ async def test_the_full_output_log_is_read_inside_the_container(make, tmp_path):
         with pytest.raises(LogUnavailable, match="no longer kept"):
             await logs.read(box.agent_id, gone)
         await toolbox.close()
+
+
+@needs_engine
+async def test_two_orchestrators_stopping_one_container_at_once_both_stop(make):
+    """A removal already in progress (409) is the other stop's: waited for, not an error."""
+    for _ in range(3):
+        first = await make()
+        others = [DockerSandbox(first.settings) for _ in range(3)]
+        await others[0].start()
+        said = await asyncio.gather(first.stop(), *(box.stop() for box in others))
+        assert sum(f"container {first.container}" in removed for removed in said) <= 1, said
+        with pytest.raises(docker.errors.NotFound):
+            CLIENT.api.inspect_container(first.container)
+        with pytest.raises(docker.errors.NotFound):
+            CLIENT.api.inspect_volume(spec.state_volume(first.agent_id))
+
+
+FD_SETSIZE = 1024
+"""The most descriptors select() takes: one numbered past it is refused (poll takes any)."""
+
+
+@pytest.fixture
+def fds_past_fd_setsize():
+    """Descriptors 0..FD_SETSIZE+ taken (on /dev/null), so every socket opened meanwhile is numbered
+    past FD_SETSIZE, as in a server holding hundreds of agents."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = FD_SETSIZE + 256
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        pytest.skip(f"the descriptor limit ({hard}) is below {wanted}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    held = []
+    try:
+        while not held or held[-1] <= FD_SETSIZE:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        yield held[-1]
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _sockets_past(fd: int) -> list[int]:
+    """This process's sockets numbered past fd."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if int(name) > fd and os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                found.append(int(name))
+        except OSError:  # the listing's own descriptor, closed since
+            continue
+    return found
+
+
+@needs_engine
+async def test_a_call_is_read_on_a_socket_numbered_past_fd_setsize(fds_past_fd_setsize, make):
+    """The exec's stream is waited on with poll: select() refused a socket past FD_SETSIZE."""
+    box = await make()  # its client made now: its sockets are numbered past the descriptors held
+    assert _sockets_past(fds_past_fd_setsize), "no socket of the engine's client past FD_SETSIZE"
+    done = await sh(box, "echo out; echo err >&2; sleep 0.3; echo late")
+    assert (done.exit_code, done.stdout, done.stderr) == (0, b"out\nlate\n", b"err\n")
+
+
+# --- the resident channel, read by the event loop that opened it --------------
+def _reader_threads() -> set:
+    import threading
+    return {thread for thread in threading.enumerate() if thread.name == "guilds-resident"}
+
+
+async def _channel(box):
+    from guilds.toolbox.resident_channel import ResidentChannel
+    from guilds.toolbox.transport import serve_argv
+    return await ResidentChannel.open(box, serve_argv(box, 8))
+
+
+def _text(answer: dict) -> str:
+    assert answer["ok"], answer
+    return answer["text"].strip()
+
+
+@needs_engine
+async def test_the_channel_is_read_by_the_opening_loop_with_no_reader_thread(make):
+    box = await make()
+    before = _reader_threads()
+    channel = await _channel(box)
+    try:
+        assert _text(await channel.call(shell(box, "echo one", "c1"), 30)) == "one"
+        assert not _reader_threads() - before  # none started
+        # a call from another loop while the opening one runs: read here, handed over
+        other = await asyncio.to_thread(asyncio.run, channel.call(shell(box, "echo two", "c2"), 30))
+        assert _text(other) == "two" and not _reader_threads() - before
+        # a frame larger than the socket takes at once is finished from a thread
+        big = await channel.call(shell(box, "echo big #" + "x" * 200_000, "c3"), 30)
+        assert _text(big) == "big"
+    finally:
+        await channel.close()
+
+
+@needs_engine
+def test_a_call_from_another_loop_once_the_opening_one_is_gone(tmp_path):
+    settings = AgentSettings(id=f"t{secrets.token_hex(4)}", home=tmp_path / "home", sandbox="docker",
+                             repos=(), docker=DockerSettings(image=IMAGE))
+    box = DockerSandbox(settings)
+
+    async def opened():
+        await box.start()
+        channel = await _channel(box)
+        assert _text(await channel.call(shell(box, "echo one", "c1"), 30)) == "one"
+        return channel
+
+    try:
+        channel = asyncio.run(opened())  # its loop then closes
+        before = _reader_threads()
+        assert _text(asyncio.run(asyncio.wait_for(channel.call(shell(box, "echo two", "c2"), 30), 30))) == "two"
+        assert len(_reader_threads() - before) == 1  # a reader thread took over
+        asyncio.run(channel.close())
+    finally:
+        asyncio.run(box.stop())
+
+
+@needs_engine
+async def test_an_answer_comes_while_the_server_is_stopped(make):
+    """The worker writes its frame into the exec's stream itself; the loop reads it."""
+    box = await make()
+    channel = await _channel(box)
+    try:
+        call = asyncio.ensure_future(channel.call(shell(box, "touch started; sleep 1; echo direct", "c1"), 30))
+        await sh(box, "until [ -e started ]; do sleep 0.05; done", timeout=20)
+        await sh(box, f"kill -STOP {channel.pid}")
+        try:
+            assert _text(await asyncio.wait_for(call, 20)) == "direct"
+        finally:
+            await sh(box, f"kill -CONT {channel.pid}")
+        assert _text(await channel.call(shell(box, "echo next", "c2"), 30)) == "next"
+    finally:
+        await channel.close()
+
+
+@needs_engine
+async def test_a_cancelled_call_is_answered_once_and_the_channel_goes_on(make):
+    box = await make()
+    channel = await _channel(box)
+    ids = []
+    read = channel._on_line
+    channel._on_line = lambda line: (ids.append(json.loads(line).get("id")), read(line))
+    try:
+        call = asyncio.ensure_future(channel.call(shell(box, "touch started; sleep 60", "c1"), 60))
+        await sh(box, "until [ -e started ]; do sleep 0.05; done", timeout=20)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert _text(await channel.call(shell(box, "echo alive", "c2"), 30)) == "alive"
+        await asyncio.sleep(0.5)  # a second answer to the cancelled call would have come by now
+        assert ids == ["q1", "q2"] and not channel.dead  # the cancelled call answered once
+    finally:
+        await channel.close()

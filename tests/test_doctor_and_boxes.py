@@ -123,10 +123,13 @@ def test_bwrap_sandbox_list_stop_rm(tmp_path):
     listed = guilds(tmp_path, "sandbox", "list", "--config", config).stdout
     assert [line.split() for line in listed.splitlines() if line.startswith("bwrap")] == [
         ["bwrap", agent, "no", "process", "stopped"]]
-    removed = guilds(tmp_path, "sandbox", "rm", "--config", config).stdout.splitlines()
     base = tmp_path / "data" / "sandboxes" / agent
+    # .etc: the sandbox's passwd and group, made where the host names not the agent's uid
+    made = [ext for ext in ("lock", "log", "clock", "etc") if Path(f"{base}.{ext}").exists()]
+    assert made[:3] == ["lock", "log", "clock"]
+    removed = guilds(tmp_path, "sandbox", "rm", "--config", config).stdout.splitlines()
     assert removed == [f"stopped the bwrap sandbox of agent {agent}",
-                       *(f"removed {base}.{ext}" for ext in ("lock", "log", "clock"))]
+                       *(f"removed {base}.{ext}" for ext in made)]
     assert not any(base.parent.iterdir()) and (tmp_path / "home").is_dir()
     assert agent not in guilds(tmp_path, "sandbox", "list", "--config", config).stdout
 
@@ -261,3 +264,24 @@ def test_auto_picks_bwrap_where_it_works_and_a_named_backend_is_never_asked():
     assert asked == ["bwrap", "bwrap"]
     assert [kind.name for kind in candidates("auto")] == ["bwrap", "local"]
     assert not picked("auto", works(False)).isolates
+
+
+def test_doctor_says_what_each_backend_offers_of_checkpoints(tmp_path):
+    """local keeps them and makes new homes as copies (no uid of its own to give a layer);
+    kubernetes serves none and says why; bwrap as root with overlayfs makes layers."""
+    local = lines(guilds(tmp_path, "doctor", "--config", str(settings(tmp_path, "local"))))["checkpoints"]
+    assert local == ("ok on local: none per call (agent.checkpoints is off); named checkpoints, rewind and fork "
+                     "served; a checkpoint stores each changed file once; new homes of forks and templates are "
+                     "copies (the sandbox gives its home to no uid of its own) (docs/checkpoints.md)")
+    on = tmp_path / "on.toml"
+    on.write_text('[agent]\nhome = "home"\nsandbox = "local"\ncheckpoints = true\n')
+    assert lines(guilds(tmp_path, "doctor", "--config", str(on)))["checkpoints"].startswith(
+        "ok on local: one before each shell and code_task call; ")
+    kube = lines(guilds(tmp_path, "doctor", "--config", str(settings(tmp_path, "kubernetes")),
+                        KUBECONFIG=str(tmp_path / "missing")))["checkpoints"]
+    assert kube == ("-- not served on kubernetes: the agent's home is not a folder on this machine (no volume "
+                    "snapshot is taken); served on local, bwrap, docker (docs/checkpoints.md)")
+    if NO_BWRAP is None and os.geteuid() == 0:
+        bwrap = lines(guilds(tmp_path, "doctor", "--config", str(settings(tmp_path, "bwrap"))))["checkpoints"]
+        assert bwrap.startswith("ok on bwrap: ") and bwrap.endswith(
+            "new homes of forks and templates are overlay layers, copy-on-write (docs/checkpoints.md)")

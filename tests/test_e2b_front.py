@@ -14,12 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from guilds.config.settings import load_settings
 from guilds.errors import ConfigError
 from guilds.fronts.cli import main as cli_main
 from guilds.fronts.e2b import is_e2b_path
-from guilds.fronts.e2b.connect import ConnectError, end_stream, envelope, stream_request, unary_request
+from guilds.fronts.e2b.connect import ConnectError, end_stream, envelope, json_object, stream_request, unary_request
+from guilds.fronts.e2b.envd_channel import Lines
 from guilds.fronts.e2b.keys import Keys, api_key
-from guilds.limits import E2B_MAX_MESSAGE_BYTES
+from guilds.limits import E2B_ENVD_LINE_BYTES, E2B_MAX_JSON_DEPTH, E2B_MAX_MESSAGE_BYTES
+from guilds_code.limits import PATH_MAX_DEPTH
 
 
 def test_a_key_is_made_from_the_token_and_its_name():
@@ -84,10 +87,19 @@ def test_connect_unary_requests_and_stream_ends():
 @pytest.mark.parametrize("argv, error", [
     (["--e2b", "--no-token"], "--e2b: the E2B keys are made from the endpoint's token; drop --no-token"),
     (["--e2b-key", "ci"], "--e2b-key: only with --e2b"),
+    (["--e2b", "--e2b-sandboxes", "3"], "unrecognized arguments: --e2b-sandboxes 3"),  # the caps: [agents]
+    (["--e2b-sleep-idle", "5"], "--e2b-sleep-idle: only with --e2b"),
+    (["--e2b", "--e2b-sleep-idle", "-1"], "--e2b-sleep-idle: must be whole seconds from 0 to 604800, got '-1'"),
+    (["--e2b", "--e2b-sleep-idle", "604801"],
+     "--e2b-sleep-idle: must be whole seconds from 0 to 604800, got '604801'"),
 ])
 def test_the_cli_refuses_e2b_without_what_it_needs(tmp_path, capsys, argv, error):
     env = {"GUILDS_DATA": str(tmp_path / "data"), "HOME": str(tmp_path)}
-    assert cli_main(["serve", "--sandbox", "local", *argv], env) == 2
+    try:
+        code = cli_main(["serve", "--sandbox", "local", *argv], env)
+    except SystemExit as exc:  # argparse's own refusal
+        code = exc.code
+    assert code == 2
     assert capsys.readouterr().err.strip().endswith(error)
 
 
@@ -96,8 +108,8 @@ def test_the_cli_refuses_e2b_without_what_it_needs(tmp_path, capsys, argv, error
 class Envd:
     """The built helper's envd on a home, one request at a time."""
 
-    def __init__(self, helper: Path, home: Path):
-        self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(helper), "envd", str(home)],
+    def __init__(self, helper: Path, home: Path, *options: str):
+        self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(helper), "envd", str(home), *options],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=home)
         self.ids = 0
 
@@ -180,3 +192,104 @@ def test_bad_requests_are_one_line_errors(envd):
     assert _code(service("input", pid=started["pid"], b64="!!not base64!!")) == "invalid_argument"
     assert _code(service("signal", pid=started["pid"], signal="SIGNAL_SIGSTOP")) == "invalid_argument"
     assert service("stop_all")["ok"] == {}
+
+
+def test_a_path_too_deep_to_make_is_refused_and_the_service_serves_on(envd):
+    service, home, _ = envd
+    deepest = "/".join(["d"] * 1500)
+    reply = service("make_dir", path=deepest)
+    assert _code(reply) == "invalid_argument" and "folders to make" in reply["error"]["message"]
+    assert not (home / "d").exists()  # refused before any folder was made
+    at_limit = "/".join(["e"] * PATH_MAX_DEPTH)
+    assert service("make_dir", path=at_limit)["ok"]["entry"]["type"] == "FILE_TYPE_DIRECTORY"
+    assert service("make_dir", path=at_limit + "/f")["ok"]["entry"]["name"] == "f"
+    assert _code(service("make_dir", path=at_limit + "/f/g")) == "invalid_argument"  # deeper than a path may go
+    assert _code(service("list_dir", path=".", depth=10**6)) is None
+    assert service("stat", path="mine.txt")["ok"]["entry"]["name"] == "mine.txt"
+
+
+def test_json_nesting_is_bounded_at_its_edge():
+    def nested(levels: int) -> bytes:  # the object itself is the first level
+        return b'{"a": ' + b"[" * (levels - 1) + b"]" * (levels - 1) + b"}"
+
+    assert "a" in json_object(nested(E2B_MAX_JSON_DEPTH))
+    for body in (nested(E2B_MAX_JSON_DEPTH + 1), nested(100_000)):
+        with pytest.raises(ConnectError) as caught:
+            json_object(body)
+        assert caught.value.code == "invalid_argument" and caught.value.status == 400
+        assert str(caught.value) == f"the request nests deeper than {E2B_MAX_JSON_DEPTH} levels"
+    with pytest.raises(ConnectError) as proto:
+        unary_request("application/proto", b"\x0a\x00")
+    assert (proto.value.code, proto.value.status) == ("unimplemented", 415)
+
+
+def test_the_service_channel_holds_no_line_past_its_bound():
+    lines = Lines()
+    assert lines.feed(b'{"a":1}\n{"b"') == [b'{"a":1}']
+    assert lines.feed(b':2}\n') == [b'{"b":2}']
+    assert lines.feed(b"x" * E2B_ENVD_LINE_BYTES) == [] and len(lines.pending) == E2B_ENVD_LINE_BYTES  # at it: kept
+    assert lines.feed(b"x") == [] and len(lines.pending) == 0  # past it: dropped, and what follows until a newline
+    assert lines.feed(b"y" * 100_000) == [] and len(lines.pending) == 0
+    assert lines.feed(b'yy\n{"c":3}\n') == [b'{"c":3}']
+
+
+def _sandboxes(tmp_path, templates: str):
+    from guilds.agents.registry import Agents
+    from guilds.config.settings import read_toml
+    from guilds.config.templates import parse_served
+    from guilds.fronts.e2b.sandboxes import Sandboxes
+
+    path = tmp_path / "server.toml"
+    path.write_text(f"[agent]\nid = 'own'\nhome = 'home'\nsandbox = 'local'\n{templates}")
+    own = load_settings(path, env={})
+    served = parse_served(read_toml(path), tmp_path, {}, own)
+    return Sandboxes(Agents(served, tmp_path / "data", store=None), "guilds")  # type: ignore[arg-type]
+
+
+def test_template_ids_name_the_default_template_or_a_template_served(tmp_path):
+    boxes = _sandboxes(tmp_path, "[templates.py.agent]\nhome = 'py'\n")
+    assert boxes.templates() == ("base", "own", "py")
+    assert [boxes.template_of(t) for t in ("base", "own", "py")] == ["default", "default", "py"]
+    for unknown in ("default", "nope", ""):
+        with pytest.raises(ConnectError, match=rf"^template '{unknown}' not found: this server serves 'base' and "
+                                               r"'own' and 'py'$"):
+            boxes.template_of(unknown)
+    named = _sandboxes(tmp_path, "[templates.base.agent]\nhome = 'b'\n")  # the settings' own base
+    assert named.templates() == ("own", "base") and named.template_of("base") == "base"
+
+
+async def test_a_create_whose_process_service_fails_leaves_nothing_of_its_agent(tmp_path):
+    from guilds.agents.registry import Agents
+    from guilds.config.templates import served_by
+    from guilds.fronts.e2b.sandboxes import Sandboxes
+    from guilds.record import Store, database_url
+
+    path = tmp_path / "server.toml"
+    path.write_text("[agent]\nid = 'own'\nhome = 'home'\nsandbox = 'local'\n")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "kept.txt").write_text("the template's")
+    data = tmp_path / "data"
+    data.mkdir()
+    async with Store(database_url(data, {})) as store:
+        agents = await Agents.open(served_by(load_settings(path, env={}), path, {}), data, store)
+        boxes = Sandboxes(agents, "guilds")
+
+        async def failing(agent_id, sandbox):
+            raise ConnectError("unavailable", "the process service did not start")
+
+        boxes.open_envd = failing  # the create's one seam after the make
+        with pytest.raises(ConnectError, match=r"^the process service did not start$"):
+            await boxes.create("ci", "base", 60, {}, {})
+        rows = await store.agents(statuses=("making", "live", "removed"))
+        assert [(r.template, r.owner, r.status) for r in rows] == [("default", "e2b:ci", "removed")]
+        assert list((data / "agent-homes").iterdir()) == [] and boxes.of_key("ci") == []
+        assert (tmp_path / "home" / "kept.txt").read_text() == "the template's"
+        await agents.close()
+
+
+def test_agents_of_the_default_template_get_a_uid_of_their_own(tmp_path):
+    boxes = _sandboxes(tmp_path, "[bwrap]\nuid = 4242\n")
+    own = boxes.agents.served.template("default")
+    assert own.settings.bwrap.uid == 4242  # the file's own agent keeps it
+    made = own.for_agent("default-0123456789ab", tmp_path / "a")
+    assert (made.id, made.bwrap.uid, made.bwrap.memory) == ("default-0123456789ab", 0, own.settings.bwrap.memory)

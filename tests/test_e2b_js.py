@@ -1,7 +1,8 @@
 """The unmodified E2B JS SDK (npm `e2b`, tests/e2b_js) against a real `guilds serve --e2b`.
 
 tests/e2b_js/suite.mjs runs the steps (create, run, exit code, background and
-reconnect, kill, stdin, timeout, files, path escapes, keys, network options, kill) and prints
+reconnect, kill, stdin, timeout, files, path escapes, keys, network options, snapshots and
+fork, kill) and prints
 "ok <step>" for each; its packages come from `npm ci` in tests/e2b_js
 (the versions tests/e2b_js/package-lock.json records).
 """
@@ -21,7 +22,7 @@ from e2b_kit import BACKENDS, e2b_server, pids_alive
 SUITE = Path(__file__).parent / "e2b_js"
 STEPS = ["create", "run with streamed stdout and stderr", "exit code",
          "background, then reconnect by pid from a new client", "kill", "stdin", "timeout stops the command",
-         "files", "paths outside the home", "keys", "network options", "kill the sandbox"]
+         "files", "paths outside the home", "keys", "network options", "snapshots and fork", "kill the sandbox"]
 
 pytestmark = [
     pytest.mark.slow,
@@ -31,7 +32,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.backends(*BACKENDS)
 def test_the_js_sdk_runs_its_suite(tmp_path, backend):
     marker = f"e2bjs{secrets.token_hex(4)}"
     with e2b_server(tmp_path, backend) as server:

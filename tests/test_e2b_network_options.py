@@ -1,5 +1,5 @@
 """The E2B create body's network options read against the operator's agent.network
-(guilds.fronts.e2b.network_options): what narrows, what is refused, and the own sandbox's settings.
+(guilds.fronts.e2b.network_options): what narrows, what is refused, and a narrowed agent's settings.
 The SDKs against real sandboxes and test hosts: tests/test_e2b_egress.py."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ import pytest
 
 from guilds.config.settings import parse_settings
 from guilds.fronts.e2b.connect import ConnectError
-from guilds.fronts.e2b.network_options import asked, same_as_agent
-from guilds.fronts.e2b.own_sandbox import own_settings
-from toolbox_kit import FakeSandbox
+from guilds.fronts.e2b.network_options import asked, narrowed, narrowing, same_as_agent
+from guilds.sandbox import backend
 
 EVERYTHING = {"denyOut": ["0.0.0.0/0"]}
 LIST = ["api.example.org", "*.pkg.example.org", "git.example.org:8443", "10.1.0.0/16"]
@@ -42,6 +41,9 @@ def body(*allow, internet=None, **network):
      ("*.pkg.example.org", "git.example.org:8443")),
     (body("10.1.2.0/24", "10.1.3.4", denyOut=["0.0.0.0/0", "10.9.9.9"]), ("10.1.2.0/24", "10.1.3.4")),
     (body("api.example.org:443", **EVERYTHING), ("api.example.org:443",)),
+    (body(denyOut=["10.1.2.0/24", "8.8.8.8"]), (*LIST, "!10.1.2.0/24", "!8.8.8.8/32")),
+    (body("10.1.2.128/25", denyOut=["10.1.2.0/24"]), (*LIST, "!10.1.2.0/25")),  # allowOut wins over denyOut
+    (body("10.1.2.0/23", denyOut=["10.1.2.0/24"]), None),  # nothing left denied
 ])
 def test_what_narrows(tmp_path, request_body, entries):
     assert asked(request_body, settings(tmp_path, LIST)) == entries
@@ -57,8 +59,10 @@ def test_what_narrows(tmp_path, request_body, entries):
     (body("0.0.0.0/0", **EVERYTHING), "'0.0.0.0/0' is not in"),
     (body("other.example.org"), "is not in"),  # checked even when it would narrow nothing
     (body("a b", **EVERYTHING), "network.allowOut: 'a b' is not a host name"),
-    (body(denyOut=["10.0.0.0/8"]), "network.denyOut: only everything (0.0.0.0/0) can be denied here"),
-    (body(denyOut=["example.org"]), "network.denyOut: only everything"),
+    (body(denyOut=["example.org"]), "network.denyOut: 'example.org' is no address range"),
+    (body(denyOut=["10.0.0.0/33"]), "network.denyOut: '10.0.0.0/33' is no address range"),
+    (body("api.example.org", denyOut=["10.0.0.0/8"]), "network.allowOut: 'api.example.org': with a denyOut short"),
+    (body("!10.1.0.0/16", **EVERYTHING), "network.allowOut: '!10.1.0.0/16' is not a host name"),
     (body(rules={"api.example.org": [{}]}), "network.rules: per-host transforms are not served"),
     (body(egressProxy={"address": "proxy.example.org:1080"}), "network.egressProxy:"),
     (body(somethingNew=True), "network.somethingNew: not served"),
@@ -78,6 +82,9 @@ def test_the_operators_true_and_false_bound_everything_and_nothing(tmp_path):
     with pytest.raises(ConnectError, match=r"is not in the agent's network \(agent.network = false\)"):
         asked(anything, settings(tmp_path, False))
     assert asked({"allow_internet_access": False}, settings(tmp_path, False)) == ()
+    some = body(denyOut=["8.8.8.8", "fd00::/8"])
+    assert asked(some, settings(tmp_path, True)) == ("0.0.0.0/0", "::/0", "!8.8.8.8/32", "!fd00::/8")
+    assert asked(some, settings(tmp_path, False)) is None  # nothing to deny
 
 
 def test_what_is_the_agents_own_network(tmp_path):
@@ -87,15 +94,27 @@ def test_what_is_the_agents_own_network(tmp_path):
     assert same_as_agent((), off) and not same_as_agent((), on)
 
 
-def test_an_own_sandbox_without_network_holds_no_value_meant_for_a_host(tmp_path):
+def test_a_narrowed_agent_without_network_holds_no_value_meant_for_a_host(tmp_path):
     agent = settings(tmp_path, LIST, secrets={"PLAIN": "p-value", "BOUND": {"value": "b-value",
                                                                               "hosts": ["api.example.org"]}},
                      repos={"web": {"path": "web", "token": "t-value"}})
-    fake = FakeSandbox(answer=lambda request: None)
-    off = own_settings(agent, fake, (), "i0123456789abcdef0123")
-    assert (off.id, off.egress, off.network) == (f"{agent.id}-e2b-cdef0123", (), False)
+    off = narrowed(agent, ())
+    assert (off.id, off.home, off.egress, off.network) == (agent.id, agent.home, (), False)
     assert dict(off.secrets) == {"PLAIN": "p-value"} and not off.secret_hosts
     assert [r.token for r in off.repos] == [""]
-    narrowed = own_settings(agent, fake, ("api.example.org",), "i0123456789abcdef0123")
-    assert narrowed.egress == ("api.example.org",) and narrowed.secret_hosts == agent.secret_hosts
-    assert narrowed.home == tmp_path / "home.e2b" / narrowed.id and narrowed.repos == agent.repos
+    some = narrowed(agent, ("api.example.org",))
+    assert some.egress == ("api.example.org",) and some.secret_hosts == agent.secret_hosts
+    assert some.repos == agent.repos and some.secrets == agent.secrets
+
+
+def test_a_network_is_narrowed_only_where_the_backend_confines_it(tmp_path):
+    listed, bwrap, local, kube = settings(tmp_path, LIST), backend("bwrap"), backend("local"), backend("kubernetes")
+    assert narrowing(None, listed, bwrap) is None and narrowing(tuple(LIST), listed, bwrap) is None
+    assert narrowing(("api.example.org",), listed, bwrap)(listed).egress == ("api.example.org",)
+    assert narrowing(None, listed, local) is None  # nothing asked: the template's own, as the backend gives it
+    for entries in ((), tuple(LIST)):  # local confines nothing: any ask is refused, even the template's own
+        with pytest.raises(ConnectError, match=r"^network: the local sandbox confines no network"):
+            narrowing(entries, listed, local)
+    assert narrowing(tuple(LIST), listed, kube) is None
+    with pytest.raises(ConnectError, match=r"^network: the kubernetes sandbox serves only the agent's own network"):
+        narrowing((), listed, kube)

@@ -20,13 +20,13 @@ from e2b.sandbox.commands.command_handle import CommandExitException
 from e2b_kit import BACKENDS, E2BServer, e2b_server, pids_alive
 from guilds.record import Store, database_url
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.backends(*BACKENDS)]
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-def server(request, tmp_path_factory):
-    with e2b_server(tmp_path_factory.mktemp(f"e2b-{request.param}"), request.param) as served:
-        served.backend = request.param  # type: ignore[attr-defined]
+@pytest.fixture(scope="module")
+def server(backend, tmp_path_factory):
+    with e2b_server(tmp_path_factory.mktemp(f"e2b-{backend}"), backend) as served:
+        served.backend = backend  # type: ignore[attr-defined]
         yield served
 
 
@@ -216,7 +216,7 @@ def test_bad_requests_get_connect_errors_not_tracebacks(sbx, server):
     start = f"{server.url}/process.Process/Start"
     cases = [
         ({**base, "Content-Type": "application/connect+json"}, b"\x00\x00\x00\x00\x09{", 400, "invalid_argument"),
-        ({**base, "Content-Type": "application/proto"}, b"\x0a\x03", 501, "unimplemented"),
+        ({**base, "Content-Type": "application/proto"}, b"\x0a\x03", 415, "unimplemented"),
         ({**base, "X-Access-Token": "x" * 5000, "Content-Type": "application/connect+json"}, b"", 401,
          "unauthenticated"),
         ({**base, "X-Access-Token": "\u00ff\u00fe".encode("latin-1"), "Content-Type": "application/json"}, b"{}", 401,
@@ -290,3 +290,11 @@ def test_every_request_is_a_call_of_the_sandbox_run(sbx, server):
     page = httpx.get(f"{server.url}/runs/e2b-{sbx.sandbox_id}", headers={"Authorization": f"Bearer {token}"})
     assert page.status_code == 200
     assert "Run echo recorded" in page.text and "Run exit 4" in page.text
+
+
+def test_the_agents_uid_has_a_name_in_the_sandbox(sbx):
+    sbx.files.write("owned.txt", "mine")
+    info = sbx.files.get_info("owned.txt")
+    names = sbx.commands.run("whoami; id -un; id -gn").stdout.split()
+    assert not info.owner.isdigit() and not info.group.isdigit()
+    assert names == [info.owner, info.owner, info.group]

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -30,20 +31,20 @@ from guilds.limits import EGRESS_CONNECTIONS_MAX
 from guilds.record.store import Store
 from guilds.sandbox import get_sandbox
 from guilds.sandbox.bwrap.bwrap_argv import unavailable
-from guilds.sandbox.docker.docker_engine import unavailable as docker_unavailable
-from guilds.sandbox.egress_process import keep_proxy, proxy_pid, stop_proxy
-from guilds.sandbox.egress_side import SOCKET_NAME, bound_values, egress_files, prepare
+from guilds.sandbox.egress_side.files import SOCKET_NAME, egress_files, prepare
+from guilds.sandbox.egress_side.placeholders import bound_values
+from guilds.sandbox.egress_side.proxy_process import keep_proxy, proxy_pid, stop_proxy
 from guilds.toolbox import Toolbox
+from guilds.web.views import egress_rows
 
-pytestmark = pytest.mark.skipif(not netns_usable(), reason="needs root and ip netns for the test hosts")
+pytestmark = [pytest.mark.skipif(not netns_usable(), reason="needs root and ip netns for the test hosts"),
+              pytest.mark.backends("bwrap", "docker")]
 
 TOKEN = "ghp_RealTokenThatMustStayOutside01"
 PLACEHOLDER = "GUILDS_PLACEHOLDER_000000000000001"
+UPLOAD, UPLOAD_PLACEHOLDER = "upload-real-value-01", "UPLOAD_PLACEHOLDER_1"
+"""A second secret, for a host no test reaches: only another host that holds it could show it."""
 SRC = Path(__file__).resolve().parent.parent / "src"
-BACKENDS = [
-    pytest.param("bwrap", id="bwrap", marks=pytest.mark.bwrap),
-    pytest.param("docker", id="docker", marks=pytest.mark.docker),
-]
 
 
 @dataclass
@@ -69,14 +70,17 @@ def site(tmp_path_factory) -> Iterator[Site]:
     with namespace() as ns:
         leaf = root.leaf("git.test", "evil.test")
         with upstream(ns, folder, cert=leaf, token=TOKEN) as seen, \
-                upstream(ns, folder, cert=None, port=80) as seen_plain:
+                upstream(ns, folder, cert=None, port=80) as seen_plain, \
+                upstream(ns, folder, cert=leaf, port=8443, token=TOKEN):
             proxy = Proxy(folder, env={"PYTHONPATH": str(SRC), "SSL_CERT_FILE": str(root.pem)},
                           allow=["git.test", "evil.test", f"{ns.address}/32", "loop6.test", "mapped.test",
-                                 "meta6.test"],
+                                 "meta6.test", "git.test:8443"],
                           resolve={"git.test": ns.address, "evil.test": ns.address, "loop6.test": "::1",
                                    "mapped.test": "::ffff:127.0.0.1", "meta6.test": "fd00:ec2::254"},
                           secrets=[{"name": "GH_TOKEN", "placeholder": PLACEHOLDER, "value": TOKEN,
-                                    "hosts": ["git.test"]}])
+                                    "hosts": ["git.test"]},
+                                   {"name": "UPLOAD", "placeholder": UPLOAD_PLACEHOLDER, "value": UPLOAD,
+                                    "hosts": ["upload.test"]}])
             bundle = CertificateAuthority.open(folder / "ca").trust_bundle(folder / "bundle.pem")
             relay = Relay(proxy.socket)
             try:
@@ -103,13 +107,88 @@ def test_the_placeholder_to_a_listed_host_it_is_not_for_stays_a_placeholder(site
     assert TOKEN not in site.seen.read_text()
 
 
-def test_the_token_host_gets_the_value_in_headers_only_never_in_the_url_or_body(site):
+def test_the_token_host_gets_the_value_as_the_credential_only_never_in_another_header_the_url_or_body(site):
     done = curl(site.relay, f"https://git.test/keep/{PLACEHOLDER}?t={PLACEHOLDER}", "-H", f"X-Token: {PLACEHOLDER}",
+                "-H", f"User-Agent: {PLACEHOLDER}", "-H", f"Authorization: Bearer {PLACEHOLDER}",
                 "--data-binary", f"token={PLACEHOLDER}", ca=site.bundle)
     assert done.returncode == 0, done.stderr
     kept = site.kept()[-1]
-    assert kept["headers"]["X-Token"] == TOKEN  # a header of the token's own host: swapped, as documented
+    assert kept["headers"]["Authorization"] == f"Bearer {TOKEN}"  # where the credential goes: swapped
+    assert kept["headers"]["X-Token"] == kept["headers"]["User-Agent"] == PLACEHOLDER
     assert kept["path"] == f"/keep/{PLACEHOLDER}?t={PLACEHOLDER}" and kept["body"] == f"token={PLACEHOLDER}"
+
+
+@pytest.mark.parametrize("sent", [
+    f"Authorization: Bearer x{PLACEHOLDER}", f"Authorization: Digest {PLACEHOLDER}",
+    f"Authorization: Basic {base64.b64encode(f'x:a{PLACEHOLDER}'.encode()).decode()}",
+    f"Cookie: s={PLACEHOLDER}", f"X-Api-Key: {PLACEHOLDER}",
+])
+def test_a_placeholder_anywhere_but_as_the_credential_whole_stays_a_placeholder(site, sent):
+    done = curl(site.relay, "https://git.test/keep", "-H", sent, ca=site.bundle)
+    assert done.returncode == 0, done.stderr
+    name, _, value = sent.partition(": ")
+    assert site.kept()[-1]["headers"][name] == value
+
+
+SHOWN_BACK = [
+    pytest.param("http://git.test/show", None, id="plain-http"),
+    pytest.param("https://evil.test/show", "root", id="another-listed-name"),
+    pytest.param("https://git.test:8443/show", "root", id="another-port"),
+]
+
+
+@pytest.mark.parametrize(("url", "trust"), SHOWN_BACK)
+def test_a_host_that_keeps_headers_shows_back_the_placeholder_never_the_value(site, url, trust):
+    """The token's host keeps every header it is sent but the credential, and shows them where the
+    proxy does not look into the answer: the value went out in Authorization only."""
+    stored = curl(site.relay, "https://git.test/store", "-H", f"Authorization: Bearer {PLACEHOLDER}",
+                  "-H", f"X-Note: {PLACEHOLDER}", "-H", f"User-Agent: agent {PLACEHOLDER}", ca=site.bundle)
+    assert stored.returncode == 0, stored.stderr
+    assert site.seen.read_text().splitlines()[-1] == f"GET /store Bearer {TOKEN}"
+    shown = curl(site.relay, url, ca=site.root.pem if trust else None)
+    assert shown.returncode == 0, shown.stderr
+    last = json.loads(shown.stdout.splitlines()[-1])
+    assert last["X-Note"] == PLACEHOLDER and last["User-Agent"] == f"agent {PLACEHOLDER}"
+    assert TOKEN not in shown.stdout
+
+
+def test_plain_http_answers_are_scrubbed_of_every_value(site):
+    """A host that shows back the value by plain HTTP (kept from anywhere): the sandbox reads the placeholder."""
+    with open(site.proxy.folder / "store.jsonl", "a") as store:
+        store.write(json.dumps({"X-Kept": f"Bearer {TOKEN}"}) + "\n")
+    shown = curl(site.relay, "http://git.test/show")
+    assert json.loads(shown.stdout.splitlines()[-1]) == {"X-Kept": f"Bearer {PLACEHOLDER}"}
+    assert TOKEN not in shown.stdout
+
+
+def test_an_intercepted_answer_is_scrubbed_of_another_secrets_value_too(site):
+    """git.test holds the upload secret's value from elsewhere and shows it back: the sandbox reads
+    that secret's placeholder, although the request went to a host that secret is not for."""
+    done = curl(site.relay, "https://git.test/leak", "-i", "-H", f"Authorization: Bearer {UPLOAD}", ca=site.bundle)
+    assert site.seen.read_text().splitlines()[-1] == f"GET /leak Bearer {UPLOAD}"
+    shown = f"Bearer {UPLOAD_PLACEHOLDER}"
+    assert f"X-Seen: {shown}" in done.stdout and f"seen: {shown}\n" in done.stdout
+    assert UPLOAD not in done.stdout
+
+
+@pytest.mark.parametrize(("route", "quoted"), [
+    ("/badstatus", f"'HTTP/1.1 Bearer {PLACEHOLDER}'"),
+    ("/badheader", f"'Seen Bearer {PLACEHOLDER}'"),
+    ("/badfar", f" Bearer {PLACEHOLDER[:11]}'"),  # the value straddles the quote's 80th character
+])
+def test_a_malformed_answer_echoing_the_credential_is_quoted_with_the_placeholder(site, route, quoted):
+    """The token's host echoes the request's Authorization into a malformed status or header line:
+    the proxy's 502 quotes it, and nothing the sandbox reads back (the answer, the decisions the
+    record takes) nor the proxy's log holds the value or a piece of it."""
+    tag = f"bad{route[1:]}/call"
+    done = curl(site.relay, f"https://git.test{route}", "-i", "-H", f"Authorization: Bearer {PLACEHOLDER}",
+                tag=tag, ca=site.bundle)
+    assert site.seen.read_text().splitlines()[-1] == f"GET {route} Bearer {TOKEN}"
+    assert "\nHTTP/1.1 502 " in done.stdout and quoted in done.stdout, done.stdout
+    [decision] = [d for d in site.proxy.decision_lines() if d["tag"] == tag]
+    assert quoted in str(decision["reason"])
+    for text in (done.stdout, done.stderr, site.proxy.decisions.read_text(), site.proxy.stderr.read_text()):
+        assert TOKEN[:8] not in text
 
 
 def test_plain_http_to_the_token_host_keeps_the_placeholder(site):
@@ -277,20 +356,17 @@ class Agent:
     home: Path
 
 
-@pytest.fixture(params=BACKENDS)
-async def agent(request, site, tmp_path, monkeypatch) -> Iterator[Agent]:
+@pytest.fixture
+async def agent(backend, site, tmp_path, monkeypatch) -> Iterator[Agent]:
     """A sandbox behind the proxy, its repository's origin git.test and its token without
     token_hosts (the default: the origin's host)."""
-    missing = (unavailable if request.param == "bwrap" else docker_unavailable)()
-    if missing is not None:
-        pytest.skip(f"{request.param}: {missing}")
     monkeypatch.setenv("SSL_CERT_FILE", str(site.root.pem))
     home = tmp_path / "home"
     repo = home / "repos" / "work"
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     subprocess.run(["git", "-C", str(repo), "remote", "add", "origin", "https://git.test/owner/repo.git"], check=True)
     settings = parse_settings({
-        "agent": {"id": f"attacker-{os.urandom(3).hex()}", "home": str(home), "sandbox": request.param,
+        "agent": {"id": f"attacker-{os.urandom(3).hex()}", "home": str(home), "sandbox": backend,
                   "network": ["git.test", "evil.test", f"{site.ns.address}/32"]},
         "docker": {"memory": "512m"},
         "repos": {"work": {"path": "repos/work", "token": TOKEN}},
@@ -313,7 +389,7 @@ async def shell(agent: Agent, command: str) -> str:
 
 
 def stop_proxy_now(agent: Agent) -> None:
-    files = agent.toolbox.sandbox.egress
+    files = agent.toolbox.sandbox.egress.files
     os.kill(proxy_pid(files), 9)
     deadline = time.monotonic() + 10
     while proxy_pid(files) is not None and time.monotonic() < deadline:
@@ -343,7 +419,7 @@ async def test_the_sandbox_cannot_touch_the_socket_nor_read_the_proxys_files(age
     abstract = socket.socket(socket.AF_UNIX)
     abstract.bind(b"\0guilds-attack-" + os.urandom(4).hex().encode())
     abstract.listen()
-    folder = agent.toolbox.sandbox.egress.folder
+    folder = agent.toolbox.sandbox.egress.files.folder
     secrets = [f"{folder}/proxy.json", f"{folder}/placeholder.key", f"{folder}/decisions.jsonl",
                f"{folder}/origins.json", *(str(p) for p in (agent.data / "egress" / "ca").iterdir())]
     try:
@@ -371,3 +447,91 @@ async def test_a_dns_lookup_or_any_udp_from_inside_fails(agent, site):
         f"try: u.sendto(b\"x\", (\"{site.ns.address}\", 53)); print(\"sent\")\n"
         "except OSError as e: print(\"udp:\", e.strerror)'"))
     assert text.splitlines()[:2] == ["lookup: gaierror", "udp: Network is unreachable"], text
+
+
+EXHAUST = (
+    "python3 -c 'import os, socket, time\n"
+    "kids = []\n"
+    "while True:\n"
+    " try: pid = os.fork()\n"
+    " except OSError: break\n"
+    " if pid == 0:\n"
+    "  time.sleep(60); os._exit(0)\n"
+    " kids.append(pid)\n"
+    "held = [socket.create_connection((\"127.0.0.1\", 3128), 5) for _ in range(6)]\n"
+    "time.sleep(1)\n"
+    "for k in kids: os.kill(k, 9)\n"
+    "for k in kids: os.waitpid(k, 0)\n"
+    "for c in held: c.close()\n"
+    "print(\"forked\", len(kids))'"
+)
+"""Fork to the sandbox's process limit, open six relay connections while there, then free
+every process: the relay could start no thread for any of them."""
+
+
+@pytest.mark.bwrap
+async def test_the_relay_outlives_the_process_limit_and_serves_once_it_is_freed(site, tmp_path, monkeypatch):
+    """With ``pids_limit`` reached, the relay in the sandbox's init cannot start a thread for
+    a connection: that connection is closed, and once processes are free again every later
+    fetch goes through (the relay did not die with the one it could not serve)."""
+    missing = unavailable()
+    if missing is not None:
+        pytest.skip(f"bwrap: {missing}")
+    monkeypatch.setenv("SSL_CERT_FILE", str(site.root.pem))
+    settings = parse_settings({
+        "agent": {"id": f"exhaust-{os.urandom(3).hex()}", "home": str(tmp_path / "home"), "sandbox": "bwrap",
+                  "network": ["git.test", f"{site.ns.address}/32"]},
+        "bwrap": {"pids_limit": 64},
+        "egress": {"resolve": {"git.test": site.ns.address}},
+    }, tmp_path, env={})
+    sandbox = get_sandbox(settings, tmp_path / "data", idle_seconds=120)
+    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
+        agent = Agent(Toolbox(settings, sandbox, store), tmp_path / "data", tmp_path / "home")
+        try:
+            assert (await shell(agent, f"{FETCH} https://git.test/private none")).startswith("401"), "set-up"
+            forked = await shell(agent, EXHAUST)
+            assert "forked" in forked and int(forked.split("forked")[1].split()[0]) < 64, forked
+            for _ in range(3):
+                later = await shell(agent, f"{FETCH} https://git.test/private none")
+                assert later.startswith("401"), later  # the host's answer, not a timeout
+        finally:
+            await agent.toolbox.close()
+            await sandbox.stop()
+
+
+async def test_a_command_cannot_write_egress_rows_into_another_agents_run(agent, site):
+    """Another agent's run on the same record: the command names it as its proxy user, as
+    ``curl -x http://victim%2Fx:@127.0.0.1:3128`` does; its connection is recorded under its own call."""
+    store = agent.toolbox.store
+    await store.begin_call(run_id="victim-run", agent_id="victim", tool="shell", args={}, call_id="x",
+                           started_at=datetime.now(UTC), budget=10)
+    await shell(agent, "true")  # the attacker's own run exists: an earlier run of its own it may name
+    named = (
+        "python3 -c 'import sys, urllib.request as u\n"
+        "for user in sys.argv[1:]:\n"
+        " p = u.ProxyHandler({\"http\": f\"http://{user}:p@127.0.0.1:3128\"})\n"
+        " print(u.build_opener(p).open(\"http://git.test/keep\", timeout=10).status)' "
+        f"victim-run%2Fx nobodys-run%2Fy {RUN}%2Fmine")
+    text = await shell(agent, named)
+    assert text.split()[:3] == ["204", "204", "204"], text
+    [call] = (await store.calls(RUN))[-1:]
+    assert await store.egress_of_call("victim-run", "x") == []
+    assert await store.egress_of_call("nobodys-run", "y") == []
+    assert len(await store.egress_of_call(RUN, call.call_id)) == 2
+    assert len(await store.egress_of_call(RUN, "mine")) == 1
+
+
+async def test_a_command_reads_back_no_piece_of_the_token_its_host_echoes_into_a_bad_answer(agent):
+    """From inside: the token's host echoes the credential into a malformed status line. What the
+    command reads (reversed, past the result's redaction), the call's egress rows in the record
+    and its Metadata rows hold the placeholder where the token was."""
+    repo = "cd ~/repos/work && "
+    text = await shell(agent, f"{repo}{FETCH} https://git.test/badstatus \"$GH_TOKEN\" | rev")
+    read = text.splitlines()[0][::-1]
+    assert read.startswith("502 the host's status line is malformed: 'HTTP/1.1 Bearer "), read
+    assert TOKEN[:8] not in read
+    [call] = (await agent.toolbox.store.calls(RUN))[-1:]
+    rows = await agent.toolbox.store.egress_of_call(RUN, call.call_id)
+    [refused] = [r for r in rows if not r["allowed"]]
+    assert "'HTTP/1.1 Bearer " in refused["reason"] and TOKEN[:8] not in refused["reason"]
+    assert all(TOKEN[:8] not in row.value for row in egress_rows(rows))

@@ -15,30 +15,26 @@ sandboxes (the docker and kubernetes test images get the host's gh, which needs 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
+import backend_kit
 import forge_kit
 import kube_kit
 from guilds.config.settings import parse_settings
-from guilds.sandbox.bwrap.bwrap_argv import unavailable
-from guilds.sandbox.docker.docker_engine import unavailable as docker_unavailable
-from guilds.sandbox.egress_process import proxy_pid
+from guilds.sandbox.egress_side import proxy_setup
+from guilds.sandbox.egress_side.proxy_process import proxy_pid
 from guilds.toolbox import Toolbox
 from toolbox_kit import sandbox_toolbox
 
 NO_HOSTS = forge_kit.unavailable()
-NO_BWRAP, NO_DOCKER = unavailable(), docker_unavailable()
-BACKENDS = [
-    pytest.param("bwrap", id="bwrap", marks=[
-        pytest.mark.bwrap, pytest.mark.skipif(NO_BWRAP is not None, reason=f"bwrap: {NO_BWRAP}")]),
-    pytest.param("docker", id="docker", marks=[
-        pytest.mark.docker, pytest.mark.skipif(NO_DOCKER is not None, reason=f"docker: {NO_DOCKER}")]),
-    pytest.param("kubernetes", id="kubernetes", marks=kube_kit.needs_cluster),
-]
-pytestmark = pytest.mark.skipif(NO_HOSTS is not None, reason=str(NO_HOSTS))
+pytestmark = [pytest.mark.skipif(NO_HOSTS is not None, reason=str(NO_HOSTS)),
+              pytest.mark.backends(*backend_kit.ISOLATING)]
 IMAGE = os.environ.get("GUILDS_SANDBOX_IMAGE", "guilds-sandbox:latest")
 TEST_IMAGE = "guilds-sandbox-egress-test:latest"
 RUN = "egress-run"
@@ -75,20 +71,20 @@ def kube_image():
     return kube_kit.image_with_gh()
 
 
-@pytest.fixture(params=BACKENDS)
-async def agent(request, forge, tmp_path, monkeypatch):
+@pytest.fixture
+async def agent(backend, request, forge, tmp_path, monkeypatch):
     """A Toolbox over the sandbox with agent.network the forge's name and subnet."""
     monkeypatch.setenv("SSL_CERT_FILE", forge.ca)  # the proxy verifies the forge by the test authority
-    kube = request.param == "kubernetes"
+    kube = backend == "kubernetes"
     home = "/home/agent" if kube else str(tmp_path / "home")  # kubernetes: the home is in the pod
     data = {
-        "agent": {"id": f"egress-{request.param}", "home": home, "sandbox": request.param,
+        "agent": {"id": f"egress-{backend}", "home": home, "sandbox": backend,
                   "network": [forge_kit.HOST_NAME, forge.subnet]},
         "repos": {"work": {"path": "repos/work", "token": forge.token,
                            "token_hosts": [forge_kit.HOST_NAME]}},
         "egress": {"resolve": {forge_kit.HOST_NAME: forge.address}},
     }
-    if request.param == "docker":
+    if backend == "docker":
         data["docker"] = {"image": request.getfixturevalue("test_image"), "memory": "512m"}
     if kube:
         data["kubernetes"] = kube_kit.settings_table(image=request.getfixturevalue("kube_image"), memory="512Mi")
@@ -179,7 +175,7 @@ async def test_the_proxy_killed_mid_call_fails_closed_and_the_next_call_starts_i
     api = f"https://{forge_kit.HOST_NAME}/api/v3/"
     first = await shell(agent, f"{FETCH} {api}")
     assert first.text.startswith("401"), first.text  # reached the forge (no token: refused there)
-    pid = proxy_pid(agent.sandbox.egress)
+    pid = proxy_pid(agent.sandbox.egress.files)
     assert pid is not None
 
     async def kill_soon() -> None:
@@ -194,4 +190,122 @@ async def test_the_proxy_killed_mid_call_fails_closed_and_the_next_call_starts_i
     assert "Network is unreachable" in direct, during.text
     after = await shell(agent, f"{FETCH} {api}")
     assert after.text.startswith("401"), after.text
-    assert proxy_pid(agent.sandbox.egress) not in (None, pid)
+    assert proxy_pid(agent.sandbox.egress.files) not in (None, pid)
+
+
+async def test_an_idle_proxy_sleeps_and_the_sandboxs_next_connection_wakes_it(agent, backend, monkeypatch):
+    if backend == "kubernetes":
+        pytest.skip("on kubernetes the proxy listens on TCP and never sleeps")
+    monkeypatch.setattr(proxy_setup, "EGRESS_LINGER_SECONDS", 1.0)
+    api = f"https://{forge_kit.HOST_NAME}/api/v3/"
+    first = await shell(agent, f"{FETCH} {api}")
+    assert first.text.startswith("401"), first.text
+    pid = proxy_pid(agent.sandbox.egress.files)
+    assert pid is not None
+
+    def asleep() -> bool:
+        return b"waiter.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+    deadline = time.monotonic() + 15
+    while not asleep():
+        assert time.monotonic() < deadline, "the proxy never slept"
+        await asyncio.sleep(0.1)
+    after = await shell(agent, f"{FETCH} {api}")
+    assert after.text.startswith("401"), after.text  # woken by the sandbox's connection, and served
+    assert proxy_pid(agent.sandbox.egress.files) == pid  # the same process: woken, not started anew
+
+
+TEMPLATE_SERVER = """
+[agent]
+id = "server1"
+home = "home"
+sandbox = "local"
+
+[templates.work.agent]
+home = "work-home"
+sandbox = "{backend}"
+network = ["{host}", "{subnet}"]
+[templates.work.repos.work]
+path = "repos/work"
+token = "{token}"
+[templates.work.egress.resolve]
+"{host}" = "{address}"
+{docker}
+"""
+"""A server whose template ``work`` holds a clone of the forge's repository, its token
+without token_hosts: the token goes to the clone's origin host only."""
+
+
+def push(branch: str, remote: str) -> str:
+    """A command that fetches main from remote, commits on a new branch and pushes it there."""
+    return (f"git {CREDENTIAL} fetch -q {remote} main && git checkout -q -b {branch} FETCH_HEAD && "
+            "echo change > CHANGE && git add CHANGE && "
+            "git -c user.name=agent -c user.email=agent@example.org commit -qm change && "
+            f"git {CREDENTIAL} push -q {remote} HEAD:refs/heads/{branch} && echo pushed")
+
+
+def template_server(tmp_path: Path, backend: str, forge, image: str | None) -> Path:
+    """The settings of a server serving ``work``, its home a clone whose origin is the forge."""
+    clone = tmp_path / "work-home" / "repos" / "work"
+    subprocess.run(["git", "clone", "-q", str(forge.root / "owner" / "repo.git"), str(clone)], check=True)
+    subprocess.run(["git", "-C", str(clone), "remote", "set-url", "origin", URL], check=True)
+    docker = "" if image is None else f"[templates.work.docker]\nimage = '{image}'\nmemory = '512m'\n"
+    path = tmp_path / "server.toml"
+    path.write_text(TEMPLATE_SERVER.format(backend=backend, host=forge_kit.HOST_NAME, subnet=forge.subnet,
+                                           token=forge.token, address=forge.address, docker=docker))
+    path.chmod(0o600)
+    return path
+
+
+def pushed_to(forge, branch: str) -> bool:
+    refs = subprocess.run(["git", "-C", str(forge.root / "owner" / "repo.git"), "branch", "--list", branch],
+                          capture_output=True, text=True, check=True).stdout
+    return refs.split() == [branch]
+
+
+@pytest.mark.backends("bwrap", "docker")
+async def test_an_agent_made_from_a_template_gets_its_token_pinned_to_its_origin(backend, request, forge, tmp_path,
+                                                                                 monkeypatch):
+    """Its sandbox's object is made before its home: the origin is read once the home is made,
+    not pinned empty before. A fork's child keeps the source's pin, whatever the source's
+    agent wrote in .git/config since."""
+    import guilds
+
+    monkeypatch.setenv("SSL_CERT_FILE", forge.ca)
+    image = request.getfixturevalue("test_image") if backend == "docker" else None
+    settings = template_server(tmp_path, backend, forge, image)
+    data = tmp_path / "data"
+    async with guilds.open(settings, data_dir=data, env={**os.environ, "GUILDS_DATA": str(data)}) as server:
+        made = await server.make_agent("work")
+        try:
+            branch = f"template-{backend}"
+            pushed = await made.toolbox.call(RUN, "shell", {"command": push(branch, "origin"),
+                                                            "timeout_seconds": 60})
+            assert "pushed" in pushed.text, pushed.text
+            assert pushed_to(forge, branch)
+            origins = data / "egress" / made.id / "origins.json"
+            assert json.loads(origins.read_text()) == {"work": {"path": "repos/work", "origin": forge_kit.HOST_NAME}}
+
+            found = await made.toolbox.call(RUN, "shell", {"command": (
+                f"t={split(forge.token)}; for f in /proc/[0-9]*/environ; do grep -lF \"$t\" \"$f\" 2>/dev/null; "
+                "done; grep -rlF \"$t\" \"$HOME\" /run/guilds /run/guilds-egress /tmp 2>/dev/null; echo searched")})
+            assert found.text.splitlines()[:1] == ["searched"], found.text
+            assert forge.token not in pushed.text + found.text
+
+            moved = await made.toolbox.call(RUN, "shell", {
+                "command": "git remote set-url origin https://elsewhere.test/owner/repo.git && echo moved"})
+            assert "moved" in moved.text, moved.text
+            forked = await server.fork(made.id, 1)
+            child = forked.agents[0]
+            try:
+                child_branch = f"fork-{backend}"
+                again = await child.toolbox.call(RUN + "-child", "shell", {
+                    "command": push(child_branch, URL), "timeout_seconds": 60})
+                assert "pushed" in again.text, again.text  # the token still goes to the forge, pinned by the source
+                assert pushed_to(forge, child_branch)
+                assert (data / "egress" / child.id / "origins.json").read_bytes() == origins.read_bytes()
+            finally:
+                await server.remove_agent(child.id)
+        finally:
+            await server.remove_agent(made.id)
+    assert {r["credential"] for r in forge.requests() if "credential" in r} - {""} == {forge.token}

@@ -13,7 +13,7 @@ from guilds.egress.ca import CertificateAuthority
 from guilds.egress.http_head import BadHead, parse_head
 from guilds.egress.policy import Allowlist, AllowlistError
 from guilds.egress.proxy_config import ConfigError, load_config, parse_config, write_config
-from guilds.egress.swap import Scrubber, Secret, secret_hosts, swap_headers
+from guilds.egress.swap import Scrubber, Secret, scrub_text, secret_hosts, swap_headers
 from guilds.limits import EGRESS_HEAD_MAX_BYTES, EGRESS_HEADER_COUNT_MAX, EGRESS_REQUEST_LINE_MAX_BYTES
 
 PUBLIC = [ipaddress.ip_address("93.184.215.14")]
@@ -105,16 +105,50 @@ def test_an_unlisted_name_is_refused_before_it_is_looked_up():
     assert decision.reason == "guilds egress: api.example.com:443 is not in agent.network"
 
 
+
+def test_a_denied_range_wins_over_a_listed_name_and_a_wider_range():
+    allow = Allowlist.parse(["github.com", "0.0.0.0/0", "!8.8.8.0/24", "! 10.1.2.3"])
+    assert allow.decide("github.com", 443, PUBLIC).allowed
+    assert allow.decide("1.1.1.1", 443, ip("1.1.1.1")).allowed
+    refused = allow.decide("github.com", 443, [*PUBLIC, *ip("8.8.8.8")])  # any address of the name
+    assert not refused.allowed
+    assert refused.reason == "guilds egress: github.com:443 resolves to 8.8.8.8, in a range agent.network denies"
+    assert not allow.decide("10.1.2.3", 80, ip("10.1.2.3")).allowed
+    assert allow.decide("10.1.2.4", 80, ip("10.1.2.4")).allowed
+    assert not allow.decide("8.8.8.255", 53, ip("::ffff:8.8.8.255")).allowed  # the mapped IPv4 address
+
+
+def test_a_denied_range_alone_allows_nothing():
+    assert not Allowlist.parse(["!8.8.8.8"]).decide("1.1.1.1", 443, ip("1.1.1.1")).allowed
+
+
+@pytest.mark.parametrize("entry", ["!github.com", "!", "!10.0.0.0/33"])
+def test_a_denied_entry_that_is_no_range_is_named(entry):
+    with pytest.raises(AllowlistError, match=f"agent.network: '{entry}' is no denied address range"):
+        Allowlist.parse([entry])
+
+
 SECRET = Secret("GH_TOKEN", "PLACEHOLDER_0123456789", "ghp_real_token_abcdefg", secret_hosts(["git.test"]))
 
 
-def test_the_placeholder_is_swapped_in_headers_and_inside_basic_auth():
+def test_the_placeholder_is_swapped_where_the_credential_goes_only():
     basic = base64.b64encode(f"x-access-token:{SECRET.placeholder}".encode()).decode()
     headers, encoded = swap_headers([("Authorization", f"Basic {basic}"), ("X-Other", f"token {SECRET.placeholder}"),
                                      ("Host", "git.test")], [SECRET])
     real = base64.b64encode(f"x-access-token:{SECRET.value}".encode()).decode()
-    assert headers == [("Authorization", f"Basic {real}"), ("X-Other", f"token {SECRET.value}"), ("Host", "git.test")]
+    assert headers == [("Authorization", f"Basic {real}"), ("X-Other", f"token {SECRET.placeholder}"),
+                       ("Host", "git.test")]
     assert encoded == [(real, basic)]
+    for scheme in ("Bearer", "token", "bearer"):
+        swapped, _ = swap_headers([("authorization", f"{scheme} {SECRET.placeholder}")], [SECRET])
+        assert swapped == [("authorization", f"{scheme} {SECRET.value}")]
+    as_user = base64.b64encode(f"{SECRET.placeholder}:x-oauth-basic".encode()).decode()
+    [(_, sent)], _ = swap_headers([("Authorization", f"Basic {as_user}")], [SECRET])
+    assert base64.b64decode(sent.split()[1]).decode() == f"{SECRET.value}:x-oauth-basic"
+
+
+def test_the_scrubbed_text_holds_the_placeholder():
+    assert scrub_text(f"bad line 'Bearer {SECRET.value}'", [SECRET]) == f"bad line 'Bearer {SECRET.placeholder}'"
 
 
 def test_a_secret_is_for_its_hosts_only():

@@ -22,7 +22,7 @@ import pytest
 
 from egress_kit import HostsAuthority, Namespace, Proxy, Relay, curl, namespace, netns_usable, raw_exchange, upstream
 from guilds.egress.ca import CertificateAuthority
-from guilds.egress.daemon import is_serving
+from guilds.egress.daemon import UNIX_PATH_MAX, is_serving
 from guilds.limits import EGRESS_HEAD_MAX_BYTES, EGRESS_REQUEST_LINE_MAX_BYTES
 
 pytestmark = pytest.mark.skipif(not netns_usable(), reason="needs root and ip netns for the test hosts")
@@ -342,6 +342,35 @@ def test_a_stop_signal_cuts_open_tunnels_at_once_and_records_them(site, tmp_path
     assert decision["tag"] == "run3/open" and decision["allowed"] is True and decision["bytes_down"] > 0
 
 
+def test_an_intercepted_tunnel_through_a_proxy_woken_from_sleep_is_served_as_before(site, tmp_path):
+    """The connection that wakes a sleeping proxy is the server's side of it: the proxy ends
+    its TLS with a leaf of its authority, swaps the placeholder, scrubs the answer."""
+    proxy = Proxy(tmp_path, env=_proxy_env(site.root), allow=["git.test", f"{site.ns.address}/32"],
+                  resolve={"git.test": site.ns.address}, linger_seconds=0.5,
+                  secrets=[{"name": "T", "placeholder": PLACEHOLDER, "value": TOKEN, "hosts": ["git.test"]}])
+    try:
+        bundle = CertificateAuthority.open(tmp_path / "ca").trust_bundle(tmp_path / "bundle.pem")
+        for turn in ("asleep", "awake"):
+            if turn == "asleep":
+                deadline = time.monotonic() + 15
+                while b"waiter.py" not in Path(f"/proc/{proxy.process.pid}/cmdline").read_bytes():
+                    assert time.monotonic() < deadline, "the proxy never slept"
+                    time.sleep(0.05)
+            with socket.socket(socket.AF_UNIX) as raw:
+                raw.connect(str(proxy.socket))
+                raw.sendall(b"CONNECT git.test:443 HTTP/1.1\r\n\r\n")
+                assert raw.recv(100).startswith(b"HTTP/1.1 200")
+                with ssl.create_default_context(cafile=str(bundle)).wrap_socket(raw, server_hostname="git.test") as tls:
+                    tls.sendall(f"GET /private HTTP/1.1\r\nHost: git.test\r\nAuthorization: Bearer {PLACEHOLDER}"
+                                "\r\nConnection: close\r\n\r\n".encode())
+                    answer = b"".join(iter(lambda: tls.recv(4096), b""))
+            assert answer.startswith(b"HTTP/1.1 200"), (turn, answer[:200])
+            assert TOKEN.encode() not in answer
+    finally:
+        proxy.stop()
+    assert proxy.stderr.read_text() == ""
+
+
 def test_the_proxy_lives_while_its_idle_clock_is_fresh_and_exits_after(tmp_path):
     clock = tmp_path / "clock"
     clock.touch()
@@ -482,3 +511,51 @@ def test_connections_are_served_at_once(site):
         thread.join()
     assert results == [0] * 20, time.monotonic() - began
     assert len(site.tagged("run2/", 20)) == 20
+
+
+@pytest.mark.parametrize("target", ["http://[::1/", "http://[::1", "http://[zz]/", "http://a]b/", "http://h:99999/"])
+def test_a_malformed_url_gets_a_400_and_no_traceback(site, target):
+    before = site.proxy.stderr.read_text()
+    answer = raw_exchange(site.proxy.socket, f"GET {target} HTTP/1.1\r\n\r\n".encode())
+    first = answer.split(b"\r\n", 1)[0].decode()
+    assert first.startswith("HTTP/1.1 400 "), answer
+    assert site.proxy.stderr.read_text() == before
+    assert site.proxy.decision_lines()[-1]["reason"] == first.removeprefix("HTTP/1.1 400 ")
+
+
+def test_a_failure_no_branch_foresaw_is_a_500_and_one_line_in_the_log(site, tmp_path):
+    """A secret whose value no header can carry (not Latin-1) fails the request it is swapped
+    into: the client gets a 500, the log one line without the value, and the proxy serves on."""
+    value = "€" * len(PLACEHOLDER)
+    odd = Proxy(tmp_path, env=_proxy_env(site.root), allow=["git.test", f"{site.ns.address}/32"],
+                resolve={"git.test": site.ns.address},
+                secrets=[{"name": "ODD", "placeholder": PLACEHOLDER, "value": value, "hosts": ["git.test"]}])
+    relay = Relay(odd.socket)
+    try:
+        bundle = CertificateAuthority.open(tmp_path / "ca").trust_bundle(tmp_path / "bundle.pem")
+        for _ in range(2):
+            done = curl(relay, "https://git.test/private", "-i", "-H", f"Authorization: Bearer {PLACEHOLDER}",
+                        ca=bundle)
+            assert "\nHTTP/1.1 500 guilds egress: the proxy failed serving this request; see its log" in done.stdout
+        log = odd.stderr.read_text().splitlines()
+        assert len(log) == 2 and all(line.startswith("guilds egress: serving a connection failed: Unicode")
+                                     for line in log), log
+        assert value not in odd.stderr.read_text() and value[:3] not in odd.decisions.read_text()
+    finally:
+        relay.close()
+        odd.stop()
+
+
+def test_a_proxy_whose_socket_path_is_past_the_kernels_limit_serves_there(tmp_path):
+    """A data folder deep in the tree: the socket's path is over sun_path's 107 bytes, bound
+    and reached through its folder held open (``unix_address``), never refused."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    proxy = _proxy(deep)
+    try:
+        assert len(os.fsencode(str(proxy.socket))) > UNIX_PATH_MAX
+        assert is_serving(proxy.socket)
+        assert raw_exchange(proxy.socket, b"CONNECT x.test:443 HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 403")
+    finally:
+        proxy.stop()
+    assert not is_serving(proxy.socket)

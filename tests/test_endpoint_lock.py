@@ -25,8 +25,8 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 
 from guilds.errors import RecordError
 from guilds.fronts.serve import build_app
-from guilds.limits import APP_SESSION_IDLE_SECONDS, APP_SESSIONS_MAX
-from guilds.web.endpoint_lock import TOKEN_FILE, Lock, host_names, server_token
+from guilds.limits import APP_SESSION_IDLE_SECONDS, APP_SESSION_MAX_AGE_SECONDS, APP_SESSIONS_MAX
+from guilds.web.endpoint_lock import LOGGED_OUT, NO_LOGIN, TOKEN_FILE, Lock, cookie_values, host_names, server_token
 from guilds.web.sessions import Sessions
 from mcp_raw import VERSION, envelope
 from test_mcp_http import serving
@@ -189,6 +189,71 @@ async def test_a_session_ends_after_its_idle_time():
     sessions.start()  # a login ends what sat idle its time out, unasked
     assert len(sessions) == 2 and not sessions.holds(idle)
     assert not sessions.holds("") and not sessions.holds(None) and not sessions.holds(value)
+
+
+FOREIGN_COOKIES = ['prefs={"theme": "dark", "size": 2}', "q=\"a b\"", 'x=a"b', "flag", "a=b c", "=v", 'j={"k":"v;w"}']
+"""Cookies other local apps set (JSON, spaced, quoted, bare): never in the way of the session's."""
+
+
+@pytest.mark.parametrize("foreign", FOREIGN_COOKIES)
+async def test_another_apps_cookie_before_or_after_the_session_does_not_lock_out(toolbox, foreign):
+    async with client_of(toolbox, LOCK) as c:
+        session = (await c.get(f"/?token={TOKEN}")).headers["set-cookie"].split(";")[0]
+        c.cookies.clear()
+        for header in (f"{foreign}; {session}", f"{session}; {foreign}", f"{foreign};{session};{foreign}"):
+            assert (await c.get("/", headers={"cookie": header})).status_code == 200, header
+        assert (await c.get("/", headers={"cookie": foreign})).status_code == 401
+
+
+@pytest.mark.parametrize("header,values", [
+    ("guilds-session-1=abc", ["abc"]),
+    ("  guilds-session-1 = abc ; other=1", ["abc"]),
+    ('a={"x": 1, "y": "z"}; guilds-session-1=abc; b', ["abc"]),
+    ("guilds-session-1=one; guilds-session-1=two", ["one", "two"]),
+    ("guilds-session-10=abc; xguilds-session-1=abc", []),
+    ("", []),
+])
+async def test_the_cookie_header_is_read_pair_by_pair(header, values):
+    assert cookie_values(header, "guilds-session-1") == values
+
+
+async def test_logout_ends_the_session_on_the_server(toolbox):
+    async with client_of(toolbox, LOCK) as c:
+        login = await c.get(f"/?token={TOKEN}")
+        assert f"Max-Age={round(APP_SESSION_MAX_AGE_SECONDS)}" in login.headers["set-cookie"].split("; ")
+        session = {"cookie": login.headers["set-cookie"].split(";")[0]}
+        c.cookies.clear()
+        other = {"cookie": (await c.get(f"/?token={TOKEN}")).headers["set-cookie"].split(";")[0]}
+        c.cookies.clear()
+        assert (await c.get("/logout", headers=session)).status_code == 405  # a link or a prefetch: no
+        cross = await c.post("/logout", headers={**session, "origin": "http://evil.example"})
+        assert cross.status_code == 403 and (await c.get("/", headers=session)).status_code == 200
+        nulled = await c.get("/", headers={**session, "origin": "null"})  # the app's own form's, at the logout only
+        assert nulled.status_code == 403
+        out = await c.post("/logout", headers={**session, "origin": "null"})
+        assert out.status_code == 200 and out.text == LOGGED_OUT + "\n"
+        assert out.headers["set-cookie"] == "guilds-session-8765=; Max-Age=0; Path=/; HttpOnly; SameSite=Strict"
+        assert (await c.get("/", headers=session)).status_code == 401  # replayed: ended on the server
+        assert (await c.post("/logout", headers=session)).status_code == 401
+        assert (await c.get("/", headers=other)).status_code == 200  # another browser's session stays
+        assert (await c.post("/logout", headers=AUTH)).status_code == 200  # the token: nothing to end
+    async with client_of(toolbox, Lock(None, LOCK.hosts)) as c:
+        assert (await c.post("/logout")).text == NO_LOGIN + "\n"
+
+
+async def test_a_session_ends_at_its_max_age_however_much_it_is_used():
+    now = [1000.0]
+    sessions = Sessions(clock=lambda: now[0])
+    value = sessions.start()
+    while now[0] + APP_SESSION_IDLE_SECONDS / 2 < 1000.0 + APP_SESSION_MAX_AGE_SECONDS:
+        now[0] += APP_SESSION_IDLE_SECONDS / 2
+        assert sessions.holds(value)  # used well within its idle time
+    now[0] = 1000.0 + APP_SESSION_MAX_AGE_SECONDS - 1
+    assert sessions.holds(value)
+    later = sessions.start()
+    now[0] += 1
+    assert not sessions.holds(value) and sessions.holds(later)
+    assert sessions.end(later) and not sessions.holds(later) and not sessions.end(later) and len(sessions) == 0
 
 
 @pytest.mark.parametrize("lock,host", [(LOCK, "127.0.0.1"), (WIDE, "0.0.0.0")], ids=["loopback", "any-address"])

@@ -14,16 +14,15 @@ from pathlib import Path
 
 import pytest
 
+import backend_kit
 import kube_kit
 from conftest import ok_text
 from guilds.config.settings import AgentSettings, BwrapSettings, DockerSettings
 from guilds.sandbox.bwrap.bwrap_argv import unavailable
-from guilds.sandbox.docker.docker_engine import unavailable as docker_unavailable
-from guilds_code import escaped
+from guilds_code import escaped, limits, proc
 from toolbox_kit import sandbox_toolbox
 
 NO_BWRAP = unavailable()
-NO_DOCKER = docker_unavailable()
 PIDS_LIMIT = 64
 SETSID_LOOP = "for i in $(seq 96); do setsid sleep {s} >/dev/null 2>&1 </dev/null & done; sleep 60"
 """96 sleepers that each left the call's group, then a wait the timeout cuts."""
@@ -112,15 +111,67 @@ def test_the_key_is_a_foreground_calls_own(sandbox):
     assert Path(log).read_text() == "bg=.\n"
 
 
+# --- what the end-of-call look reads ---------------------------------------------------
+def started_call(script: str) -> escaped.Call:
+    """A real bash of a fresh key running script in its own session, as the shell op starts it."""
+    key = escaped.new_key()
+    child = proc.spawn(["bash", "-c", script], {**os.environ, escaped.CALL_KEY_ENV: key},
+                       stdout=None, session=True)
+    return escaped.start(key, child.pid)
+
+
+def test_the_look_ends_an_escaped_process_of_a_call_whose_bash_was_reaped(sleepers):
+    """The shell op reaps bash before the look: the start time read at the spawn still bounds it."""
+    sleepers.append("306.5")
+    call = started_call("setsid sleep 306.5 >/dev/null 2>&1 </dev/null &")
+    os.waitpid(call.leader, 0)
+    assert call.since > 0
+    deadline = time.monotonic() + 10
+    while not running("306.5") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert escaped.end(call) == 1
+    assert running("306.5") == []
+
+
+def test_a_short_calls_look_reads_only_the_pids_handed_out_since_its_bash():
+    call = started_call("true")
+    os.waitpid(call.leader, 0)
+    later = proc.spawn(["sleep", "5"], os.environ, stdout=None)
+    try:
+        fresh = escaped.Call(call.key, call.leader, call.since, time.monotonic())
+        read = escaped._pids_since(fresh)
+        assert later.pid in read
+        assert os.getpid() not in read and 1 not in read  # older than the call: never read
+        assert all(pid > call.leader for pid in read) or min(read) <= _last_pid() < call.leader
+    finally:
+        os.kill(later.pid, signal.SIGKILL)
+        later.wait()
+
+
+def test_a_look_across_a_wrap_of_the_pids_reads_from_the_bottom_too():
+    """bash's pid above the namespace's last one: the counter went past pid_max since."""
+    above = escaped.Call("k", _last_pid() + 10, 0, time.monotonic())
+    read = escaped._pids_since(above)
+    assert os.getpid() in read and 1 in read
+
+
+def test_a_long_calls_look_reads_every_pid():
+    """Past pid_max / ESCAPED_PIDS_PER_SECOND_MAX seconds the pids may have gone all the way round."""
+    top = int(Path("/proc/sys/kernel/pid_max").read_text())
+    call = started_call("true")
+    os.waitpid(call.leader, 0)
+    long_ago = time.monotonic() - top / limits.ESCAPED_PIDS_PER_SECOND_MAX - 1
+    read = escaped._pids_since(escaped.Call(call.key, call.leader, call.since, long_ago))
+    assert os.getpid() in read and 1 in read
+
+
+def _last_pid() -> int:
+    return int(Path("/proc/sys/kernel/ns_last_pid").read_text())
+
+
 # --- real sandboxes with a low pids limit ---------------------------------------------
 root_bwrap = [pytest.mark.bwrap, pytest.mark.skipif(NO_BWRAP is not None, reason=f"bwrap: {NO_BWRAP}"),
               pytest.mark.skipif(os.geteuid() != 0, reason="the agent's uid is its own under root only")]
-ISOLATED = [
-    pytest.param("bwrap", id="bwrap", marks=root_bwrap),
-    pytest.param("docker", id="docker", marks=[
-        pytest.mark.docker, pytest.mark.skipif(NO_DOCKER is not None, reason=f"docker: {NO_DOCKER}")]),
-    kube_kit.PARAM,
-]
 IMAGE = os.environ.get("GUILDS_SANDBOX_IMAGE", "guilds-sandbox:latest")
 
 
@@ -139,8 +190,10 @@ def low_limit_toolbox(tmp_path: Path, backend: str = "bwrap"):
     return sandbox_toolbox(low_limit_settings(tmp_path, backend), data)
 
 
-@pytest.mark.parametrize("backend", ISOLATED)
+@pytest.mark.backends(*backend_kit.ISOLATING)
 async def test_a_fork_loop_at_the_pids_limit_leaves_the_next_call_working(tmp_path, sleepers, backend):
+    if backend == "bwrap" and os.geteuid() != 0:
+        pytest.skip("the agent's uid is its own under root only")
     sleepers.append("306.5")
     async with low_limit_toolbox(tmp_path, backend) as toolbox:
         loop = await toolbox.call("r1", "shell", {"command": SETSID_LOOP.format(s="306.5"), "timeout_seconds": 5})

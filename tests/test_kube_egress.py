@@ -26,7 +26,8 @@ import forge_kit
 import kube_kit
 from guilds.config.settings import AgentSettings, parse_settings
 from guilds.errors import SandboxError
-from guilds.sandbox.egress_process import proxy_pid
+from guilds.sandbox.base import keep_egress
+from guilds.sandbox.egress_side.proxy_process import proxy_pid
 from guilds.sandbox.kubernetes import kube_egress
 from guilds.sandbox.kubernetes import kube_spec as spec
 from guilds.sandbox.kubernetes.kube_sandbox import KubernetesSandbox
@@ -66,7 +67,7 @@ def test_the_pod_its_secret_and_repos_json_hold_placeholders_and_the_relay_speak
     assert pod["metadata"]["labels"][spec.LABEL_NETWORK] == "off"  # the deny-all policy holds it from its start
     assert kube_egress.RELAY_TCP in container["command"][4]
     assert container["command"][-2:] == [kube_egress.relay_conf(box.agent_id), "3128"]
-    assert box._egress is not None and box._egress.pod_secrets() == {"PLAIN": PLAIN}
+    assert box.egress is not None and box.egress.pod_secrets() == {"PLAIN": PLAIN}
     [(_, repos, _)] = box._repos_files()
     entry = json.loads(repos)[f"{HOME}/repos/work"]  # forge.test is no github.com: gh is told the host
     assert TOKEN not in repos.decode() and entry["gh_host"] == forge_kit.HOST_NAME and len(entry["token"]) == len(TOKEN)
@@ -105,13 +106,13 @@ def _probe_here(argv: list[str]) -> str:
 def test_the_check_refuses_a_pod_that_reaches_more_than_its_proxy(tmp_path, monkeypatch):
     monkeypatch.setattr(kube_egress, "KUBERNETES_EGRESS_SETTLE_SECONDS", 2)
     box = KubernetesSandbox(settings_of(tmp_path), api_client=object(), data_dir=tmp_path / "data")
-    assert box._egress is not None
+    assert box.egress is not None
     with socket.create_server(("127.0.0.1", 0)) as proxy:
         port = proxy.getsockname()[1]
         with pytest.raises(SandboxError, match=r"^kubernetes: the pod \S+ reached a port of 127.0.0.1 that its "
                                                "network policy does not allow: this cluster does not enforce "
                                                "NetworkPolicy"):
-            box._egress.check_held("127.0.0.1", port, _probe_here)  # the canary answered
+            box.egress.check_held("127.0.0.1", port, _probe_here)  # the canary answered
 
 
 # --- on the test cluster ---------------------------------------------------------------
@@ -176,8 +177,8 @@ async def run(box: KubernetesSandbox, *argv: str) -> str:
 
 
 def published(box: KubernetesSandbox) -> tuple[str, int]:
-    assert box._egress is not None and box._egress.published is not None
-    return box._egress.published
+    assert box.egress is not None and box.egress.published is not None
+    return box.egress.published
 
 
 @on_cluster
@@ -233,15 +234,15 @@ async def test_another_agents_port_and_credential_get_nothing(make, forge):
     mine, theirs = await make(), await make()
     address, my_port = published(mine)
     _, their_port = published(theirs)
-    assert mine._egress is not None and theirs._egress is not None
-    own, other = mine._egress.credential, theirs._egress.credential
+    assert mine.egress is not None and theirs.egress is not None
+    own, other = mine.egress.credential, theirs.egress.credential
     request = f"CONNECT {forge_kit.HOST_NAME}:443 HTTP/1.1"
     assert await run(mine, "python3", "-c", ASK, address, str(my_port), own, request) \
         == "HTTP/1.1 200 Connection established"  # the control: its own way out works
     assert await run(mine, "python3", "-c", ASK, address, str(their_port), other, request) \
         == "ConnectionRefusedError"  # the other agent's proxy: its policy does not open that port
     assert await run(mine, "python3", "-c", ASK, address, str(my_port), other, request) == "closed"
-    log = Path(mine._egress.files.path("proxy.log")).read_text()
+    log = Path(mine.egress.files.path("proxy.log")).read_text()
     assert "without this sandbox's credential was closed" in log
 
 
@@ -251,15 +252,15 @@ async def test_the_proxy_killed_fails_closed_at_once_and_comes_back_on_its_port(
     api = f"https://{forge_kit.HOST_NAME}/api/v3/"
     assert (await run(box, "python3", "-c", FETCH, api)).startswith("401")  # reached the forge
     before = published(box)
-    pid = proxy_pid(box.egress)  # type: ignore[arg-type]
+    pid = proxy_pid(box.egress.files)
     assert pid is not None
     os.kill(pid, 9)
     said = (await run(box, "python3", "-c", FETCH, api)).splitlines()
     assert said[0] in ("URLError", "RemoteDisconnected", "ConnectionResetError"), said
     assert float(said[-1]) < 5  # refused at once: no hang
     assert await run(box, "python3", "-c", CONNECT, forge.address, "443") == "OSError"  # nothing else tried
-    await box.keep_egress()  # what the toolbox does before each call
-    assert published(box) == before and proxy_pid(box.egress) not in (None, pid)  # type: ignore[arg-type]
+    await keep_egress(box)  # what the toolbox does before each call
+    assert published(box) == before and proxy_pid(box.egress.files) not in (None, pid)
     assert (await run(box, "python3", "-c", FETCH, api)).startswith("401")
 
 

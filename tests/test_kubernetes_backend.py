@@ -12,6 +12,7 @@ import json
 import secrets
 import subprocess
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -213,7 +214,7 @@ async def test_forbidden_is_said_with_the_namespace(tmp_path):
     thread.start()
     api = _client(f"http://127.0.0.1:{server.server_address[1]}")
     try:
-        box = KubernetesSandbox(_settings(tmp_path), api_client=api)
+        box = KubernetesSandbox(_settings(tmp_path), tmp_path / "data", api_client=api)
         with pytest.raises(SandboxError, match="kubernetes: read the pod: forbidden in namespace 'ns' "
                                                r'\(pods "x" is forbidden: no rights\)'):
             await box.start()
@@ -231,7 +232,7 @@ async def test_cluster_not_reachable(tmp_path):
         port = sock.getsockname()[1]  # closed once the with ends: nothing listens there
     api = _client(f"http://127.0.0.1:{port}")
     try:
-        box = KubernetesSandbox(_settings(tmp_path), api_client=api)
+        box = KubernetesSandbox(_settings(tmp_path), tmp_path / "data", api_client=api)
         with pytest.raises(SandboxError, match="kubernetes: read the pod: the cluster is not reachable"):
             await box.start()
     finally:
@@ -239,7 +240,7 @@ async def test_cluster_not_reachable(tmp_path):
 
 
 async def test_a_secret_never_rides_the_command_line(tmp_path):
-    box = KubernetesSandbox(_settings(tmp_path, secrets={"API_KEY": "k" * 16}), api_client=object())
+    box = KubernetesSandbox(_settings(tmp_path, secrets={"API_KEY": "k" * 16}), tmp_path / "data", api_client=object())
     with pytest.raises(SandboxError, match="a secret cannot travel as a per-call variable"):
         await box.exec(["true"], env={"X": "k" * 16}, timeout=5)
 
@@ -248,7 +249,7 @@ async def test_a_secret_never_rides_the_command_line(tmp_path):
 
 
 @pytest.fixture(params=["pod", "claim"])
-async def pod(request):
+async def pod(request, tmp_path):
     """A started sandbox in each mode: a pod of its own, and a claim from a warm pool."""
     from dataclasses import replace
 
@@ -257,7 +258,7 @@ async def pod(request):
     kube = replace(kube_kit.SETTINGS, mode=request.param, cpu="200m", warm=1)
     settings = AgentSettings(id=f"t{secrets.token_hex(4)}", home=Path("/home/agent"), sandbox="kubernetes",
                              repos=(Repo("web", "repos/web", "ghp_token-4c8a9b0e"),), kubernetes=kube)
-    box = get_sandbox(settings, "/nonexistent")
+    box = get_sandbox(settings, tmp_path / "data")
     try:
         await box.start()
         yield box
@@ -352,9 +353,14 @@ async def test_the_resident_helper_over_pods_exec(tmp_path, built_helper, server
         server.close()
 
 
-async def test_the_sandbox_opens_its_process_over_pods_exec(tmp_path, built_helper):
+@pytest.mark.parametrize("server_protocols, kill_execs", [
+    (["v5.channel.k8s.io", "v4.channel.k8s.io"], 0),  # stdin closed alone: the exec is seen to end
+    (["v4.channel.k8s.io"], 1),  # closing stdin closes the stream: a kill exec makes sure
+])
+async def test_the_sandbox_opens_its_process_over_pods_exec(tmp_path, built_helper, server_protocols, kill_execs):
     """KubernetesSandbox.open_process end to end: the pod read (running, same fingerprint),
-    the exec websocket, then, on close, the kill exec by the process's token."""
+    the exec websocket under a shell that, once the helper's stdin ends and it exits, ends
+    what is left with its token; closing waits for that (v5), or makes a kill exec (v4)."""
     import sys
 
     from guilds.toolbox.resident_channel import ResidentChannel
@@ -364,37 +370,155 @@ async def test_the_sandbox_opens_its_process_over_pods_exec(tmp_path, built_help
     home, state = tmp_path / "home", tmp_path / "state"
     home.mkdir()
     state.mkdir()
+    mark = f"sleep 97.{secrets.randbelow(10**6)}"
 
-    def run_as(command):
-        if "python3" not in command:
-            return command  # the kill exec: /bin/sh, as the pod has it
-        at = command.index("python3")
-        rest = [built_helper if a == "/usr/local/bin/guilds-code" else a for a in command[at + 1:]]
-        return ["env", f"HOME={home}", f"GUILDS_STATE_DIR={state}", "PATH=/usr/bin:/bin",
-                *command[1:at], sys.executable, *rest]
+    def run_as(command):  # the pod's python and helper path, as this machine has them
+        mapped = [sys.executable if a == "python3" else built_helper if a == "/usr/local/bin/guilds-code" else a
+                  for a in command]
+        return ["env", f"HOME={home}", f"GUILDS_STATE_DIR={state}", "PATH=/usr/bin:/bin", *mapped]
 
     settings = AgentSettings(id="kres", home=home, sandbox="kubernetes", kubernetes=KubernetesSettings(namespace="ns"))
-    probe = KubernetesSandbox(settings, api_client=object())
+    probe = KubernetesSandbox(settings, tmp_path / "data", api_client=object())
     pod = probe._manifest()
     pod["status"] = {"phase": "Running", "containerStatuses": [{
         "name": "sandbox", "image": "guilds-sandbox:latest", "imageID": "sha256:0", "ready": True,
         "restartCount": 0, "state": {"running": {}}}]}
-    server = ExecServer(["v5.channel.k8s.io", "v4.channel.k8s.io"], run_as,
-                        {f"/api/v1/namespaces/ns/pods/{probe.pod}": pod})
+    server = ExecServer(server_protocols, run_as, {f"/api/v1/namespaces/ns/pods/{probe.pod}": pod})
     api = _client(f"http://127.0.0.1:{server.port}")
     try:
-        box = KubernetesSandbox(settings, api_client=api)
+        box = KubernetesSandbox(settings, tmp_path / "data", api_client=api)
         channel = await ResidentChannel.open(box, serve_argv(box, 8))
         request = {"op": "shell", "run_id": "r", "agent_id": "kres", "call_id": "c1", "home": str(home),
-                   "args": {"command": "echo over the websocket"}}
-        assert (await channel.call(request, 30))["text"] == "over the websocket"
-        exec_seen = [s for s in server.seen if s["path"].endswith("/exec")]
-        assert exec_seen[0]["query"]["command"][:2] == ["env", exec_seen[0]["query"]["command"][1]]
-        assert exec_seen[0]["query"]["command"][1].startswith("GUILDS_EXEC_ID=")
+                   "args": {"command": "echo over the websocket; echo $GUILDS_EXEC_ID"}}
+        said = (await channel.call(request, 30))["text"].split("\n")
+        assert said[0] == "over the websocket"
+        command = next(s for s in server.seen if s["path"].endswith("/exec"))["query"]["command"]
+        assert command[:2] == ["/bin/sh", "-c"] and f"GUILDS_EXEC_ID={said[1]}" in command
+        started = await channel.call({**request, "call_id": "c2", "args": {"command": mark, "background": True}}, 30)
+        assert "b1" in started["text"]
+        assert await _seen(mark, running=True)
         await channel.close()
         kills = [s for s in server.seen if s["path"].endswith("/exec")][1:]
-        assert kills and kills[0]["query"]["command"][0] == "/bin/sh"
+        assert len(kills) == kill_execs
         assert await asyncio.to_thread(server.procs[0].wait, 10) == 0
+        assert await _seen(mark, running=False)  # the background command carried the token: ended with its channel
     finally:
         api.close()
         server.close()
+
+
+async def _seen(args: str, *, running: bool, seconds: float = 10) -> bool:
+    """Whether a process of exactly args is running (or not), within seconds."""
+    deadline = time.monotonic() + seconds
+    while True:
+        found = bool(subprocess.run(["pgrep", "-f", f"^{args}$"], capture_output=True, check=False).stdout)
+        if found == running or time.monotonic() > deadline:
+            return found == running
+        await asyncio.sleep(0.1)
+
+
+# --- the fingerprint annotation, keyed --------------------------------------------------
+FINGER_SECRET = "493817"
+"""A secret of six digits: a million guesses, tried in seconds against an unkeyed hash."""
+
+
+def _annotation(tmp_path: Path, data: str, secret: str) -> tuple[dict, str]:
+    box = KubernetesSandbox(_settings(tmp_path, secrets={"PIN": secret}), tmp_path / data, api_client=object())
+    pod = box._manifest()
+    return pod, pod["metadata"]["annotations"][spec.ANNOTATION_FINGERPRINT]
+
+
+def _unkeyed_guess(pod: dict, guess: str) -> str:
+    """What a reader of the pod computes: the annotation's recipe with a guessed secret."""
+    from guilds.sandbox._container import helpers_digest
+
+    bare = json.loads(json.dumps(pod))
+    bare["metadata"]["annotations"][spec.ANNOTATION_FINGERPRINT] = ""
+    return box_lib.fingerprint([bare, {"PIN": guess}, helpers_digest()])
+
+
+def test_the_fingerprint_cannot_be_recomputed_from_the_pod_and_the_secret(tmp_path):
+    pod, stamp = _annotation(tmp_path, "data", FINGER_SECRET)
+    guesses = {_unkeyed_guess(pod, guess) for guess in ("000000", "123456", FINGER_SECRET)}
+    assert stamp not in guesses and stamp not in {g[:16] for g in guesses}
+    assert _annotation(tmp_path, "data", FINGER_SECRET)[1] == stamp  # stable under the same key
+    assert _annotation(tmp_path, "data", "493818")[1] != stamp  # a changed secret still changes it
+    assert _annotation(tmp_path, "other-data", FINGER_SECRET)[1] != stamp  # another key, another stamp
+    key = tmp_path / "data" / "kubernetes" / "fingerprint.key"
+    assert len(key.read_bytes()) == 32 and key.stat().st_mode & 0o777 == 0o600
+    assert key.parent.stat().st_mode & 0o777 == 0o700
+    assert key.read_bytes().hex() not in json.dumps(pod)
+
+
+KEY_RACE = """
+import sys
+from guilds.sandbox.kubernetes.kube_host import fingerprint_key
+print(fingerprint_key(sys.argv[1]).hex())
+"""
+
+
+def test_processes_making_the_key_at_once_share_one(tmp_path):
+    import sys
+
+    procs = [subprocess.Popen([sys.executable, "-c", KEY_RACE, str(tmp_path / "data")], stdout=subprocess.PIPE)
+             for _ in range(8)]
+    keys = {p.communicate(timeout=60)[0].strip() for p in procs}
+    assert len(keys) == 1 and all(p.returncode == 0 for p in procs)
+    assert bytes.fromhex(keys.pop().decode()) == (tmp_path / "data" / "kubernetes" / "fingerprint.key").read_bytes()
+
+
+def test_a_key_file_not_of_a_key_is_refused_in_one_line(tmp_path):
+    folder = tmp_path / "data" / "kubernetes"
+    folder.mkdir(parents=True)
+    (folder / "fingerprint.key").write_bytes(b"short")
+    with pytest.raises(SandboxError, match=r"fingerprint\.key is not a key of 32 bytes; delete it"):
+        _annotation(tmp_path, "data", FINGER_SECRET)
+    (folder / "fingerprint.key").unlink()
+    (folder / "fingerprint.key").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(SandboxError, match=r"cannot read .*fingerprint\.key"):
+        _annotation(tmp_path, "data", FINGER_SECRET)
+
+
+def test_a_starts_requests_share_one_connection_and_a_closed_one_is_taken_anew():
+    """Wire.kept(): the requests in it go over one connection; one the server closed
+    between two requests is replaced, the request answered; outside it, one each."""
+    from guilds.sandbox.kubernetes.kube_wire import Wire
+
+    peers: list[int] = []
+
+    class Answer(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            peers.append(self.client_address[1])
+            body = b'{"ok": true}'
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            if self.path == "/close":
+                self.send_header("connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+            if self.path == "/drop":  # closed after answering, without saying so: as an idle timeout does
+                self.close_connection = True
+
+        def log_message(self, *_):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        wire = Wire(f"http://127.0.0.1:{server.server_port}", None, {})
+        with wire.kept():
+            assert [wire.request("GET", "/a"), wire.request("GET", "/b")] == [{"ok": True}] * 2
+            assert wire.request("GET", "/close") == {"ok": True}  # the server ends it: the next takes another
+            assert wire.request("GET", "/drop") == {"ok": True}
+            time.sleep(0.2)
+            assert wire.request("GET", "/c") == {"ok": True}  # the kept one is gone: once more, on a new one
+        assert len(set(peers[:3])) == 1 and peers[3] != peers[2] and peers[4] != peers[3]
+        assert [p for p in peers if p == peers[4]] == [peers[4]]  # /c's first try never reached the server
+        wire.request("GET", "/d")
+        wire.request("GET", "/e")
+        assert len(set(peers)) == len(peers) - 2  # outside kept(): a connection each
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -59,13 +59,13 @@ def agent_settings(agent: str | None = None, **kube) -> AgentSettings:
 
 
 @pytest.fixture
-async def make():
+async def make(tmp_path):
     """make(agent=None, idle_seconds=None, **kubernetes settings) -> a started pod; removed at the end
     (pod, claim and secret: the test volumes are few)."""
     made: list[KubernetesSandbox] = []
 
     async def _make(agent: str | None = None, idle_seconds: float | None = None, **kube) -> KubernetesSandbox:
-        box = KubernetesSandbox(agent_settings(agent, **kube), idle_seconds=idle_seconds)
+        box = KubernetesSandbox(agent_settings(agent, **kube), tmp_path / "data", idle_seconds=idle_seconds)
         made.append(box)
         await box.start()
         return box
@@ -248,7 +248,7 @@ async def test_found_again_by_a_second_orchestrator_and_stop(make):
     first = await make()
     await out(first, "setsid sleep 95.5 >/dev/null 2>&1 < /dev/null & echo started")
     uid = pod_uid(first)
-    second = KubernetesSandbox(first.settings)
+    second = KubernetesSandbox(first.settings, first.data_dir)
     await second.start()
     assert "sleep 95.5" in await out(second, "ps -eo args") and pod_uid(second) == uid
     await second.stop()
@@ -259,7 +259,7 @@ async def test_found_again_by_a_second_orchestrator_and_stop(make):
 async def test_a_changed_spec_replaces_the_pod(make):
     box = await make()
     uid = pod_uid(box)
-    changed = KubernetesSandbox(kube_settings(box.settings, memory="300Mi"))
+    changed = KubernetesSandbox(kube_settings(box.settings, memory="300Mi"), box.data_dir)
     await changed.start()
     assert pod_uid(changed) != uid
 
@@ -354,7 +354,7 @@ async def main():
     settings = AgentSettings(id=sys.argv[1], home=Path("/home/agent"), sandbox="kubernetes",
                              kubernetes=KubernetesSettings(namespace=sys.argv[2], image=sys.argv[3],
                                                            memory="256Mi", home_size="1Gi"))
-    result = await KubernetesSandbox(settings).exec(["sh", "-c", "echo ok-$(id -u)"], timeout=60)
+    result = await KubernetesSandbox(settings, sys.argv[4]).exec(["sh", "-c", "echo ok-$(id -u)"], timeout=60)
     print(result.exit_code, result.stdout.decode().strip())
 
 asyncio.run(main())
@@ -368,7 +368,8 @@ async def test_eight_processes_make_one_pod_at_once(make):
     box = await make()  # the agent whose pod the rounds delete and make again
     for round_ in range(ROUNDS):
         await box.stop()
-        procs = [subprocess.Popen([sys.executable, "-c", RACE, box.agent_id, NAMESPACE, SETTINGS.image],
+        procs = [subprocess.Popen([sys.executable, "-c", RACE, box.agent_id, NAMESPACE, SETTINGS.image,
+                                   str(box.data_dir)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                  for _ in range(PROCESSES)]
         answers = [await asyncio.to_thread(p.communicate, timeout=240) for p in procs]

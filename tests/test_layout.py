@@ -297,17 +297,24 @@ ROOMS = {
     "config": {"base", "egress"},
     "record": {"base", "config"},
     "sandbox": {"base", "config", "egress"},
-    "toolbox": {"base", "config", "record", "sandbox", "egress"},
+    "checkpoints": {"base"},
+    "toolbox": {"base", "config", "record", "sandbox", "egress", "observe", "checkpoints"},
     "web": {"base", "config", "record"},
     "adapters": {"base"},
-    "fronts": {"base", "config", "record", "sandbox", "toolbox", "web", "egress"},
+    "agents": {"base", "config", "record", "sandbox", "toolbox", "checkpoints"},
+    "observe": {"base", "record", "toolbox"},
+    "fronts": {"base", "config", "record", "sandbox", "toolbox", "web", "egress", "agents", "observe", "checkpoints"},
     "package": {"fronts"},
 }
 """Which rooms of guilds each room may import (besides itself, the standard library,
 the third-party packages and the in-sandbox helpers): the egress proxy stands on the
 base alone (the settings parse its allowlist, the sandboxes start it); config (the settings), the
 record, the sandboxes and the web app stand on the base alone or with the
-settings and the record; the toolbox joins the record and the sandboxes; the
+settings and the record; the checkpoints of a home stand on the base alone; the
+toolbox joins the record, the sandboxes and the checkpoints; the agents
+made on demand stand on the toolbox and what it stands on; the metrics and log
+lines (observe) hear the toolbox and read the record, and the toolbox writes its
+log lines through them (the module circle test keeps the two free of a circle); the
 fronts (CLI, MCP, serve, the Python API, doctor) join everything; ``guilds.open``
 (the package) opens a front. The package's own name is no room: ``from .. import
 limits`` names it, and the adapters call ``guilds.open``."""
@@ -562,3 +569,69 @@ def test_the_table_of_backends_holds_every_sandbox_the_settings_name():
 
     assert {*BACKENDS, AUTO} == set(SANDBOXES)
     assert [(name, kind.name) for name, kind in backends()] == [(name, name) for name in BACKENDS]
+
+
+def _protocol_members() -> set[str]:
+    """What the ``Sandbox`` protocol declares (sandbox/base.py): its attributes, methods and properties."""
+    tree = ast.parse((SRC / "guilds" / "sandbox" / "base.py").read_text(encoding="utf-8"))
+    protocol = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Sandbox")
+    return ({n.target.id for n in protocol.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+            | {n.name for n in protocol.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))})
+
+
+def _sandbox_typed(tree: ast.AST) -> set[str]:
+    """Every name path annotates as a sandbox (its annotation names a class ending in Sandbox)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.annotation is not None:
+            name, annotation = node.arg, node.annotation
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            name, annotation = node.target.id, node.annotation
+        else:
+            continue
+        if re.search(r"\w*Sandbox\b", ast.unparse(annotation)):
+            names.add(name)
+    return names
+
+
+def _sandbox_getattrs(path: Path, members: set[str], root: Path = SRC) -> list[str]:
+    """Each ``getattr``/``hasattr`` in path asking a sandbox (a name or attribute holding
+    "sandbox" or "box", or a name annotated as one) for a member the protocol declares."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typed = _sandbox_typed(tree)
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant) and node.args[1].value in members):
+            continue
+        receiver = node.args[0]
+        last = receiver.attr if isinstance(receiver, ast.Attribute) else getattr(receiver, "id", "")
+        if "box" in last.lower() or "sandbox" in last.lower() or last in typed:
+            found.append(f"{path.relative_to(root)}:{node.lineno} {node.func.id}({ast.unparse(receiver)}, "
+                         f"{node.args[1].value!r})")
+    return found
+
+
+def test_no_getattr_on_a_sandbox_for_what_the_protocol_declares():
+    """What the Sandbox protocol declares (egress among it) is read as an attribute, so that a
+    backend lacking it fails the type check instead of being passed over at run time."""
+    members = _protocol_members()
+    assert {"egress", "home", "exec"} <= members
+    assert [hit for path in _modules("guilds") for hit in _sandbox_getattrs(path, members)] == []
+
+
+def test_the_getattr_rule_catches_each_way_of_asking_a_sandbox(tmp_path):
+    """The check above fails for what it must refuse (not vacuous), and leaves other objects alone."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "def f(self, agent: Sandbox, box, opts, other: LocalSandbox | None):\n"
+        "    getattr(self.sandbox, 'egress', None)\n"
+        "    getattr(agent, 'egress', None)\n"
+        "    hasattr(box, 'exec')\n"
+        "    getattr(other, 'home')\n"
+        "    getattr(opts, 'home', None)\n"
+        "    getattr(self.sandbox, 'idle_seconds', None)\n")
+    assert [hit.split(" ", 1)[1] for hit in _sandbox_getattrs(bad, _protocol_members(), tmp_path)] == [
+        "getattr(self.sandbox, 'egress')", "getattr(agent, 'egress')", "hasattr(box, 'exec')",
+        "getattr(other, 'home')"]

@@ -51,25 +51,40 @@ def run_in_preview(text: str) -> str:
     return found.group(1) if found else "no-run-line"
 
 
-async def claude_through(url: str, steps: list[Step], folder: Path) -> list[str]:
-    """Run claude -p with guilds over HTTP and a model scripted by steps; the tool results it sent."""
+async def run_claude(servers: dict | list[str], steps: list[Step], folder: Path
+                     ) -> tuple[list[dict], ScriptedToolCalls]:
+    """claude -p with a model scripted by steps: its stream-json events and the scripted API
+    (its ``requests``), once it ended well. servers: the MCP servers as ``--mcp-config`` takes
+    them, or the arguments of a ``claude mcp add`` made first (as a user adds a server)."""
     api = ScriptedToolCalls(PREFIX, steps)
     home = folder / "claude-home"
     home.mkdir()
-    config = {"mcpServers": {"guilds": {"type": "http", "url": url, "headers": {"Authorization": f"Bearer {TOKEN}"}}}}
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "CLAUDE_CONFIG_DIR": str(home / ".claude"),
            "ANTHROPIC_BASE_URL": api.url, "ENABLE_TOOL_SEARCH": "false", **QUIET_CLAUDE}
+    if isinstance(servers, list):
+        added = await asyncio.create_subprocess_exec(str(CLAUDE), "mcp", "add", *servers, cwd=home, env=env,
+                                                     stdout=asyncio.subprocess.DEVNULL)
+        assert await asyncio.wait_for(added.wait(), CLAUDE_SECONDS) == 0
+        config: list[str] = []
+    else:
+        config = ["--mcp-config", json.dumps({"mcpServers": servers}), "--strict-mcp-config"]
     try:
         proc = await asyncio.create_subprocess_exec(
-            str(CLAUDE), "-p", "Look around the project.", "--mcp-config", json.dumps(config), "--strict-mcp-config",
-            "--allowedTools", PREFIX.rstrip("_"), "--output-format", "stream-json", "--verbose",
-            "--model", "claude-sonnet-4-5", "--no-session-persistence",
+            str(CLAUDE), "-p", "Look around the project.", *config, "--allowedTools", PREFIX.rstrip("_"),
+            "--output-format", "stream-json", "--verbose", "--model", "claude-sonnet-4-5", "--no-session-persistence",
             cwd=home, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await asyncio.wait_for(proc.communicate(), CLAUDE_SECONDS)
     finally:
         api.close()
     events = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and events[-1].get("subtype") == "success", (out[-2000:], err[-2000:])
+    return events, api
+
+
+async def claude_through(url: str, steps: list[Step], folder: Path) -> list[str]:
+    """Run claude -p with guilds over HTTP and a model scripted by steps; the tool results it sent."""
+    servers = {"guilds": {"type": "http", "url": url, "headers": {"Authorization": f"Bearer {TOKEN}"}}}
+    events, api = await run_claude(servers, steps, folder)
     assert {"name": "guilds", "status": "connected"}.items() <= events[0]["mcp_servers"][0].items()
     conversation = [body for body in api.requests if any(
         t.get("name", "").startswith(PREFIX) for t in body.get("tools") or [])]

@@ -24,10 +24,10 @@ from guilds.sandbox.bwrap.bwrap_argv import unavailable
 
 def server_params(tmp_path: Path, sandbox: str = "local", secrets: dict[str, str] | None = None
                   ) -> StdioServerParameters:
-    """`python -m guilds.fronts.mcp_server SETTINGS DATA`: what `guilds mcp` runs, without the CLI's wiring."""
+    """`python -m guilds.fronts.mcp_stdio SETTINGS DATA`: what `guilds mcp` runs, without the CLI's wiring."""
     settings = kit.write_settings(tmp_path, sandbox=sandbox, secrets=secrets)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GUILDS_")}
-    args = ["-m", "guilds.fronts.mcp_server", str(settings), str(tmp_path / "data")]
+    args = ["-m", "guilds.fronts.mcp_stdio", str(settings), str(tmp_path / "data")]
     return StdioServerParameters(command=sys.executable, args=args, env=env)
 
 
@@ -125,7 +125,7 @@ async def test_a_client_gone_mid_call_leaves_nothing_running(tmp_path, leave):
         for message in handshake_and_call(f"trap '' TERM; {command}"):
             proc.stdin.write(json.dumps(message).encode() + b"\n")
         await proc.stdin.drain()
-        assert await kit.wait_for(lambda: kit.processes("sleep", arg), 20)
+        assert await kit.wait_for(lambda: kit.processes("sleep", arg), kit.START_SECONDS)
         if leave.startswith("SIG"):
             proc.send_signal(getattr(signal, leave))
         else:

@@ -13,8 +13,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import kube_kit
 import mcp_kit as kit
 from guilds.fronts.mcp_runs import RUN_KEY
@@ -25,7 +23,7 @@ from guilds.toolbox import Toolbox
 from mcp_raw import RawClient
 from test_mcp_http import serving
 from test_mcp_tasks import until_status
-from test_sandbox import BACKENDS, settings_for
+from test_sandbox import settings_for
 
 ENDED_STATES = {"completed", "failed", "cancelled"}
 ENDED = "{bid} ended: it ran in an earlier sandbox (this sandbox's {bid}, if any, is another command)"
@@ -69,7 +67,6 @@ async def _fresh_home(toolbox: Toolbox) -> None:
         await asyncio.to_thread(kube_kit.remove_agent, toolbox.sandbox.pod)  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 async def test_a_task_of_a_replaced_sandbox_reads_ended_and_never_touches_the_new_commands(backend, tmp_path):
     # an agent of its own: no claim of another test's agent1 holds its records, ids begin at b1
     settings = replace(settings_for(tmp_path, backend), id=f"agent-{os.urandom(4).hex()}")

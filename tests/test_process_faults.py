@@ -11,6 +11,7 @@ import asyncio
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -236,6 +237,57 @@ async def test_a_stop_signal_to_guilds_serve_stops_the_running_calls(tmp_path, n
     async with record(tmp_path) as store:
         (call,) = await store.calls("served")
     assert call.status == "cancelled" and call.is_error
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes below pid (children, theirs, ...)."""
+    parents = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if stat[0] not in (b"Z", b"X"):
+            parents[int(name)] = int(stat[1])
+    found, frontier = [], [pid]
+    while frontier:
+        below = [child for child, parent in parents.items() if parent in frontier]
+        found += below
+        frontier = below
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in (b"Z", b"X")
+
+
+@pytest.mark.parametrize("name", STOP_SIGNALS)
+async def test_a_stop_signal_to_guilds_serve_closes_what_it_opened_then_exits_0(tmp_path, name):
+    """After uvicorn's shutdown (which raises the signal again as it returns), serve still stops
+    its reaper, ends its resident helpers and closes the record, removing its owner entry."""
+    proc, url, token = start_serve(tmp_path)
+    try:
+        await (await call_in_background(url, token, "echo warm", "closing"))  # its resident helper opens
+        assert await kit.wait_for(lambda: descendants(proc.pid), 30), "the server holds no helper process"
+        helpers = descendants(proc.pid)
+        with sqlite3.connect(tmp_path / "data" / "guilds.db") as db:
+            assert db.execute("SELECT pid FROM owners").fetchall() == [(proc.pid,)]
+        proc.send_signal(getattr(signal, name))
+        returncode = proc.wait(60)
+        err = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.stderr.close()
+    assert returncode == 0, err
+    assert err.splitlines()[-1] == (f"guilds serve: stopped by {name}: the running calls recorded as cancelled, "
+                                    "the warm pools' agents removed, the run record closed")
+    assert not [pid for pid in helpers if alive(pid)]  # ended by the server, not left to their parent-death signal
+    with sqlite3.connect(tmp_path / "data" / "guilds.db") as db:
+        assert db.execute("SELECT pid FROM owners").fetchall() == []  # its entry removed as the record closed
 
 
 async def test_a_killed_guilds_serve_leaves_no_command_and_its_call_is_lost(tmp_path):

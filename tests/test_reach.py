@@ -21,6 +21,7 @@ from guilds.fronts.wiring import Wired
 from guilds.sandbox.bwrap.bwrap_argv import sandbox_owner, unavailable
 from guilds.sandbox.bwrap.bwrap_reach import out_of_reach
 from guilds.sandbox.bwrap.bwrap_sandbox import BwrapSandbox
+from guilds.sandbox.bwrap.bwrap_users import USER_NAME
 from guilds.toolbox.log_reading import read_log
 from guilds_code import reach
 from toolbox_kit import sandbox_toolbox
@@ -65,6 +66,12 @@ def test_describe_says_who_what_and_the_two_fixes(tmp_path):
                        "or put the home where that uid can reach it")
     inside = reach.describe(str(folder), st, 4242, home=str(tmp_path))
     assert inside.endswith(f"let it through (chmod o+x {folder}, or chown -R 4242 {folder})")
+
+
+def _inside_name(uid: int) -> str:
+    """The owner's name as the sandbox says it: the host's, or bwrap_users' name for the agent's uid."""
+    host = reach.owner_name(uid)
+    return USER_NAME if host == f"uid {uid}" else host
 
 
 def _settings(home: Path, repos: tuple[Repo, ...] = ()) -> AgentSettings:
@@ -200,7 +207,7 @@ async def test_code_search_of_a_folder_the_agent_cannot_enter_names_it(tmp_path)
         own = await toolbox.call("r1", "code_search", {"pattern": "needle", "path": "mine"})
         assert own.is_error and own.text.splitlines()[0] == (
             f"path: mine cannot be entered: the agent's uid {uid} cannot pass {home}/mine "
-            f"(d---------, owned by {reach.owner_name(uid)}): let it through (chmod u+rx {home}/mine)")
+            f"(d---------, owned by {_inside_name(uid)}): let it through (chmod u+rx {home}/mine)")
         roots = home / "roots"  # made by root, 0700
         roots.mkdir(mode=0o700)
         theirs = await toolbox.call("r1", "code_search", {"pattern": "needle", "path": "~/roots", "mode": "content"})

@@ -7,7 +7,7 @@ import base64
 import json
 import os
 import sqlite3
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -18,7 +18,7 @@ from guilds.record.engine import normalize_url
 from guilds.record.migration import split_trailer
 from guilds.record.owners import LOST
 from guilds.record.schema import SAVINGS_COLUMNS, calls, metadata, runs, tasks
-from guilds.record.store import Store
+from guilds.record.store import RUN_IDS_PAGE, Store
 from guilds.record.values import Savings, decision_rows
 from guilds.web.savings_view import run_savings
 from toolbox_kit import local_toolbox
@@ -221,6 +221,23 @@ async def test_an_older_records_tasks_get_the_starting_call_column_empty(tmp_pat
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+async def test_the_runs_of_an_agent_are_found_among_more_ids_than_one_query_asks(tmp_path, backend):
+    """Egress rows go only into runs of the proxy's agent: the record names which of the ids
+    a command's tags named are that agent's, past a page of ids."""
+    async with Store(_url(backend, tmp_path)) as store:
+        for run, agent in (("a-mine", "me"), ("z-mine", "me"), ("t-theirs", "them")):
+            await store.begin_call(run_id=run, agent_id=agent, tool="shell", args={}, call_id="c",
+                                   started_at=datetime.now(UTC), budget=5)
+        asked = [f"r{n:04d}" for n in range(RUN_IDS_PAGE - 1)] + ["a-mine", "t-theirs", "z-mine"]
+        assert sorted(asked)[RUN_IDS_PAGE:] == ["t-theirs", "z-mine"]  # past the first page
+        assert await store.runs_of_agent("me", asked) == {"a-mine", "z-mine"}
+        assert await store.runs_of_agent("me", []) == set()
+        lines = [{"host": "h", "port": 80, "tag": f"{run}/x"} for run in ("z-mine", "t-theirs", "nowhere")]
+        rows = decision_rows(lines, "a-mine", "c", {"a-mine", "z-mine"})
+        assert [(r["run_id"], r["call_id"]) for r in rows] == [("z-mine", "x"), ("a-mine", "c"), ("a-mine", "c")]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 async def test_an_older_record_gets_the_egress_table_and_keeps_decisions_by_call(tmp_path, backend):
     url = _url(backend, tmp_path)
     engine = create_async_engine(url)
@@ -240,3 +257,28 @@ async def test_an_older_record_gets_the_egress_table_and_keeps_decisions_by_call
         assert [d["host"] for d in await store.egress_of_call("r1", "c2")] == ["pkg.example.org"]  # no tag: the reader
         assert await store.egress_counts("r1") == {"allowed": 2, "refused": 1}
         assert await store.egress_counts("r2") == {"allowed": 0, "refused": 0}
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+async def test_a_call_lost_after_a_month_keeps_its_whole_duration_on_an_older_record(tmp_path, backend):
+    """An older record's 32-bit ``duration_ms`` is widened once: a call whose process went away
+    30 days after it started is recorded lost with its duration, not refused as out of range."""
+    url = _url(backend, tmp_path)
+    old = sa.MetaData()
+    for table in metadata.sorted_tables:
+        table.to_metadata(old)
+    old.tables["calls"].c.duration_ms.type = sa.Integer()
+    engine = create_async_engine(url)
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.drop_all)
+        await conn.run_sync(old.create_all)
+        await conn.execute(sa.insert(old.tables["runs"]).values(
+            id="r1", agent_id="a1", created_at=datetime.now(UTC), updated_at=datetime.now(UTC), next_seq=2,
+            used_calls=1, admitted_seq=1))
+        await conn.execute(sa.insert(old.tables["calls"]).values(
+            _old_call("r1", 1, None, None, None, status="running")
+            | {"started_at": datetime.now(UTC) - timedelta(days=30)}))
+    await engine.dispose()
+    async with Store(url) as store:  # opening it sweeps the calls of processes that are gone
+        (lost,) = await store.calls("r1")
+    assert lost.status == "lost" and 30 * 86_400_000 <= lost.duration_ms < 31 * 86_400_000

@@ -4,10 +4,12 @@ together on a fresh record (SQLite in a fresh folder, a fresh PostgreSQL schema)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -128,3 +130,69 @@ def test_a_record_from_before_owners_gets_the_column_and_its_running_calls_are_l
     asyncio.run(check())
     if db == "postgresql":
         asyncio.run(_drop_all(url))
+
+
+# --- a busy record: many `guilds call` processes at once, under load -------------------
+CALLERS = 64
+CALLER = r"""
+import os, sys
+from guilds.fronts.cli import main
+import guilds.record.store, guilds.toolbox  # imported before the start: the calls meet the record together
+
+print("ready", flush=True)
+os.read(int(sys.argv[4]), 1)  # every caller waits here; the test closes the pipe's other end to start them at once
+sys.exit(main(["call", "shell", '{"command": "true"}', "--config", sys.argv[1], "--run", sys.argv[2]],
+              env={**os.environ, "GUILDS_DATA": sys.argv[3]}))
+"""
+BUSY = "while True: pass"
+
+
+def callers_at_once(cfg: Path, data: Path, runs: list[str]) -> list[tuple[int, str]]:
+    """One real `guilds call` per run, all started at the same moment; their (exit code, stderr)."""
+    start_r, start_w = os.pipe()
+    procs = []
+    try:
+        for run in runs:
+            procs.append(subprocess.Popen(  # noqa: PERF401 - each one started is waited for below
+                [sys.executable, "-c", CALLER, str(cfg), run, str(data), str(start_r)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=(start_r,)))
+        for proc in procs:
+            assert proc.stdout.readline() == "ready\n"
+    finally:
+        os.close(start_w)
+        os.close(start_r)
+    return [(proc.wait(timeout=300), proc.communicate()[1]) for proc in procs]
+
+
+@contextlib.contextmanager
+def cpu_load(processes: int):
+    """processes busy loops (more than the machine's CPUs want), stopped after."""
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+
+
+async def _finished_calls(url: str, runs: list[str]) -> dict[str, int]:
+    """run -> how many of its calls the record holds finished."""
+    async with Store(url) as store:
+        return {run: sum(call.status != "running" for call in await store.calls(run)) for run in runs}
+
+
+@pytest.mark.slow
+def test_sqlite_64_calls_at_once_under_load_all_recorded_on_a_fresh_and_an_existing_record(tmp_path):
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text('[agent]\nhome = "home"\nsandbox = "local"\n')
+    cfg.chmod(0o600)
+    (tmp_path / "home").mkdir()
+    data = tmp_path / "data"
+    with cpu_load(2 * (os.cpu_count() or 1)):
+        for round_ in ("fresh", "existing"):
+            runs = [f"{round_}-{i}" for i in range(CALLERS)]
+            results = callers_at_once(cfg, data, runs)
+            assert [err for code, err in results if code] == [], round_
+            recorded = asyncio.run(_finished_calls(f"sqlite:///{data / 'guilds.db'}", runs))
+            assert recorded == dict.fromkeys(runs, 1), round_

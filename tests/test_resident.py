@@ -215,6 +215,8 @@ def test_idle_exit(sandbox):
     (["--idle-exit", "soon"], "--idle-exit: must be an integer, got 'soon'"),
     (["--max-in-flight"], "serve: --max-in-flight needs a value"),
     (["--fast", "1"], "serve: unknown option --fast"),
+    (["--sleep-idle", "0"], "--sleep-idle: must be from 1 to 604800, got 0"),
+    (["--woken", "256"], "--woken: must be from 0 to 255, got 256"),
 ])
 def test_bad_options_are_named(sandbox, args, error):
     import subprocess
@@ -279,10 +281,14 @@ def test_no_worker_is_left_a_zombie(sandbox, server):
 
 
 def test_the_default_bound_runs_64_at_once_and_refuses_the_65th(sandbox, server):
-    held = [server.request(shell(sandbox, f"sleep 2; echo {i}")) for i in range(frames.MAX_IN_FLIGHT_DEFAULT)]
+    release = sandbox.home / "release"  # the 64 run until the refusal has come
+    held = [server.request(shell(sandbox, f"until [ -e {release} ]; do sleep 0.1; done; echo {i}"))
+            for i in range(frames.MAX_IN_FLIGHT_DEFAULT)]
     refused = server.request(shell(sandbox, "echo no"))
-    answers = server.answers(frames.MAX_IN_FLIGHT_DEFAULT + 1, timeout=60)
-    assert answers[0]["id"] == refused and answers[0]["envelope"]["error"].startswith(
+    (first,) = server.answers(1, timeout=60)
+    release.touch()
+    assert first["id"] == refused and first["envelope"]["error"].startswith(
         "too many requests in flight: at most 64 at once")
-    texts = {a["id"]: ok_text(a["envelope"]) for a in answers[1:]}
+    answers = server.answers(frames.MAX_IN_FLIGHT_DEFAULT, timeout=60)
+    texts = {a["id"]: ok_text(a["envelope"]) for a in answers}
     assert texts == {frame_id: str(i) for i, frame_id in enumerate(held)}

@@ -5,6 +5,7 @@ when its worker dies. The built helper under python3 -I -S, real bash."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import time
@@ -202,3 +203,82 @@ def test_no_descriptor_the_server_inherited_reaches_a_command_in_any_of_its_call
         served.close()
     assert len({worker for worker, *_ in listings}) == 1  # one warm worker ran the three
     assert [fds for _, *fds in listings] == [["0", "1", "2", "87"]] * 3
+
+
+def _watchdogs_of(server) -> list[int]:
+    """The server's watchdogs: processes of its command line that are none of its children."""
+    with open(f"/proc/{server.proc.pid}/cmdline", "rb") as fh:
+        argv = fh.read()
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                same = fh.read() == argv
+            stat = proc_stat(int(entry)) if same and int(entry) != server.proc.pid else None
+            if stat is not None and stat.ppid != server.proc.pid and stat.state != "Z":
+                found.append(int(entry))
+    return found
+
+
+def test_an_idle_server_keeps_no_worker_nor_watchdog_and_the_next_call_has_both_again(sandbox):
+    server = ResidentServer(PYTHON, str(sandbox.helper), sandbox.process_env(), "--workers-idle", "1")
+    try:
+        first = worker_of(sandbox, server)
+        assert len(_watchdogs_of(server)) == 1 and children_of(server.proc.pid)
+        assert _wait_for(lambda: not children_of(server.proc.pid) and not _watchdogs_of(server), timeout=10)
+        assert worker_of(sandbox, server) != first
+        assert len(_watchdogs_of(server)) == 1  # started again before the fork
+        pgid, _ = _group_of_a_running_command(sandbox, server)
+        try:
+            assert _per_call_watchdogs(pgid) == []  # the server's watchdog has it, not one of its own
+            os.kill(proc_stat(pgid).ppid, signal.SIGKILL)
+            assert _wait_for(lambda: pgid not in live_groups()), "the command outlived its worker"
+        finally:
+            if pgid in live_groups():
+                os.killpg(pgid, signal.SIGKILL)
+    finally:
+        server.close()
+
+
+def test_a_worker_writes_its_answer_to_the_channel_itself(sandbox, server):
+    """No hop through the server on the way back: with the server stopped once the
+    request is handed over, its answer still comes."""
+    started = sandbox.home / "started"
+    frame_id = server.request(shell(sandbox, f"touch {started}; sleep 0.3; echo direct"))
+    assert _wait_for(started.exists)
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        (answer,) = server.answers(1, timeout=10)
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    assert (answer["id"], ok_text(answer["envelope"])) == (frame_id, "direct")
+    assert ok_text(server.call(shell(sandbox, "echo next"))) == "next"  # and the server knows it answered
+
+
+def _frames_lock_of(server) -> int:
+    """A descriptor of the server's frames lock (its memfd), opened by this process."""
+    folder = f"/proc/{server.proc.pid}/fd"
+    (name,) = [fd for fd in os.listdir(folder) if os.readlink(f"{folder}/{fd}").startswith("/memfd:guilds-frames")]
+    return os.open(f"{folder}/{name}", os.O_RDWR)
+
+
+def test_a_cancel_that_meets_a_finished_answer_leaves_one_answer(sandbox, server):
+    """The worker has its answer and waits for the frames lock, and the cancel comes:
+    whichever takes the lock first, the request is answered once."""
+    started = sandbox.home / "started"
+    lock = _frames_lock_of(server)
+    try:
+        fcntl.lockf(lock, fcntl.LOCK_EX)
+        frame_id = server.request(shell(sandbox, f"touch {started}; echo done"))
+        assert _wait_for(started.exists)
+        time.sleep(0.3)  # its answer made, the worker waits for the lock
+        server.cancel(frame_id)  # the server waits for it too
+        time.sleep(0.2)
+    finally:
+        fcntl.lockf(lock, fcntl.LOCK_UN)
+        os.close(lock)
+    (answer,) = server.answers(1, timeout=10)
+    assert answer["id"] == frame_id
+    assert answer["envelope"].get("text") == "done" or answer["envelope"]["error"].startswith("cancelled")
+    time.sleep(0.5)  # a second answer to it would come by now
+    assert ok_text(server.call(shell(sandbox, "echo next"))) == "next"

@@ -23,25 +23,14 @@ from guilds.errors import ConfigError, SandboxError
 from guilds.sandbox import get_sandbox
 from guilds.sandbox.bwrap.bwrap_argv import unavailable
 from guilds.sandbox.bwrap.bwrap_sandbox import BwrapSandbox
-from guilds.sandbox.docker.docker_engine import unavailable as docker_unavailable
 from guilds.toolbox.transport import call_helper
 from kube_kit import no_pool_left  # noqa: F401 - a fixture of this module
 
 SECRET = "s3cret-value-7d1f2e"
 TOKEN = "ghp_token-4c8a9b0e"
 NO_BWRAP = unavailable()
-NO_DOCKER = docker_unavailable()
-BACKENDS = [
-    pytest.param("local", id="local"),
-    pytest.param("bwrap", id="bwrap", marks=[
-        pytest.mark.bwrap, pytest.mark.skipif(NO_BWRAP is not None, reason=f"bwrap: {NO_BWRAP}")]),
-    pytest.param("docker", id="docker", marks=[
-        pytest.mark.docker, pytest.mark.skipif(NO_DOCKER is not None, reason=f"docker: {NO_DOCKER}")]),
-    kube_kit.PARAM,
-    kube_kit.CLAIM_PARAM,
-]
-ISOLATED = [p for p in BACKENDS if p.values[0] == "bwrap"]  # docker's: tests/test_docker_backend.py
-
+ISOLATED = pytest.mark.backends("bwrap")
+"""The isolating backends' tests here: bwrap's (docker's: tests/test_docker_backend.py)."""
 
 def settings_for(tmp_path: Path, backend: str, **kw) -> AgentSettings:
     settings = AgentSettings(
@@ -69,14 +58,16 @@ async def make(tmp_path):
             await asyncio.to_thread(kube_kit.remove_agent, box.pod)
 
 
-@pytest.fixture(params=BACKENDS)
-async def box(request, make):
-    return await make(request.param)
+@pytest.fixture
+async def box(backend, make):
+    """A started sandbox of each backend (tests/backend_kit.py)."""
+    return await make(backend)
 
 
-@pytest.fixture(params=ISOLATED)
-async def jail(request, make):
-    return await make(request.param)
+@pytest.fixture
+async def jail(backend, make):
+    """box, on the ISOLATED backends."""
+    return await make(backend)
 
 
 async def sh(box, script: str, timeout: float = 20, **env: str) -> str:
@@ -227,6 +218,7 @@ def test_auto_falls_back_to_local_with_one_warning(tmp_path, monkeypatch, caplog
 
 
 # --- isolating backends ---------------------------------------------------
+@ISOLATED
 async def test_only_the_home_is_writable(jail, tmp_path):
     out = await sh(jail, f"""
         touch "$HOME/mine" && echo home-ok
@@ -241,6 +233,7 @@ async def test_only_the_home_is_writable(jail, tmp_path):
     assert (tmp_path / "home" / "mine").exists()
 
 
+@ISOLATED
 async def test_own_pid_namespace(jail):
     out = await sh(jail, "ls /proc | grep -c '^[0-9]'; tr '\\0\\n' '  ' < /proc/1/cmdline")
     count, init = out.splitlines()
@@ -248,19 +241,20 @@ async def test_own_pid_namespace(jail):
     assert init.startswith(f"{jail.python} -I -S -c ")  # the sandbox's own init
 
 
+@ISOLATED
 async def test_network_is_off_by_default(jail):
     out = await sh(jail, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
     assert out.split() == ["lo"]
 
 
-@pytest.mark.parametrize("backend", ISOLATED)
+@ISOLATED
 async def test_network_on_when_asked(make, backend):
     box = await make(backend, network=True)
     out = await sh(box, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
     assert set(out.split()) > {"lo"}
 
 
-@pytest.mark.parametrize("backend", ISOLATED)
+@ISOLATED
 async def test_found_again_by_a_second_orchestrator(make, tmp_path, backend):
     first = await make(backend)
     await sh(first, "setsid sleep 95.5 >/dev/null 2>&1 &")
@@ -271,6 +265,7 @@ async def test_found_again_by_a_second_orchestrator(make, tmp_path, backend):
     assert "sleep 95.5" in out
 
 
+@ISOLATED
 async def test_stop_ends_setsid_daemons(jail):
     await sh(jail, "setsid sleep 96.5 >/dev/null 2>&1 < /dev/null &")
     assert await eventually(lambda: host_pids_running("sleep", "96.5"))
@@ -279,6 +274,7 @@ async def test_stop_ends_setsid_daemons(jail):
     assert "sleep 96.5" not in await sh(jail, "ps -eo args")  # the next call starts a fresh one
 
 
+@ISOLATED
 async def test_recreated_after_the_init_is_killed(jail, tmp_path):
     await sh(jail, "setsid sleep 97.5 >/dev/null 2>&1 < /dev/null &")
     assert await eventually(lambda: host_pids_running("sleep", "97.5"))

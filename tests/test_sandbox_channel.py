@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
+import backend_kit
 from guilds.errors import HelperFailed
 from guilds.sandbox import get_sandbox
 from guilds.toolbox.resident_channel import ChannelDied, ResidentChannel
 from guilds.toolbox.transport import serve_argv
-from test_sandbox import BACKENDS, SECRET, box, settings_for  # noqa: F401 - fixtures
+from test_sandbox import SECRET, box, settings_for  # noqa: F401 - fixtures
 
 
 @pytest.fixture
@@ -95,8 +96,9 @@ async def test_the_resident_helper_through_the_channel(box):
         await channel.call(request(box, "c5", command="true"), 30)
 
 
-async def test_the_channel_ends_with_the_sandbox(make, request_backend):
-    box = await make(request_backend)
+@pytest.mark.backends(*[name for name in backend_kit.NAMES if name != "local"])
+async def test_the_channel_ends_with_the_sandbox(make, backend):
+    box = await make(backend)
     channel = await ResidentChannel.open(box, serve_argv(box, 8))
     try:
         running = asyncio.ensure_future(channel.call(request(box, "c1", command="sleep 30"), 60))
@@ -109,6 +111,50 @@ async def test_the_channel_ends_with_the_sandbox(make, request_backend):
         await channel.close()
 
 
-@pytest.fixture(params=[p for p in BACKENDS if p.values[0] != "local"])
-def request_backend(request):
-    return request.param
+async def helper_seen_inside(box, pid: int) -> tuple[bool, int]:
+    """(asleep: its process runs the bash waiter, its anonymous memory in KiB), read inside the
+    sandbox. Anonymous: a container's own bash and libraries are mapped by it alone, so their
+    file pages count whole in its PSS and USS, which a host's bash shares with every other."""
+    script = f"tr '\\0\\n' '  ' < /proc/{pid}/cmdline; echo; grep '^Anonymous:' /proc/{pid}/smaps_rollup"
+    result = await box.exec(["bash", "-c", script], timeout=20)
+    argv, anonymous = result.stdout.decode().splitlines()[:2]
+    return "guilds-code-asleep" in argv, int(anonymous.split()[1])
+
+
+async def until_asleep(box, pid: int, seconds: float = 30) -> int:
+    """Its anonymous memory (KiB) once it sleeps."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        sleeping, anonymous = await helper_seen_inside(box, pid)
+        if sleeping:
+            return anonymous
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"the resident helper did not sleep within {seconds} s")
+
+
+@pytest.mark.backends("bwrap", "docker")
+async def test_an_idle_resident_helper_sleeps_small_and_the_next_call_wakes_it(make, backend):
+    box = await make(backend)
+    channel = await ResidentChannel.open(box, [*serve_argv(box, 8), "--sleep-idle", "1"])
+    try:
+        assert (await channel.call(request(box, "c1", command="echo one"), 30))["text"] == "one"
+        awake = (await helper_seen_inside(box, channel.pid))[1]
+        asleep = await until_asleep(box, channel.pid)
+        assert asleep < 1024 and asleep * 4 < awake, (asleep, awake)
+        assert (await channel.call(request(box, "c2", command="echo two; echo $MY_SECRET"), 30))["text"] == \
+            f"two\n{SECRET}"
+        assert not (await helper_seen_inside(box, channel.pid))[0]
+        await until_asleep(box, channel.pid)
+        long = asyncio.ensure_future(channel.call(request(box, "c3", command="sleep 3; echo long"), 30))
+        await asyncio.sleep(2.5)
+        assert not (await helper_seen_inside(box, channel.pid))[0]  # a long call keeps it awake
+        assert (await long)["text"] == "long"
+        started = await channel.call(request(box, "c4", command="sleep 4", background=True), 30)
+        assert started["ok"] is True, started
+        await asyncio.sleep(3)
+        assert not (await helper_seen_inside(box, channel.pid))[0]  # so does a background command
+        await until_asleep(box, channel.pid)
+        status = await channel.call(request(box, "c5", op="shell_status", id="b1"), 30)
+        assert status["text"].startswith("b1 exited 0"), status
+    finally:
+        await channel.close()

@@ -20,21 +20,13 @@ from pathlib import Path
 
 import pytest
 
+import backend_kit
 import kube_kit
+import parallel_kit
 from guilds.config.settings import AgentSettings, BwrapSettings, DockerSettings
 from guilds.sandbox import get_sandbox
-from guilds.sandbox.bwrap.bwrap_argv import unavailable
-from guilds.sandbox.docker.docker_engine import unavailable as docker_unavailable
 
-NO_BWRAP = unavailable()
-NO_DOCKER = docker_unavailable()
-ISOLATED = [
-    pytest.param("bwrap", id="bwrap", marks=[
-        pytest.mark.bwrap, pytest.mark.skipif(NO_BWRAP is not None, reason=f"bwrap: {NO_BWRAP}")]),
-    pytest.param("docker", id="docker", marks=[
-        pytest.mark.docker, pytest.mark.skipif(NO_DOCKER is not None, reason=f"docker: {NO_DOCKER}")]),
-    kube_kit.PARAM,
-]
+pytestmark = pytest.mark.backends(*backend_kit.ISOLATING)
 KNOBS = ("/proc/sys/kernel/core_pattern", "/proc/sys/kernel/modprobe", "/proc/sysrq-trigger",
          "/proc/sys/vm/drop_caches")
 PIDS_LIMIT = 64
@@ -42,8 +34,11 @@ IMAGE = os.environ.get("GUILDS_SANDBOX_IMAGE", "guilds-sandbox:latest")
 
 
 def settings_for(root: Path, backend: str, agent: str = "escape1", **kw) -> AgentSettings:
+    """agent's settings; its id ends in the worker's (a parallel run's other workers run
+    agents of these names at once, and the bwrap uid and its process count go by the id)."""
     settings = AgentSettings(
-        id=agent, home=root / agent / "home", sandbox=backend, secrets={"B_SECRET": "b-secret-93c1f0"},
+        id=agent + parallel_kit.WORKER, home=root / agent / "home", sandbox=backend,
+        secrets={"B_SECRET": "b-secret-93c1f0"},
         bwrap=BwrapSettings(pids_limit=PIDS_LIMIT, memory=256 << 20, tmp_size=16 << 20),
         docker=DockerSettings(image=IMAGE, pids_limit=PIDS_LIMIT, memory="256m"), **kw,
     )
@@ -72,9 +67,10 @@ async def make(tmp_path):
             await asyncio.to_thread(kube_kit.remove_agent, box.pod)
 
 
-@pytest.fixture(params=ISOLATED)
-async def jail(request, make):
-    return await make(request.param)
+@pytest.fixture
+async def jail(backend, make):
+    """A started sandbox of each isolating backend (tests/backend_kit.py)."""
+    return await make(backend)
 
 
 async def run(box, script: str, timeout: float = 30):
@@ -198,7 +194,7 @@ async def test_a_tmpfs_fill_stops_at_its_size(jail):
     assert 0 < int(size) <= 64 << 20
 
 
-@pytest.mark.parametrize("backend", ISOLATED[:1])
+@pytest.mark.backends("bwrap")
 async def test_bwrap_tmp_is_sized_from_the_settings(make, backend):
     box = await make(backend)
     said = await out(box, "head -c 40m /dev/zero > /tmp/fill; echo status=$?; stat -c %s /tmp/fill")
@@ -211,7 +207,6 @@ async def test_memory_is_bounded(jail):
     assert result.exit_code != 0 and b"805306368" not in result.stdout
 
 
-@pytest.mark.parametrize("backend", ISOLATED)
 async def test_touching_everything_writable_does_not_keep_the_sandbox(make, backend):
     box = await make(backend, idle_seconds=2)
     touch_all = ("while :; do find / \\( -path /proc -o -path /sys -o -path /dev \\) -prune -o "

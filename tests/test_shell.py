@@ -103,6 +103,24 @@ def test_no_other_descriptor_reaches_the_command(sandbox):
     assert ok_text(decode_envelope(proc.stdout.strip())).split() == ["0", "1", "2", "87"]
 
 
+def test_the_shells_directory_goes_to_a_memfd_and_without_one_to_an_unlinked_file(sandbox, tmp_path, monkeypatch):
+    """PWD_FD names no file: a memfd, so a call makes and unlinks nothing in its run folder for it."""
+    assert ok_text(sh(sandbox, "readlink /proc/$$/fd/87")).startswith("/memfd:guilds-pwd-")
+    from guilds_code.ops import shell
+
+    def no_memfd(*_):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "memfd_create", no_memfd)
+    folder = tmp_path / "run"
+    folder.mkdir()
+    fd = shell.open_pwd_file(str(folder), "c1")
+    try:
+        assert os.readlink(f"/proc/self/fd/{fd}") == f"{folder}/.c1.pwd (deleted)" and not os.listdir(folder)
+    finally:
+        os.close(fd)
+
+
 def test_sigpipe_is_the_default_in_the_command(sandbox):
     """Python ignores SIGPIPE; the command must not inherit that (`yes | head` ends quietly)."""
     assert ok_text(sh(sandbox, "yes | head -1; echo ${PIPESTATUS[0]}")) == "y\n141"

@@ -209,3 +209,60 @@ async def test_writes_on_the_loop_are_checkpointed_so_the_log_stays_bounded(tmp_
         await calls(4 * RECORD_CHECKPOINT_COMMITS)
         await asyncio.sleep(0.5)
         assert wal.stat().st_size <= 2 * one_round  # written over from its start, not grown fivefold
+
+
+async def _raw_rows(path, run: str) -> list[tuple]:
+    """The run's calls' rows and its own as SQLite holds them."""
+    import sqlite3
+
+    with sqlite3.connect(path) as conn:
+        found = conn.execute("SELECT * FROM calls WHERE run_id = ? ORDER BY seq", (run,)).fetchall()
+        return found + conn.execute("SELECT * FROM runs WHERE id = ?", (run,)).fetchall()
+
+
+async def test_a_calls_prepared_writes_store_byte_for_byte_what_sqlalchemy_stores(tmp_path):
+    """A call's start and end on the loop's plain connection (record.prepared) against the
+    same through SQLAlchemy: the same text in every column, JSON, timestamps and booleans."""
+    written = {}
+    for way in ("prepared", "sqlalchemy"):
+        async with Store(f"sqlite:///{tmp_path}/{way}.db") as st:
+            writer = st._record_thread.prepared
+            own_write, used = writer.write, []
+
+            def write(work, own=own_write, used=used, way=way):
+                outcome = own(work) if way == "prepared" else (False, None)
+                used.append(outcome[0])
+                return outcome
+
+            writer.write = write
+            for text, meta, remaining in (("é" * 3, {"exit_code": 0, "cwd": "/h", "secrets_redacted": 2}, 9),
+                                          ("", {"bytes_elided": 40, "nested": [1, None, "x"]}, None)):
+                slot = await begin(st, budget=10, at=T0 + timedelta(microseconds=123))
+                await st.finish_call(run_id="r1", seq=slot.seq, text=text, is_error=not meta.get("cwd"),
+                                     meta=meta, cut=remaining is None, finished_at=T0 + timedelta(seconds=2),
+                                     duration_ms=7, row="Run true", remaining=remaining)
+            assert used == [way == "prepared"] * 4  # written there, or all through SQLAlchemy
+        written[way] = await _raw_rows(tmp_path / f"{way}.db", "r1")
+    assert written["prepared"] == written["sqlalchemy"] and len(written["prepared"]) == 3
+
+
+async def test_a_statement_with_a_column_default_to_fill_is_left_to_sqlalchemy(tmp_path):
+    """SQLAlchemy fills a column's Python default when it runs the statement: a prepared
+    statement missing a value that has one falls back whole, nothing of it written."""
+    from guilds.record.statements import INSERT_CALL
+
+    async with Store(f"sqlite:///{tmp_path}/guilds.db") as st:
+        await finish(st, await begin(st))
+        writer = st._record_thread.prepared
+        row = {"run_id": "r1", "seq": 2, "call_id": "c2", "tool": "shell", "args": {}, "counted": True,
+               "status": "running", "started_at": T0}  # no is_error, no cut: their defaults are False
+
+        def insert(conn):
+            conn.execute(INSERT_CALL, {**row, "seq": 3, "is_error": True, "cut": True})  # all given: prepared
+            conn.execute(INSERT_CALL, row)
+
+        assert writer.write(insert) == (False, None)
+        assert [c.seq for c in await st.calls("r1")] == [1]  # rolled back whole: not even call 3
+        await st._in_transaction("a test call", insert, prepared=True)
+        got = {c.seq: (c.is_error, c.cut) for c in await st.calls("r1")}
+        assert got == {1: (False, False), 2: (False, False), 3: (True, True)}

@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 
 import pytest
@@ -19,6 +20,7 @@ from guilds.record.store import Store
 from guilds.sandbox.local import LocalSandbox
 from guilds.toolbox import Toolbox
 from guilds.toolbox.resident_channel import ChannelDied, ResidentChannel
+from guilds.toolbox.transport import Transport
 from guilds_code import limits
 from toolbox_kit import FakeSandbox, local_toolbox, make_settings, ok
 
@@ -260,3 +262,34 @@ async def test_many_large_answers_and_frames_at_once_all_arrive(tmp_path):
             assert answer["ok"] and len(answer["text"]) > 55_000 and answer["text"][0] == str(i % 10)
     finally:
         await channel.close()
+
+
+def _reader_threads() -> set[threading.Thread]:
+    return {thread for thread in threading.enumerate() if thread.name == "guilds-resident"}
+
+
+async def test_a_local_channel_is_read_by_the_event_loop_that_opened_it(tmp_path):
+    before = _reader_threads()
+    async with local_toolbox(tmp_path, agent={"transport": "resident"}) as tb:
+        assert body((await tb.call("r", "shell", {"command": "echo one"})).text) == "one"
+        assert tb.transport.channel is not None and not _reader_threads() - before  # none started
+
+
+def test_a_call_from_another_event_loop_is_answered_once_the_opening_one_is_gone(tmp_path):
+    settings = make_settings(tmp_path)
+    box = LocalSandbox(settings, tmp_path / "data")
+    transport = Transport(box, "resident")
+
+    async def shell(command: str, call_id: str) -> str:
+        await box.start()
+        request = {"op": "shell", "run_id": "r", "agent_id": settings.id, "call_id": call_id,
+                   "home": box.home, "args": {"command": command}}
+        return (await transport.call(request, wait=30))["text"]
+
+    try:
+        assert asyncio.run(shell("echo one", "c1")) == "one"  # opens the channel; its loop then closes
+        before = _reader_threads()
+        assert asyncio.run(asyncio.wait_for(shell("echo two", "c2"), 30)) == "two"
+        assert len(_reader_threads() - before) == 1  # a reader thread took over
+    finally:
+        asyncio.run(transport.close())

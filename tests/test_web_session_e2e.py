@@ -100,3 +100,47 @@ async def test_a_server_on_another_port_gets_a_session_that_mcp_refuses(tmp_path
             assert run_line.startswith("run: mcp-") and output.startswith(f"{os.getuid()}\n")
     finally:
         stop_serve(proc)
+
+
+FOREIGN = {"name": "prefs", "value": '{"theme": "dark", "size": 2}'}
+"""Another local app's cookie: JSON, spaces and quotes (a strict cookie parser stops at it)."""
+
+
+async def test_another_apps_cookie_does_not_lock_out_and_log_out_ends_the_session(tmp_path):
+    """In Chromium: another app's cookie of 127.0.0.1, set before the login so the browser sends it
+    first, leaves the app open; the Log out button ends the session on the server."""
+    from guilds.web.endpoint_lock import LOGGED_OUT
+
+    proc = start_serve(tmp_path / "data")
+    try:
+        url = re.search(r"(http://127\.0\.0\.1:(\d+))/\?token=(\S+)", "".join(printed_lines(proc)))
+        assert url
+        base, port, _ = url.groups()
+        sent: list[str] = []
+        async with playwright_api.async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            context = await browser.new_context()
+            await context.add_cookies([{**FOREIGN, "url": base + "/"}])
+            page = await context.new_page()
+
+            async def note(request) -> None:
+                if request.url == base + "/":
+                    sent.append((await request.all_headers()).get("cookie", ""))
+
+            page.on("request", note)
+            await page.goto(url.group(0))
+            await expect(page.locator("header.top .brand")).to_have_text("guilds")
+            assert sent and sent[-1].startswith("prefs=") and f"guilds-session-{port}=" in sent[-1], sent
+            logged_in = sent[-1]
+            await page.get_by_role("button", name="Log out").click()
+            await expect(page.locator("body")).to_contain_text(LOGGED_OUT)
+            assert [c["name"] for c in await context.cookies()] == ["prefs"]  # the session cookie dropped
+            await page.goto(base + "/")
+            await expect(page.locator("body")).to_contain_text("needs its token")
+            await browser.close()
+        assert f"guilds-session-{port}=" not in sent[-1]
+        session = re.search(rf"guilds-session-{port}=[A-Za-z0-9_-]+", logged_in).group(0)
+        async with httpx2.AsyncClient(base_url=base, timeout=60) as c:
+            assert (await c.get("/", headers={"cookie": session})).status_code == 401  # ended on the server
+    finally:
+        stop_serve(proc)

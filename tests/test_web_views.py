@@ -7,9 +7,11 @@ from datetime import UTC, datetime
 
 import pytest
 
+from guilds.record.agent_listing import AgentListing
 from guilds.record.migration import split_answer
 from guilds.record.rows import row_text
 from guilds.record.values import CallRecord
+from guilds.web.agents_view import AgentFilters, ServingAgent, agent_item, agents_page, serving_item
 from guilds.web.events import sse_message
 from guilds.web.flow import (
     CodeTaskBlock,
@@ -20,6 +22,7 @@ from guilds.web.flow import (
     later_page,
     redact_call,
     resume_after,
+    runs_href,
     runs_page,
     seq_in_range,
 )
@@ -395,3 +398,59 @@ def test_a_secret_used_as_an_argument_name_never_reaches_the_arguments_view():
     call = redact_call(record("shell", {"command": "true", secret: "x"}), Redactor([secret]))
     names = [arg.name for arg in call_page(call, "arguments", redactor=NO_SECRETS).arguments]
     assert secret not in names and "[REDACTED]" in names
+
+
+# --- the Agents page
+
+MADE = AgentListing(id="py-0a1b2c3d4e5f", template="py", owner="e2b:ci", sandbox="bwrap", status="live",
+                    created_at=T0, runs=2, last_call_at=T0.replace(minute=30))
+
+
+@pytest.mark.parametrize("listing, shown", [
+    (MADE, ("py", "e2b:ci", "live", "bwrap", "2025-01-02 03:04:05 UTC", "never", "", 2, "2025-01-02 03:30:05 UTC")),
+    (replace(MADE, status="removed", expires_at=T0.replace(hour=4), removed_at=T0.replace(hour=5), runs=0,
+             last_call_at=None),
+     ("py", "e2b:ci", "removed", "bwrap", "2025-01-02 03:04:05 UTC", "2025-01-02 04:04:05 UTC",
+      "2025-01-02 05:04:05 UTC", 0, "")),
+    (replace(MADE, status="pooled"), ("py", "e2b:ci", "pooled", "bwrap", "2025-01-02 03:04:05 UTC", "never", "", 2,
+                                      "2025-01-02 03:30:05 UTC")),
+    (AgentListing(id="agent2", template=None, owner=None, sandbox=None, status=None, created_at=T0, runs=1,
+                  last_call_at=T0),
+     ("", "", "", "", "2025-01-02 03:04:05 UTC", "", "", 1, "2025-01-02 03:04:05 UTC")),
+])
+def test_an_agent_s_row(listing, shown):
+    item = agent_item(listing)
+    assert (item.template, item.owner, item.state, item.sandbox, item.made, item.expires, item.removed, item.runs,
+            item.last_call) == shown
+    assert item.runs_href == f"/?agent={listing.id}" and not item.serving
+
+
+def test_the_serving_agent_first_on_the_first_page_when_the_filters_keep_it():
+    serving = serving_item(ServingAgent("agent1", "docker"), 3, T0)
+    assert (serving.template, serving.state, serving.sandbox, serving.owner, serving.made, serving.serving) == (
+        "default", "live", "docker", "", "", True)
+    listed = [replace(MADE, id=f"py-{n}") for n in range(3)]
+    first = agents_page(listed, AgentFilters(), 2, serving=serving, states=["removed", "live"])
+    assert [i.id for i in first.items] == ["agent1", "py-0", "py-1"]
+    assert (first.newer_href, first.older_href, first.states) == ("", "/agents?offset=2", ["live", "removed"])
+    for kept_out in (AgentFilters(owner="alice"), AgentFilters(states=("removed",)), AgentFilters(offset=2)):
+        assert "agent1" not in [i.id for i in agents_page(listed, kept_out, 5, serving=serving).items]
+    assert agents_page([], AgentFilters(states=("live", "making")), 2, serving=serving).items == [serving]
+
+
+@pytest.mark.parametrize("filters, offset, href", [
+    (AgentFilters(), 0, "/agents"),
+    (AgentFilters(owner="a b&c=<d>", states=("live", "x y")), 50, ("/agents?owner=a+b%26c%3D%3Cd%3E&state=live"
+                                                                  "&state=x+y&offset=50")),
+])
+def test_the_agents_pages_keep_their_filters(filters, offset, href):
+    assert filters.href(offset) == href
+    page = agents_page([MADE] * 3, replace(filters, offset=offset), 2)
+    assert page.older_href == filters.href(offset + 2)
+    assert page.states == sorted(set(filters.states))
+
+
+@pytest.mark.parametrize("agent, offset, href", [
+    (None, 0, "/"), (None, 50, "/?offset=50"), ("py-1", 0, "/?agent=py-1"), ("a&b", 100, "/?agent=a%26b&offset=100")])
+def test_the_runs_list_of_one_agent_keeps_it_in_its_links(agent, offset, href):
+    assert runs_href(agent, offset) == href

@@ -82,3 +82,10 @@ async def test_the_opened_toolbox_runs_a_call_and_records_it(tmp_path):
     assert result.text == "wired\nremaining_tool_calls: 199" and not result.is_error
     assert [c.tool for c in calls] == ["shell"]
     assert (tmp_path / "data" / "guilds.db").exists()
+
+
+@pytest.mark.parametrize("given", ["data", "./nested/../data"])
+def test_a_relative_data_folder_is_made_absolute_from_the_working_folder(tmp_path, monkeypatch, given):
+    monkeypatch.chdir(tmp_path)
+    wired = resolve(settings_file(tmp_path), data_dir=given, env={})
+    assert wired.data_dir.is_absolute() and wired.data_dir.resolve() == (tmp_path / "data").resolve()

@@ -82,6 +82,7 @@ class FakeSandbox:
     state_dir: str = "/run/guilds"
     python: str = "python3"
     name: str = "fake"
+    egress: None = None
     requests: list[dict] = field(default_factory=list)
     started: int = 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shlex
 import signal
 import subprocess
@@ -15,16 +16,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from fixtures import secret_forms
+from guilds.agents.registry import Agents
+from guilds.config import templates
 from guilds.fronts.serve import build_app
+from guilds.record.engine import normalize_url
 from guilds.record.rows import row_text
-from guilds.record.schema import calls, runs
+from guilds.record.schema import agents, calls, runs
 from guilds.record.store import Store
 from guilds.toolbox import Toolbox
 from guilds.web.endpoint_lock import Lock, host_names
-from toolbox_kit import local_toolbox
+from toolbox_kit import local_toolbox, make_settings
 
 SECRET = "sk-live-0123456789abcdef"
 TOKEN = "test-token-0123456789abcdefghijklmnopqrstuv"
@@ -147,9 +152,12 @@ async def fill(store: Store, run_id: str, n: int, *, agent_id: str = "agent1") -
 
 
 # --- a real `guilds serve` -----------------------------------------------------------
-def start_serve(data: Path, *args: str) -> subprocess.Popen:
-    """`guilds serve` on a free port, its data folder ``data``, the local sandbox; stderr piped."""
-    (data.parent / "agent.toml").write_text(f'[agent]\nhome = "{data.parent / "home"}"\nsandbox = "local"\n')
+def start_serve(data: Path, *args: str, sandbox: str = "local", more_settings: str = "") -> subprocess.Popen:
+    """`guilds serve` on a free port, its data folder ``data``, the local sandbox (or ``sandbox``),
+    ``more_settings`` (TOML) after the [agent] table's home and sandbox; stderr piped."""
+    (data.parent / "agent.toml").write_text(f'[agent]\nhome = "{data.parent / "home"}"\nsandbox = "{sandbox}"\n'
+                                            + more_settings)
+    (data.parent / "agent.toml").chmod(0o600)  # it may hold secrets
     env = {**os.environ, "GUILDS_DATA": str(data)}
     env.pop("GUILDS_DATABASE_URL", None)
     return subprocess.Popen([sys.executable, "-m", "guilds.fronts.cli", "serve", "--port", "0", "--config",
@@ -179,3 +187,70 @@ def stop_serve(proc: subprocess.Popen) -> None:
         proc.wait()
     finally:
         proc.stderr.close()
+
+
+# --- agents made on demand, in a record the app shows ---------------------------------
+PG_URL = os.environ.get("GUILDS_TEST_POSTGRES_URL")
+
+
+def record_url(backend: str, tmp_path: Path) -> str:
+    """SQLite under tmp_path, or the PostgreSQL of $GUILDS_TEST_POSTGRES_URL (skipped without one)."""
+    if backend == "postgresql" and not PG_URL:
+        pytest.skip("GUILDS_TEST_POSTGRES_URL is not set")
+    return normalize_url(PG_URL if backend == "postgresql" else f"sqlite:///{tmp_path}/guilds.db")
+
+
+PY_SECRET = "py-template-secret-4f8a1c"
+"""The secret of the template ``py`` of an AgentsRecord."""
+
+
+@dataclass
+class AgentsRecord:
+    """A record with the serving agent's toolbox, the agents made on demand from the templates
+    ``default`` and ``py`` (local sandbox), and the whole app over it, behind LOCK. Names carry
+    ``tag``, so a shared PostgreSQL database holds them apart from any other test's."""
+
+    store: Store
+    own: Toolbox
+    agents: Agents
+    app: object
+    tag: str
+
+    def owner(self, name: str) -> str:
+        return f"{name}-{self.tag}"
+
+
+@contextlib.asynccontextmanager
+async def agents_record(tmp_path: Path, backend: str = "sqlite") -> AsyncIterator[AgentsRecord]:
+    """An AgentsRecord (the template ``py`` holds PY_SECRET); at the end its live agents removed and
+    its rows dropped from the record."""
+    tag = secrets.token_hex(4)
+    (tmp_path / "py-home").mkdir()
+    (tmp_path / "py-home" / "README").write_text("the template's home\n")
+    (tmp_path / "data").mkdir(mode=0o700)
+    async with Store(record_url(backend, tmp_path)) as store, \
+            local_toolbox(tmp_path, store, agent={"id": f"server-{tag}"}) as own:
+        py = make_settings(tmp_path, agent={"id": "py", "home": str(tmp_path / "py-home")},
+                           secrets={"PY_SECRET": PY_SECRET})
+        served = templates.Served(templates={"default": templates.Template(name="default", settings=own.settings),
+                                             "py": templates.Template(name="py", settings=py)})
+        made = Agents(served, tmp_path / "data", store)
+        try:
+            yield AgentsRecord(store, own, made, build_app(own.settings, store, own, lock=LOCK, agents=made), tag)
+        finally:
+            for agent in await made.live():
+                if agent.owner.endswith(tag):
+                    await made.remove(agent.id)
+            await made.close()
+            await _forget(store, tag)
+
+
+async def _forget(store: Store, tag: str) -> None:
+    """The rows an AgentsRecord made, dropped: a shared database is left as it was found."""
+    async with store.engine.begin() as conn:
+        ids = [row.id for row in await conn.execute(sa.select(agents.c.id).where(agents.c.owner.endswith(tag)))]
+        ids.append(f"server-{tag}")
+        run_ids = sa.select(runs.c.id).where(runs.c.agent_id.in_(ids))
+        await conn.execute(sa.delete(calls).where(calls.c.run_id.in_(run_ids)))
+        await conn.execute(sa.delete(runs).where(runs.c.agent_id.in_(ids)))
+        await conn.execute(sa.delete(agents).where(agents.c.id.in_(ids)))

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .fronts.agent import Agent
 
-__all__ = ["open"]
+__all__ = ["__version__", "open"]
+__version__ = "0.1.0"
+"""The package's version: pyproject.toml reads it from here."""
 
 
 def open(*args: Any, **kwargs: Any) -> Agent:

@@ -56,6 +56,11 @@ CHANNEL_CLOSE_WAIT_SECONDS = 2.0
 """A resident helper's channel: after its stdin is closed (the helper's server then
 cancels what runs, guilds_code.limits.CANCEL_KILL_GRACE_SECONDS, and exits), how long
 it may take to go before SIGKILL to its group."""
+CHANNEL_LINE_MAX_BYTES = 8 * 1024 * 1024
+"""The longest line the orchestrator reads from a channel's process (the resident
+helper's frames): far more than it writes (a call's answer is capped far lower).
+Longer, the channel is closed with an error (process_channel.read_lines):
+something else writes into that stdout, and a line it never ends would be kept whole."""
 CHANNEL_CANCEL_WAIT_SECONDS = 5.0
 """After a cancel frame to a resident helper, how long a call waits for its answer:
 the worker's own stop ends within guilds_code.limits.SERVE_WORKER_KILL_SECONDS."""
@@ -81,6 +86,10 @@ could deadlock (two transactions that read, then want to write; the first
 process to make a fresh file's schema): the transaction is then run again from
 its start after this pause, doubled each time up to 0.32 s, within
 RECORD_BUSY_WAIT_SECONDS."""
+RECORD_SETUP_WAIT_SECONDS = 120.0
+"""A SQLite record is set up (WAL, the schema) by one process at a time: how long
+a process waits for the others' setups before it gives up. Long: each setup is
+a moment, but many processes starting at once on a loaded machine queue for it."""
 RECORD_CHECKPOINT_COMMITS = 200
 """A SQLite record: after this many transactions written on the event loop, the
 record thread copies the write-ahead log into the database (a passive checkpoint,
@@ -98,6 +107,9 @@ DOCKER_STOPPING_POLL_SECONDS = 0.2
 just exited is still "running" for a moment)."""
 DOCKER_ADOPT_POLL_SECONDS = 0.05
 """While another process sets up the container: how often to look again."""
+DOCKER_REMOVAL_WAIT_SECONDS = 30.0
+"""A stop that finds another process removing the container: how long it waits for
+that removal to end (looking again every DOCKER_ADOPT_POLL_SECONDS)."""
 DOCKER_CLIENT_TIMEOUT_SECONDS = 60
 """The engine client's timeout for one API request."""
 DOCKER_CHECK_SECONDS = 10
@@ -138,6 +150,10 @@ APP_RETRY_MS = 1000
 APP_SESSION_IDLE_SECONDS = 12 * 3600.0
 """A login session ends after this long without a request (an open run's event stream
 is a request every APP_STREAM_MAX_SECONDS, so an open tab keeps its session)."""
+APP_SESSION_MAX_AGE_SECONDS = 24 * 3600.0
+"""A login session ends this long after its login, used or not (an open tab too: its
+next request is refused, and the URL `guilds serve` printed logs in again); the session
+cookie carries it as its Max-Age, so the browser drops it then as well."""
 APP_SESSIONS_MAX = 64
 """At most this many sessions live at once (each a few hundred bytes): a login past it
 ends the session idle longest, so repeated logins cannot grow the server's memory."""
@@ -165,6 +181,8 @@ KUBERNETES_STATUS_POLL_SECONDS = 0.2
 """While a pod that lost a call is waited for to say it ended: how often to read it."""
 KUBERNETES_FRAME_WAIT_SECONDS = 1.0
 """The longest wait for one websocket frame before the deadline is looked at again."""
+KUBERNETES_REQUEST_SECONDS = 30.0
+"""Claim mode: the longest one request to the API server waits for its answer (a watch: its own timeout besides)."""
 KUBERNETES_EGRESS_SETTLE_SECONDS = 60
 """agent.network a list: how long a pod's network policy may take to hold (the policy
 controller writes a new pod's rules a moment after it starts) before its first call."""
@@ -241,6 +259,17 @@ answered 503 at once; a package manager's parallel downloads stay well below it.
 EGRESS_IDLE_POLL_SECONDS = 30.0
 """How often a proxy looks at its idle clock (at most; a quarter of its idle time
 when shorter), like the sandboxes' init."""
+EGRESS_LINGER_SECONDS = 30.0
+"""How long an agent's egress proxy (on its Unix socket) serves on after its last
+connection; then it sleeps, a bare interpreter holding the socket until the next
+connection wakes it (``guilds.egress.waiter``)."""
+EGRESS_SLEEP_SETTLE_SECONDS = 0.01
+"""When a proxy falls asleep, its stop signals blocked: one turn of its loop this long, so a
+stop signal caught just before is taken (the proxy then ends instead of sleeping)."""
+EGRESS_WAKE_PEEK_SECONDS = 2.0
+"""How long a connection to a sleeping proxy may stay silent before it wakes the proxy
+anyway; one that ends first without a byte (the orchestrator's check that a proxy
+answers) leaves it asleep."""
 EGRESS_WRITE_BUFFER_BYTES = 1024 * 1024
 """How much a tunnel holds for a side that reads slowly before it stops reading the
 other side: room for a burst while the reader waits its turn on a loaded machine,
@@ -248,6 +277,15 @@ and the most a tunnel's way down holds in memory."""
 # --- the E2B front (guilds.fronts.e2b) -------------------------------------------
 E2B_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """A Connect request message (JSON) larger than this is refused (resource_exhausted)."""
+E2B_MAX_BODY_BYTES = 1024 * 1024
+"""A control-plane request body (a create's JSON) larger than this is refused: 413."""
+E2B_MAX_METADATA_BYTES = 16 * 1024
+"""The most a sandbox's ``metadata`` may hold, its keys and values in UTF-8 together: 400 past it."""
+E2B_MAX_JSON_DEPTH = 64
+"""A request (control plane or Connect) nesting its JSON deeper than this is refused: 400."""
+E2B_DRAIN_BYTES = 64 * 1024 * 1024
+"""After a body was refused as too large, this much more of it is read and dropped, so
+the client reads the answer; past it the connection is closed."""
 E2B_DEFAULT_TIMEOUT_SECONDS = 300
 """A sandbox created without ``timeout`` ends this long after its start (E2B's default)."""
 E2B_MAX_TIMEOUT_SECONDS = 24 * 3600
@@ -256,7 +294,88 @@ E2B_KEEPALIVE_SECONDS = 30.0
 """A command's stream with nothing to say for this long sends a keepalive event."""
 E2B_RECORD_OUTPUT_BYTES = 64 * 1024
 """What a command's record keeps of its output (stdout then stderr): the head."""
+E2B_ACK_BYTES = 256 * 1024
+"""A command's output taken (sent on by its streams, or with none to go to) is acked to the
+process service in batches of this much: less than its window (``ENVD_OUTPUT_WINDOW_BYTES``),
+so a stream that reads holds nothing back."""
+E2B_ENVD_LINE_BYTES = 8 * 1024 * 1024
+"""The longest line read from a sandbox's process service (its longest, a file read's reply,
+is under 2 MB): a longer one is dropped as it comes, never held."""
 E2B_ENDED_KEPT = 256
 """How many ended commands of a sandbox stay known, so a Connect after the end gets it."""
-E2B_ENVD_VERSION = "0.5.7"
-"""The envd version the front reports: the SDKs choose their request forms by it."""
+E2B_ENVD_VERSION = "0.6.4"
+"""The envd version the front reports: the SDKs choose their request forms by it. 0.6.2 is
+the first with file metadata, 0.6.3 with a watch event's entry, 0.6.4 with watching a
+folder on a network filesystem when asked: all served."""
+E2B_METRICS_INTERVAL_SECONDS = 5.0
+"""How often each running E2B sandbox's cgroup is sampled for ``get_metrics`` (E2B's step)."""
+E2B_METRICS_KEPT = 720
+"""The samples of one sandbox kept (an hour's at the interval); older ones are dropped."""
+E2B_LIST_MAX_LIMIT = 100
+"""The most sandboxes one page of ``Sandbox.list`` holds, and its default (E2B's)."""
+E2B_FILE_METADATA_KEY_BYTES = 246
+"""The longest key of a file's metadata: an extended attribute's name (255 bytes) less the
+``user.e2b.`` before it (E2B's bound)."""
+E2B_FILE_METADATA_BYTES = 4096
+"""All of a file's metadata: each key with ``user.e2b.`` before it, and its value (E2B's bound)."""
+E2B_FORK_DEFAULT_TIMEOUT_SECONDS = 15
+"""A fork's children's ``timeout`` when the request gives none (E2B's; the Python SDK always
+sends its own, 300 by default)."""
+E2B_MAX_SNAPSHOTS = 100
+"""The most snapshots one key keeps (each a copy of a sandbox's home in the data folder):
+429 past it, until one is deleted."""
+E2B_SNAPSHOTS_PAGE = 100
+"""The most snapshots one list answer holds (E2B's ``limit``, 1 to this; its default)."""
+AGENTS_PER_SERVER = 100
+"""Default of ``agents.max``: the agents made on demand live at once on one server."""
+AGENTS_PER_OWNER = 10
+"""Default of ``agents.max_per_owner``: the agents made on demand one owner holds at once."""
+AGENTS_PER_SERVER_LIMIT = 100_000
+"""The most ``agents.max`` and ``agents.max_per_owner`` may say."""
+AGENT_REAP_SECONDS = 30.0
+"""How often ``guilds serve`` removes the agents made on demand whose expiry has passed."""
+AGENT_MAX_EXPIRY_SECONDS = 366 * 24 * 3600
+"""The longest expiry an agent made on demand may be given."""
+AGENT_MAKING_STALE_SECONDS = 600
+"""An agent still being made after this long was left half made by a stopped server: reaped."""
+HOME_VERSION_SECONDS = 2.0
+"""How long a walk of a template's starting home (its version: guilds.agents.home_layers) is
+reused: makes of one template within it share one walk, and an edit to the template's home
+reaches every agent made this long after it."""
+POOL_MAX_LIMIT = 1000
+"""The most ``templates.NAME.pool.max`` may say."""
+POOL_WINDOW_SECONDS_DEFAULT = 10
+"""Default of ``templates.NAME.pool.window_seconds``: the makes of the last this many seconds are the demand."""
+POOL_COOL_DOWN_SECONDS_DEFAULT = 60
+"""Default of ``templates.NAME.pool.cool_down_seconds``: a pool shrinks only after its target was lower this long."""
+POOL_COOL_DOWN_SECONDS_LIMIT = 24 * 3600
+POOL_WINDOW_SECONDS_LIMIT = 3600
+POOL_TICK_SECONDS = 1.0
+"""How often the pools look at their targets when no make wakes them sooner."""
+POOL_KEEP_SECONDS = 60.0
+"""How often each pooled agent is asked whether it still answers, which also holds off its idle
+stops (the sandbox's idle clock, the resident helper's idle exit): at most a quarter of the idle time."""
+POOL_PROBE_SECONDS = 5.0
+"""The longest a pooled agent may take to answer a probe before it is taken for dead and removed."""
+POOL_FAILURE_PAUSE_SECONDS = 30.0
+"""After a pooled agent's make failed (an engine away, an image missing), its pool is not refilled this long."""
+POOL_MAKES_AT_ONCE = 2
+"""Pooled agents being made at once across a server's pools (two cores: more only queue)."""
+CHECKPOINT_GATE_POLL_SECONDS = 0.01
+"""How often a call or a rewind waiting at an agent's call gate tries its lock again: a call
+waits at most this much past a rewind's end (guilds.checkpoints.call_gate)."""
+REWIND_STOP_WAIT_SECONDS = 30.0
+"""A rewind's stop of one background command: its SIGTERM, the helper's wait, its answer."""
+FORK_MAX_CHILDREN = 100
+"""The most agents one fork makes (the caps of ``agents.max`` and ``agents.max_per_owner`` apply too)."""
+FORK_MAX_LAYERS = 32
+"""The most layers a forked overlay home stands on: a fork of a fork past it freezes its source's
+whole home as one layer instead of stacking one more (guilds.agents.fork)."""
+FORK_STARTS_AT_ONCE = 8
+"""A fork's children whose homes are mounted and sandboxes started at once."""
+
+KUBERNETES_POD_GONE_ATTEMPTS = 4
+"""Tries of a step whose exec finds its pod gone (``KubePodSandbox._in_pod``)."""
+KUBERNETES_POD_GONE_PAUSE_SECONDS = 1.0
+"""The pause before each such try past the second (a pod made anew under the same name
+may refuse an exec until its container is listed)."""

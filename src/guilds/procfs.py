@@ -5,9 +5,11 @@ names one process for the life of the machine.
 
 from __future__ import annotations
 
-__all__ = ["parent_pid", "raw_stat", "start_time"]
+__all__ = ["parent_pid", "raw_stat", "running", "start_time"]
 
 _PF_EXITING = 0x4
+_SIGKILL_BIT = 1 << (9 - 1)
+"""SIGKILL's bit in /proc/<pid>/status's pending masks (signal n is bit n - 1)."""
 
 
 def raw_stat(pid: int) -> list[bytes] | None:
@@ -36,3 +38,17 @@ def start_time(pid: int) -> int | None:
 def parent_pid(pid: int) -> int | None:
     fields = _stat(pid)
     return None if fields is None else int(fields[1])
+
+
+def running(pid: int, start: int) -> bool:
+    """Whether the process (pid, started at ``start``) runs and is not being killed: neither gone,
+    exiting nor a zombie, and no SIGKILL pending (sent and not yet acted on by the kernel)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            status = fh.read()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith((b"SigPnd:", b"ShdPnd:")) and int(line.split()[1], 16) & _SIGKILL_BIT:
+            return False
+    return start_time(pid) == start  # read after: the status read was of this very process

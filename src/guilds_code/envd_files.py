@@ -8,6 +8,7 @@ so a folder swapped for a link after the check is not followed out of the home.
 """
 
 import base64
+import errno
 import grp
 import os
 import pwd
@@ -20,9 +21,11 @@ from . import limits, paths, protocol
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Tuple
+    from typing import Any, Dict, List, Optional, Tuple
 
 FILE_TYPES = {"file": "FILE_TYPE_FILE", "directory": "FILE_TYPE_DIRECTORY", "link": "FILE_TYPE_SYMLINK"}
+METADATA_PREFIX = "user.e2b."
+"""A file's metadata: its extended attributes under this name, the name after it the key (E2B's)."""
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -78,33 +81,64 @@ class Files:
         return (self._made(head) if create else self.folder(head)), name
 
     def _made(self, path: str) -> paths.Resolved:
-        """The folder path, made with any missing folders above it, one at a time beneath the last."""
-        try:
-            return self.folder(path)
-        except Failed as exc:
-            if exc.code != "not_found":
-                raise
-        head, name = os.path.split(path)
-        if not name:
-            raise Failed("not_found", f"path: {path} not found")
-        with self._made(head) as above:
+        """The folder path, made with any missing folders above it, one at a time beneath the
+        last; at most limits.PATH_MAX_DEPTH of them (a loop, never a recursion)."""
+        missing = []  # type: List[str]
+        while True:
             try:
-                os.mkdir(name, 0o755, dir_fd=above.fd)
-            except FileExistsError:
-                pass
-            except OSError as exc:
-                raise Failed("invalid_argument", f"path: {path} cannot be made: {exc.strerror}") from None
-        return self.folder(path)
+                found = self.folder(path)
+                break
+            except Failed as exc:
+                if exc.code != "not_found":
+                    raise
+            head, name = os.path.split(path)
+            if not name or len(missing) >= limits.PATH_MAX_DEPTH:
+                raise Failed("invalid_argument" if name else "not_found",
+                             f"path: {path} not found" if not name else
+                             f"path: more than {limits.PATH_MAX_DEPTH} folders to make")
+            missing.append(name)
+            path = head
+        for name in reversed(missing):
+            with found:
+                try:
+                    os.mkdir(name, 0o755, dir_fd=found.fd)
+                except FileExistsError:
+                    pass
+                except OSError as exc:
+                    raise Failed("invalid_argument", f"path: {path} cannot be made: {exc.strerror}") from None
+            path = os.path.join(path, name)
+            found = self.folder(path)
+        return found
 
     def stat(self, req: "Dict[str, Any]") -> "Dict[str, Any]":
-        with self.resolve(req.get("path")) as found:
-            return {"entry": entry(found.path, found.st)}
+        """What the path leads to; a link is named as itself, with ``symlinkTarget`` the
+        absolute path it leads to (E2B's answer)."""
+        given = req.get("path")
+        with self.resolve(given) as found:
+            info = entry(found.path, found.st)
+        link = self._link_at(given)
+        if link is not None:
+            info.update(name=os.path.basename(link), path=link, symlinkTarget=found.path)
+        return {"entry": info}
+
+    def _link_at(self, given: "Any") -> "Optional[str]":
+        """given's own absolute path when its last name is a symlink; else None."""
+        try:
+            folder, name = self.parent(given, create=False)
+        except Failed:
+            return None
+        with folder:
+            try:
+                st = os.lstat(name, dir_fd=folder.fd)
+            except OSError:
+                return None
+            return os.path.join(folder.path, name) if stat.S_ISLNK(st.st_mode) else None
 
     def list_dir(self, req: "Dict[str, Any]") -> "Dict[str, Any]":
         depth = req.get("depth") or 1
         entries = []  # type: List[Dict[str, Any]]
         with self.folder(req.get("path")) as root:
-            _walk(root.path, depth if isinstance(depth, int) else 1, entries)
+            _walk(root.path, min(depth, limits.PATH_MAX_DEPTH) if isinstance(depth, int) else 1, entries)
         return {"entries": entries}
 
     def make_dir(self, req: "Dict[str, Any]") -> "Dict[str, Any]":
@@ -117,12 +151,19 @@ class Files:
             return {"entry": entry(os.path.join(folder.path, name), os.lstat(name, dir_fd=folder.fd))}
 
     def remove(self, req: "Dict[str, Any]") -> "Dict[str, Any]":
-        folder, name = self.parent(req.get("path"), create=False)
+        """The file, link or folder (with all it holds) removed; a path that is not there is
+        answered as removed, as E2B's envd answers it."""
+        try:
+            folder, name = self.parent(req.get("path"), create=False)
+        except Failed as exc:
+            if exc.code == "not_found":
+                return {}
+            raise
         with folder:
             try:
                 st = os.lstat(name, dir_fd=folder.fd)
             except FileNotFoundError:
-                raise Failed("not_found", f"path: {req.get('path')} not found") from None
+                return {}
             if not stat.S_ISDIR(st.st_mode):
                 os.unlink(name, dir_fd=folder.fd)
             elif sys.version_info >= (3, 11):
@@ -155,7 +196,8 @@ class Files:
         return {"b64": b64(data), "eof": len(data) < size, "size": found.st.st_size}
 
     def write(self, req: "Dict[str, Any]") -> "Dict[str, Any]":
-        """The file given names (a link followed only inside the home), or a new one (folders made)."""
+        """The file given names (a link followed only inside the home), or a new one (folders made).
+        A write that is not an append replaces the file's metadata with ``metadata`` (none: cleared)."""
         given = req.get("path")
         try:
             with self.resolve(given) as found:
@@ -171,6 +213,9 @@ class Files:
             except OSError as exc:
                 raise Failed("invalid_argument", f"path: {req.get('path')} cannot be written: {exc.strerror}") from None
             try:
+                if not req.get("append"):
+                    _own(fd)
+                    replace_metadata(fd, req.get("metadata") or {})
                 view = memoryview(base64.b64decode(req.get("b64") or "", validate=True))
                 while view:
                     view = view[os.write(fd, view):]
@@ -178,6 +223,14 @@ class Files:
             finally:
                 os.close(fd)
             return {"entry": entry(os.path.join(folder.path, name), st)}
+
+
+def _own(fd: int) -> None:
+    """The file made the service's user's, as E2B's upload makes it its user's (a watcher sees a chmod)."""
+    try:
+        os.fchown(fd, os.getuid(), os.getgid())
+    except OSError:
+        pass  # another user's file this user may write: it stays theirs
 
 
 def _walk(folder: str, depth: int, entries: "List[Dict[str, Any]]") -> None:
@@ -211,7 +264,47 @@ def entry(path: str, st: os.stat_result) -> "Dict[str, Any]":
             info["symlinkTarget"] = os.readlink(path)
         except OSError:
             pass
+    else:
+        found = metadata(path)
+        if found:
+            info["metadata"] = found
     return info
+
+
+def metadata(path: str) -> "Dict[str, str]":
+    """The file's metadata (a link is not followed): its ``user.e2b.`` attributes, those whose
+    name or value is not UTF-8 left out; none where the filesystem keeps no such attributes."""
+    found = {}  # type: Dict[str, str]
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError:
+        return found
+    for name in names:
+        if not name.startswith(METADATA_PREFIX):
+            continue
+        try:
+            found[name[len(METADATA_PREFIX):]] = os.getxattr(path, name, follow_symlinks=False).decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+    return found
+
+
+def replace_metadata(fd: int, wanted: "Dict[str, str]") -> None:
+    """The open file's ``user.e2b.`` attributes made exactly ``wanted`` (checked by the host:
+    printable ASCII, within E2B's sizes). A filesystem that keeps no user attributes keeps
+    none (the file's entry then shows none, as E2B's envd answers)."""
+    try:
+        for name in os.listxattr(fd):
+            if name.startswith(METADATA_PREFIX) and name[len(METADATA_PREFIX):] not in wanted:
+                os.removexattr(fd, name)
+        for key, value in wanted.items():
+            os.setxattr(fd, METADATA_PREFIX + text(key, "metadata key"), text(value, "metadata value").encode())
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            return
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.E2BIG):
+            raise Failed("resource_exhausted", f"no room for the file's metadata: {exc.strerror}") from None
+        raise Failed("invalid_argument", f"the file's metadata cannot be written: {exc.strerror}") from None
 
 
 def _name(lookup: "Any", ident: int) -> str:

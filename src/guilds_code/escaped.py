@@ -21,6 +21,17 @@ its environment (``env -i``) is not found, unless it is in the group of one
 that is. The environment of a process of the same uid is readable in /proc
 (of any uid, for root), so this works alike on every backend: the helper runs
 inside the sandbox.
+
+What a look reads: the call's processes were all started after its bash, so
+their pids were handed out after bash's, in order, from the counter the pid
+namespace keeps (/proc/sys/kernel/ns_last_pid), wrapping once past pid_max.
+A look lists /proc (one directory read) and reads /proc/<pid>/stat only for the
+pids handed out since bash's, and the environment only of those started at or
+after bash's start time. On local, whose /proc is the host's, that keeps the
+look to what the call started instead of every process of the machine. Where
+the counter cannot be read, or the call ran long enough for the counter to go
+all the way round (more than pid_max pids handed out at
+limits.ESCAPED_PIDS_PER_SECOND_MAX a second), every pid is read.
 """
 
 from __future__ import annotations
@@ -33,7 +44,7 @@ from .proc import proc_stat, signal_group, signal_process, signals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Tuple
+    from typing import List, Optional, Tuple
 
 CALL_KEY_ENV = "GUILDS_CALL_KEY"
 """The variable a foreground call's processes inherit, holding the call's key."""
@@ -45,53 +56,93 @@ def new_key() -> str:
     return os.urandom(8).hex()
 
 
-def end(key: str, leader: int) -> int:
-    """Stop every process holding key outside the process group that leader
-    (the call's bash) leads (see the module docstring); the number signalled."""
-    info = proc_stat(leader)  # bash, not yet reaped: its start time bounds the call's
-    since = info.start_time if info is not None else 0
+class Call:
+    """A foreground call's bash as it started, for the look at the call's end
+    (``start`` right after the spawn, before bash can be reaped)."""
+
+    __slots__ = ("key", "leader", "since", "began")
+
+    def __init__(self, key: str, leader: int, since: int, began: float):
+        self.key, self.leader, self.since, self.began = key, leader, since, began
+
+
+def start(key: str, leader: int) -> Call:
+    """The call whose bash, of key, is pid leader (spawned, not yet reaped)."""
+    info = proc_stat(leader)
+    return Call(key, leader, info.start_time if info is not None else 0, time.monotonic())
+
+
+def end(call: Call) -> int:
+    """Stop every process holding the call's key outside the process group its
+    bash leads (see the module docstring); the number signalled."""
     ended = 0
-    found, group_runs = _scan(key, leader, since)
+    found, group_runs = _scan(call)
     if not found and group_runs:
         time.sleep(limits.ESCAPED_SETTLE_SECONDS)
-        found = marked(key, leader, since)
+        found = _scan(call)[0]
     for _ in range(limits.ESCAPED_SWEEPS):
         if not found:
             break
         ended += len(found)
         _signal(found, signals.SIGTERM)
         _wait_gone(found, limits.ESCAPED_KILL_GRACE_SECONDS)
-        _signal(marked(key, leader, since), signals.SIGKILL)
-        found = marked(key, leader, since)
+        _signal(_scan(call)[0], signals.SIGKILL)
+        found = _scan(call)[0]
     return ended
 
 
-def marked(key: str, group: int, since: int = 0) -> List[int]:
-    """The live processes (not zombies) started at or after `since` (clock ticks
-    after boot) outside group whose environment holds key. The start time and
-    group come from /proc/<pid>/stat first: the environment, dearer to read, is
-    read only for a process the call could have started."""
-    return _scan(key, group, since)[0]
-
-
-def _scan(key: str, group: int, since: int) -> Tuple[List[int], bool]:
-    """``marked``'s processes, and whether a live process (other than this one) is
-    still in group, from one walk of /proc."""
-    needle = f"\0{CALL_KEY_ENV}={key}\0".encode()
+def _scan(call: Call) -> Tuple[List[int], bool]:
+    """The call's live processes outside its group whose environment holds its
+    key, and whether a live process (other than this one) is still in its group,
+    from one walk of the pids handed out since its bash (see the module docstring).
+    The start time and group come from /proc/<pid>/stat first: the environment,
+    dearer to read, is read only for a process the call could have started."""
+    needle = f"\0{CALL_KEY_ENV}={call.key}\0".encode()
     me, uid = os.getpid(), os.geteuid()
     found: List[int] = []
     group_runs = False
-    for name in _pids():
-        pid = int(name)
+    for pid in _pids_since(call):
         info = proc_stat(pid) if pid != me else None
         if info is None or info.state in "ZX":
             continue
-        if info.pgrp == group:
+        if info.pgrp == call.leader:
             group_runs = True
             continue
-        if info.start_time >= since and _holds(pid, needle, uid):
+        if info.start_time >= call.since and _holds(pid, needle, uid):
             found.append(pid)
     return found, group_runs
+
+
+def _pids_since(call: Call) -> List[int]:
+    """The pids of /proc that may have been handed out since the call's bash: those
+    after its pid up to the namespace's last one (across one wrap past pid_max),
+    or every pid when that cannot be told."""
+    last, top = _read_int(_LAST_PID), _read_int(_PID_MAX)
+    if last is None or top is None or time.monotonic() - call.began > top / limits.ESCAPED_PIDS_PER_SECOND_MAX:
+        return [int(name) for name in _pids()]
+    if 0 <= last - call.leader <= _PROBE_MAX:  # a few: each asked for, no listing of /proc
+        return list(range(call.leader + 1, last + 1))
+    pids = [int(name) for name in _pids()]
+    if last >= call.leader:
+        return [pid for pid in pids if call.leader < pid <= last]
+    return [pid for pid in pids if pid > call.leader or pid <= last]
+
+
+_PROBE_MAX = 64
+"""Up to this many pids handed out since bash's, each is looked up on its own
+(a missing /proc/<pid> fails at once) instead of listing /proc."""
+_LAST_PID = "/proc/sys/kernel/ns_last_pid"
+"""The last pid this pid namespace handed out."""
+_PID_MAX = "/proc/sys/kernel/pid_max"
+"""Past this, pids are handed out from the bottom again."""
+
+
+def _read_int(path: str) -> Optional[int]:
+    try:
+        with open(path, "rb") as fh:
+            return int(fh.read(32))
+    except (OSError, ValueError):
+        return None
 
 
 def _pids() -> List[str]:

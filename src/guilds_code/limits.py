@@ -149,6 +149,12 @@ ESCAPED_SETTLE_SECONDS = 0.1
 """When the first look finds no escaped process but the call's group still runs (its
 `cmd &` jobs), look once more this much later: a job that was leaving the group as
 bash exited (``setsid cmd &``) has left it by then. Only such calls wait for it."""
+ESCAPED_PIDS_PER_SECOND_MAX = 1_000_000
+"""The most pids a machine is taken to hand out a second (processes and threads
+alike). The look for escaped processes reads only the pids handed out since the
+call's bash while the call is shorter than pid_max / this (33 ms where pid_max
+is 32768, 4.2 s at 4194304): no sooner can the pids go all the way round. A
+longer call's look reads every pid of /proc."""
 STOP_KILL_GRACE_SECONDS = 5
 """stop: SIGTERM to the group, SIGKILL this much later."""
 STOP_WAIT_SECONDS = 0.5
@@ -184,6 +190,13 @@ fork runs the request."""
 SERVE_IDLE_WORKERS_MAX = 4
 """guilds-code serve: workers kept waiting for the next request; one that answers
 past this many exits."""
+SERVE_WORKERS_IDLE_SECONDS = 30.0
+"""guilds-code serve: after this long with no request, the waiting workers exit (an
+idle agent keeps no worker's memory); the next request forks a fresh one."""
+SERVE_SLEEP_IDLE_SECONDS = 30.0
+"""guilds-code serve: after this long with no request, none running and no background
+command running, the server sleeps: a bash waiter in its process holds its pipes
+(``asleep``), and the first byte of the next request execs the server again."""
 WATCHDOG_READ_SECONDS = 0.05
 """guilds-code serve's watchdog: once lines have come, it reads its pipe this often
 instead of waking at each line (two a shell call), until a read finds none; a
@@ -195,6 +208,10 @@ signalled is gone; without a pidfd, also how often it looks whether the command
 has exited."""
 SUPERVISE_IDLE_WAKE_SECONDS = 1.0
 """The supervise loop's longest sleep, whatever its clocks say."""
+SERVE_WARM_IDLE_SECONDS = 0.5
+"""guilds-code serve: once it has had no frame and no request running this long, it imports
+what every op needs (resident.WARM_MODULES); the requests before that run on workers that
+import only what their own op needs."""
 SERVE_TICK_SECONDS = 1.0
 """guilds-code serve: the longest sleep of its loop: reaping and the kill clocks are looked at this often."""
 SERVE_REAP_TICK_SECONDS = 0.01
@@ -252,9 +269,28 @@ ENVD_POLL_SECONDS = 0.02
 """Stopping a command's group: how often it is looked at until it is gone or the grace is over."""
 ENVD_DRAIN_SECONDS = 0.5
 """After a command exits, how long its output pipes are still read (a grandchild may hold them)."""
+ENVD_OUTPUT_WINDOW_BYTES = 1024 * 1024
+"""A command's output sent and not yet taken by the host (``ack``): past this much, its
+pipes are not read until the host takes some, so a client that does not read holds
+the command back instead of filling memory."""
 ENVD_READ_BYTES = 64 * 1024
 """One read of a command's stdout or stderr: one data event at most."""
 ENVD_CHUNK_BYTES = 1024 * 1024
 """One read or write of a file through the service: the /files endpoint moves files in these."""
 ENVD_LIST_MAX_ENTRIES = 10_000
 """ListDir: at most this many names of one folder."""
+ENVD_WATCHERS_MAX = 32
+"""Folder watchers (``watch_create``) open at once in one sandbox: one more is refused."""
+ENVD_WATCH_EVENTS_MAX = 4096
+"""A watcher's events kept and not yet taken: one more ends the watcher with an error
+(as a kernel queue overflow ends E2B's), its memory freed."""
+ENVD_WATCH_FOLDERS_MAX = 8192
+"""The folders one recursive watcher watches: a tree with more ends it with an error."""
+ENVD_TERMINAL_SIZE_MAX = 65535
+"""A terminal's columns and rows, each from 1 to this (the kernel's window size field)."""
+ENVD_SLEEP_IDLE_SECONDS = 30
+"""The service with no request for this long and nothing of its own running sleeps as a bash
+waiter (``--sleep-idle``; ``asleep``); the E2B front's ``--e2b-sleep-idle`` sets it."""
+ENVD_SLEEP_IDLE_MAX_SECONDS = 7 * 24 * 3600
+ENVD_BUSY_LOOK_SECONDS = 1.0
+"""While something of its own runs, how often the service looks whether it is done (to sleep later)."""

@@ -1,10 +1,16 @@
 """``guilds-code serve``: the helper resident, answering framed requests (``frames``).
 
 One process reads request frames from stdin and writes answer frames to
-stdout. Each request runs in a worker forked from the server, which has every
-op imported already: the worker runs its op exactly as the one-shot helper
-would and writes the envelope line to a pipe. So requests run at once and a
-slow one delays no other. A worker that answered waits for the next request
+stdout. Each request runs in a worker forked from the server, which imports
+every op once it has been idle a moment (``warm``; a request before that runs
+on a worker that imports its own op): the worker runs its op exactly as the
+one-shot helper would and writes the answer frame to stdout itself, then SENT
+into a pipe of its own, so the answer reaches the orchestrator with no hop
+through the server. One frame at a time goes to stdout, the server's or a
+worker's: each writer holds a POSIX lock on a memfd the server made (the frames
+lock) while it writes one. Where no memfd can be made, the worker writes the
+envelope line into its pipe and the server answers. So requests run at once and
+a slow one delays no other. A worker that answered waits for the next request
 on a pipe of its own (up to SERVE_IDLE_WORKERS_MAX of them wait), so a request
 mostly finds a warm worker and pays no fork: a fresh fork's first run touches
 its pages again (copy on write), which costs more than a short op. A worker
@@ -17,14 +23,28 @@ leave in its memory stays bounded; a cancelled one is never reused.
   command's group as it does when the one-shot helper is cancelled (SIGTERM,
   SIGKILL CANCEL_KILL_GRACE_SECONDS later). The worker itself gets SIGKILL
   SERVE_WORKER_KILL_SECONDS after that if still there. The request is answered
-  CANCELLED, unless its answer was complete first.
+  CANCELLED, unless its answer was complete first: the server, holding the
+  frames lock, reads the worker's pipe, and when no answer is there marks the
+  request cancelled (CANCEL_MARK into the worker's request pipe); a worker
+  whose request is marked when it holds the lock leaves the answer to the server.
 - A frame that cannot be read gets an error envelope; reading goes on.
-- stdout carries frames only: workers have stdin and stdout on /dev/null.
+- stdout carries frames only: workers have stdin and stdout on /dev/null, and
+  a worker opens the server's stdout anew for each answer (through /proc, while
+  the server is its parent) and holds it only while it writes, so no command
+  inherits it and the channel ends with the server.
 - One watchdog for all workers (``watchdog``): a worker's command group is
   SIGKILLed when the worker dies before it is done, as the one-shot helper's
   own watchdog does, with no process started per call.
 - Each request refreshes the sandbox's idle clock: the state root's mtime and
   ``<state root>/.active``'s if that file exists.
+- After ``--workers-idle`` seconds (SERVE_WORKERS_IDLE_SECONDS) with no request and none running, the waiting
+  workers exit and the watchdog is ended (``watchdog.stop``): an idle agent holds
+  the server alone; the next request starts the watchdog again and forks.
+- After ``--sleep-idle`` seconds (SERVE_SLEEP_IDLE_SECONDS) with no request, none
+  running and no background command of the sandbox running, the server sleeps: it
+  execs a bash waiter in its own process, which execs the server again, with
+  ``--woken BYTE``, at the first byte on stdin (``asleep``). A woken server writes
+  no hello and takes BYTE as the start of its first frame.
 - stdin at its end (the orchestrator is gone), SIGTERM, SIGHUP or SIGINT:
   every running request is cancelled and answered, then the server exits 0.
   With ``--idle-exit S`` it also exits after S seconds with nothing running
@@ -33,20 +53,27 @@ leave in its memory stays bounded; a cancelled one is never reused.
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import json
 import os
 import select
 import time
 
-from . import codec, frames, limits, protocol, watchdog
+from . import asleep, codec, frames, limits, protocol, watchdog
 from .proc import signals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Optional, Set
+    from typing import Callable, Dict, List, Optional, Sequence, Set
 
 READ_BYTES = 64 * 1024
+SENT = b"-\n"
+"""What a worker writes into its answer pipe once it has written its answer frame to
+stdout itself (never an envelope line: base64 has no '-')."""
+CANCEL_MARK = b"c"
+"""What the server writes into a running worker's request pipe when it cancels its
+request: the worker then leaves the answer to the server."""
 CANCELLED = "cancelled: the call was stopped before it finished"
 STOP_SIGNALS = (signals.SIGTERM, signals.SIGHUP, signals.SIGINT)
 WARM_MODULES = (
@@ -55,8 +82,11 @@ WARM_MODULES = (
     "guilds_code.redact", "guilds_code.shaping", "guilds_code.runstate",
     "json", "re", "math", "hashlib", "shutil", "base64", "urllib.parse",
 )
-"""Imported by the server before its first fork, so that no worker imports them
-again: what the ops import (some only on some paths) and their lazy imports."""
+"""Imported by the server once it has been idle limits.SERVE_WARM_IDLE_SECONDS (after its
+hello, or after its first requests), so that the workers forked after that import none
+of them again: what the ops import (some only on some paths) and their lazy imports.
+Not before the hello: a server opened for one call (``guilds call``) answers it without
+importing what other ops need, on the CPU a pod's limit leaves it."""
 
 
 class Worker:
@@ -84,10 +114,14 @@ class Worker:
 class Server:
     """The loop: frames in, workers forked, answers out (see the module docstring)."""
 
-    def __init__(self, answer: Callable[[object], bytes], max_in_flight: int, idle_exit: Optional[float]):
+    def __init__(self, answer: Callable[[object], bytes], options: Options, argv: Sequence[str] = ()):
         self.answer = answer
-        self.max_in_flight = max_in_flight
-        self.idle_exit = idle_exit
+        self.max_in_flight = options.max_in_flight
+        self.idle_exit = options.idle_exit
+        self.workers_idle = options.workers_idle
+        self.sleep_idle = options.sleep_idle
+        self.woken = options.woken
+        self.argv = list(argv)  # what followed "serve": the command line that wakes it again
         self.max_frame = frames.max_frame_bytes(limits.REQUEST_FILE_MAX)
         self.workers: Dict[int, Worker] = {}  # running a request, by answer pipe
         self.idle: Dict[int, Worker] = {}  # waiting for one, by answer pipe
@@ -99,8 +133,12 @@ class Server:
         self.stopping = False
         self.stdout_open = True
         self.last_frame = time.monotonic()
+        self.warmed = False
+        self.last_busy = self.last_frame  # the last frame or answer: the waiting workers' clock
+        self.sleep_check = self.last_frame  # not before then: a look for background commands, or a waiter
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
+        self.frames_lock = _frames_lock()
 
     # --- output -----------------------------------------------------------
     def write(self, data: bytes) -> None:
@@ -108,8 +146,9 @@ class Server:
         more is written and every request is cancelled."""
         view = memoryview(data)
         try:
-            while view and self.stdout_open:
-                view = view[os.write(1, view):]
+            with _Held(self.frames_lock):
+                while view and self.stdout_open:
+                    view = view[os.write(1, view):]
         except OSError:  # BrokenPipeError, mostly
             self.stdout_open = self.stdin_open = False
             self.cancel_all()
@@ -124,7 +163,12 @@ class Server:
     def run(self) -> int:
         for sig in STOP_SIGNALS:
             signals.signal(sig, self._on_stop)
-        self.write(frames.hello_frame(self.max_in_flight, self.max_frame, os.getpid()))
+        asleep.handled()
+        if self.woken is None:
+            self.write(frames.hello_frame(self.max_in_flight, self.max_frame, os.getpid()))
+        else:
+            self.last_frame = self.last_busy = time.monotonic()
+            self.take(bytes((self.woken,)))
         while self.stdin_open or self.workers:
             if self.stopping and self.stdin_open:
                 self.stdin_open = False
@@ -132,8 +176,15 @@ class Server:
             if self.stopping or not self.stdin_open:
                 self.retire_idle()
             self.step()
+            if not self.workers and time.monotonic() - self.last_busy >= min(self.workers_idle, self.sleep_idle):
+                self.retire_idle()
+                watchdog.stop()
+            self.sleep_when_idle()
             if self._idle_too_long():
                 break
+            if self._idle_long_enough_to_warm():
+                warm()
+                self.warmed = True
         self.retire_idle()
         for pid in self.unreaped:
             _reap(pid, 0)
@@ -157,6 +208,8 @@ class Server:
     def _sleep(self) -> float:
         wait = limits.SERVE_REAP_TICK_SECONDS if self.unreaped else limits.SERVE_TICK_SECONDS
         now = time.monotonic()
+        if not self.warmed and not self.workers:
+            wait = min(wait, max(0.0, self.last_frame + limits.SERVE_WARM_IDLE_SECONDS - now))
         for worker in self.workers.values():
             if worker.kill_at is not None:
                 wait = min(wait, max(0.0, worker.kill_at - now))
@@ -164,9 +217,34 @@ class Server:
             wait = min(wait, max(0.0, self.last_frame + self.idle_exit - now))
         return wait
 
+    def _idle_long_enough_to_warm(self) -> bool:
+        return (not self.warmed and self.stdin_open and not self.stopping and not self.workers
+                and time.monotonic() - self.last_frame >= limits.SERVE_WARM_IDLE_SECONDS)
+
     def _idle_too_long(self) -> bool:
         return (self.idle_exit is not None and not self.workers
                 and time.monotonic() - self.last_frame >= self.idle_exit)
+
+    def sleep_when_idle(self) -> None:
+        """Exec the waiter (``asleep``) once sleep_idle has passed with nothing held; a
+        background command running, or a waiter that cannot start, is looked at again
+        sleep_idle later."""
+        now = time.monotonic()
+        if (self.workers or self.idle or self.unreaped or self.inbox or self.skipping or self.stopping
+                or not self.stdin_open or now - self.last_busy < self.sleep_idle or now < self.sleep_check):
+            return
+        self.sleep_check = now + self.sleep_idle
+        from .ops import background
+
+        idle_left = None if self.idle_exit is None else self.last_frame + self.idle_exit - now
+        argv = asleep.waiter_argv(self.argv, idle_left)
+        if argv is None or background.any_running():
+            return
+        os.set_blocking(0, True)  # bash reads it
+        try:
+            asleep.sleep(argv, lambda: not self.stopping)
+        except OSError:
+            return
 
     def _on_stop(self, signum, frame) -> None:
         self.stopping = True
@@ -182,7 +260,11 @@ class Server:
             self.stdin_open = False
             self.cancel_all()
             return
-        self.last_frame = time.monotonic()
+        self.last_frame = self.last_busy = time.monotonic()
+        self.take(data)
+
+    def take(self, data: bytes) -> None:
+        """Bytes read from stdin: each frame they end is handled, the rest kept."""
         start = 0
         while True:
             end = data.find(b"\n", start)
@@ -209,15 +291,14 @@ class Server:
             self.skipping = True
 
     def on_frame(self, line: bytes) -> None:
-        fallback = _usable_id(frames.leading_id(line))
         try:
             frame = protocol.parse_json(line, "frame")
         except protocol.RequestError as exc:
-            self.refuse(fallback, str(exc))
+            self.refuse(_usable_id(frames.leading_id(line)), str(exc))
             return
         problem, frame_id = _check_frame(frame)
-        if problem:
-            self.refuse(frame_id or fallback, problem)
+        if problem:  # the id as the frame opens, read by a pattern only for a frame gone wrong
+            self.refuse(frame_id or _usable_id(frames.leading_id(line)), problem)
         elif "cancel" in frame:
             self.cancel(frame_id)
         elif frame_id in self.by_id:
@@ -230,9 +311,9 @@ class Server:
 
     # --- workers ------------------------------------------------------------
     def start(self, frame_id: str, request: object) -> None:
-        _touch_idle_clock()
         try:
-            worker = self._waiting_worker(request) or self._fork(request)
+            worker = (self._waiting_worker(frame_id, request) or self._freed_worker(frame_id, request)
+                      or self._fork(frame_id, request))
         except OSError as exc:  # no process slot (the sandbox's limit), or no memory
             from .pidlimit import why_not_started
 
@@ -241,10 +322,12 @@ class Server:
         worker.assign(frame_id)
         self.workers[worker.fd] = worker
         self.by_id[frame_id] = worker
+        _touch_idle_clock()  # after the hand-over: the worker runs meanwhile
 
-    def _waiting_worker(self, request: object) -> Optional[Worker]:
+    def _waiting_worker(self, frame_id: str, request: object) -> Optional[Worker]:
         """A waiting worker, handed the request; None when none is left."""
-        line = json.dumps(request).encode("ascii") + b"\n"  # ASCII: lone surrogates survive
+        body = json.dumps(request).encode("ascii")  # ASCII: lone surrogates survive
+        line = b"%s %s\n" % (frame_id.encode("ascii"), body)
         while self.idle:
             worker = self.idle.pop(next(iter(self.idle)))
             if _hand(worker.requests, line):
@@ -253,7 +336,17 @@ class Server:
             self.retire(worker)
         return None
 
-    def _fork(self, request: object) -> Worker:
+    def _freed_worker(self, frame_id: str, request: object) -> Optional[Worker]:
+        """A worker that has answered by now, its SENT not yet read (the next request
+        came in the same turn), handed the request; None when there is none."""
+        for worker in list(self.workers.values()):
+            _drain(worker)
+            if worker.complete():
+                self.finish(worker)
+        return self._waiting_worker(frame_id, request)
+
+    def _fork(self, frame_id: str, request: object) -> Worker:
+        watchdog.resume()
         answers_r, answers_w = os.pipe()
         requests_r, requests_w = os.pipe()
         try:
@@ -265,18 +358,20 @@ class Server:
         if pid == 0:
             os.close(answers_r)
             os.close(requests_w)
-            self._in_worker(answers_w, requests_r, request)
+            self._in_worker(answers_w, requests_r, frame_id, request)
         os.close(answers_w)
         os.close(requests_r)
         os.set_blocking(requests_w, False)
+        os.set_blocking(answers_r, False)
         return Worker(pid, answers_r, requests_w)
 
-    def _in_worker(self, answers: int, requests: int, request: object) -> None:
+    def _in_worker(self, answers: int, requests: int, frame_id: str, request: object) -> None:
         """The forked worker: answer the request, then each one its pipe brings, up to
         SERVE_WORKER_REQUESTS_MAX; exit at the pipe's end (never returns)."""
         try:
             for sig in STOP_SIGNALS:
                 signals.signal(sig, signals.SIG_DFL)
+            server = os.getppid()
             null = os.open(os.devnull, os.O_RDWR)
             os.dup2(null, 0)
             os.dup2(null, 1)
@@ -287,18 +382,24 @@ class Server:
             os.close(self.wake_r)
             os.close(self.wake_w)
             for served in range(1, limits.SERVE_WORKER_REQUESTS_MAX + 1):
-                _write_all(answers, self.answer(request))
+                envelope = self.answer(request)
+                if not _answer(self.frames_lock, server, requests, answers, frame_id, envelope):
+                    _write_all(answers, envelope)
                 _reap_children()  # background wrappers that ended: never the next op's
                 line = _read_line(requests) if served < limits.SERVE_WORKER_REQUESTS_MAX else b""
                 if not line:
                     break
-                request = json.loads(line)
+                head, _, body = line.partition(b" ")
+                frame_id, request = head.decode("ascii"), json.loads(body)
         finally:
             os._exit(0)
 
     def read_worker(self, worker: Worker) -> None:
         """Its answer is sent as soon as its line is whole."""
-        data = os.read(worker.fd, READ_BYTES)
+        try:
+            data = os.read(worker.fd, READ_BYTES)
+        except BlockingIOError:  # read already (a cancel looked for its answer)
+            return
         if worker.fd in self.idle:  # a waiting worker's pipe ended: it exited
             del self.idle[worker.fd]
             self.retire(worker)
@@ -312,10 +413,13 @@ class Server:
         the worker waiting for the next request or retire it."""
         if worker.fd not in self.workers:
             return
+        self.last_busy = time.monotonic()
         del self.workers[worker.fd]
         del self.by_id[worker.frame_id]
         if worker.cancelled:
             self.refuse(worker.frame_id, CANCELLED)
+        elif worker.answer == SENT:  # the worker wrote its answer frame itself
+            pass
         elif worker.complete():
             self.reply(worker.frame_id, worker.answer)
         else:
@@ -355,11 +459,19 @@ class Server:
                 self.finish(worker)
 
     def cancel(self, frame_id: str) -> None:
-        """SIGTERM to the request's worker; an unknown id (already answered) is ignored."""
+        """SIGTERM to the request's worker; an unknown id (already answered) is ignored,
+        and so is one whose worker has answered (see the module docstring)."""
         worker = self.by_id.get(frame_id)
         if worker is None or worker.cancelled or worker.complete():
             return
-        worker.cancelled = True
+        with _Held(self.frames_lock):
+            _drain(worker)
+            if not worker.complete():
+                worker.cancelled = True
+                _mark_cancelled(worker.requests)
+        if not worker.cancelled:
+            self.finish(worker)
+            return
         worker.kill_at = time.monotonic() + limits.SERVE_WORKER_KILL_SECONDS
         _signal(worker.pid, signals.SIGTERM)
 
@@ -373,6 +485,85 @@ class Server:
             if worker.kill_at is not None and now >= worker.kill_at:
                 worker.kill_at = None
                 _signal(worker.pid, signals.SIGKILL)
+
+
+class _Held:
+    """The frames lock held for a ``with`` block (nothing without one); a POSIX record
+    lock, so the server and its forked workers exclude each other."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: Optional[int]):
+        self.fd = fd
+
+    def __enter__(self) -> None:
+        if self.fd is not None:
+            fcntl.lockf(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            fcntl.lockf(self.fd, fcntl.LOCK_UN)
+
+
+def _frames_lock() -> Optional[int]:
+    """The frames lock's descriptor: a memfd; None where none can be made (the
+    workers then leave every answer to the server)."""
+    try:
+        return os.memfd_create("guilds-frames", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return None
+
+
+def _answer(lock: Optional[int], server: int, requests: int, answers: int, frame_id: str,
+            envelope: bytes) -> bool:
+    """SENT into a worker's answer pipe, then its answer frame written to the server's
+    stdout by the worker, holding the frames lock; False, with nothing written, when
+    there is no frames lock, the server is gone, or the request was cancelled first
+    (the server answers it)."""
+    out = _stdout_of(server) if lock is not None else None
+    if out is None:
+        return False
+    try:
+        with _Held(lock):
+            if _marked(requests):
+                return False
+            _write_all(answers, SENT)  # first: the server knows this worker free before the next request can come
+            try:
+                _write_all(out, frames.answer_frame(frame_id, envelope))
+            except OSError:  # the orchestrator stopped reading: the server sees it too
+                pass
+        return True
+    finally:
+        os.close(out)
+
+
+def _stdout_of(server: int) -> Optional[int]:
+    """The server's stdout opened anew, for one answer: a worker holds no descriptor
+    of the channel while its op runs, so the channel ends with the server; None
+    when the server is gone (no longer this worker's parent) or it cannot be opened."""
+    if os.getppid() != server:
+        return None
+    try:  # not blocking in the open: a pipe with no reader left would wait there
+        fd = os.open(f"/proc/{server}/fd/1", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _marked(requests: int) -> bool:
+    """Is there something in the worker's request pipe while its request runs (a
+    cancel's mark, or the pipe's end)?"""
+    poller = select.poll()
+    poller.register(requests, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _mark_cancelled(requests: int) -> None:
+    try:
+        os.write(requests, CANCEL_MARK)
+    except OSError:  # it has exited: it answers nothing itself then
+        pass
 
 
 def _usable_id(value: Optional[str]) -> Optional[str]:
@@ -479,20 +670,37 @@ def _touch_idle_clock() -> None:
             pass
 
 
-def _options(argv: List[str]):
-    """(max_in_flight, idle_exit or None) from ``[--max-in-flight N] [--idle-exit S]``."""
-    max_in_flight, idle_exit = frames.MAX_IN_FLIGHT_DEFAULT, None
-    pairs = list(zip(argv[::2], argv[1::2]))
+class Options:
+    """``serve [--max-in-flight N] [--idle-exit S] [--workers-idle S] [--sleep-idle S]
+    [--woken BYTE]`` (``--woken``: the waiter's, ``asleep``)."""
+
+    __slots__ = ("max_in_flight", "idle_exit", "workers_idle", "sleep_idle", "woken")
+
+    def __init__(self) -> None:
+        self.max_in_flight = frames.MAX_IN_FLIGHT_DEFAULT
+        self.idle_exit: Optional[int] = None
+        self.workers_idle: float = limits.SERVE_WORKERS_IDLE_SECONDS
+        self.sleep_idle: float = limits.SERVE_SLEEP_IDLE_SECONDS
+        self.woken: Optional[int] = None
+
+
+_DURATION_BOUNDS = (1, 7 * 24 * 3600)
+_OPTIONS = {"--max-in-flight": ("max_in_flight", (1, 4096)), "--idle-exit": ("idle_exit", _DURATION_BOUNDS),
+            "--workers-idle": ("workers_idle", _DURATION_BOUNDS), "--sleep-idle": ("sleep_idle", _DURATION_BOUNDS),
+            asleep.WOKEN: ("woken", (0, 255))}
+
+
+def _options(argv: List[str]) -> Options:
+    """The Options argv names; RequestError naming what is wrong."""
+    options = Options()
     if len(argv) % 2:
         raise protocol.RequestError(f"serve: {argv[-1]} needs a value")
-    for name, value in pairs:
-        if name == "--max-in-flight":
-            max_in_flight = protocol.check_int(name, _number(name, value), (1, 4096))
-        elif name == "--idle-exit":
-            idle_exit = protocol.check_int(name, _number(name, value), (1, 7 * 24 * 3600))
-        else:
+    for name, value in zip(argv[::2], argv[1::2]):
+        if name not in _OPTIONS:
             raise protocol.RequestError(f"serve: unknown option {name}")
-    return max_in_flight, idle_exit
+        field, bounds = _OPTIONS[name]
+        setattr(options, field, protocol.check_int(name, _number(name, value), bounds))
+    return options
 
 
 def _number(name: str, value: str) -> int:
@@ -504,13 +712,22 @@ def _number(name: str, value: str) -> int:
 def main(argv: List[str], answer: Callable[[object], bytes]) -> int:
     """Run the server until stdin ends; 2 (and one line on stderr) for bad options."""
     try:
-        max_in_flight, idle_exit = _options(argv)
+        options = _options(argv)
     except protocol.RequestError as exc:
         os.write(2, f"guilds-code serve: {exc}\n".encode())
         return 2
-    watchdog.start()  # first, while this process is small: it forks
+    gc.freeze()  # the watchdog's collections then never touch (copy) the pages it shares
+    if options.woken is None:
+        watchdog.start()  # first, while this process is small: it forks
+    else:
+        watchdog.start_later()  # a request is waiting: its fork starts it, once the stop signals are handled
+    codec.dumps({})  # warm what the first request needs
+    return Server(answer, options, argv).run()
+
+
+def warm() -> None:
+    """Import WARM_MODULES, then freeze what is loaded out of the garbage collector: the
+    workers forked from now on share these pages with the server, and collections skip them."""
     for name in WARM_MODULES:
         __import__(name)
-    codec.dumps({})  # warm what the first request needs
-    gc.freeze()  # the workers share these pages with the server: collections skip them
-    return Server(answer, max_in_flight, idle_exit).run()
+    gc.freeze()

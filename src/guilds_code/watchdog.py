@@ -2,7 +2,8 @@
 worker running it dies before it is done (even by SIGKILL), with no process
 started per call.
 
-The server starts it once (``start``), before its first worker: a process in a
+The server starts it (``start``) before its first worker, and ends it when it is
+idle with no worker left (``stop``; ``resume`` before the next fork): a process in a
 session of its own, reading a pipe whose write end the server and every worker
 hold (non-blocking, so a watchdog that stopped reading never holds a worker up).
 Once a worker's command runs it writes ``W <worker pid> <pgid>``, and when it no
@@ -46,6 +47,8 @@ READ_BYTES = 64 * 1024
 class _Pipe:
     fd: Optional[int] = None
     """The pipe's write end in the server and its workers; None: no shared watchdog."""
+    stopped = False
+    """``stop`` ended a watchdog that ``start`` had started: ``resume`` starts one again."""
 
 
 class Watched:
@@ -78,6 +81,27 @@ def start() -> bool:
     os.set_blocking(write_fd, False)
     _Pipe.fd = write_fd
     return True
+
+
+def stop() -> None:
+    """The server is idle, with no worker: its write end closed, so the watchdog, with
+    nothing to watch, exits (an idle agent keeps no watchdog's memory)."""
+    if _Pipe.fd is not None:
+        os.close(_Pipe.fd)
+        _Pipe.fd, _Pipe.stopped = None, True
+
+
+def start_later() -> None:
+    """No watchdog now: the first ``resume`` starts one (a server woken from its sleep,
+    ``asleep``, forks only once its stop signals are handled)."""
+    _Pipe.stopped = True
+
+
+def resume() -> None:
+    """Before a worker is forked: a watchdog ``stop`` ended is started again."""
+    if _Pipe.stopped:
+        _Pipe.stopped = False
+        start()
 
 
 def watch_group(pgid: int) -> Union[Watched, proc.Watchdog, None]:

@@ -2,6 +2,7 @@
 
     remember(data, settings, settings_file)    when a front opens an agent's toolbox
     known(data) -> tuple[KnownAgent, ...]      every agent remembered, by id
+    forget(data, agent_id) -> str | None       an agent removed: its entry gone
 
 One file per agent, ``<data>/agents/<agent id>.json``: ``{"settings": path or
 null, "home": path}``, mode 0600 in the private data folder (no sandbox sees
@@ -14,8 +15,10 @@ An entry that cannot be read is skipped; one whose files are gone hides nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,11 +76,49 @@ def _read(path: Path, agent_id: str) -> KnownAgent | None:
 
 
 def known(data: Path) -> tuple[KnownAgent, ...]:
-    """Every agent remembered in the data folder, by id (none when the folder is not there)."""
+    """Every agent remembered in the data folder, by id (none when the folder is not there).
+
+    The folder is listed each time; an entry is read again only when its file changed (its
+    inode, size or modification time: every write replaces the file), else taken from what
+    this process read of it before (``_READ``)."""
     folder = Path(data) / AGENTS_FOLDER
+    before = _READ.get(str(folder), {})
+    now: dict[str, tuple[tuple[int, int, int], KnownAgent | None]] = {}
     try:
-        names = sorted(name for name in os.listdir(folder) if name.endswith(".json"))
+        with os.scandir(folder) as listing:
+            for item in listing:
+                if not item.name.endswith(".json"):
+                    continue
+                with contextlib.suppress(OSError):  # removed meanwhile: not known
+                    stat = item.stat(follow_symlinks=False)
+                    seen = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                    kept = before.get(item.name)
+                    now[item.name] = kept if kept is not None and kept[0] == seen else \
+                        (seen, _read(folder / item.name, item.name.removesuffix(".json")))
     except OSError:
-        return ()
-    found = (_read(folder / name, name.removesuffix(".json")) for name in names)
-    return tuple(agent for agent in found if agent is not None)
+        now = {}
+    with _READ_LOCK:  # threads list at once (the bwrap sandbox's checks run in threads)
+        _READ.pop(str(folder), None)
+        _READ[str(folder)] = now
+        while len(_READ) > READ_FOLDERS_KEPT:
+            _READ.pop(next(iter(_READ)))
+    return tuple(agent for _, (_, agent) in sorted(now.items()) if agent is not None)
+
+
+_READ: dict[str, dict[str, tuple[tuple[int, int, int], KnownAgent | None]]] = {}
+"""By agents folder: each entry's file name, its (inode, size, mtime) when read, what was read."""
+_READ_LOCK = threading.Lock()
+READ_FOLDERS_KEPT = 8
+"""The most data folders whose entries this process keeps (the latest listed)."""
+
+
+def forget(data: Path, agent_id: str) -> str | None:
+    """Remove the agent's entry (an agent made on demand, removed); its path when it was there."""
+    path = Path(data) / AGENTS_FOLDER / f"{agent_id}.json"
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise RecordError(f"cannot remove {path}: {exc.strerror or exc}") from None
+    return str(path)

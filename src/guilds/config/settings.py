@@ -14,6 +14,9 @@ result_max_bytes = 8192       # the helper's cap (else $CODE_RESULT_MAX_BYTES, e
 harness = "claude-code"       # code_task's harness: claude-code | codex
 transport = "auto"            # how calls reach the helper: auto | resident | exec (docs/helper.md)
 max_in_flight = 64            # resident: requests of this agent running at once; the next is refused
+checkpoints = false           # a checkpoint of the home before each shell and code_task call (docs/checkpoints.md)
+checkpoints_max_count = 100   # the oldest checkpoints pruned past this many
+checkpoints_max_size = "2g"   # ... or past this much stored content (k, m, g)
 
 [secrets]                     # put into every command's environment; redacted from every result
 OPENAI_API_KEY = "..."
@@ -98,6 +101,11 @@ TRANSPORTS = ("auto", "resident", "exec")
 """How requests reach the helper (agent.transport; guilds.toolbox.transport.Transport)."""
 DEFAULT_MAX_IN_FLIGHT = 64
 MAX_IN_FLIGHT_LIMIT = 4096
+DEFAULT_CHECKPOINTS_MAX_COUNT = 100
+"""Checkpoints kept per agent: a call's start each, so about the last hundred shell calls."""
+CHECKPOINTS_MAX_COUNT_LIMIT = 100_000
+DEFAULT_CHECKPOINTS_MAX_SIZE = 2 << 30
+"""Content kept per agent (each changed file once): the oldest go past it."""
 """The most agent.max_in_flight may be: each request in flight is a process in the sandbox."""
 SANDBOXES = ("auto", "local", "bwrap", "docker", "kubernetes")
 KUBERNETES_MODES = ("pod", "claim")
@@ -119,6 +127,24 @@ class Repo:
     token: str = ""
     token_hosts: tuple[str, ...] | None = None
     """The hosts the egress proxy gives the token to; None: the origin remote's host and its API host."""
+
+
+@dataclass(frozen=True)
+class SandboxUser:
+    """Who the agent is inside its sandbox when a template says so (E2B's sandboxes: ``E2B_USER``).
+
+    The home is bound at ``home`` inside (HOME, the commands' folder), the agent's uid and gid
+    are named ``name`` in the sandbox's /etc/passwd and /etc/group, and ``/usr/local/bin/sudo``
+    runs its command as that same uid (``guilds.sandbox.sandbox_user``). None of it gives the
+    sandbox a privilege: the uid, its capabilities and its mounts are the agent's as ever.
+    """
+
+    name: str
+    home: str
+
+
+E2B_USER = SandboxUser(name="user", home="/home/user")
+"""E2B's: the user ``user`` with its home at /home/user."""
 
 
 DEFAULT_SANDBOX_IMAGE = "guilds-sandbox:latest"
@@ -170,6 +196,11 @@ class KubernetesSettings:
     """claim: the warm pool's size (sandboxes made before any agent asks)."""
     keep_home: bool = False
     """claim: a Sandbox of the agent's own with a home volume instead of a claim from the pool."""
+    sized_by_server: bool = False
+    """claim, never a settings file's key: the warm pool is a served template's, whose replicas the
+    server sets from the template's demand (``[templates.NAME.pool]``, ``guilds.agents.claim_pools``).
+    The sandbox makes the template and the pool when they are missing (at ``warm``) but never resizes
+    the pool, and removing the agent leaves them."""
     egress_address: str = ""
 
 
@@ -196,19 +227,35 @@ class AgentSettings:
     """auto: the resident helper when it opens, else a process per call; resident; exec."""
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     """The resident helper's bound on this agent's requests running at once."""
+    checkpoints: bool = False
+    """A checkpoint of the home before each shell call, and at code_task's start and end."""
+    checkpoints_max_count: int = DEFAULT_CHECKPOINTS_MAX_COUNT
+    checkpoints_max_size: int = DEFAULT_CHECKPOINTS_MAX_SIZE
+    """Bytes of content the agent's checkpoints may hold; the oldest are pruned past it."""
     docker: DockerSettings = field(default_factory=DockerSettings)
     bwrap: BwrapSettings = field(default_factory=BwrapSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     egress_resolve: Mapping[str, str] = field(default_factory=dict)
     """[egress.resolve]: host name -> the address the egress proxy connects to for it."""
+    user: SandboxUser | None = None
+    """Who the agent is inside (its home's path, its uid's name, ``sudo``); None: the home
+    at its host path and the uid named as docs/sandboxes.md says."""
+
+    def home_inside(self) -> str:
+        """The home's path inside the sandbox."""
+        return str(self.home) if self.user is None else self.user.home
 
     def secret_values(self) -> list[str]:
         """Every value to redact: the secrets and the repository tokens."""
         return [*self.secrets.values(), *(r.token for r in self.repos if r.token)]
 
 
+SERVED_KEYS = ("templates", "agents", "pool")
+"""The tables of a server's templates, its caps and the file's own agent's warm pool
+(``guilds.config.templates`` reads them)."""
 _AGENT_KEYS = ("id", "home", "sandbox", "coding", "max_tool_calls", "ports", "network",
-               "result_max_bytes", "harness", "transport", "max_in_flight")
+               "result_max_bytes", "harness", "transport", "max_in_flight", "checkpoints",
+               "checkpoints_max_count", "checkpoints_max_size")
 
 
 def _result_max_bytes(table: dict, env: Mapping[str, str]) -> int:
@@ -246,6 +293,26 @@ def _agent(table: dict, base: Path, env: Mapping[str, str]) -> dict:
         "transport": check.choice(table.get("transport", DEFAULT_TRANSPORT), "agent.transport", TRANSPORTS),
         "max_in_flight": check.integer(table.get("max_in_flight", DEFAULT_MAX_IN_FLIGHT),
                                        "agent.max_in_flight", 1, MAX_IN_FLIGHT_LIMIT),
+        **_checkpoints(table, sandbox),
+    }
+
+
+CHECKPOINT_SANDBOXES = ("auto", "local", "bwrap", "docker")
+"""The backends whose home is a folder on this machine, where checkpoints are kept."""
+
+
+def _checkpoints(table: dict, sandbox: str) -> dict:
+    """agent.checkpoints and its limits; refused on a backend whose home is not on this machine."""
+    enabled = check.boolean(table.get("checkpoints", False), "agent.checkpoints")
+    if enabled and sandbox not in CHECKPOINT_SANDBOXES:
+        raise ConfigError(f"agent.checkpoints: not served on {sandbox} (its home is not on this machine); "
+                          f"served on {', '.join(CHECKPOINT_SANDBOXES[1:])}")
+    return {
+        "checkpoints": enabled,
+        "checkpoints_max_count": check.integer(table.get("checkpoints_max_count", DEFAULT_CHECKPOINTS_MAX_COUNT),
+                                               "agent.checkpoints_max_count", 1, CHECKPOINTS_MAX_COUNT_LIMIT),
+        "checkpoints_max_size": (_size(table["checkpoints_max_size"], "agent.checkpoints_max_size")
+                                 if "checkpoints_max_size" in table else DEFAULT_CHECKPOINTS_MAX_SIZE),
     }
 
 
@@ -341,7 +408,7 @@ def _section(data: Mapping[str, Any], where: str) -> Any:
 
 def parse_settings(data: Mapping[str, Any], base: Path, env: Mapping[str, str] | None = None) -> AgentSettings:
     """A parsed TOML document -> AgentSettings; relative paths resolve against base."""
-    check.known(data, "", ("agent", "secrets", "repos", "egress", *_SECTIONS))
+    check.known(data, "", ("agent", "secrets", "repos", "egress", *_SECTIONS, *SERVED_KEYS))
     env = os.environ if env is None else env
     agent = _agent(check.table(data.get("agent", {}), "agent"), base, env)
     filtered = bool(agent["egress"])
@@ -366,10 +433,12 @@ def exposed_error(path: Path, mode: int) -> str:
 
 
 def holds_secrets(data: Mapping[str, Any]) -> bool:
-    """The parsed document has a ``[secrets]`` value or a repository ``token``."""
+    """The parsed document, or one of its templates, has a ``[secrets]`` value or a repository ``token``."""
     repos = data.get("repos", {})
     tokens = isinstance(repos, dict) and any(isinstance(r, dict) and r.get("token") for r in repos.values())
-    return bool(data.get("secrets")) or tokens
+    templates = data.get("templates", {})
+    held = isinstance(templates, dict) and any(isinstance(t, dict) and holds_secrets(t) for t in templates.values())
+    return bool(data.get("secrets")) or tokens or held
 
 
 def _document(path: Path) -> tuple[dict, int]:
@@ -395,7 +464,7 @@ def exposed(path: Path) -> str | None:
     return exposed_error(path, mode) if exposure(mode) and holds_secrets(data) else None
 
 
-def _read_toml(path: Path) -> dict:
+def read_toml(path: Path) -> dict:
     """The document; ConfigError when it holds secrets and the group or others may read it."""
     data, mode = _document(path)
     if exposure(mode) and holds_secrets(data):
@@ -409,7 +478,7 @@ def load_settings(path: Path | str, env: Mapping[str, str] | None = None) -> Age
     env (default os.environ) is read only for $CODE_RESULT_MAX_BYTES.
     """
     path = Path(path).expanduser().resolve()
-    return parse_settings(_read_toml(path), path.parent, env)
+    return parse_settings(read_toml(path), path.parent, env)
 
 
 def data_dir(env: Mapping[str, str] | None = None) -> Path:

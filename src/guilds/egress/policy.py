@@ -7,6 +7,8 @@ An entry is one of:
 - ``"host:port"`` / ``"*.example.org:8443"`` / ``"[::1]:8080"``: that port only;
 - an address range, ``"10.1.2.0/24"``, ``"127.0.0.1/32"``, ``"fd00::/8"`` (a bare
   address is its own range): those addresses, on every port.
+- a denied range, ``"!10.1.2.0/24"``, ``"!8.8.8.8"``: no connection to an address in
+  it, whatever else the list allows (the name listed, or a wider range listed).
 
 A connection is decided on its CONNECT target (or an absolute URL's host), never
 on a ``Host`` header, and on every address its name resolves to: it is allowed
@@ -124,6 +126,13 @@ def _parse_entry(entry: object) -> HostPattern | IPNetwork:
     return HostPattern(name, wildcard, frozenset({port}) if port else DEFAULT_PORTS)
 
 
+def _parse_denied(entry: str) -> IPNetwork:
+    try:
+        return ipaddress.ip_network(entry.strip()[1:].strip(), strict=False)
+    except ValueError:
+        raise AllowlistError(f"{SETTING}: {entry!r} is no denied address range (!10.0.0.0/8, !8.8.8.8)") from None
+
+
 def _kind(address: IPAddress) -> str | None:
     """What makes address one a listed range must hold (None for a global address)."""
     if address in METADATA_ADDRESSES:
@@ -147,15 +156,18 @@ class Allowlist:
 
     patterns: tuple[HostPattern, ...] = ()
     networks: tuple[IPNetwork, ...] = ()
+    denied: tuple[IPNetwork, ...] = ()
 
     @classmethod
     def parse(cls, entries: Iterable[object]) -> Allowlist:
         """The allowlist of entries; AllowlistError (a ValueError) names the first bad one."""
         if isinstance(entries, str):
             raise AllowlistError(f"{SETTING}: a list of hosts is expected, not the string {entries!r}")
-        parsed = [_parse_entry(entry) for entry in entries]
+        entries = list(entries)
+        denied = tuple(_parse_denied(e) for e in entries if isinstance(e, str) and e.strip().startswith("!"))
+        parsed = [_parse_entry(e) for e in entries if not (isinstance(e, str) and e.strip().startswith("!"))]
         return cls(tuple(p for p in parsed if isinstance(p, HostPattern)),
-                   tuple(p for p in parsed if not isinstance(p, HostPattern)))
+                   tuple(p for p in parsed if not isinstance(p, HostPattern)), denied)
 
     def name_listed(self, host: str, port: int) -> bool:
         return any(pattern.matches(host, port) for pattern in self.patterns)
@@ -178,6 +190,9 @@ class Allowlist:
         if not addresses:
             return Decision(False, f"guilds egress: {target} does not resolve to any address")
         for address in addresses:
+            if any(address in network for network in self.denied):
+                return Decision(False, f"guilds egress: {target} resolves to {address}, in a range "
+                                       f"{SETTING} denies")
             kind = _kind(address)
             if kind is not None and not self.in_ranges(address):
                 return Decision(False, f"guilds egress: {target} resolves to {address}, {kind}; "

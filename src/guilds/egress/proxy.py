@@ -9,16 +9,20 @@ What it takes from a client (the sandbox's relay):
   proxy ends the client's TLS itself (a leaf of ``ca.CertificateAuthority``), opens
   TLS to the host verifying its certificate against the host's trust store
   (``SSL_CERT_FILE`` honoured), and passes each request through: its ``Host`` must
-  name the CONNECT target, the secrets' placeholders become their values in its
-  headers (``swap.swap_headers``), and the values become placeholders again in
-  what comes back (``swap.Scrubber``). Any other tunnel is passed on as bytes.
+  name the CONNECT target, a secret's placeholder becomes its value where the
+  credential goes (``Authorization``, ``swap.swap_headers``), and the values become
+  placeholders again in what comes back (``swap.Scrubber``). Any other tunnel is
+  passed on as bytes.
 - a plain HTTP request in absolute form (``GET http://host/path``) to a listed
   host, whose ``Host`` header (if any) names the URL's host; one request per
-  connection, no secrets (a value never crosses the network in clear).
+  connection, no secrets (a value never crosses the network in clear), and every
+  secret's value scrubbed from the answer (a host that kept one shows the placeholder).
 
 Every refusal is an answer with a status, its one-line reason as both the status
 line's phrase and the body (``guilds egress: api.example.com:443 is not in
-agent.network``), and a line in the decisions file. At most ``EGRESS_CONNECTIONS_MAX``
+agent.network``), and a line in the decisions file; no secret's value is in either
+(``swap.scrub_text``). A failure the proxy did not foresee is answered 500 and
+logged as one line on stderr (the proxy's log). At most ``EGRESS_CONNECTIONS_MAX``
 connections are served at once; one more is answered 503 at once. ``Proxy-Authorization: Basic
 base64(TAG:)`` names the call (the tag) and never goes further.
 """
@@ -32,9 +36,10 @@ import contextlib
 import functools
 import socket
 import ssl
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from ..limits import (
     EGRESS_CONNECT_SECONDS,
@@ -49,7 +54,7 @@ from .framing import Counter, pipe_body, request_framing, response_framing
 from .http_head import BadHead, Head, HeadGone, parse_head, read_head
 from .policy import Allowlist, IPAddress, address_of, normalize_host, split_host_port
 from .proxy_config import ProxyConfig
-from .swap import Scrubber, Secret, swap_headers
+from .swap import Scrubber, Secret, scrub_text, swap_headers
 from .tunnel import HostSide, splice
 
 if TYPE_CHECKING:
@@ -148,6 +153,8 @@ class EgressProxy:
         except asyncio.CancelledError:
             if not self._stopping:
                 raise
+        except Exception as unforeseen:  # noqa: BLE001 (a connection's fault never ends the proxy)
+            self._unforeseen(writer, record, unforeseen)
         finally:
             if task is not None:
                 self._serving.discard(task)
@@ -158,7 +165,15 @@ class EgressProxy:
             else:
                 writer.close()
 
+    def _unforeseen(self, writer: asyncio.StreamWriter, record: DecisionRecord, error: Exception) -> None:
+        """A failure no branch foresaw: one line in the log, a 500 to the client."""
+        line = scrub_text(f"{type(error).__name__}: {error}", self.secrets).replace("\n", " ")[:300]
+        sys.stderr.write(f"guilds egress: serving a connection failed: {line}\n")
+        sys.stderr.flush()
+        self._refuse(writer, record, 500, "guilds egress: the proxy failed serving this request; see its log")
+
     def _refuse(self, writer: asyncio.StreamWriter, record: DecisionRecord, status: int, reason: str) -> None:
+        reason = scrub_text(reason, self.secrets)
         record.allowed, record.reason = False, reason
         self.log.write(record)
         if not writer.is_closing():
@@ -260,21 +275,13 @@ class EgressProxy:
             head.headers, encoded = swap_headers(head.headers, secrets)
             head.remove(*_HOP_HEADERS)
             head.set("Accept-Encoding", "identity")  # the scrubber must see the body as sent
-            if not await _exchange(head, client, upstream, counters, functools.partial(Scrubber, secrets, encoded)):
+            scrubber = functools.partial(Scrubber, self.secrets, encoded)  # every value, not only this host's
+            if not await _exchange(head, client, upstream, counters, scrubber):
                 return
 
     async def _forward(self, head: Head, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                        record: DecisionRecord) -> None:
-        url = urlsplit(head.first[1])
-        if url.scheme.lower() != "http" or not url.hostname:
-            raise BadHead(400, "the proxy takes CONNECT host:port, or a plain request to an absolute http:// URL")
-        host = normalize_host(url.hostname)
-        try:
-            port = url.port or 80
-        except ValueError:
-            host = None
-        if host is None:
-            raise BadHead(400, f"the URL's host is not a host name or address: {url.netloc[:80]!r}")
+        url, host, port = _absolute_target(head.first[1])
         addresses = await self._decide(host, port, record)
         _check_host_header(head, host, port, required=False)
         upstream = await self._open(host, port, addresses, tls=False)
@@ -283,10 +290,31 @@ class EgressProxy:
             head.first = (head.first[0], (url.path or "/") + (f"?{url.query}" if url.query else ""), head.first[2])
             head.remove(*_HOP_HEADERS, "Connection")
             head.set("Connection", "close")
-            await _exchange(head, (reader, writer), upstream, (up, down), None)
+            scrubber = functools.partial(Scrubber, self.secrets) if self.secrets else None
+            await _exchange(head, (reader, writer), upstream, (up, down), scrubber)
         finally:
             record.bytes_up, record.bytes_down = up.bytes, down.bytes
             upstream[1].close()
+
+
+def _absolute_target(target: str) -> tuple[SplitResult, str, int]:
+    """A plain request's ``http://host[:port]/…`` split, its host normalized and its port;
+    BadHead (400) naming what is wrong."""
+    try:
+        url = urlsplit(target)
+        named = url.hostname
+    except ValueError:
+        raise BadHead(400, f"the request target is not a URL: {target[:80]!r}") from None
+    if url.scheme.lower() != "http" or not named:
+        raise BadHead(400, "the proxy takes CONNECT host:port, or a plain request to an absolute http:// URL")
+    host = normalize_host(named)
+    try:
+        port = url.port or 80
+    except ValueError:
+        host = None
+    if host is None:
+        raise BadHead(400, f"the URL's host is not a host name or address: {url.netloc[:80]!r}")
+    return url, host, port
 
 
 def _connect_target(target: str) -> tuple[str, int]:
@@ -343,10 +371,9 @@ async def _relay_answer(method: str, reader: asyncio.StreamReader, writer: async
                         down: Counter, make_scrubber: Callable[[], Scrubber] | None) -> Head:
     """Pass the answer to method back, values scrubbed when make_scrubber; return its final head."""
     while True:
-        head = parse_head(await read_head(reader), request=False)
+        raw = await read_head(reader)
         scrubber = make_scrubber() if make_scrubber else None
-        if scrubber:
-            head.headers = [(k, scrubber.scrub(v.encode("latin-1")).decode("latin-1")) for k, v in head.headers]
+        head = parse_head(scrubber.scrub(raw) if scrubber else raw, request=False)  # an error quotes it scrubbed
         status = int(head.first[1])
         if status == 101:
             raise BadHead(502, "the host switched protocols, which the proxy does not pass")

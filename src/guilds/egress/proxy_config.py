@@ -16,6 +16,8 @@ A JSON object (the file 0600: it holds the secrets' real values)::
       "resolve": {"git.test": "10.1.2.3"},   optional: names pinned to an address, never looked up
       "idle_clock": "/…/clock",              optional: the proxy exits when this file's mtime
       "idle_seconds": 1800,                    is older than idle_seconds (or it is gone)
+      "linger_seconds": 30,                  optional: on a Unix socket, the proxy sleeps after
+                                               this long without a connection (guilds.egress.waiter)
       "pidfile": "/…/proxy.pid"              optional: written once the proxy listens
     }
 
@@ -38,7 +40,7 @@ from .policy import Allowlist, IPAddress, address_of, normalize_host
 from .swap import Secret, secret_hosts
 
 KEYS = frozenset({"socket", "listen", "credential", "allow", "secrets", "ca_dir", "decisions", "resolve",
-                  "idle_clock", "idle_seconds", "pidfile"})
+                  "idle_clock", "idle_seconds", "linger_seconds", "pidfile"})
 SECRET_KEYS = frozenset({"name", "placeholder", "value", "hosts"})
 CREDENTIAL_PREFIX = b"GUILDS-EGRESS "
 """What a TCP connection to the proxy sends first, before its credential and a newline."""
@@ -61,6 +63,8 @@ class ProxyConfig:
     resolve: Mapping[str, IPAddress] = field(default_factory=dict)
     idle_clock: Path | None = None
     idle_seconds: float = math.inf
+    linger_seconds: float = math.inf
+    """How long a proxy on a Unix socket serves on without a connection before it sleeps."""
     pidfile: Path | None = None
     listen: tuple[str, int] | None = None
     credential: str | None = None
@@ -73,6 +77,13 @@ def _path(raw: Mapping[str, object], key: str, required: bool = False) -> Path |
     if not isinstance(value, str) or not value:
         raise ConfigError(f"egress config: {key} must be a path")
     return Path(value)
+
+
+def _seconds(raw: Mapping[str, object], key: str) -> float:
+    value = raw.get(key, math.inf)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"egress config: {key} must be a number above 0")
+    return float(value)
 
 
 def _secret(item: object) -> Secret:
@@ -129,9 +140,7 @@ def parse_config(raw: object) -> ProxyConfig:
     unknown = set(raw) - KEYS
     if unknown:
         raise ConfigError(f"egress config: unknown key {sorted(unknown)[0]!r}")
-    idle = raw.get("idle_seconds", math.inf)
-    if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not idle > 0:
-        raise ConfigError("egress config: idle_seconds must be a number above 0")
+    idle, linger = (_seconds(raw, key) for key in ("idle_seconds", "linger_seconds"))
     secrets = raw.get("secrets", [])
     if not isinstance(secrets, list):
         raise ConfigError("egress config: secrets must be a list")
@@ -145,7 +154,7 @@ def parse_config(raw: object) -> ProxyConfig:
         allow=allow,
         decisions=_path(raw, "decisions", required=True) or Path(), ca_dir=_path(raw, "ca_dir"),
         secrets=tuple(_secret(s) for s in secrets), resolve=_resolve(raw.get("resolve", {})),
-        idle_clock=_path(raw, "idle_clock"), idle_seconds=float(idle), pidfile=_path(raw, "pidfile"))
+        idle_clock=_path(raw, "idle_clock"), idle_seconds=idle, linger_seconds=linger, pidfile=_path(raw, "pidfile"))
 
 
 def write_config(path: str | Path, raw: Mapping[str, object]) -> Path:

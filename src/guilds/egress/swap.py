@@ -2,12 +2,18 @@
 
 Inside the sandbox a secret's variable holds a placeholder of the same length.
 On a request to a host the secret is for, ``swap_headers`` puts the real value
-in place of the placeholder in the request's header values, also inside
-``Authorization: Basic base64(user:pass)`` (what git and pip send); bodies and
-request lines are left as they are. What comes back passes ``Scrubber``, which
-puts the placeholder back in place of the value, in headers and in the body as
-it streams (a value cut across two reads is still found). Value and placeholder
-have the same length, so a Content-Length stays true.
+in place of the placeholder where a credential goes and nowhere else: the
+``Authorization`` header whose credential is the placeholder whole
+(``Bearer P``, ``token P``, what gh sends), or ``Basic base64(user:pass)``
+whose user or password is it (what git and pip send). Every other header, the
+request line and the body keep the placeholder, so a host that stores what it
+is sent and shows it back (a note, a user agent, an issue) shows the
+placeholder. What comes back passes ``Scrubber``, which puts the placeholder
+back in place of the value, in the head (before it is parsed, so an error
+quoting a malformed line quotes the placeholder) and in the body as it streams
+(a value cut across two reads is still found); ``scrub_text`` does the same for
+any line the proxy writes. Value and placeholder have the same length, so a
+Content-Length stays true.
 """
 
 from __future__ import annotations
@@ -42,38 +48,67 @@ def secret_hosts(entries: Iterable[str]) -> tuple[HostPattern, ...]:
     return listed.patterns
 
 
-def _swap_text(text: str, secrets: Sequence[Secret]) -> str:
-    for secret in secrets:
-        text = text.replace(secret.placeholder, secret.value)
-    return text
+CREDENTIAL_HEADER = "authorization"
+"""The one header a secret's value is put into (its name in lower case)."""
+WHOLE_SCHEMES = frozenset({"bearer", "token"})
+"""Authorization schemes whose credential is the placeholder whole."""
 
 
-def _swap_basic(value: str, secrets: Sequence[Secret]) -> str:
-    scheme, _, encoded = value.partition(" ")
+def _value_of(placeholder: str, secrets: Sequence[Secret]) -> str | None:
+    return next((s.value for s in secrets if s.placeholder == placeholder), None)
+
+
+def _swap_basic(encoded: str, secrets: Sequence[Secret]) -> str | None:
+    """A Basic credential with its user or password (a placeholder) swapped; None if neither is one."""
     try:
-        decoded = base64.b64decode(encoded.strip(), validate=True).decode("latin-1")
+        decoded = base64.b64decode(encoded, validate=True).decode("latin-1")
     except (binascii.Error, ValueError):
-        return value
-    swapped = _swap_text(decoded, secrets)
-    if swapped == decoded:
-        return value
-    return f"{scheme} {base64.b64encode(swapped.encode('latin-1')).decode()}"
+        return None
+    user, colon, password = decoded.partition(":")
+    real_user, real_password = _value_of(user, secrets), _value_of(password, secrets)
+    if not colon or (real_user is None and real_password is None):
+        return None
+    swapped = f"{real_user or user}:{real_password or password}"
+    return base64.b64encode(swapped.encode("latin-1")).decode()
+
+
+def _swap_credential(value: str, secrets: Sequence[Secret]) -> str | None:
+    """An Authorization value with its credential swapped, or None when it holds no placeholder
+    where the credential goes."""
+    scheme, _, credential = value.strip().partition(" ")
+    credential = credential.strip()
+    if scheme.lower() in WHOLE_SCHEMES:
+        real = _value_of(credential, secrets)
+        return None if real is None else f"{scheme} {real}"
+    if scheme.lower() == "basic":
+        real = _swap_basic(credential, secrets)
+        return None if real is None else f"{scheme} {real}"
+    return None
 
 
 def swap_headers(headers: list[tuple[str, str]],
                  secrets: Sequence[Secret]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """headers with each placeholder of secrets replaced by its value (Basic auth decoded
-    first), and the (sent, as written) pairs of each Basic credential swapped, so that an
-    answer echoing the encoded credential can be scrubbed back too."""
+    """headers with the Authorization credential that is a placeholder of secrets replaced
+    by its value (every other header as it was), and the (sent, as written) pairs of each
+    Basic credential swapped, so that an answer echoing the encoded credential can be
+    scrubbed back too."""
     out, encoded = [], []
     for name, value in headers:
-        swapped = value
-        if name.lower() == "authorization" and value[:6].lower() == "basic ":
-            swapped = _swap_basic(value, secrets)
-            if swapped != value:
-                encoded.append((swapped.partition(" ")[2], value.partition(" ")[2]))
-        out.append((name, _swap_text(swapped, secrets)))
+        swapped = _swap_credential(value, secrets) if name.lower() == CREDENTIAL_HEADER else None
+        if swapped is None:
+            out.append((name, value))
+            continue
+        if swapped[:6].lower() == "basic ":
+            encoded.append((swapped.partition(" ")[2], value.strip().partition(" ")[2].strip()))
+        out.append((name, swapped))
     return out, encoded
+
+
+def scrub_text(text: str, secrets: Sequence[Secret]) -> str:
+    """text with each secret's value replaced by its placeholder (a line the proxy writes)."""
+    for secret in secrets:
+        text = text.replace(secret.value, secret.placeholder)
+    return text
 
 
 class Scrubber:

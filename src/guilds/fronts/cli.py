@@ -1,17 +1,21 @@
 """`guilds`: the user's commands. Fronts only translate; the toolbox does the work.
 
     guilds call TOOL 'JSON ARGS' [--home DIR] [--run ID] [--config FILE] [--sandbox NAME] [--json] [--context-reset]
+                [--agent ID]
     guilds tools [--format anthropic|openai|openai-responses|mcp]
     guilds serve [--home DIR] [--port N] [--host H] [--allow-host NAME] [--no-token] [--sandbox NAME] [--config FILE]
-                 [--e2b [--e2b-key NAME]]
+                 [--e2b [--e2b-key NAME] [--e2b-sleep-idle SECONDS]]
     guilds mcp [--home DIR] [--sandbox NAME] [--config FILE]
     guilds doctor [--config FILE] [--sandbox NAME]
     guilds sandbox image [--tag T] [--base B] [--rootfs TAR] [--no-install]
     guilds sandbox list | stop [AGENT] | rm [AGENT] [--config FILE] [--sandbox NAME]
+    guilds agent new [TEMPLATE] [--owner O] [--expires-in S] | list [--owner O] | rm ID [--config FILE]
     guilds --version
 
 `guilds call` imports only what a call needs: not the MCP SDK, the app, nor
-a sandbox backend other than the agent's.
+a sandbox backend other than the agent's. `guilds mcp` answers a client's
+opening requests before it imports the SDK (guilds.fronts.mcp_stdio): nothing
+heavy is imported before that.
 
 Exit codes: 0 when the call was made (its result printed, also an error
 result: a failed command, a missing file, an exhausted budget); 2 for bad
@@ -22,17 +26,17 @@ failure of guilds itself.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import gc
 import json
 import os
-import secrets
+import signal
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from guilds_code.limits import ENVD_SLEEP_IDLE_MAX_SECONDS, ENVD_SLEEP_IDLE_SECONDS
 
 from ..errors import BadInput, ConfigError, GuildsError
 
@@ -45,24 +49,29 @@ EXIT_SIGNAL = 128
 """Stopped by signal N: exit 128 + N, as a shell reports it."""
 
 
-def _parser() -> argparse.ArgumentParser:
-    from ..toolbox.tools import FORMATS, TOOL_NAMES
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. ``command``: the first argument, when known: the tool
+    registry (the tool names, the export formats) is loaded only for a command that
+    names them, so `guilds mcp` answers its client before the registry has loaded."""
     from .wiring import settings_options
 
+    tool_names, formats = _registry_names() if command in (None, "call", "tools") else ((), ())
     parser = argparse.ArgumentParser(prog="guilds", description="Code tools for coding agents.")
-    parser.add_argument("--version", action="version", version=f"guilds {_version()}")
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     call = sub.add_parser("call", help="make one tool call through the whole pipeline")
-    call.add_argument("tool", help=f"one of {', '.join(TOOL_NAMES)}")
+    call.add_argument("tool", help=f"one of {', '.join(tool_names)}")
     call.add_argument("args", nargs="?", default="{}", help="the arguments, a JSON object")
     call.add_argument("--home", help="the agent's home (overrides agent.home)")
     call.add_argument("--run", help="the run id (default: a new run)")
+    call.add_argument("--agent", metavar="ID", help="an agent made on demand (guilds agent new) instead of "
+                                                    "the settings' own")
     settings_options(call)
     call.add_argument("--json", action="store_true", help='print {"text", "is_error", "meta"}')
     call.add_argument("--context-reset", action="store_true",
                       help="the model's context was compacted or rewound: no file_read points before this call")
     tools = sub.add_parser("tools", help="print the tool definitions as JSON")
-    tools.add_argument("--format", choices=sorted(FORMATS), default="anthropic")
+    tools.add_argument("--format", choices=sorted(formats), default="anthropic")
     helps = {"serve": "the app at http://127.0.0.1:PORT/ and the MCP endpoint at /mcp",
              "mcp": "the tools as an MCP server on stdio"}
     for name in SERVERS:
@@ -74,12 +83,17 @@ def _parser() -> argparse.ArgumentParser:
             server.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1")
             server.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                                 help="also answer this Host name (a name this machine is reached by)")
+            server.add_argument("--log-json", action="store_true",
+                                help="log lines (one a call, one a sandbox start) as JSON objects")
             server.add_argument("--no-token", action="store_true",
                                 help="serve without the token (a loopback --host only)")
             server.add_argument("--e2b", action="store_true",
                                 help="serve the E2B API too, for the E2B SDKs (docs/e2b.md)")
             server.add_argument("--e2b-key", action="append", default=[], metavar="NAME",
                                 help="with --e2b: one more API key, seeing only its own sandboxes")
+            server.add_argument("--e2b-sleep-idle", type=_sleep_idle_seconds, default=None, metavar="SECONDS",
+                                help="with --e2b: a sandbox's process service idle this long sleeps "
+                                     f"(default {ENVD_SLEEP_IDLE_SECONDS}; 0: never)")
     doctor = sub.add_parser("doctor", help="what works on this machine and what does not, with the fix")
     settings_options(doctor)
     box = sub.add_parser("sandbox", help="the agents' sandboxes: image, list, stop, rm")
@@ -87,16 +101,34 @@ def _parser() -> argparse.ArgumentParser:
                      help="image: build the docker sandbox image; list: the agents' sandboxes and their "
                           "state; stop: end one (its files stay); rm: remove one with its state")
     box.add_argument("rest", nargs=argparse.REMAINDER, help="the action's options (--help)")
+    agent = sub.add_parser("agent", help="agents made on demand from the settings' templates: new, list, rm, fork")
+    agent.add_argument("action", choices=["new", "list", "rm", "fork"],
+                       help="new: make an agent of a template; list: the live agents; rm: remove one and "
+                            "everything of it; fork: N agents whose homes start as one agent's")
+    agent.add_argument("rest", nargs=argparse.REMAINDER, help="the action's options (--help)")
+    from .checkpoint_commands import add_parsers as checkpoint_parsers
+
+    checkpoint_parsers(sub, settings_options)
     return parser
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+def _registry_names() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    from ..toolbox.tools import FORMATS, TOOL_NAMES
 
-    try:
-        return version("guilds")
-    except PackageNotFoundError:
-        return "unknown"
+    return TOOL_NAMES, tuple(FORMATS)
+
+
+class _Version(argparse.Action):
+    """--version: guilds' version, looked up only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from .mcp_quick import server_version
+
+        print(f"guilds {server_version()}")
+        parser.exit()
 
 
 @contextlib.contextmanager
@@ -110,6 +142,13 @@ def _collections_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _sleep_idle_seconds(text: str) -> int:
+    """--e2b-sleep-idle's value: whole seconds, 0 (never) up to a week."""
+    if not text.isdigit() or int(text) > ENVD_SLEEP_IDLE_MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be whole seconds from 0 to {ENVD_SLEEP_IDLE_MAX_SECONDS}, got {text!r}")
+    return int(text)
 
 
 def _reject_constant(name: str) -> Any:
@@ -129,6 +168,9 @@ def parse_args_json(text: str) -> dict[str, Any]:
 
 def new_run_id() -> str:
     """A fresh run id for a call without --run: cli-<UTC time>-<random>."""
+    import secrets
+    import time
+
     return f"cli-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(3)}"
 
 
@@ -152,13 +194,29 @@ async def _call(opts: argparse.Namespace, env: Mapping[str, str]) -> dict[str, A
     from .wiring import open_toolbox
 
     args = parse_args_json(opts.args)
+    if opts.agent:
+        return await _call_made_agent(opts, args, env)
     async with open_toolbox(_wired(opts, env)) as toolbox:
         result = await toolbox.call(opts.run or new_run_id(), opts.tool, args,
                                     context_reset=opts.context_reset)
     return {"text": result.text, "is_error": result.is_error, "meta": result.meta}
 
 
+async def _call_made_agent(opts: argparse.Namespace, args: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """The call made by an agent made on demand (``--agent ID``), on its own home and sandbox."""
+    from .agent import Agent
+
+    if opts.home or opts.sandbox:
+        raise ConfigError("--agent: an agent made on demand has its own home and sandbox; drop --home and --sandbox")
+    async with Agent(_wired(opts, env)) as server:
+        made = await server.made_agent(opts.agent)
+        result = await made.toolbox.call(opts.run or new_run_id(), opts.tool, args, context_reset=opts.context_reset)
+    return {"text": result.text, "is_error": result.is_error, "meta": result.meta}
+
+
 def _run_call(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
+    import asyncio
+
     from .signals import Stopped, until_stopped
 
     try:
@@ -204,6 +262,8 @@ def _refuse_no_token_off_loopback(opts: argparse.Namespace) -> None:
         raise ConfigError("--e2b: the E2B keys are made from the endpoint's token; drop --no-token")
     if opts.e2b_key and not opts.e2b:
         raise ConfigError("--e2b-key: only with --e2b")
+    if opts.e2b_sleep_idle is not None and not opts.e2b:
+        raise ConfigError("--e2b-sleep-idle: only with --e2b")
 
 
 def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -218,19 +278,45 @@ def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
     # Plain lines on stderr, whatever is installed: the MCP SDK would otherwise
     # configure the root logger itself, with rich's handler where rich is importable.
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if opts.command == "serve":
+        _call_lines(opts.log_json)
     if opts.command == "mcp":
-        from .mcp_server import run_stdio
+        from .mcp_stdio import serve as serve_stdio
 
-        run_stdio(wired)
+        serve_stdio(wired)
         return EXIT_OK
+    import asyncio
+
     from .serve import serve
 
     try:
-        asyncio.run(serve(wired, opts.host, opts.port, no_token=opts.no_token,
-                          allow_hosts=tuple(opts.allow_host), e2b_keys=tuple(opts.e2b_key) if opts.e2b else None))
-    except KeyboardInterrupt:
-        pass
+        e2b_keys = tuple(opts.e2b_key) if opts.e2b else None
+        signum = asyncio.run(serve(wired, opts.host, opts.port, no_token=opts.no_token,
+                                   allow_hosts=tuple(opts.allow_host), e2b_keys=e2b_keys,
+                                   e2b_sleep_idle=opts.e2b_sleep_idle))
+    except KeyboardInterrupt:  # before the server held its stop signals: nothing opened yet
+        return EXIT_OK
+    if signum is not None:
+        print(stopped_line(signum), file=sys.stderr, flush=True)
     return EXIT_OK
+
+
+def stopped_line(signum: int) -> str:
+    """What `guilds serve` prints last, once a stop signal's stop is done."""
+    return (f"guilds serve: stopped by {signal.Signals(signum).name}: the running calls recorded as cancelled, "
+            "the warm pools' agents removed, the run record closed")
+
+
+def _call_lines(json_lines: bool) -> None:
+    """The server's line a call and a sandbox start (``guilds.observe.log_lines``), as JSON on request."""
+    import logging
+
+    from ..observe.log_lines import CALLS_LOGGER, JsonLines
+
+    logging.getLogger(CALLS_LOGGER).setLevel(logging.INFO)
+    if json_lines:
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonLines())
 
 
 def _sandbox_command(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -253,6 +339,14 @@ def _run(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
         return _run_server(opts, env)
     if opts.command == "sandbox":
         return _sandbox_command(opts, env)
+    if opts.command == "agent":
+        from .agent_commands import main as agent_commands_main
+
+        return agent_commands_main(opts.action, opts.rest, env)
+    if opts.command in ("checkpoint", "rewind"):
+        from .checkpoint_commands import main as checkpoint_main
+
+        return checkpoint_main(opts, env, _overrides(opts))
     if opts.command == "doctor":
         from .doctor import main as doctor_main
 
@@ -263,7 +357,8 @@ def _run(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     with _collections_paused():
-        opts = _parser().parse_args(argv)
+        args = sys.argv[1:] if argv is None else list(argv)
+        opts = _parser(args[0] if args else None).parse_args(args)
         try:
             return _run(opts, env)
         except (ConfigError, BadInput) as exc:

@@ -12,7 +12,9 @@ home and repositories), the network as the commands get it (``true`` said plainl
 to be unfiltered), the data folder, each settings file the data folder knows (one holding
 secrets its group or others may read is named, with ``chmod 600``; every
 front refuses to load it), the run record (SQLite or PostgreSQL, reached), and
-the harness CLIs (``claude``, ``codex``). A line marked ``--`` is not needed by
+what the agent's backend offers of checkpoints, rewind and fork (and whether new
+homes are overlay layers here, or copies and why), and the harness CLIs
+(``claude``, ``codex``). A line marked ``--`` is not needed by
 the configured agent. Exit status 1 when the configured sandbox cannot run (its
 backend's ``can_run()``), the agent's lines are not all ok, or the record cannot
 be reached, else 0.
@@ -30,7 +32,7 @@ from guilds_harness import harnesses
 from guilds_harness.harnesses import HARNESSES
 
 from ..limits import DOCTOR_PROBE_SECONDS
-from ..sandbox import Check, backend, backends, candidates, picked
+from ..sandbox import Check, backend, backends, candidates, get_sandbox, picked
 from .wiring import Wired
 
 
@@ -96,16 +98,36 @@ def check_network(wired: Wired) -> Check:
     settings = wired.settings
     if settings.egress:
         count = len(settings.egress)
-        held = "".join(f"; {kind.network_list_held}" for kind in candidates(settings.sandbox)
+        held = "".join(f"; {kind.network_list_held}" for kind in candidates(settings.sandbox, settings)
                        if kind.network_list_held)
         return Check("network", True, f"a list of {count} entr{'y' if count == 1 else 'ies'}: commands reach "
                      f"only those, through the egress proxy{held} (docs/network.md)")
     if settings.network:
         loopback = "".join(f" and, on {kind.name}, {kind.network_true_reach}"
-                           for kind in candidates(settings.sandbox) if kind.network_true_reach)
+                           for kind in candidates(settings.sandbox, settings) if kind.network_true_reach)
         return Check("network", True, f"true: unfiltered, commands reach every host{loopback}; a list of "
                      "hosts filters it (docs/network.md)")
     return Check("network", True, "false: commands have no network")
+
+
+def check_checkpoints(wired: Wired, sandbox: str) -> Check:
+    """What the backend the agent runs on offers of checkpoints, rewind and fork, and how
+    new homes (forks, templates) are made here: overlay layers or copies, and why."""
+    from ..agents.homes import overlay_unavailable
+    from ..config.settings import CHECKPOINT_SANDBOXES
+
+    known = {name for name, _ in backends(wired.settings)}
+    served = ", ".join(name for name in CHECKPOINT_SANDBOXES if name in known)
+    if sandbox not in CHECKPOINT_SANDBOXES:
+        return Check("checkpoints", False, f"not served on {sandbox}: the agent's home is not a folder on this "
+                     f"machine (no volume snapshot is taken); served on {served} (docs/checkpoints.md)", needed=False)
+    taken = ("one before each shell and code_task call" if wired.settings.checkpoints
+             else "none per call (agent.checkpoints is off)")
+    why = overlay_unavailable(Path(wired.data_dir), get_sandbox(wired.settings, wired.data_dir).home_owner)
+    homes = "overlay layers, copy-on-write" if why is None else f"copies ({why})"
+    return Check("checkpoints", True, f"on {sandbox}: {taken}; named checkpoints, rewind and fork served; a "
+                 f"checkpoint stores each changed file once; new homes of forks and templates are {homes} "
+                 "(docs/checkpoints.md)")
 
 
 def check_harnesses(wired: Wired) -> list[Check]:
@@ -123,13 +145,13 @@ def examine(wired: Wired) -> Report:
     """Ask every backend for its lines, the backend the settings pick for the agent's,
     then check the rest."""
     settings, data, configured = wired.settings, wired.data_dir, wired.settings.sandbox
-    by_backend = {name: kind.check(settings, data, needed=name == configured) for name, kind in backends()}
-    kind = picked(configured, lambda name: backend(name).can_run(by_backend[name]))
+    by_backend = {name: kind.check(settings, data, needed=name == configured) for name, kind in backends(settings)}
+    kind = picked(configured, lambda name: backend(name, settings).can_run(by_backend[name]), settings)
     agent = kind.check_agent(settings, data)
     found = [*(c for lines in by_backend.values() for c in lines), *agent, check_network(wired), check_data(wired),
              *check_settings_files(wired)]
     record = check_record(wired)  # after the data folder's line: it makes the folder
-    found += [record, *check_harnesses(wired)]
+    found += [record, check_checkpoints(wired, kind.name), *check_harnesses(wired)]
     if kind.can_run(by_backend[kind.name]) and all(c.ok for c in agent) and record.ok:
         effective = configured if kind.name == configured else kind.name + ("" if kind.isolates else " (no isolation)")
         return Report(found, True, f"agent {settings.id}: sandbox {effective} can run")

@@ -3,7 +3,7 @@
 A thin translation over ``Toolbox.call``; no tool logic lives here.
 
     build_server(toolbox, run_id=None) -> GuildsServer, an MCPServer
-    run_stdio(wired)                               `guilds mcp` (wired: guilds.fronts.wiring.resolve)
+    run_stdio(wired)          the server on stdio (`guilds mcp` runs it behind guilds.fronts.mcp_stdio)
     http_endpoint(toolbox, ...) -> McpEndpoint                `/mcp` in `guilds serve`
     streamable_http_app(toolbox, ...) -> Starlette            the endpoint as an app of its own
 
@@ -55,6 +55,8 @@ Contract:
   extension, on the 2026-07-28 revision for a client that declares it): a
   background ``shell`` command and a long ``code_task`` call answer with a
   task; ``tasks/get``, ``tasks/update``, ``tasks/cancel``.
+- Rewind (``guilds.fronts.mcp_checkpoints``): ``guilds/rewind`` puts the
+  agent's files back to before a call of one of the caller's runs.
 - Context resets: ``_meta["guilds/context_reset"]: true`` on a call says the
   model's context was compacted or rewound before it (``Toolbox.context_reset``):
   no file_read points to a result from before that call.
@@ -79,7 +81,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import anyio
@@ -97,24 +98,20 @@ from ..toolbox import CallResult, Toolbox
 from ..toolbox.tools import TOOLS, tool_named
 from ..toolbox.tools import Tool as GuildsTool
 from ..toolbox.tools.formats import to_mcp
+from .mcp_checkpoints import CheckpointsExtension
+from .mcp_quick import INSTRUCTIONS, SERVER_EXTENSIONS, SERVER_NAME
+from .mcp_quick import server_version as _version
 from .mcp_runs import META_KEY, RunChoice, Runs, new_run_id, with_run_line
 from .mcp_runs import RUN_KEY as RUN_KEY  # the tests and embedders name it from here
 from .mcp_tasks import TasksExtension
-from .wiring import Wired, open_toolbox, resolve
+from .wiring import Wired, open_toolbox
 
 log = logging.getLogger(__name__)
 
-SERVER_NAME = "guilds"
 CONTEXT_RESET_KEY = "guilds/context_reset"
 """A request ``_meta`` key: true when the model's context was compacted or
 rewound before this call (Toolbox.context_reset): no read points before it."""
 CODING_OFF = "tool {name!r} is not offered: the agent's coding capability is off (agent.coding)"
-INSTRUCTIONS = (
-    "Code tools running inside an agent's sandbox: shell (tests, builds, git), shell_status "
-    "(background commands), file_read, code_search, code_task. One session is one run: a cd "
-    "carries over to the next shell call. A result that starts with a run line (run: mcp-...) "
-    "names its run: pass that id as the run argument of the next calls to stay in it."
-)
 
 
 ToolCall = Callable[[Context | None, str, dict[str, Any]], Awaitable[types.CallToolResult]]
@@ -283,8 +280,13 @@ class GuildsServer(MCPServer):
                  sessionless_idle_seconds: float = limits.MCP_SESSIONLESS_IDLE_SECONDS):
         self.front = _Front(toolbox, run_id, sessionless_idle_seconds)
         self.tasks = TasksExtension(self.front)
+        made = {extension.identifier: extension for extension in (self.tasks, CheckpointsExtension(toolbox))}
+        if set(made) != set(SERVER_EXTENSIONS):
+            raise RuntimeError(f"the extensions made {sorted(made)} are not the ones advertised early "
+                               f"(mcp_quick.SERVER_EXTENSIONS) {sorted(SERVER_EXTENSIONS)}")
         super().__init__(SERVER_NAME, version=_version(), instructions=INSTRUCTIONS, log_level="WARNING",
-                         subscriptions=False, lifespan=_lifespan, extensions=[self.tasks],
+                         subscriptions=False, lifespan=_lifespan,
+                         extensions=[made[identifier] for identifier in SERVER_EXTENSIONS],
                          tools=[ToolboxTool.of(tool, self.front.call) for tool in TOOLS])
 
     async def list_tools(self) -> list[types.Tool]:
@@ -317,13 +319,6 @@ def build_server(toolbox: Toolbox, *, run_id: str | None = None,
     return GuildsServer(toolbox, run_id=run_id, sessionless_idle_seconds=sessionless_idle_seconds)
 
 
-def _version() -> str:
-    try:
-        return version("guilds")
-    except PackageNotFoundError:
-        return "0"
-
-
 # --- streamable HTTP ---------------------------------------------------------
 @dataclass(frozen=True)
 class McpEndpoint:
@@ -352,24 +347,25 @@ def streamable_http_app(toolbox: Toolbox, *, path: str = "/mcp", host: str = "12
 
 
 # --- stdio ---------------------------------------------------------------------
-def run_stdio(wired: Wired) -> None:
+def run_stdio(wired: Wired, before_exit: Callable[[], None] | None = None) -> None:
     """`guilds mcp`: serve the agent's tools on stdin/stdout until the client closes stdin.
 
     ``wired`` comes from ``guilds.fronts.wiring.resolve`` (settings, data folder,
     environment, overrides), as for every front. SIGTERM, SIGINT and SIGHUP
     end the server as a closed stdin does: running calls are cancelled, their
     commands stopped and the calls recorded. Nothing but MCP messages is
-    written to stdout.
+    written to stdout. ``before_exit``: called on a signal once the calls have
+    stopped, before the process ends (the stdio relay forwards what is left).
     """
-    anyio.run(serve_stdio, wired)
+    anyio.run(serve_stdio, wired, before_exit)
 
 
-async def serve_stdio(wired: Wired) -> None:
+async def serve_stdio(wired: Wired, before_exit: Callable[[], None] | None = None) -> None:
     async with open_toolbox(wired) as toolbox:
-        await serve_streams(build_server(toolbox, run_id=new_run_id()))
+        await serve_streams(build_server(toolbox, run_id=new_run_id()), before_exit)
 
 
-async def serve_streams(server: GuildsServer) -> None:
+async def serve_streams(server: GuildsServer, before_exit: Callable[[], None] | None = None) -> None:
     """Run server on this process's stdio (MCPServer's runner) until EOF, SIGTERM, SIGINT or SIGHUP.
 
     On a signal the server is cancelled; once its lifespan has ended (its
@@ -378,29 +374,19 @@ async def serve_streams(server: GuildsServer) -> None:
     sits in a thread that only EOF releases.
     """
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_end_on_signal, tg.cancel_scope, server.front.ended)
+        tg.start_soon(_end_on_signal, tg.cancel_scope, server.front.ended, before_exit)
         await server.run_stdio_async()
         tg.cancel_scope.cancel()
 
 
-async def _end_on_signal(scope: anyio.CancelScope, ended: asyncio.Event) -> None:
+async def _end_on_signal(scope: anyio.CancelScope, ended: asyncio.Event,
+                         before_exit: Callable[[], None] | None) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         signum = await anext(signals)
     scope.cancel()
     with anyio.move_on_after(limits.STDIO_STOP_WAIT_SECONDS, shield=True):
         await ended.wait()
+    if before_exit is not None:
+        before_exit()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m guilds.fronts.mcp_server SETTINGS_FILE DATA_DIR``: `guilds mcp --config FILE`
-    without the CLI (the tests and the benchmark launch it so)."""
-    import sys
-
-    settings_file, data = sys.argv[1:] if argv is None else argv
-    run_stdio(resolve(settings_file, data_dir=data))
-
-
-if __name__ == "__main__":
-    main()

@@ -69,11 +69,11 @@ from ..record.owners import LOST
 from ..toolbox import Toolbox
 from ..toolbox.background_read import background_state
 from ..toolbox.tools import TASK_CALL, TASK_COMMAND, tool_named
+from .mcp_quick import TASKS_EXTENSION
 from .mcp_runs import META_KEY, principal_of
 
 log = logging.getLogger(__name__)
 
-TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 POLL_INTERVAL_MS = round(limits.MCP_TASK_POLL_SECONDS * 1000)
 RUNNING_STATES = ("running", "stopping")
 """A background command's states while its task is working."""

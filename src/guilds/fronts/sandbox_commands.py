@@ -32,7 +32,7 @@ from .wiring import Wired, apply_overrides, resolve, settings_options
 def list_boxes(wired: Wired) -> list[Box]:
     """Every backend's sandboxes, in ``guilds.sandbox.BACKENDS``' order."""
     settings = wired.settings
-    return [box for name, kind in backends()
+    return [box for name, kind in backends(settings)
             for box in kind.boxes(settings, wired.data_dir, chosen=name == settings.sandbox)]
 
 

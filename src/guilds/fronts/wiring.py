@@ -35,18 +35,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.settings import (
+    CHECKPOINT_SANDBOXES,
     SANDBOXES,
+    SERVED_KEYS,
     AgentSettings,
     coding_flag,
     default_settings_file,
-    load_settings,
     parse_settings,
+    read_toml,
 )
 from ..config.settings import data_dir as default_data_dir
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..toolbox import Toolbox
+    from ..toolbox.observer import Observer
 
 SettingsSource = AgentSettings | str | os.PathLike | None
 
@@ -109,15 +112,21 @@ def resolve(settings: SettingsSource = None, *, data_dir: str | os.PathLike | No
             env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> Wired:
     """Read and check everything a toolbox needs; ConfigError names the bad key."""
     env = os.environ if env is None else env
-    data = Path(data_dir).expanduser() if data_dir is not None else default_data_dir(env)
+    data = (Path(data_dir).expanduser() if data_dir is not None else default_data_dir(env)).absolute()
     if isinstance(settings, AgentSettings):
         loaded, path = settings, None
     else:
         if settings is None:
             make_data_dir(data)
         path = _settings_file(settings, data)
-        loaded = load_settings(path, env)
+        document = read_toml(path)
+        loaded = parse_settings(document, path.parent, env)
     final = apply_overrides(loaded, overrides, env)
+    if path is not None and any(key in document for key in SERVED_KEYS):
+        from ..config.templates import own_pooled, parse_served
+
+        final = own_pooled(final, document)  # in claim mode the top-level [pool] sizes its warm pool
+        parse_served(document, path.parent, env, final)  # a bad template stops every front, as a bad key does
     if path is None or (overrides and "coding" in overrides):
         coding = _constant(final.coding)
     else:
@@ -137,8 +146,9 @@ def make_data_dir(data: Path) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def open_toolbox(wired: Wired) -> AsyncIterator[Toolbox]:
-    """The agent's toolbox: its sandbox (not started: the first call starts it) and the run record.
+async def open_toolbox(wired: Wired, observer: Observer | None = None) -> AsyncIterator[Toolbox]:
+    """The agent's toolbox: its sandbox (not started: the first call starts it) and the run record;
+    ``observer`` hears of its calls (``guilds.toolbox.observer``; None: the log lines only).
     The agent is remembered in the data folder first (``guilds.config.agents``): every
     bwrap sandbox of that folder hides its home and settings file."""
     from ..config.agents import remember
@@ -146,12 +156,18 @@ async def open_toolbox(wired: Wired) -> AsyncIterator[Toolbox]:
     from ..record.store import Store
     from ..sandbox import get_sandbox
     from ..toolbox import Toolbox
+    from ..toolbox.observer import NO_OBSERVER
 
     data = make_data_dir(wired.data_dir)
     remember(data, wired.settings, wired.settings_file)
     sandbox = get_sandbox(wired.settings, data)
     async with Store(database_url(data, wired.env)) as store:
-        yield Toolbox(wired.settings, sandbox, store, coding=wired.coding)
+        toolbox = Toolbox(wired.settings, sandbox, store, coding=wired.coding, observer=observer or NO_OBSERVER)
+        if wired.settings.sandbox in CHECKPOINT_SANDBOXES:
+            from ..toolbox.checkpointing import AgentCheckpoints
+
+            toolbox.checkpoints = AgentCheckpoints(toolbox, data)
+        yield toolbox
 
 
 def settings_options(parser: argparse.ArgumentParser) -> None:

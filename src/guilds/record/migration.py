@@ -15,6 +15,17 @@ finds them and adds nothing.
 Tasks made before a command's task kept the call that started it get the
 ``background_call`` column, empty: such a task cannot name its command, and
 reads it ended (guilds/fronts/mcp_tasks.py).
+
+Context marks made before a rewind of a run's files could be recorded get the
+``from_seq`` column, empty: each of them is a context reset.
+
+Agents made on demand before their uid was recorded get the ``uid`` column,
+filled for those not removed with the uid derived from their id (the one
+their sandbox runs as), so a new agent is checked against them too.
+
+A PostgreSQL record whose ``calls.duration_ms`` is a 32-bit integer gets a
+64-bit one: a call lost after running more than 24.8 days is recorded with its
+whole duration (SQLite's integers are 64-bit already).
 """
 
 from __future__ import annotations
@@ -25,7 +36,8 @@ from typing import Any, Iterator, Sequence
 
 import sqlalchemy as sa
 
-from .schema import SAVINGS_COLUMNS, calls
+from ..config.uids import agent_uid
+from .schema import SAVINGS_COLUMNS, agents, calls
 from .statements import add_savings
 from .values import CALL_FIELDS, TRAILER, Savings, answer_text, call_savings
 
@@ -63,6 +75,25 @@ def migrate(conn: sa.Connection) -> None:
         _fill_savings(conn)
     if "background_call" not in _columns(conn, "tasks"):
         conn.execute(sa.text("ALTER TABLE tasks ADD COLUMN background_call VARCHAR(128)"))
+    if "from_seq" not in _columns(conn, "context_marks"):
+        conn.execute(sa.text("ALTER TABLE context_marks ADD COLUMN from_seq INTEGER"))
+    if "uid" not in _columns(conn, "agents"):
+        conn.execute(sa.text("ALTER TABLE agents ADD COLUMN uid BIGINT"))
+        _fill_agent_uids(conn)
+    _widen_durations(conn)
+
+
+def durations_are_wide(conn: sa.Connection) -> bool:
+    """Does ``calls.duration_ms`` hold 64-bit values (always so on SQLite)?"""
+    if conn.dialect.name != "postgresql":
+        return True
+    kind = next(c["type"] for c in sa.inspect(conn).get_columns("calls") if c["name"] == "duration_ms")
+    return isinstance(kind, sa.BigInteger)
+
+
+def _widen_durations(conn: sa.Connection) -> None:
+    if not durations_are_wide(conn):
+        conn.execute(sa.text("ALTER TABLE calls ALTER COLUMN duration_ms TYPE BIGINT"))
 
 
 def _columns(conn: sa.Connection, table: str) -> set[str]:
@@ -101,3 +132,11 @@ def _fill_savings(conn: sa.Connection) -> None:
         for run_id, _seq, text, remaining, meta in rows:
             per_run[run_id] += call_savings(answer_text(text, remaining), meta)
         add_savings(conn, per_run)
+
+
+def _fill_agent_uids(conn: sa.Connection) -> None:
+    """The uid of each agent not removed, derived from its id as its sandbox derives it."""
+    ids = conn.execute(sa.select(agents.c.id).where(agents.c.status != "removed")).scalars().all()
+    if ids:
+        update = sa.update(agents).where(agents.c.id == sa.bindparam("k_id"))
+        conn.execute(update, [{"k_id": agent_id, "uid": agent_uid(agent_id)} for agent_id in ids])

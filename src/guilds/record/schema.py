@@ -15,8 +15,10 @@ Tables:
            once it has ended)
     owners the processes that have the record open (``guilds.record.owners``): id,
            machine, pid, pid_start, heartbeat_at
-    context_marks  run_id, after_seq, at: the run's model context was compacted
-           or rewound after its call after_seq
+    context_marks  run_id, after_seq, at, from_seq: the run's model context was
+           compacted or rewound after its call after_seq (from_seq none); or its
+           files were rewound to before call from_seq, so the reads of calls
+           from_seq..after_seq no longer stand
     run_principals run_id, principal: who made the run, for fronts that
            authenticate (the MCP endpoint: a fingerprint of its token; "" for
            none); claimed once, by the run's first such call
@@ -30,6 +32,17 @@ Tables:
     egress the egress proxy's decisions (agent.network a list, docs/network.md):
            run_id and call_id (of the call whose command made the connection), at,
            host, port, allowed, reason, bytes_up, bytes_down
+    agents the agents made on demand from a template (``guilds.agents``): id,
+           template, owner (who asked for it: a name the front gives), sandbox
+           (the backend it was made on), home, status (making, live, removed;
+           pooled and retiring for a warm pool's, ``guilds.agents.pool``),
+           created_at, expires_at (none: it lives until removed), removed_at;
+           a record made before it gets the table, empty, at setup
+    checkpoints the checkpoints of agents' homes (``guilds.checkpoints``): id,
+           agent_id, run_id, seq and call_id (of the call it was taken for; none
+           for one taken by name), moment (before, after, named), name, at,
+           files, bytes, status (kept, pruned); a record made before it gets
+           the table, empty, at setup
 """
 
 from __future__ import annotations
@@ -83,7 +96,7 @@ calls = sa.Table(
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("started_at", _TS, nullable=False),
     sa.Column("finished_at", _TS),
-    sa.Column("duration_ms", sa.Integer),
+    sa.Column("duration_ms", sa.BigInteger),
     sa.Column("row", sa.Text),
     sa.Column("owner", sa.String(32), index=True),
     sa.Column("remaining", sa.Integer),  # the trailer's count; NULL while running
@@ -102,6 +115,7 @@ context_marks = sa.Table(
     sa.Column("run_id", sa.String(128), nullable=False, index=True),
     sa.Column("after_seq", sa.Integer, nullable=False),
     sa.Column("at", _TS, nullable=False),
+    sa.Column("from_seq", sa.Integer),
 )
 """Where a run's model context was compacted or rewound: no file_read points to
 a call at or before after_seq (toolbox/ledger.py)."""
@@ -141,3 +155,34 @@ egress = sa.Table(
     sa.Index("egress_by_call", "run_id", "call_id"),
 )
 """The egress proxy's decisions, one row each (``Store.add_egress``); ``at`` in seconds since the epoch."""
+agents = sa.Table(
+    "agents", metadata,
+    sa.Column("id", sa.String(128), primary_key=True),
+    sa.Column("template", sa.String(128), nullable=False),
+    sa.Column("owner", sa.String(128), nullable=False),
+    sa.Column("sandbox", sa.String(16), nullable=False),
+    sa.Column("home", sa.Text, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("created_at", _TS, nullable=False),
+    sa.Column("expires_at", _TS),
+    sa.Column("removed_at", _TS),
+    sa.Column("uid", sa.BigInteger),
+    sa.Index("agents_by_status_owner", "status", "owner"),
+)
+"""The agents made on demand, one row each, kept after removal (``guilds.record.agent_rows``)."""
+checkpoints = sa.Table(
+    "checkpoints", metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("agent_id", sa.String(128), nullable=False),
+    sa.Column("run_id", sa.String(128)),
+    sa.Column("seq", sa.Integer),
+    sa.Column("call_id", sa.String(128)),
+    sa.Column("moment", sa.String(16), nullable=False),
+    sa.Column("name", sa.String(128)),
+    sa.Column("at", _TS, nullable=False),
+    sa.Column("files", sa.Integer, nullable=False),
+    sa.Column("bytes", sa.BigInteger, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Index("checkpoints_by_call", "run_id", "seq"),
+)
+"""The checkpoints of agents' homes, one row each (``Store.add_checkpoint``)."""

@@ -12,7 +12,6 @@ same transaction (``finish``).
 
 from __future__ import annotations
 
-from dataclasses import astuple
 from datetime import UTC, datetime
 from typing import Any, Mapping
 
@@ -37,6 +36,9 @@ _FINISH_RUNNING = FINISH_CALL.where(calls.c.status == "running")
 _SAVINGS_PARAMS = [f"d_{name}" for name in SAVINGS_COLUMNS]
 _ADD_SAVINGS = sa.update(runs).where(runs.c.id == sa.bindparam("k_run_id")).values(
     {name: runs.c[name] + sa.bindparam(param) for name, param in zip(SAVINGS_COLUMNS, _SAVINGS_PARAMS, strict=True)})
+CALL_WRITES = (INSERT_CALL, _FINISH_RUNNING, _ADD_SAVINGS)
+"""The statements of a call's start (with ``allocate_statement``'s) and of its end
+when nothing else ended it first: those a SQLite record prepares (``record.prepared``)."""
 ORPHANED = sa.select(calls.c.owner).distinct().where(calls.c.owner.is_not(None),
                                                       calls.c.owner.not_in(sa.select(owners.c.id)))
 """Owners of running calls that are no longer registered (closed while a call ran)."""
@@ -69,7 +71,10 @@ _FILE_READS = (
     .order_by(calls.c.seq)
 )
 """Built once: building it per call (and its cache key) was a third of the ledger's query time."""
-_RESET_SEQ = sa.select(sa.func.max(context_marks.c.after_seq)).where(context_marks.c.run_id == sa.bindparam("run_id"))
+_RESET_SEQ = sa.select(sa.func.max(context_marks.c.after_seq)).where(
+    context_marks.c.run_id == sa.bindparam("run_id"), context_marks.c.from_seq.is_(None))
+_REWOUND = sa.select(context_marks.c.from_seq, context_marks.c.after_seq).where(
+    context_marks.c.run_id == sa.bindparam("run_id"), context_marks.c.from_seq.is_not(None))
 
 
 def allocate_statement(dialect: Any) -> Any:
@@ -121,6 +126,11 @@ def reset_seq(conn: sa.Connection, run_id: str) -> int:
     return conn.execute(_RESET_SEQ, {"run_id": run_id}).scalar() or 0
 
 
+def rewound_spans(conn: sa.Connection, run_id: str) -> list[tuple[int, int]]:
+    """(from_seq, after_seq) of each rewind of the run's files: the calls whose reads no longer stand."""
+    return [(first, last) for first, last in conn.execute(_REWOUND, {"run_id": run_id})]
+
+
 def _savings(finish: Mapping[str, Any]) -> Savings:
     """The amounts of a call finished with these FINISH_CALL parameters."""
     return call_savings(answer_text(finish["text"], finish.get("remaining")), finish["meta"])
@@ -128,7 +138,7 @@ def _savings(finish: Mapping[str, Any]) -> Savings:
 
 def add_savings(conn: sa.Connection, per_run: Mapping[str, Savings]) -> None:
     """Add to each run's totals (in run id order: two writers lock runs rows in one order)."""
-    changes = [{"k_run_id": run_id, **dict(zip(_SAVINGS_PARAMS, astuple(amounts), strict=True))}
+    changes = [{"k_run_id": run_id, **dict(zip(_SAVINGS_PARAMS, amounts.amounts(), strict=True))}
                for run_id, amounts in sorted(per_run.items()) if amounts != Savings()]
     if changes:
         conn.execute(_ADD_SAVINGS, changes)

@@ -37,13 +37,14 @@ import contextlib
 import random
 import time
 from datetime import datetime
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ..errors import BadInput, RecordError
 from ..limits import RECORD_BUSY_RETRY_SECONDS, RECORD_BUSY_WAIT_SECONDS
+from . import agent_listing, agent_rows
 from .engine import (
     RecordThread,
     create_schema,
@@ -55,8 +56,9 @@ from .engine import (
     sqlite_pragmas,
 )
 from .owners import Lease, Owner, is_gone, machine_id
-from .schema import calls, context_marks, egress, owners, run_principals, runs, tasks
+from .schema import agents, calls, checkpoints, context_marks, egress, owners, run_principals, runs, tasks
 from .statements import (
+    CALL_WRITES,
     FLOW_COLUMNS,
     FLOW_PAGE,
     INSERT_CALL,
@@ -67,12 +69,15 @@ from .statements import (
     finish,
     finish_lost,
     reset_seq,
+    rewound_spans,
     utc_now,
     utc_row,
 )
 from .values import CallRecord, RunRecord, Slot
 
 T = TypeVar("T")
+RUN_IDS_PAGE = 500
+"""Run ids asked for in one query (SQLite's older builds take 999 variables at most)."""
 DEFAULT_PAGE = 100
 
 
@@ -103,8 +108,8 @@ class Store:
         self.where = where.database if self.sqlite else f"{where.host}/{where.database}"
         """The record's place for messages: the SQLite file, or host/database (no password)."""
         self._allocate = allocate_statement(dialect_module(self.sqlite))
-        self._record_thread = (RecordThread(where) if self.sqlite and where.database not in (None, "", ":memory:")
-                               else None)
+        on_file = self.sqlite and where.database not in (None, "", ":memory:")
+        self._record_thread = RecordThread(where, prepared=(self._allocate, *CALL_WRITES)) if on_file else None
 
     async def __aenter__(self) -> Store:
         await self.setup()
@@ -116,16 +121,20 @@ class Store:
 
     async def setup(self) -> None:
         """Create the tables where missing (idempotent, and safe when processes race:
-        ``create_schema``); a SQLite record file is made 0600."""
+        ``create_schema``; a SQLite file one process at a time, ``RecordThread.make_schema``);
+        a SQLite record file is made 0600."""
         if self.sqlite:
             private_record(self.engine.url.database)
         async def create() -> None:
+            if self._record_thread is not None:
+                await self._record_thread.make_schema()
+                return
             async with self.engine.begin() as conn:
                 await conn.run_sync(create_schema)
 
         try:
             await self._again_while_busy(create)
-        except sa.exc.DBAPIError as exc:
+        except (sa.exc.DBAPIError, OSError) as exc:
             raise RecordError(f"the run record at {self.where} could not be made: {reason(exc)}") from None
         await self._register()
         await self.sweep_lost()
@@ -169,12 +178,13 @@ class Store:
             return lost
         return await self._in_transaction("the lost calls", sweep)
 
-    async def _in_transaction(self, what: str, work: Callable[[sa.Connection], T]) -> T:
+    async def _in_transaction(self, what: str, work: Callable[[sa.Connection], T], *, prepared: bool = False) -> T:
         """work(conn) in one write transaction (see the module docstring); a database
-        failure (a full disk) becomes RecordError naming ``what``."""
+        failure (a full disk) becomes RecordError naming ``what``. ``prepared``: work runs
+        only CALL_WRITES and the allocation, prepared on a SQLite file (``record.prepared``)."""
         async def attempt() -> T:
             if self._record_thread is not None:
-                return await self._record_thread.run(work, write=True)
+                return await self._record_thread.run(work, write=True, prepared=prepared)
             async with self.engine.begin() as conn:
                 return await conn.run_sync(work)
 
@@ -225,7 +235,7 @@ class Store:
             })
             return seq, used, admitted_seq == seq
 
-        seq, used, admitted = await self._in_transaction(f"the start of a {tool[:40]!r} call", begin)
+        seq, used, admitted = await self._in_transaction(f"the start of a {tool[:40]!r} call", begin, prepared=True)
         self._in_flight += 1
         self._idle.clear()
         return Slot(seq=seq, used=used, admitted=admitted)
@@ -246,7 +256,7 @@ class Store:
                 "row": row, "owner": None, "remaining": remaining,
             }
             await self._in_transaction(f"the result of call {seq} of run {run_id}",
-                                       lambda conn: finish(conn, params))
+                                       lambda conn: finish(conn, params), prepared=True)
         finally:
             self._in_flight = max(0, self._in_flight - 1)
             if not self._in_flight:
@@ -268,8 +278,9 @@ class Store:
         """``file_reads`` made after the run's latest context reset: what the read ledger
         may offer, in one round trip."""
         def read(conn: sa.Connection) -> list[tuple[int, dict, int]]:
-            after = reset_seq(conn, run_id)
-            return [read for read in file_reads(conn, run_id, before_seq) if read[0] > after]
+            after, rewound = reset_seq(conn, run_id), rewound_spans(conn, run_id)
+            return [read for read in file_reads(conn, run_id, before_seq)
+                    if read[0] > after and not any(first <= read[0] <= last for first, last in rewound)]
         return await self._reading(read)
 
     async def mark_context_reset(self, run_id: str, at: datetime) -> int:
@@ -280,6 +291,34 @@ class Store:
             conn.execute(sa.insert(context_marks), {"run_id": run_id, "after_seq": last, "at": at})
             return last
         return await self._in_transaction(f"a context reset of run {run_id}", mark)
+
+    async def mark_rewind(self, run_id: str, from_seq: int, at: datetime) -> int:
+        """Record that the run's files went back to before call from_seq: no read of
+        from_seq or later, up to now, is pointed to again. The run's last seq."""
+        def mark(conn: sa.Connection) -> int:
+            last = conn.execute(sa.select(runs.c.next_seq).where(runs.c.id == run_id)).scalar() or 0
+            conn.execute(sa.insert(context_marks), {"run_id": run_id, "after_seq": last, "at": at,
+                                                    "from_seq": from_seq})
+            return last
+        return await self._in_transaction(f"a rewind of run {run_id}", mark)
+
+    # --- the checkpoints of agents' homes (``guilds.checkpoints``)
+    async def add_checkpoint(self, row: dict[str, Any]) -> None:
+        """Record a checkpoint taken (the ``checkpoints`` table's columns)."""
+        await self._in_transaction(f"the checkpoint {row['id']}",
+                                   lambda conn: conn.execute(sa.insert(checkpoints), row))
+
+    async def mark_checkpoints_pruned(self, ids: Iterable[str]) -> None:
+        pruned = sorted(ids)
+        if pruned:
+            await self._in_transaction("the pruned checkpoints", lambda conn: conn.execute(
+                sa.update(checkpoints).where(checkpoints.c.id.in_(pruned)).values(status="pruned")))
+
+    async def checkpoints_of_run(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's checkpoints, in the order of its calls (before, then after)."""
+        query = (sa.select(checkpoints).where(checkpoints.c.run_id == run_id)
+                 .order_by(checkpoints.c.seq, checkpoints.c.at))
+        return await self._reading(lambda conn: [dict(r) for r in conn.execute(query).mappings()])
 
     async def context_reset_seq(self, run_id: str) -> int:
         """The seq after which the run's latest context reset came (0: none)."""
@@ -342,6 +381,16 @@ class Store:
             await self._in_transaction("the egress decisions",
                                        lambda conn: conn.execute(sa.insert(egress), decisions))
 
+    async def runs_of_agent(self, agent_id: str, run_ids: Iterable[str]) -> set[str]:
+        """Those of run_ids the record holds as agent_id's runs."""
+        wanted = sorted(set(run_ids))
+        pages = [wanted[i:i + RUN_IDS_PAGE] for i in range(0, len(wanted), RUN_IDS_PAGE)]
+
+        def work(conn: sa.Connection) -> set[str]:
+            return {run for page in pages for run in conn.execute(
+                sa.select(runs.c.id).where(runs.c.agent_id == agent_id, runs.c.id.in_(page))).scalars()}
+        return await self._reading(work) if pages else set()
+
     async def egress_of_call(self, run_id: str, call_id: str) -> list[dict[str, Any]]:
         """A call's egress decisions, in the order they were made."""
         query = (sa.select(egress).where(egress.c.run_id == run_id, egress.c.call_id == call_id)
@@ -357,6 +406,77 @@ class Store:
         for allowed, n in rows:
             counts["allowed" if allowed else "refused"] += n
         return counts
+
+    # --- the agents made on demand (``record.agent_rows``)
+    async def admit_agent(self, row: dict[str, Any], *, max_total: int, max_per_owner: int,
+                          evictable: Sequence[str] = ()) -> str | None:
+        """Record a new agent as ``making`` within the caps; ``agent_rows.AgentRefused`` past one.
+        At the server's cap one of the pooled agents ``evictable`` names is retired: its id."""
+        return await self._in_transaction(
+            f"the new agent {row['id']}", lambda conn: agent_rows.admit(conn, row, max_total, max_per_owner, evictable))
+
+    async def adopt_agent(self, candidates: Sequence[str], change: dict[str, Any], *, max_per_owner: int) -> str | None:
+        """One of the pooled candidates made live with ``change`` (``agent_rows.adopt``); its id or None."""
+        return await self._in_transaction(
+            f"an agent for {change['owner']}", lambda conn: agent_rows.adopt(conn, candidates, change, max_per_owner))
+
+    async def hand_over_agent(self, agent_id: str, holder: str, new_holder: str) -> bool:
+        """A pooled agent of a gone process taken by this one (``agent_rows.hand_over``)."""
+        return await self._in_transaction(f"the pooled agent {agent_id}",
+                                          lambda conn: agent_rows.hand_over(conn, agent_id, holder, new_holder))
+
+    async def mark_agent(self, agent_id: str, status: str, at: datetime | None = None, *,
+                         only_from: Sequence[str] = ()) -> bool:
+        """Set an agent's status (``agent_rows.LIVE``, ``REMOVED`` at ``at``), when it has one of
+        ``only_from`` if given; False when unknown (or not so)."""
+        changed = await self._in_transaction(f"the status of agent {agent_id}",
+                                             lambda conn: agent_rows.mark(conn, agent_id, status, at, only_from))
+        return bool(changed)
+
+    async def expire_agent(self, agent_id: str, expires_at: datetime | None) -> bool:
+        """Give a live agent a new expiry (None: never); False when no live agent has that id."""
+        changed = await self._in_transaction(f"the expiry of agent {agent_id}",
+                                             lambda conn: agent_rows.expire(conn, agent_id, expires_at))
+        return bool(changed)
+
+    async def forget_agent(self, agent_id: str) -> None:
+        """Drop the row of an agent whose make failed."""
+        await self._in_transaction(f"the failed agent {agent_id}", lambda conn: agent_rows.forget(conn, agent_id))
+
+    async def owner_ids(self) -> set[str]:
+        """The ids of the processes the record holds as running (the gone are swept at each open)."""
+        return set(await self._reading(lambda conn: conn.execute(sa.select(owners.c.id)).scalars().all()))
+
+    async def agents(self, *, owner: str | None = None, agent_id: str | None = None,
+                     statuses: tuple[str, ...] = agent_rows.HELD) -> list[agent_rows.AgentRecord]:
+        """The agents made on demand with one of these statuses (default: live or being made),
+        of one owner or with one id when given, oldest first."""
+        where: list[Any] = [agents.c.status.in_(statuses)]
+        if owner is not None:
+            where.append(agents.c.owner == owner)
+        if agent_id is not None:
+            where.append(agents.c.id == agent_id)
+        return await self._reading(lambda conn: agent_rows.read(conn, *where))
+
+    # --- the app's list of agents (``record.agent_listing``)
+    async def agents_listed(self, *, owner: str | None = None, statuses: tuple[str, ...] = (),
+                            besides: str | None = None, limit: int = DEFAULT_PAGE,
+                            offset: int = 0) -> list[agent_listing.AgentListing]:
+        """The record's agents, newest first, with their runs counted: those made on demand (of
+        owner, with one of statuses, when given) and, without a filter, those only runs name,
+        but ``besides``."""
+        query = agent_listing.query(owner=owner, statuses=statuses, besides=besides, limit=limit, offset=offset)
+        rows = await self._reading(lambda conn: conn.execute(query).mappings().all())
+        return [agent_listing.AgentListing.from_row(r) for r in rows]
+
+    async def agent_run_totals(self, agent_id: str) -> tuple[int, datetime | None]:
+        """An agent's runs: how many, and its latest call's start (None: no run)."""
+        row = await self._reading(lambda conn: conn.execute(agent_listing.run_totals(agent_id)).one())
+        return int(row.runs), agent_listing.utc(row.last_call_at)
+
+    async def agent_statuses(self) -> list[str]:
+        """The statuses the record's agents made on demand have, in order."""
+        return await self._reading(lambda conn: list(conn.execute(agent_listing.statuses()).scalars()))
 
     # --- the MCP front's run principals and tasks
     async def claim_run(self, run_id: str, principal: str, agent_id: str | None = None) -> str:

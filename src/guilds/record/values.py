@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Mapping
+from typing import Any, Container, Mapping
 
 from ..config.checks import is_safe_name
 
@@ -57,6 +57,10 @@ class Savings:
     elided: int = 0
     pointer_saved: int = 0
     secrets: int = 0
+
+    def amounts(self) -> tuple[int, int, int, int]:
+        """The four in the order of ``schema.SAVINGS_COLUMNS`` (``dataclasses.astuple`` deep-copies)."""
+        return self.returned, self.elided, self.pointer_saved, self.secrets
 
     def __add__(self, other: Savings) -> Savings:
         return Savings(self.returned + other.returned, self.elided + other.elided,
@@ -172,16 +176,30 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def decision_rows(decisions: list[dict[str, Any]], run_id: str, call_id: str) -> list[dict[str, Any]]:
+def _tagged(decision: dict[str, Any]) -> tuple[str, str] | None:
+    """The run and call a decision's tag names (``<run id>/<call id>``), or None."""
+    tag = decision.get("tag")
+    run, _, call = (tag if isinstance(tag, str) else "").partition("/")
+    return (run, call) if is_safe_name(run) and is_safe_name(call) else None
+
+
+def tagged_runs(decisions: list[dict[str, Any]]) -> set[str]:
+    """The runs the decisions' tags name."""
+    return {tagged[0] for tagged in map(_tagged, decisions) if tagged is not None}
+
+
+def decision_rows(decisions: list[dict[str, Any]], run_id: str, call_id: str,
+                  own_runs: Container[str] | None = None) -> list[dict[str, Any]]:
     """The egress proxy's decisions (its JSON lines) as ``egress`` rows: each under the
     run and call its tag names (``<run id>/<call id>``, the proxy user of the command's
-    proxy variables), else under run_id and call_id (the call whose end reads them)."""
+    proxy variables) when that run is in own_runs (the runs of the proxy's agent; None:
+    any run), else under run_id and call_id (the call whose end reads them). A command
+    names its proxy user itself: own_runs keeps it from writing into another agent's run."""
     rows = []
     for d in decisions:
-        tag = d.get("tag")
-        run, _, call = (tag if isinstance(tag, str) else "").partition("/")
-        if not (is_safe_name(run) and is_safe_name(call)):
-            run, call = run_id, call_id
+        tagged = _tagged(d)
+        run, call = tagged if tagged is not None and (own_runs is None or tagged[0] in own_runs) \
+            else (run_id, call_id)
         at = d.get("time")
         rows.append({
             "run_id": run, "call_id": call,

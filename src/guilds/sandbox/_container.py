@@ -41,7 +41,6 @@ import posixpath
 import secrets
 import shlex
 import signal
-import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
@@ -52,7 +51,6 @@ from ..limits import CONTAINER_CLOCK_POLL_SECONDS, CONTAINER_SEEN_POLL_SECONDS
 from ._host_folder import locate
 from ._spawn import KILL_GRACE_SECONDS
 from .base import Backend
-from .egress_side import RELAY, init_args
 from .helpers import HELPER_PACKAGES, build_bytes, source_digest
 
 STATE_INSIDE = limits.DEFAULT_STATE_DIR
@@ -154,9 +152,11 @@ def init_argv(python: str, idle_seconds: float, clock: str = "", *, relay: bool 
               relay_with: tuple[str, Sequence[str]] | None = None) -> list[str]:
     """The container's command: INIT with the idle clock's file ("": none, the calls
     seen), the idle time and how often it looks; with relay (agent.network a list),
-    the egress relay first (``egress_side.RELAY``), or relay_with's (code, its argv[4:])."""
+    the egress relay first (``egress_side.relay.RELAY``), or relay_with's (code, its argv[4:])."""
     poll = CONTAINER_CLOCK_POLL_SECONDS if clock else CONTAINER_SEEN_POLL_SECONDS
     if relay or relay_with:
+        from .egress_side.relay import RELAY, init_args  # an egress list only: a later call imports none of it
+
         code, args = relay_with or (RELAY, init_args())
         return [python, "-I", "-S", "-c", code + INIT, clock, seconds(idle_seconds), seconds(poll), *args]
     return [python, "-I", "-S", "-c", INIT, clock, seconds(idle_seconds), seconds(poll)]
@@ -186,6 +186,17 @@ def kill_argv(token: str) -> list[str]:
     return ["/bin/sh", "-c", _KILL, f"{EXEC_ENV}={token}", str(round(KILL_GRACE_SECONDS * 10))]
 
 
+def ending_argv(argv: Sequence[str], token: str) -> list[str]:
+    """argv run with EXEC_ENV=token in its environment under a shell that, once argv
+    exits, stops what is left with that token (``kill_argv``, on its own: the shell
+    exits with argv's status at once, holding none of the exec's streams). The shell's
+    own environment has no token, so the stop spares it. A long-lived process so run
+    ends what it started when its stdin ends, with no second exec to find it."""
+    stop = shlex.join(kill_argv(token))
+    return ["/bin/sh", "-c", f'"$@"; s=$?; {stop} </dev/null >/dev/null 2>&1 & exit $s',
+            "sh", "env", f"{EXEC_ENV}={token}", *argv]
+
+
 def exec_status(raw: int | None, *, elapsed: float, timeout: float) -> tuple[int | None, bool]:
     """(exit_code, timed_out) from the exec's raw status and how long it took."""
     if raw is None:
@@ -200,6 +211,8 @@ def tar_bytes(files: Sequence[tuple[str, bytes, int]], *, mtime: int,
     """A tar of (name relative to /, data, mode) files owned by owner (uid, gid),
     after an entry (mode 0700, same owner) for each of folders; other missing
     folders are made by the extracting side."""
+    import tarfile  # files written into a sandbox: a later call writes none
+
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
         for name in folders:
@@ -227,7 +240,7 @@ def repos_file(agent_id: str) -> str:
 
 def repos_json(settings: AgentSettings, home: str, entries: Mapping[str, Any] | None = None) -> bytes:
     """repos.json: each repository's folder inside -> its token (tokenless ones left out),
-    or the entries given (behind the egress proxy, ``egress_side.repos_entries``)."""
+    or the entries given (behind the egress proxy, ``Egress.repos_entries``)."""
     tokens = entries if entries is not None else {
         posixpath.join(home, r.path): r.token for r in settings.repos if r.token}
     return json.dumps(tokens, indent=1, sort_keys=True).encode()

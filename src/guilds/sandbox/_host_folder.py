@@ -65,7 +65,7 @@ def write_repos(settings: AgentSettings, *, state_root: str | int, home: str,
                 entries: Mapping[str, Any] | None = None) -> None:
     """``<state root>/<agent id>/repos.json`` (0600): each repository's absolute
     folder, as the sandbox sees it under ``home``, -> its token (tokenless ones left out),
-    or the entries given (behind the egress proxy: placeholders, egress_side.repos_entries).
+    or the entries given (behind the egress proxy: placeholders, Egress.repos_entries).
 
     state_root is the host folder behind the state root, or a handle on it
     (``write_beneath``'s root and shown).

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import functools
+import math
 import os
 import select
 import signal
@@ -129,15 +130,21 @@ async def run_process(
     cgroup); it must only make system calls (it runs between fork and exec).
     """
     loop = asyncio.get_running_loop()
+    start = asyncio.ensure_future(loop.subprocess_exec(
+        lambda: _Collector(loop), *argv, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(env), cwd=cwd,
+        start_new_session=True, preexec_fn=_dies_with_us(in_child),
+    ))
     try:
-        transport, proto = await loop.subprocess_exec(
-            lambda: _Collector(loop), *argv, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(env), cwd=cwd,
-            start_new_session=True, preexec_fn=_dies_with_us(in_child),
-        )
+        # shielded: asyncio's own answer to a cancel while the pipes connect is a SIGKILL to
+        # the leader alone, then a wait for the pipes its children hold (as long as they run)
+        transport, proto = await asyncio.shield(start)
     except OSError as exc:
         where = f" in {cwd}" if cwd else ""
         raise SandboxError(f"cannot run {argv[0]}{where}: {exc.strerror or exc}") from exc
+    except BaseException:  # cancelled while it starts: once started, its group is stopped as below
+        await _unless_cancelled(_in_background(_stop_once_started(start)))
+        raise
     pgid = transport.get_pid()
     try:
         timed_out = not await _settled(proto.exited, timeout)
@@ -185,6 +192,15 @@ async def _stop_and_close(transport: asyncio.SubprocessTransport, pgid: int, exi
         transport.close()
 
 
+async def _stop_once_started(start: asyncio.Future) -> None:
+    """A process whose start was cancelled: its group stopped once it has started (if it does)."""
+    try:
+        transport, proto = await start
+    except OSError:  # it did not start: nothing to stop
+        return
+    await _stop_and_close(transport, transport.get_pid(), proto.exited)
+
+
 _BACKGROUND: set[asyncio.Task] = set()
 """Tasks that finish a cancelled process: held here so they are not collected."""
 
@@ -225,10 +241,13 @@ def output_of(argv: Sequence[str], *, timeout: float) -> str | None:
 
 
 def read_until(fd: int, *, timeout: float, stop: bytes | None = None) -> bytes:
-    """Read fd until EOF, until ``stop`` has arrived, or for timeout seconds; return what came."""
+    """Read fd until EOF, until ``stop`` has arrived, or for timeout seconds; return what came.
+    (poll, not select: a server holding many agents has descriptors past FD_SETSIZE.)"""
     data, deadline = b"", time.monotonic() + timeout
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
     while (left := deadline - time.monotonic()) > 0:
-        if not select.select([fd], [], [], left)[0]:
+        if not poller.poll(math.ceil(left * 1000)):
             break
         chunk = os.read(fd, _READ)
         data += chunk

@@ -29,17 +29,17 @@ Contract every backend keeps (the conformance suite in tests/ checks it):
   ``guilds sandbox stop`` prints it; ``remove()`` stops, then removes what the
   sandbox keeps between stops, naming what the stop removed and then each
   removed thing (``guilds sandbox rm``).
+- ``egress``: the sandbox's side of the egress proxy (``egress_side.Egress``) when
+  ``agent.network`` is a list and the backend holds one (bwrap, docker, kubernetes;
+  docs/network.md), else None. The toolbox keeps it (``Egress.keep``, which starts a
+  dead proxy again) once before each call, and reads its decisions after. A backend
+  that cannot hold a list has None and refuses one (``config.egress``).
 
 What a backend answers without a sandbox (class methods, ``Backend``'s defaults
 where it has nothing to say): ``check()`` its lines of ``guilds doctor``,
 ``can_run()`` whether those lines let it run here, ``check_agent()`` the lines
 about the configured agent once it is the backend the settings pick, and
 ``boxes()`` the sandboxes it knows of (``guilds sandbox list``).
-
-Optional, for ``agent.network`` a list (bwrap, docker, kubernetes; docs/network.md): an
-attribute ``egress`` (the egress proxy's files, ``egress_side.EgressFiles``,
-or None) and ``keep_egress()``, which the toolbox awaits before each call so that
-a dead proxy is started again. A backend without them has no egress proxy.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
 if TYPE_CHECKING:
     from ..config.settings import AgentSettings
+    from .egress_side import Egress
     from .process_channel import ProcessChannel
 
 
@@ -71,13 +72,24 @@ class Sandbox(Protocol):
     """The python3 that runs the helpers inside the sandbox."""
     isolates: bool
     own_networks: bool
+    home_owner: tuple[int, int] | None
     """See ``Backend``."""
+
+    @property
+    def egress(self) -> Egress | None:
+        """The sandbox's side of the egress proxy (agent.network a list), else None."""
+        ...
 
     def helper_path(self, name: str) -> str:
         """Where the one-file helper `name` (guilds-code, guilds-harness) lives inside."""
         ...
 
     async def start(self) -> None: ...
+
+    def runs_now(self) -> bool | None:
+        """Whether the sandbox runs now, told from the host without a request into it and
+        without starting it; None where the backend cannot tell so (only a request tells)."""
+        ...
 
     async def exec(
         self,
@@ -94,6 +106,17 @@ class Sandbox(Protocol):
     async def stop(self) -> list[str]: ...
 
     async def remove(self) -> list[str]: ...
+
+
+async def keep_egress(sandbox: Sandbox) -> None:
+    """The one keep of a sandbox's egress proxy, once before each call (the toolbox's, and
+    each command of the E2B front): ``Egress.keep`` off the event loop, which starts a dead
+    proxy again; nothing without a list (no thread hop)."""
+    import asyncio  # here, not at the top: `guilds mcp` answers its client before it loads asyncio
+
+    egress = sandbox.egress
+    if egress is not None:
+        await asyncio.to_thread(egress.keep)
 
 
 @dataclass(frozen=True)
@@ -139,8 +162,16 @@ class Backend:
     """What holds ``agent.network`` as a list in on this backend, when the backend does
     not hold it by itself (doctor says so)."""
     own_networks = False
-    """True for a backend that can run a sandbox beside the agent's with a narrower egress
-    allowlist of its own (the E2B front's ``allow_out``)."""
+    """True for a backend whose agents' networks are each their own, so one agent's can be
+    narrowed alone (the E2B front's ``allow_out``)."""
+    home_owner: tuple[int, int] | None = None
+    """The host uid and gid the sandbox gives the agent's host home to and runs its commands
+    as, where it has one of its own (bwrap and docker under a root orchestrator); an agent
+    made on demand gets an overlay home only then (``guilds.agents.homes``)."""
+
+    def runs_now(self) -> bool | None:
+        """See ``Sandbox.runs_now``: here, cannot tell."""
+        return None
 
     @classmethod
     def for_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike, *,

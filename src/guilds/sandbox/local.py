@@ -26,7 +26,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ..config.settings import AgentSettings
 from ..errors import SandboxError
@@ -37,6 +37,9 @@ from .base import Backend, Check, ExecResult
 from .helpers import HELPER_PACKAGES, cached_helper
 from .process_channel import LocalProcess
 
+if TYPE_CHECKING:
+    from .egress_side import Egress
+
 NAME = "local"
 STATE_FOLDER = "state"
 """The state root's folder under the data folder."""
@@ -46,6 +49,8 @@ MIN_PYTHON = (3, 9)
 class LocalSandbox(Backend):
     name = NAME
     isolates = False
+    egress: Egress | None = None
+    """Never one: local refuses agent.network as a list (``config.egress``)."""
 
     def __init__(self, settings: AgentSettings, data_dir: str | os.PathLike, *, path: str | None = None):
         """path: the agent's PATH (default: this process's PATH)."""

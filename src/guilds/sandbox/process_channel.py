@@ -11,6 +11,15 @@ reader thread (``receive``) and from any thread one at a time (``send``):
   (idempotent; a blocked ``receive`` then returns b"");
 - ``stderr_tail()``: the last lines of its stderr, for an error message.
 
+``Lines`` splits a channel's stdout into lines: it holds at most
+CHANNEL_LINE_MAX_BYTES of a line not yet ended, and past that raises
+LineTooLong, rather than keep whatever a process that reached the stdout (a
+command of the same uid, through /proc/<pid>/fd/1) writes without a newline.
+``read_lines(channel)`` reads a channel with it from a thread (and closes the
+channel on LineTooLong); an event loop reads a ``LoopReadable`` one (a
+LocalProcess, a DockerProcess) with it: it watches ``reader_fd`` and takes
+what is there with ``receive_nowait``, writing with ``send_nowait``.
+
 - ``LocalProcess``: a child of this process (local; bwrap through nsenter),
   in a session of its own: ``close`` ends its whole group;
 - ``DockerProcess``: one engine exec with stdin attached, its multiplexed
@@ -24,14 +33,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import socket
+import ssl
 import subprocess
 import threading
-from typing import IO, Any, Callable, Mapping, Protocol, Sequence
+import time
+from typing import IO, Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 from ..errors import SandboxError
-from ..limits import CHANNEL_CLOSE_WAIT_SECONDS
+from ..limits import CHANNEL_CLOSE_WAIT_SECONDS, CHANNEL_LINE_MAX_BYTES
 
 STDERR_TAIL_BYTES = 16 * 1024
 """What is kept of the process's stderr: its end, for 'code helper failed'."""
@@ -51,6 +63,83 @@ class ProcessChannel(Protocol):
     def close(self) -> None: ...
 
     def stderr_tail(self) -> str: ...
+
+
+class LoopReadable(ProcessChannel, Protocol):
+    """A channel an event loop can read and write without waiting on the process."""
+
+    def reader_fd(self) -> int:
+        """A descriptor to watch for readability, the caller's to close."""
+        ...
+
+    def receive_nowait(self) -> bytes | None:
+        """The stdout bytes there now; None when none are (yet); b"" once it has ended."""
+        ...
+
+    def send_nowait(self, data: bytes) -> int:
+        """Of data, how many bytes were written without waiting (0: none)."""
+        ...
+
+    def stdout_ended(self) -> None:
+        """Its stdout was read to the end (by ``receive_nowait``'s caller)."""
+        ...
+
+
+class LineTooLong(SandboxError):
+    """A line of a channel's stdout passed its bound without a newline; the channel is closed."""
+
+
+class Lines:
+    """A stream's bytes in, its whole lines (without the newline) out; at most
+    max_bytes of a line not yet ended are held (LineTooLong past that)."""
+
+    def __init__(self, max_bytes: int = CHANNEL_LINE_MAX_BYTES):
+        self.max_bytes = max_bytes
+        self._pending = bytearray()
+
+    def feed(self, chunk: bytes) -> Iterator[bytes]:
+        """The lines chunk ends, in order; LineTooLong at a line past max_bytes."""
+        pending, start = self._pending, 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            if len(pending) + end - start > self.max_bytes:
+                self._too_long()
+            if pending:
+                pending += chunk[start:end]
+                line = bytes(pending)
+                pending.clear()
+            else:
+                line = chunk[start:end]
+            yield line
+            start = end + 1
+        pending += chunk[start:]
+        if len(pending) > self.max_bytes:
+            self._too_long()
+
+    def _too_long(self) -> None:
+        self._pending.clear()
+        raise LineTooLong(f"a line of more than {self.max_bytes} bytes without a newline on its stdout "
+                          f"(something else writes there); the channel was closed")
+
+
+def read_lines(channel: ProcessChannel, max_bytes: int = CHANNEL_LINE_MAX_BYTES,
+               lines: Lines | None = None) -> Iterator[bytes]:
+    """channel's stdout, line by line (without the newline), until it ends (or
+    ``receive`` raises ChannelClosed). A line longer than max_bytes closes the
+    channel and raises LineTooLong: no more than max_bytes and one read are held.
+    lines: the splitter to go on with (a line begun by another reader)."""
+    splitter = lines or Lines(max_bytes)
+    while True:
+        try:
+            chunk = channel.receive()
+        except ChannelClosed:
+            return
+        if not chunk:
+            return
+        try:
+            yield from splitter.feed(chunk)
+        except LineTooLong:
+            channel.close()
+            raise
 
 
 class _Tail:
@@ -83,8 +172,16 @@ class LocalProcess:
         self._stderr = _piped(self._proc.stderr)
         self._tail = _Tail()
         self._closed = False
+        self._stdout_ended = False
+        self._stdin_nowait: int | None = None
+        self._stdout_nowait: int | None = None
         self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True, name="guilds-stderr")
         self._stderr_reader.start()
+
+    @property
+    def pid(self) -> int:
+        """Its process id on this machine (its own until it is closed: only then waited for)."""
+        return self._proc.pid
 
     def _read_stderr(self) -> None:
         while chunk := self._stderr.read(_READ):
@@ -96,11 +193,29 @@ class LocalProcess:
         except (OSError, ValueError) as exc:  # ValueError: written after close()
             raise ChannelClosed(f"the process is gone ({exc})") from exc
 
+    def send_nowait(self, data: bytes) -> int:
+        """All of data (at most PIPE_BUF bytes) to its stdin at once, or nothing (0)
+        when the pipe has no room for it now: a write that never waits (on a
+        descriptor of the pipe of its own, so that ``send`` still waits)."""
+        if len(data) > select.PIPE_BUF:
+            return 0
+        try:
+            if self._stdin_nowait is None:
+                self._stdin_nowait = os.open(f"/proc/self/fd/{self._stdin.fileno()}",
+                                             os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            return os.write(self._stdin_nowait, data)
+        except BlockingIOError:
+            return 0
+        except (OSError, ValueError) as exc:  # ValueError: after close()
+            raise ChannelClosed(f"the process is gone ({exc})") from exc
+
     def receive(self) -> bytes:
         try:
-            return self._stdout.read(_READ) or b""
+            data = self._stdout.read(_READ) or b""
         except (OSError, ValueError):
-            return b""
+            data = b""
+        self._stdout_ended = not data
+        return data
 
     def close(self) -> None:
         if self._closed:
@@ -108,6 +223,8 @@ class LocalProcess:
         self._closed = True
         with contextlib.suppress(OSError):
             self._stdin.close()
+        if self._stdin_nowait is not None:
+            os.close(self._stdin_nowait)
         try:
             self._proc.wait(CHANNEL_CLOSE_WAIT_SECONDS)
         except subprocess.TimeoutExpired:
@@ -119,7 +236,35 @@ class LocalProcess:
             with contextlib.suppress(OSError):
                 pipe.close()
 
+    def reader_fd(self) -> int:
+        """A descriptor of its stdout for the caller alone (a duplicate, non-blocking,
+        closed by the caller): an event loop's reader, which reads it with
+        ``receive_nowait`` instead of ``receive`` and calls ``stdout_ended`` at its end."""
+        fd = os.dup(self._stdout.fileno())
+        os.set_blocking(fd, False)
+        self._stdout_nowait = fd
+        return fd
+
+    def receive_nowait(self) -> bytes | None:
+        if self._stdout_nowait is None:
+            raise SandboxError("receive_nowait before reader_fd")
+        try:
+            return os.read(self._stdout_nowait, _READ)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return b""
+
+    def stdout_ended(self) -> None:
+        """Its stdout was read to the end (by a reader of ``reader_fd``)."""
+        self._stdout_ended = True
+
     def stderr_tail(self) -> str:
+        """Once stdout has ended, what the process wrote to stderr before it went,
+        read to its end (within CHANNEL_CLOSE_WAIT_SECONDS), not what the stderr
+        thread happened to have read by then."""
+        if self._stdout_ended:
+            self._stderr_reader.join(CHANNEL_CLOSE_WAIT_SECONDS)
         return self._tail.lines()
 
 
@@ -140,10 +285,21 @@ class DockerProcess:
         self._response = response
         self._reader = response.raw._fp.fp
         self._sock = self._reader.raw._sock
-        self._sock.settimeout(None)
         self._split, self._stop = split_frames, stop
         self._buf, self._tail = b"", _Tail()
         self._closed = False
+        self._early = self._buffered()
+        self._sock.settimeout(None)
+
+    def _buffered(self) -> bytes:
+        """What the response's reader had read past the headers (taken out of it), with
+        the socket not waited on: from then on the socket alone holds the stream."""
+        self._sock.settimeout(0)
+        try:
+            held = self._reader.peek(1)
+        except (BlockingIOError, OSError, ValueError):
+            return b""
+        return self._reader.read1(len(held)) if held else b""
 
     def send(self, data: bytes) -> None:
         try:
@@ -153,19 +309,58 @@ class DockerProcess:
 
     def receive(self) -> bytes:
         while True:
-            try:
-                chunk = self._reader.read1(_READ)
-            except (OSError, ValueError):
-                chunk = b""
+            chunk, self._early = self._early, b""
+            if not chunk:
+                try:
+                    chunk = self._sock.recv(_READ)
+                except (OSError, ValueError):
+                    chunk = b""
             if not chunk:
                 return b""
-            frames, self._buf = self._split(self._buf + chunk)
-            out = b"".join(payload for stream, payload in frames if stream == 1)
-            for stream, payload in frames:
-                if stream == 2:
-                    self._tail.add(payload)
-            if out:
+            if out := self._stdout_of(chunk):
                 return out
+
+    def receive_nowait(self) -> bytes | None:
+        chunk, self._early = self._early, b""
+        if not chunk:
+            try:
+                chunk = self._sock.recv(_READ, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return None
+            except (OSError, ValueError):
+                return b""
+            if not chunk:
+                return b""
+        return self._stdout_of(chunk) or None
+
+    def _stdout_of(self, chunk: bytes) -> bytes:
+        """The stdout in chunk's whole frames (stderr kept for the tail; a partial frame for the next chunk)."""
+        frames, self._buf = self._split(self._buf + chunk)
+        for stream, payload in frames:
+            if stream == 2:
+                self._tail.add(payload)
+        return b"".join(payload for stream, payload in frames if stream == 1)
+
+    @property
+    def loop_readable(self) -> bool:
+        """Readable by an event loop: a plain socket (a TLS one's records are read through its reader thread)."""
+        return not isinstance(self._sock, ssl.SSLSocket)
+
+    def reader_fd(self) -> int:
+        """A duplicate of the connection's descriptor (the caller closes it), to watch;
+        reads and writes through ``*_nowait`` leave the socket blocking for the others."""
+        return os.dup(self._sock.fileno())
+
+    def send_nowait(self, data: bytes) -> int:
+        try:
+            return self._sock.send(data, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise ChannelClosed(f"the exec's connection is gone ({exc})") from exc
+
+    def stdout_ended(self) -> None:
+        """Nothing to note: the stream ends with its stderr."""
 
     def close(self) -> None:
         if self._closed:
@@ -189,14 +384,23 @@ STDIN, STDOUT, STDERR, STATUS, CLOSE = 0, 1, 2, 3, 255
 class KubeProcess:
     """One pods/exec websocket (``websocket.WebSocket``, connected with stdin)."""
 
-    def __init__(self, ws: Any, stop: Callable[[], None] | None = None):
+    def __init__(self, ws: Any, stop: Callable[[], None] | None = None, *, ends_itself: bool = False,
+                 early: bytes = b""):
         """ws: connected with the subprotocols offered; stop: ends the exec's
-        processes inside (called by close)."""
+        processes inside (called by close, unless ends_itself and the exec was seen
+        to end); ends_itself: the command ends what it started once its stdin ends
+        (``_container.ending_argv``); early: stdout already read from ws."""
         self._ws = ws
         self._stop = stop
+        self._ends_itself = ends_itself
+        self._early = early
         self._tail = _Tail()
         self._lock = threading.Lock()
         self._closed = False
+        self._ended = threading.Event()
+        """Set once the stream has ended (the server's close, or the connection gone)."""
+        self._reader: int | None = None
+        """The thread that reads (``receive``), once one has."""
         self.status = b""
         """channel 3's final Status, once the process has ended."""
 
@@ -214,38 +418,89 @@ class KubeProcess:
             raise ChannelClosed(f"the exec's websocket is gone ({exc})") from exc
 
     def receive(self) -> bytes:
-        from websocket import ABNF
-
-        while True:
-            try:
-                opcode, frame = self._ws.recv_data_frame(True)
-            except Exception:  # closed, reset, or closed by close(): the end either way
-                return b""
-            if opcode == ABNF.OPCODE_CLOSE:
-                return b""
-            data = frame.data if isinstance(frame.data, bytes) else frame.data.encode()
-            if len(data) < 2:
-                continue
-            channel, payload = data[0], data[1:]
+        self._reader = threading.get_ident()
+        if self._early:
+            early, self._early = self._early, b""
+            return early
+        while (frame := self._frame()) is not None:
+            channel, payload = frame
             if channel == STDOUT:
                 return payload
             if channel == STDERR:
                 self._tail.add(payload)
-            elif channel == STATUS:
-                self.status += payload
+        return b""
+
+    def _frame(self) -> tuple[int, bytes] | None:
+        """The next frame with data, (channel, payload), channel 3's kept in status; None
+        at the end (the server's close, or the connection closed or reset)."""
+        from websocket import ABNF, WebSocketTimeoutException
+
+        while True:
+            try:
+                opcode, frame = self._ws.recv_data_frame(True)
+            except WebSocketTimeoutException:
+                raise
+            except Exception:  # closed, reset, or closed by close(): the end either way
+                self._ended.set()
+                return None
+            if opcode == ABNF.OPCODE_CLOSE:
+                self._ended.set()
+                return None
+            data = frame.data if isinstance(frame.data, bytes) else frame.data.encode()
+            if len(data) >= 2:
+                if data[0] == STATUS:
+                    self.status += data[1:]
+                return data[0], data[1:]
+
+    def read_to_mark(self, mark: bytes, deadline: float) -> bool:
+        """Read until mark is on stderr (the command's stdout on the way kept for
+        ``receive``, its stderr for the tail): True; False when the stream ended first
+        (its status then in ``status``) or at deadline. Before any reader."""
+        from websocket import WebSocketTimeoutException
+
+        err = bytearray()
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                self._ws.settimeout(left)
+                try:
+                    frame = self._frame()
+                except WebSocketTimeoutException:
+                    break
+                if frame is None:
+                    break
+                channel, payload = frame
+                if channel == STDOUT:
+                    self._early += payload
+                elif channel == STDERR:
+                    err += payload
+                    if mark in err:
+                        before, _, after = bytes(err).partition(mark)
+                        err[:] = before + after
+                        return True
+            return False
+        finally:
+            self._tail.add(bytes(err))
+            with contextlib.suppress(Exception):
+                self._ws.settimeout(None)
 
     def close(self) -> None:
+        """stdin closed; a command that ends itself is waited for (up to
+        CHANNEL_CLOSE_WAIT_SECONDS, as a local process is): seen to end with its status,
+        it needs no ``stop``, which otherwise runs (an exec of its own)."""
         if self._closed:
             return
         self._closed = True
-        if self.protocol == V5:
+        ended = self._ended.is_set() and bool(self.status)
+        if self.protocol == V5 and not ended:
             with contextlib.suppress(Exception), self._lock:
                 self._ws.send_binary(bytes([CLOSE, STDIN]))
+            if self._ends_itself and self._reader not in (None, threading.get_ident()):
+                ended = self._ended.wait(CHANNEL_CLOSE_WAIT_SECONDS) and bool(self.status)
         with contextlib.suppress(Exception):  # not ws.close(): the reader thread reads its reply
             self._ws.send_close()
         with contextlib.suppress(Exception):
             self._ws.shutdown()
-        if self._stop is not None:
+        if self._stop is not None and not ended:
             self._stop()
 
     def stderr_tail(self) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 from guilds_code import limits
 
-from ..errors import NoAnswer
+from ..errors import BadInput, NoAnswer
 from .toolbox import Toolbox
 
 ReadLog = Callable[[str, str], Awaitable[dict[str, Any]]]
@@ -40,11 +40,17 @@ async def read_log(toolbox: Toolbox, path: str) -> dict[str, Any]:
         return {"ok": False, "error": f"The log cannot be read: {exc.reason}"}
 
 
-def log_reading(toolbox: Toolbox) -> ReadLog:
-    """The app's reader of this toolbox's agent's logs."""
+def log_reading(toolbox: Toolbox, toolbox_of: Callable[[str], Awaitable[Toolbox]] | None = None) -> ReadLog:
+    """The app's reader of this toolbox's agent's logs, and, with ``toolbox_of`` (a live agent
+    made on demand's toolbox by its id; BadInput for one not live), those of the agents made on demand."""
     async def read(agent_id: str, path: str) -> dict[str, Any]:
-        if agent_id != toolbox.settings.id:
-            return {"ok": False, "error": f"The logs of agent {agent_id} are not served here."}
-        return await read_log(toolbox, path)
+        if agent_id == toolbox.settings.id:
+            return await read_log(toolbox, path)
+        if toolbox_of is not None:
+            try:
+                return await read_log(await toolbox_of(agent_id), path)
+            except BadInput:
+                pass
+        return {"ok": False, "error": f"The logs of agent {agent_id} are not served here."}
 
     return read

@@ -14,11 +14,18 @@ shared by all of the agent's calls.
 - A server that answers neither a call within its wait nor the cancel after
   it is taken for hung: the channel is marked dead and closed, so the next
   call opens a new one rather than wait on it too.
-- One reader thread reads the answers and hands each to its call's event
-  loop; an answer is handed over once, to the call still waiting for it.
+- The event loop that opened the channel reads the answers of a local
+  process (local, bwrap) or a docker exec's stream itself, and settles a call
+  of its own at once: no thread between the server's write and the call.
+  Any other process (kubernetes, docker over TLS) is read by a reader thread,
+  which hands each answer to its call's event loop; so is a loop-read one once
+  a call comes from another loop while the opening loop is not running. An answer is handed over once, to the call still
+  waiting for it.
 - When the server's stdout ends (killed, the sandbox stopped, the container
   restarted), every call in flight fails with ChannelDied, and so does every
-  later call: the owner opens a new channel.
+  later call: the owner opens a new channel. So it is when a line of it passes
+  CHANNEL_LINE_MAX_BYTES without a newline (``read_lines``: something else
+  writes into the server's stdout); the server is closed first.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import threading
 from typing import Any, Callable, TypeAlias
 
@@ -35,11 +43,25 @@ from guilds_code.protocol import decode_envelope
 from ..errors import HelperFailed
 from ..limits import CHANNEL_CANCEL_WAIT_SECONDS, CHANNEL_HELLO_SECONDS
 from ..sandbox.base import Sandbox
-from ..sandbox.process_channel import ChannelClosed, ProcessChannel
+from ..sandbox.process_channel import (
+    ChannelClosed,
+    DockerProcess,
+    Lines,
+    LineTooLong,
+    LocalProcess,
+    LoopReadable,
+    ProcessChannel,
+    read_lines,
+)
 
 DIRECT_SEND_BYTES = 16 * 1024
-"""A frame up to this size is written from the event loop (a pipe takes it at
-once); a larger one from a worker thread, so a slow reader cannot stall the loop."""
+"""On a channel read by a thread, a frame up to this size is written from the
+event loop (a pipe takes it at once); a larger one from a worker thread, so a
+slow reader cannot stall the loop. On one read by its loop, a frame is written
+from the loop only when the pipe or socket takes it at once (``send_nowait``), else
+from a worker thread (the rest of a frame a socket took part of, too): the loop,
+blocked on a write the server would take only once its own answers were read,
+would never read them."""
 
 
 Answer: TypeAlias = "asyncio.Future[dict[str, Any]]"
@@ -53,7 +75,9 @@ class ChannelDied(HelperFailed):
 class ResidentChannel:
     """One server's frames, multiplexed (see the module docstring)."""
 
-    def __init__(self, process: ProcessChannel):
+    def __init__(self, process: ProcessChannel, loop: asyncio.AbstractEventLoop | None = None):
+        """loop: the event loop to read a loop-readable process's answers in (``loop_readable``);
+        else a reader thread reads them."""
         self._process = process
         self._ids = itertools.count(1)
         self._pending: dict[str, tuple[asyncio.AbstractEventLoop, Answer]] = {}
@@ -66,11 +90,21 @@ class ResidentChannel:
         self._hello_seen = threading.Event()
         self.dead: str | None = None
         """Why the channel can no longer be used; None while it can."""
-        threading.Thread(target=self._read, daemon=True, name="guilds-resident").start()
+        self._lines = Lines()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The event loop reading the answers (from ``_fd``); None: the reader thread reads them."""
+        self._fd: int | None = None
+        self._direct = loop_readable(process)
+        if loop is not None and self._direct is not None:
+            self._loop, self._fd = loop, self._direct.reader_fd()
+            loop.add_reader(self._fd, self._readable)
+            loop.call_soon(self._readable)  # what was read with the headers, before any readiness
+        else:
+            self._start_thread()
 
     @classmethod
     async def open(cls, sandbox: Sandbox, argv: list[str]) -> ResidentChannel:
-        channel = cls(await sandbox.open_process(argv))
+        channel = cls(await sandbox.open_process(argv), asyncio.get_running_loop())
         try:
             seen = await asyncio.to_thread(channel._hello_seen.wait, CHANNEL_HELLO_SECONDS)
         except BaseException:  # cancelled while it started: it must not be left running
@@ -98,6 +132,8 @@ class ResidentChannel:
             raise HelperFailed(f"request: larger than {limits.REQUEST_FILE_MAX} bytes; not sent")
         frame_id = f"q{next(self._ids)}"
         loop = asyncio.get_running_loop()
+        if self._loop is not None and loop is not self._loop and not self._loop.is_running():
+            self._read_from_thread()  # the loop that reads has stopped: it would read nothing
         future: Answer = loop.create_future()
         with self._lock:
             if self.dead:
@@ -136,7 +172,10 @@ class ResidentChannel:
 
     async def _send(self, data: bytes) -> None:
         try:
-            if len(data) <= DIRECT_SEND_BYTES:
+            if self._loop is not None:  # a loop reads the answers: none may wait here on the server
+                if not self._send_now(data):
+                    await asyncio.to_thread(self._send_locked, data)
+            elif len(data) <= DIRECT_SEND_BYTES:
                 with self._send_lock:
                     self._process.send(data)
             else:
@@ -145,26 +184,100 @@ class ResidentChannel:
             self._die(f"the resident helper is gone ({exc})")
             raise ChannelDied(self.dead or str(exc)) from exc
 
+    def _send_now(self, data: bytes) -> bool:
+        """data written at once (a small frame, the pipe or socket with room, no other
+        frame being written); False, nothing written, otherwise. The rest of a frame
+        the socket took only part of is written from a thread, the lock held till then."""
+        if self._direct is None or not self._send_lock.acquire(blocking=False):
+            return False
+        try:
+            sent = self._direct.send_nowait(data)
+        except BaseException:
+            self._send_lock.release()
+            raise
+        if 0 < sent < len(data):
+            threading.Thread(target=self._send_rest, args=(data[sent:],), daemon=True,
+                             name="guilds-resident-send").start()
+            return True
+        self._send_lock.release()
+        return sent == len(data)
+
+    def _send_rest(self, rest: bytes) -> None:
+        """The rest of a frame, under the send lock its writer took (released here)."""
+        try:
+            self._process.send(rest)
+        except ChannelClosed as exc:
+            self._die(f"the resident helper is gone ({exc})")
+        finally:
+            self._send_lock.release()
+
     def _send_locked(self, data: bytes) -> None:
         with self._send_lock:
             self._process.send(data)
 
     async def close(self) -> None:
         """End the server (its running requests are cancelled) and the reader."""
+        if self._loop is asyncio.get_running_loop():
+            self._stop_reading()
         await asyncio.to_thread(self.abandon)
 
     def abandon(self) -> None:
         """close(), blocking: for a thread (idempotent)."""
         self._die("the resident helper was closed")
         self._process.close()
+        if self._loop is not None and self._loop.is_closed():
+            self._stop_reading()  # its loop is gone: no end of the stream will be read there
+
+    # --- the reading loop ---------------------------------------------------
+    def _readable(self) -> None:
+        """The loop's reader: what the server wrote, line by line (see read_lines)."""
+        if self._fd is None or self._direct is None:
+            return
+        chunk = self._direct.receive_nowait()
+        if chunk is None:
+            return
+        if not chunk:
+            self._stop_reading()
+            self._direct.stdout_ended()
+            threading.Thread(target=self._ended, daemon=True, name="guilds-resident-end").start()
+            return
+        try:
+            for line in self._lines.feed(chunk):
+                self._on_line(line)
+        except LineTooLong as exc:
+            self._stop_reading()
+            self._die(f"the resident helper's channel: {exc}")
+            threading.Thread(target=self._process.close, daemon=True, name="guilds-resident-close").start()
+
+    def _stop_reading(self) -> None:
+        """No more reads in the loop (from its thread, or with it stopped); the descriptor closed."""
+        fd, self._fd = self._fd, None
+        if fd is None or self._loop is None:
+            return
+        self._loop.remove_reader(fd)  # nothing (False) once the loop is closed
+        os.set_blocking(fd, True)  # the flag is the pipe's, shared with the process's own descriptor
+        os.close(fd)
+
+    def _read_from_thread(self) -> None:
+        self._stop_reading()
+        self._loop = None
+        self._start_thread()
 
     # --- the reader thread --------------------------------------------------
+    def _start_thread(self) -> None:
+        threading.Thread(target=self._read, daemon=True, name="guilds-resident").start()
+
     def _read(self) -> None:
-        buffer = b""
-        while chunk := self._process.receive():
-            *lines, buffer = (buffer + chunk).split(b"\n")
-            for line in lines:
+        try:
+            for line in read_lines(self._process, lines=self._lines):
                 self._on_line(line)
+        except LineTooLong as exc:
+            self._die(f"the resident helper's channel: {exc}")
+            return
+        self._ended()
+
+    def _ended(self) -> None:
+        """The server's stdout ended: the channel is dead, saying what its stderr said last."""
         tail = self._process.stderr_tail()
         self._die("the resident helper ended" + (f": {tail}" if tail else ""))
 
@@ -180,8 +293,12 @@ class ResidentChannel:
         frame_id = frame.get("id") if isinstance(frame, dict) else None
         with self._lock:
             entry = self._pending.pop(frame_id, None) if isinstance(frame_id, str) else None
-        if entry is not None:
-            loop, future = entry
+        if entry is None:
+            return
+        loop, future = entry
+        if loop is self._loop:  # read in the call's own loop: settled now
+            _settle(future, frame.get("envelope"))
+        else:
             _hand_over(loop, _settle, future, frame.get("envelope"))
 
     def _on_hello(self, frame: Any) -> None:
@@ -204,6 +321,15 @@ class ResidentChannel:
         self._hello_seen.set()
         for loop, future in pending.values():
             _hand_over(loop, _fail, future, ChannelDied(reason))
+
+
+def loop_readable(process: ProcessChannel) -> LoopReadable | None:
+    """process, when an event loop can read it (see the module docstring)."""
+    if isinstance(process, LocalProcess):
+        return process
+    if isinstance(process, DockerProcess) and process.loop_readable:
+        return process
+    return None
 
 
 def _hand_over(loop: asyncio.AbstractEventLoop, settle: Callable[[Answer, Any], None],

@@ -22,36 +22,45 @@ One call, in order:
    if the record cannot take it (a full disk), the result is still returned,
    its metadata's ``not_recorded`` saying what could not be written.
 
-Every admitted call counts against the budget, also one that failed.
+Every admitted call counts against the budget, also one that failed. The
+toolbox's observer (``guilds.toolbox.observer``) times the sandbox's start, the
+helper and the record, and hears of each call's end and egress decisions.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import posixpath
 import secrets
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, AsyncContextManager, Awaitable, Callable
 
 from guilds_code import limits as code_limits
 from guilds_code.protocol import Request, RequestError
 from guilds_code.redact import Redactor
 
+from ..checkpoints.point_store import CheckpointError
 from ..config.checks import is_safe_name
 from ..config.settings import AgentSettings
 from ..errors import BadInput, HelperFailed, NoAnswer, RecordError, SandboxError
 from ..record.redaction import redact_meta
 from ..record.rows import row_text
 from ..record.store import Store
-from ..record.values import call_fields, decision_rows
-from ..sandbox.base import Sandbox
+from ..record.values import call_fields, decision_rows, tagged_runs
+from ..sandbox.base import Sandbox, keep_egress
 from ..sandbox.helpers import CODE_HELPER
 from . import transport
+from .observer import CANCELLED as CANCELLED_OUTCOME
+from .observer import ERROR, HELPER, NO_OBSERVER, OK, RECORD, SANDBOX_START, CallEnded, Observer
 from .pipeline import run_pipeline
 from .savings import savings_meta
 from .tools import TOOL_NAMES, TOOLS, CallSite, Tool, tool_named
+
+if TYPE_CHECKING:
+    from ..toolbox.checkpointing import AgentCheckpoints
 
 BUDGET_REFUSED = (
     "tool call budget exhausted: this run has made all {n} of its tool calls "
@@ -70,7 +79,7 @@ class CallResult:
 
 
 @dataclass(frozen=True)
-class _Outcome:
+class Outcome:
     """What running a call gave, before the pipeline."""
 
     text: str
@@ -98,8 +107,8 @@ class _Call:
     """The tool's name as recorded: redacted once, at the call's start."""
 
 
-def _error(text: str) -> _Outcome:
-    return _Outcome(text, True)
+def _error(text: str) -> Outcome:
+    return Outcome(text, True)
 
 
 def new_call_id() -> str:
@@ -121,11 +130,12 @@ class Toolbox:
     ``coding`` is the live coding flag, asked at every ``tools()``: by default
     the flag in ``settings``; pass ``guilds.config.settings.coding_flag(path)`` to
     follow the settings file, or any callable. Secrets, repositories and the
-    budget are read from ``settings`` once, when the toolbox is made.
+    budget are read from ``settings`` once, when the toolbox is made. ``observer``
+    hears of its calls, their stages and its sandbox (``guilds.toolbox.observer``).
     """
 
     def __init__(self, settings: AgentSettings, sandbox: Sandbox, store: Store, *,
-                 coding: Callable[[], bool] | None = None):
+                 coding: Callable[[], bool] | None = None, observer: Observer = NO_OBSERVER):
         self.settings = settings
         self.sandbox = sandbox
         self.store = store
@@ -136,6 +146,10 @@ class Toolbox:
         self._start_lock = asyncio.Lock()
         self._transport = transport.Transport(sandbox, settings.transport,
                                               max_in_flight=settings.max_in_flight)
+        self.observer = observer
+        observer.watch(self)
+        self.checkpoints: AgentCheckpoints | None = None
+        """The agent's checkpoints and rewind (its home on this machine); set by ``open_toolbox``."""
 
     def tools(self) -> list[Tool]:
         """The tools to offer in this generation: all five while coding is on, else none."""
@@ -151,13 +165,28 @@ class Toolbox:
         folders = self._repo_folders()
         return next(iter(folders.values())) if len(folders) == 1 else self.sandbox.home
 
+    @property
+    def started(self) -> bool:
+        """This toolbox started its sandbox (at its first call)."""
+        return self._started
+
     async def _ensure_started(self) -> None:
         if self._started:
             return
         async with self._start_lock:
             if not self._started:
-                await self.sandbox.start()
+                t0 = time.monotonic()
+                with self.observer.timed(SANDBOX_START):
+                    await self.sandbox.start()
                 self._started = True
+                self.observer.sandbox_started(self.settings.id, self.sandbox.name, time.monotonic() - t0)
+
+    async def warm(self) -> None:
+        """Start the sandbox (once) and open the resident helper now (``agent.transport``
+        resident or auto), so that the first call waits for neither (a warm pool's agents,
+        ``guilds.agents.pool``); SandboxError when the sandbox cannot start."""
+        await self._ensure_started()
+        await self._transport.warm()
 
     async def context_reset(self, run_id: str) -> int:
         """Say that the model's context for run_id was compacted or rewound.
@@ -185,6 +214,20 @@ class Toolbox:
             await self.context_reset(run_id)
         if not isinstance(tool, str):
             raise BadInput(f"tool: must be a string, got {tool!r}")
+        return await self._recorded(run_id, tool, args, self._run)
+
+    async def call_outside(self, run_id: str, tool: str, args: Any,
+                           run: Callable[[str], Awaitable[Outcome]]) -> CallResult:
+        """A call that runs outside the helper (a request of the E2B front), on the path of
+        every call: its slot in the budget, then ``run(call_id)``, awaited only when the
+        budget admits the call (past it: ``BUDGET_REFUSED``), then the pipeline and the
+        record with its savings (``secrets_redacted``), its cancellation or its failure
+        recorded as ``call``'s are."""
+        check_run_id(run_id)
+        return await self._recorded(run_id, tool, args, lambda call: run(call.call_id))
+
+    async def _recorded(self, run_id: str, tool: str, args: Any,
+                        run: Callable[[_Call], Awaitable[Outcome]]) -> CallResult:
         started_at, t0 = datetime.now(timezone.utc), time.monotonic()
         call_id = new_call_id()
         budget = self.settings.max_tool_calls
@@ -204,7 +247,7 @@ class Toolbox:
             if cancelled:
                 raise asyncio.CancelledError
             if slot.admitted:
-                outcome = await self._run(call)
+                outcome = await run(call)
             else:
                 outcome = _error(BUDGET_REFUSED.format(n=budget))
         except asyncio.CancelledError:
@@ -215,7 +258,7 @@ class Toolbox:
             raise
         return await self._record(call, outcome)
 
-    async def _run(self, call: _Call) -> _Outcome:
+    async def _run(self, call: _Call) -> Outcome:
         tool = tool_named(call.tool)
         if tool is None:
             return _error(f"unknown tool {call.tool!r} (known: {', '.join(TOOL_NAMES)})")
@@ -229,14 +272,15 @@ class Toolbox:
                                cwd=self.default_cwd(), max_bytes=self.settings.result_max_bytes,
                                kind=tool.request_type, **extra.fields)
         try:
-            envelope = await self.send(request, wait=tool.wait(valid), helper=tool.helper,
-                                       rerunnable=tool.rerunnable(valid))
-        except NoAnswer as exc:
+            async with self._checkpointed(call, tool) as kept:
+                envelope = await self.send(request, wait=tool.wait(valid), helper=tool.helper,
+                                           rerunnable=tool.rerunnable(valid))
+        except (NoAnswer, CheckpointError) as exc:
             return _error(str(exc))
         if not envelope["ok"]:
             return _error(envelope["error"])
-        meta = envelope["meta"]
-        return _Outcome(envelope["text"], tool.failed(meta), meta, extra.pointed_bytes(meta))
+        meta = {**envelope["meta"], **kept}
+        return Outcome(envelope["text"], tool.failed(meta), meta, extra.pointed_bytes(meta))
 
     def request(self, op: str, args: Any, *, run_id: str, call_id: str, seq: int = 0, cwd: str | None = None,
                 max_bytes: int = code_limits.DEFAULT_MAX_BYTES, kind: type[Request] = Request,
@@ -262,11 +306,19 @@ class Toolbox:
         try:
             await self._ensure_started()
             await self._keep_egress()
-            return await self._transport.call(request, wait=wait, helper=helper, rerunnable=rerunnable)
+            with self.observer.timed(HELPER):
+                return await self._transport.call(request, wait=wait, helper=helper, rerunnable=rerunnable)
         except HelperFailed as exc:
             raise NoAnswer(exc.message, sandbox=False) from exc
         except SandboxError as exc:
             raise NoAnswer(str(exc), sandbox=True) from exc
+
+    def _checkpointed(self, call: _Call, tool: Tool) -> AsyncContextManager[dict[str, str]]:
+        """The call gate and the call's checkpoints (``guilds.checkpoints``), when the agent has
+        them; it gives the ids of those taken (``checkpoint``, ``checkpoint_after``) for the metadata."""
+        if self.checkpoints is None:
+            return contextlib.nullcontext({})
+        return self.checkpoints.around(call.run_id, call.seq, call.call_id, tool.checkpoint_moments())
 
     @property
     def transport(self) -> transport.Transport:
@@ -282,7 +334,7 @@ class Toolbox:
         home = self.sandbox.home
         return {r.name: posixpath.normpath(posixpath.join(home, r.path)) for r in self.settings.repos}
 
-    async def _record(self, call: _Call, outcome: _Outcome, status: str = "done") -> CallResult:
+    async def _record(self, call: _Call, outcome: Outcome, status: str = "done") -> CallResult:
         shaped = run_pipeline(self._redactor, outcome.text, call.remaining)
         duration_ms = round((time.monotonic() - call.t0) * 1000)
         row = self._redactor.redact(row_text(call.tool, call.args, outcome.meta, outcome.is_error))
@@ -291,22 +343,29 @@ class Toolbox:
         fields = call_fields(call.call_id, call.recorded_tool, call.run_id, call.seq, call.started_at, duration_ms, row)
         meta = {**tool_meta, **fields}
         try:
-            await self.store.finish_call(
-                run_id=call.run_id, seq=call.seq, text=shaped.body, is_error=outcome.is_error, meta=tool_meta,
-                cut=shaped.cut, finished_at=datetime.now(timezone.utc), duration_ms=duration_ms, row=row,
-                status=status, remaining=shaped.remaining,
-            )
+            with self.observer.timed(RECORD):
+                await self.store.finish_call(
+                    run_id=call.run_id, seq=call.seq, text=shaped.body, is_error=outcome.is_error, meta=tool_meta,
+                    cut=shaped.cut, finished_at=datetime.now(timezone.utc), duration_ms=duration_ms, row=row,
+                    status=status, remaining=shaped.remaining,
+                )
         except RecordError as exc:  # a full disk: the result still goes back, saying it is not recorded
             meta[NOT_RECORDED] = str(exc)
+            self.observer.record_error("call")
         await self._record_egress(call)
+        self._ended(call, outcome.is_error, status, NOT_RECORDED not in meta)
         return CallResult(shaped.text, outcome.is_error, meta)
+
+    def _ended(self, call: _Call, is_error: bool, status: str, recorded: bool) -> None:
+        """The observer told of a call's end: its outcome, its time, the redacted run id and tool."""
+        outcome = CANCELLED_OUTCOME if status == "cancelled" else ERROR if is_error else OK
+        self.observer.call_ended(CallEnded(call.call_id, self._redactor.redact(call.run_id), self.settings.id,
+                                           call.recorded_tool, outcome, time.monotonic() - call.t0, recorded))
 
     async def _keep_egress(self) -> None:
         """agent.network a list: the sandbox's egress proxy started again if it died
-        (``keep_egress``, a sandbox's optional method), before the call is sent."""
-        keep = getattr(self.sandbox, "keep_egress", None)
-        if keep is not None:
-            await keep()
+        (``Egress.keep``), once before the call is sent."""
+        await keep_egress(self.sandbox)
 
     async def _record_egress(self, call: _Call) -> None:
         await self.record_egress(self.sandbox, call.run_id, call.call_id)
@@ -314,14 +373,16 @@ class Toolbox:
     async def record_egress(self, sandbox: Sandbox, run_id: str, call_id: str) -> None:
         """agent.network a list: the sandbox's egress proxy's decisions since the last
         read, into the run record, each under the call its command named (call_id by
-        default). A record that cannot take them loses them, not the call."""
-        files = getattr(sandbox, "egress", None)
-        if files is None:
+        default, and when the run it names is not one the record holds as this agent's: a
+        command cannot write into another agent's run). A record that cannot take them loses
+        them, not the call."""
+        egress = sandbox.egress
+        if egress is None:
             return
-        from ..sandbox.egress_process import read_decisions
-
-        rows = decision_rows(await asyncio.to_thread(read_decisions, files), run_id, call_id)
+        decisions = await asyncio.to_thread(egress.decisions)
+        self.observer.egress(decisions)
         try:
-            await self.store.add_egress(rows)
+            own = await self.store.runs_of_agent(self.settings.id, tagged_runs(decisions) - {run_id})
+            await self.store.add_egress(decision_rows(decisions, run_id, call_id, own | {run_id}))
         except RecordError:
-            pass
+            self.observer.record_error("egress")

@@ -137,6 +137,13 @@ class Transport:
             await asyncio.wait({self._opening})
         return self._live()
 
+    async def warm(self) -> ResidentChannel | None:
+        """Open the channel now and wait for it; None under ``exec``, or under auto when it
+        could not open (calls then go by exec, as the class docstring says)."""
+        if self.mode == "exec":
+            return None
+        return await self._open()
+
     async def call(self, request: dict[str, Any], *, wait: float, helper: str = HELPER,
                    rerunnable: bool = False) -> dict[str, Any]:
         if helper != HELPER or self.mode == "exec":

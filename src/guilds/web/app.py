@@ -1,6 +1,7 @@
 """The app: runs, a run's flow of calls, each call's views, live. A front: it only translates.
 
-    GET /                              the runs, the most recently active first
+    GET /                              the runs, the most recently active first (?agent=ID: of one agent)
+    GET /agents                        the agents of the record, newest first (?owner=, ?state=)
     GET /runs/{run}                    the run's Chat tab: the newest page of its flow
     GET /runs/{run}?at=N               the run's Chat tab, its flow starting at seq N (a jump)
     GET /runs/{run}/flow?before=N      the page before seq N (a fragment: "Load earlier")
@@ -37,15 +38,20 @@ from ..limits import APP_RETRY_MS
 from ..record.statements import FLOW_PAGE
 from ..record.store import Store
 from ..record.values import CallRecord, RunRecord
+from .agents_view import AgentFilters, ServingAgent, agents_page, serving_item
 from .endpoint_lock import EndpointLock, Lock
 from .events import call_updates, sse_message
-from .flow import MAX_SEQ, FlowPage, flow_item, flow_page, later_page, redact_call, runs_page, seq_in_range
+from .flow import MAX_SEQ, FlowPage, flow_item, flow_page, later_page, redact_call, runs_href, runs_page, seq_in_range
 from .logs import LogReader, LogUnavailable
+from .rewind import Rewind, rewind_route
 from .savings_view import run_savings_of
 from .views import CallPage, call_page, log_view
 
 HERE = Path(__file__).parent
 RUNS_PAGE = 50
+AGENTS_PAGE = 50
+MAX_FILTER_CHARS = 128
+"""The longest agent id, owner or state a query may name (the record's own limit)."""
 SECURITY_HEADERS = {
     "content-security-policy": "default-src 'self'; img-src 'self' data:; object-src 'none'; "
                                "base-uri 'none'; frame-ancestors 'none'; form-action 'self'",
@@ -75,6 +81,26 @@ def _int(value: str | None, default: int | None = None) -> int | None:
     return number
 
 
+def _name(request: Request, key: str) -> str | None:
+    """A query's agent id, owner or state (None when absent or empty); 400 when too long."""
+    value = request.query_params.get(key) or None
+    _check_name(key, value)
+    return value
+
+
+def _check_name(key: str, value: str | None) -> None:
+    if value is not None and len(value) > MAX_FILTER_CHARS:
+        raise HTTPException(400, f"{key}: at most {MAX_FILTER_CHARS} characters, got {len(value)}")
+
+
+def _names(request: Request, key: str) -> tuple[str, ...]:
+    """Every value of a query's key given more than once (empty ones left out); 400 for one too long."""
+    values = tuple(dict.fromkeys(v for v in request.query_params.getlist(key) if v))
+    for value in values:
+        _check_name(key, value)
+    return values
+
+
 def _fragment(request: Request) -> bool:
     """htmx asked for a part of the page (not a history restore, which wants it whole)."""
     return "hx-request" in request.headers and "hx-history-restore-request" not in request.headers
@@ -83,9 +109,11 @@ def _fragment(request: Request) -> bool:
 class WebApp:
     """The routes' handlers over one store, one redactor (every served agent's secrets) and the logs."""
 
-    def __init__(self, store: Store, redactor: Redactor, logs: LogReader):
-        self.store, self.redactor, self.logs = store, redactor, logs
+    def __init__(self, store: Store, redactor: Redactor, logs: LogReader, serving: ServingAgent | None = None,
+                 rewind: Rewind | None = None):
+        self.store, self.redactor, self.logs, self.serving, self.rewind = store, redactor, logs, serving, rewind
         self.env = templates()
+        self.env.globals["rewind_served"] = rewind is not None
 
     def page(self, name: str, status: int = 200, **context: Any) -> HTMLResponse:
         return HTMLResponse(self.env.get_template(name).render(**context), status, headers={"vary": "HX-Request"})
@@ -119,8 +147,21 @@ class WebApp:
 
     async def runs(self, request: Request) -> Response:
         offset = max(0, _int(request.query_params.get("offset"), 0))
-        runs = await self.store.list_runs(limit=RUNS_PAGE + 1, offset=offset)
-        return self.page("runs.html", runs=runs_page(runs, offset, RUNS_PAGE))
+        agent = _name(request, "agent")
+        runs = await self.store.list_runs(agent, limit=RUNS_PAGE + 1, offset=offset)
+        return self.page("runs.html", runs=runs_page(runs, offset, RUNS_PAGE, agent))
+
+    async def agents(self, request: Request) -> Response:
+        filters = AgentFilters(owner=_name(request, "owner"), states=_names(request, "state"),
+                               offset=max(0, _int(request.query_params.get("offset"), 0)))
+        listed = await self.store.agents_listed(owner=filters.owner, statuses=filters.states,
+                                                besides=self.serving.id if self.serving else None,
+                                                limit=AGENTS_PAGE + 1, offset=filters.offset)
+        serving = None
+        if self.serving is not None and filters.keeps_serving():
+            serving = serving_item(self.serving, *await self.store.agent_run_totals(self.serving.id))
+        page = agents_page(listed, filters, AGENTS_PAGE, serving=serving, states=await self.store.agent_statuses())
+        return self.page("agents.html", agents=page)
 
     async def run(self, request: Request, opened: CallPage | None = None) -> Response:
         run = await self._run(request)
@@ -128,7 +169,7 @@ class WebApp:
         if start is None and opened is not None:
             start = opened.item.seq
         flow = await (self._flow(run.id, None) if start is None else self._flow_from(run.id, max(1, start)))
-        return self.page("run.html", run=run, flow=flow, opened=opened,
+        return self.page("run.html", run=run, flow=flow, opened=opened, agent_href=runs_href(run.agent_id),
                          savings=run_savings_of(run), egress=await self.store.egress_counts(run.id))
 
     async def earlier(self, request: Request) -> Response:
@@ -182,8 +223,11 @@ class WebApp:
         return self.page("error.html", getattr(exc, "status_code", 404), message=detail)
 
     def routes(self) -> list[BaseRoute]:
+        rewinds = [] if self.rewind is None else [rewind_route(self.store, self.rewind)]
         return [
+            *rewinds,
             Route("/", self.runs, name="runs"),
+            Route("/agents", self.agents, name="agents"),
             Route("/runs/{run_id}", self.run, name="run"),
             Route("/runs/{run_id}/flow", self.earlier, name="flow"),
             Route("/runs/{run_id}/calls/{seq:int}", self.call, name="call"),
@@ -211,12 +255,14 @@ class SecurityHeaders:
 
 
 def create_app(store: Store, *, redactor: Redactor, logs: LogReader, extra_routes: Sequence[BaseRoute] = (),
-               lock: Lock | None = None,
+               lock: Lock | None = None, serving: ServingAgent | None = None, rewind: Rewind | None = None,
                lifespan: Callable[[Starlette], contextlib.AbstractAsyncContextManager] | None = None) -> Starlette:
     """The app over a run record. ``redactor`` holds the secret values of every agent whose
     runs it shows; ``extra_routes`` (the MCP endpoint) come first; ``lock`` puts every route, the
-    extra ones too, behind ``guilds.web.endpoint_lock.EndpointLock`` (Host, Origin, token)."""
-    web = WebApp(store, redactor, logs)
+    extra ones too, behind ``guilds.web.endpoint_lock.EndpointLock`` (Host, Origin, token);
+    ``serving``: the server's own agent, listed first on the Agents page; ``rewind``: the call
+    rows' Rewind button and its route (``guilds.web.rewind``; None: neither)."""
+    web = WebApp(store, redactor, logs, serving, rewind)
     middleware = [Middleware(SecurityHeaders)]
     if lock is not None:
         middleware.append(Middleware(EndpointLock, lock=lock))

@@ -22,9 +22,17 @@ Every HTTP request, in order:
      (``guilds.web.sessions``), so the token stays neither in the address bar
      nor in the browser: a browser sends a cookie of 127.0.0.1 to every port
      of it, and whatever else listens there receives a session, not the token;
-   - that cookie, on the app's routes: a live session lets in.
+   - that cookie, on the app's routes: a live session lets in. The Cookie
+     header is read pair by pair (``name=value`` between semicolons), so another
+     local app's cookie that is not a plain token (JSON, spaces, quotes) does
+     not hide the session's.
    Else 401. Tokens are compared in constant time; sessions are looked up by
    their SHA-256.
+4. **Logout**: ``POST /logout`` (``LOGOUT_PATH``), let in as any route, ends the
+   session its cookie holds, on the server, and clears the cookie; any other
+   method there is answered 405. It takes ``Origin: null`` as well (what a
+   browser sends for the app's own form, its pages being ``no-referrer``). Without a token (``--no-token``) there is no
+   session to end: it only says so.
 
 The token file is ``<data folder>/serve.token``, 0600, made once with
 O_EXCL (two servers starting at once share one token). Whoever has the token
@@ -42,12 +50,12 @@ import secrets
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from http.cookies import SimpleCookie
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from ..config.private import FILE_MODE, read_private
 from ..errors import RecordError
+from ..limits import APP_SESSION_MAX_AGE_SECONDS
 from .sessions import Sessions
 
 TOKEN_FILE = "serve.token"
@@ -58,6 +66,10 @@ MIN_TOKEN_CHARS = 32
 COOKIE_PREFIX = "guilds-session-"
 """The session cookie's name ends with the server's port: two servers on one machine keep apart."""
 TOKEN_PARAM = "token"
+LOGOUT_PATH = "/logout"
+LOGGED_OUT = ("Logged out: this browser's session has ended on the server. Open the URL `guilds serve` "
+              "printed (it ends in ?token=...) to log in again.")
+NO_LOGIN = "This server takes no token (--no-token): there is no login to end."
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 METADATA_PREFIX = "/.well-known/oauth-protected-resource"
 """RFC 9728's well-known path of a protected resource's metadata."""
@@ -175,23 +187,26 @@ class EndpointLock:
             return 200, self._metadata(scope, host), [(b"content-type", b"application/json"),
                                                       (b"access-control-allow-origin", b"*")]
         origin = headers.get("origin")
-        if origin is not None and not _same_origin(origin, host):
+        if origin is not None and not _same_origin(origin, host) and not _logout_form(scope, origin):
             return 403, "Cross-origin request refused", []
         token = self.lock.token
+        if scope["path"] == LOGOUT_PATH and scope.get("method") != "POST":
+            return 405, "Log out with POST /logout", [(b"allow", b"POST")]
         if token is None:
-            return None
+            return (200, NO_LOGIN, []) if scope["path"] == LOGOUT_PATH else None
         resource = self._is_resource(scope["path"])
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         offered = [v for k, v in query if k == TOKEN_PARAM]
         if offered and not resource and scope.get("method") in ("GET", "HEAD"):
             return self._login(scope, query, offered[0], token)
-        if _same(_bearer(headers.get("authorization")), token):
-            return None
+        bearer = _same(_bearer(headers.get("authorization")), token)
         if resource:
-            return _unauthorized(self._challenge(scope, host, "authorization" in headers), RESOURCE_REFUSAL)
-        if self.sessions.holds(_cookie(headers, _cookie_name(scope))):
-            return None
-        return _unauthorized()
+            return None if bearer else _unauthorized(self._challenge(scope, host, "authorization" in headers),
+                                                     RESOURCE_REFUSAL)
+        values = cookie_values(headers.get("cookie", ""), _cookie_name(scope))
+        if not (bearer or any(self.sessions.holds(value) for value in values)):
+            return _unauthorized()
+        return self._logout(scope, values) if scope["path"] == LOGOUT_PATH else None
 
     def _login(self, scope: dict, query: list[tuple[str, str]], offered: str, token: str) -> tuple[int, str, list]:
         """The one-time URL: a new session in the cookie, and the same URL without the token."""
@@ -200,8 +215,14 @@ class EndpointLock:
         rest = urlencode([(k, v) for k, v in query if k != TOKEN_PARAM])
         path = "/" + quote(scope.get("root_path", "") + scope["path"]).lstrip("/")  # never //other.host
         location = path + (f"?{rest}" if rest else "")
-        set_cookie = f"{_cookie_name(scope)}={self.sessions.start()}; Path=/; HttpOnly; SameSite=Strict"
-        return 303, "Logged in", [(b"location", location.encode()), (b"set-cookie", set_cookie.encode())]
+        set_cookie = _session_cookie(scope, self.sessions.start(), round(APP_SESSION_MAX_AGE_SECONDS))
+        return 303, "Logged in", [(b"location", location.encode()), (b"set-cookie", set_cookie)]
+
+    def _logout(self, scope: dict, values: list[str]) -> tuple[int, str, list]:
+        """The sessions the cookie names end here, and the browser is told to drop the cookie."""
+        for value in values:
+            self.sessions.end(value)
+        return 200, LOGGED_OUT, [(b"set-cookie", _session_cookie(scope, "", 0))]
 
     def _is_resource(self, path: str) -> bool:
         base = self.lock.resource_path.rstrip("/")
@@ -235,6 +256,13 @@ def _unauthorized(challenge: bytes = b"Bearer", text: str = APP_REFUSAL) -> tupl
     return 401, text, [(b"www-authenticate", challenge)]
 
 
+def _logout_form(scope: dict, origin: str) -> bool:
+    """The app's own Log out form: a browser sends ``Origin: null`` for a form of a page served
+    with ``Referrer-Policy: no-referrer``. Taken at the logout only, which can do no more than
+    end the session the request's own cookie names."""
+    return origin == "null" and scope["path"] == LOGOUT_PATH and scope.get("method") == "POST"
+
+
 def _same_origin(origin: str, host: str) -> bool:
     parts = urlsplit(origin)
     return parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower() and not parts.path
@@ -252,14 +280,21 @@ def _bearer(value: str | None) -> str | None:
     return credentials.strip() if scheme.lower() == "bearer" else None
 
 
-def _cookie(headers: dict[str, str], name: str) -> str | None:
-    jar = SimpleCookie()
-    try:
-        jar.load(headers.get("cookie", ""))
-    except Exception:  # http.cookies raises CookieError and others on a malformed header
-        return None
-    morsel = jar.get(name)
-    return morsel.value if morsel is not None else None
+def _session_cookie(scope: dict, value: str, max_age: int) -> bytes:
+    """The Set-Cookie of the session cookie (max_age 0: the browser drops it)."""
+    return f"{_cookie_name(scope)}={value}; Max-Age={max_age}; Path=/; HttpOnly; SameSite=Strict".encode()
+
+
+def cookie_values(header: str, name: str) -> list[str]:
+    """Every value a Cookie header gives name, pair by pair: ``name=value`` between
+    semicolons, spaces around each trimmed. A pair that is not one (no ``=``, JSON, quotes,
+    spaces inside) is another app's and is skipped, never the end of the reading."""
+    values = []
+    for pair in header.split(";"):
+        key, sep, value = pair.partition("=")
+        if sep and key.strip() == name:
+            values.append(value.strip())
+    return values
 
 
 async def _respond(send: Callable, status: int, text: str, headers: list) -> None:

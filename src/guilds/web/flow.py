@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Mapping
+from urllib.parse import urlencode
 
 from guilds_code.redact import Redactor
 
@@ -83,6 +84,10 @@ class FlowItem:
     task: CodeTaskBlock | None = None
     savings: str = ""
     """What shaping saved on the call (savings.row_savings); "" when nothing."""
+    checkpoint: str = ""
+    """The checkpoint of the home taken before the call (agent.checkpoints); "" when none."""
+    rewindable: bool = False
+    """A checkpoint was taken before the call: its files can go back to it (the row's Rewind button)."""
 
 
 def row_of(call: CallRecord) -> str:
@@ -125,7 +130,15 @@ def flow_item(call: CallRecord) -> FlowItem:
     task = code_task_block(call) if call.tool == "code_task" else None
     return FlowItem(seq=call.seq, text=row_of(call), state=state_of(call),
                     duration=duration_text(call.duration_ms), href=call_path(call.run_id, call.seq), task=task,
-                    savings=row_savings(call.meta))
+                    savings=row_savings(call.meta), checkpoint=checkpoint_of(call.meta),
+                    rewindable=bool(text_of((call.meta or {}).get("checkpoint"))))
+
+
+def checkpoint_of(meta: Mapping[str, Any] | None) -> str:
+    """The call's checkpoints as the row shows them: "checkpoint k…", and "+ after k…" for code_task's end."""
+    before, after = (text_of((meta or {}).get(key)) for key in ("checkpoint", "checkpoint_after"))
+    shown = [f"checkpoint {before}"] if before else []
+    return " ".join([*shown, f"after {after}"] if after else shown)
 
 
 def resume_after(calls: list[CallRecord], after: int) -> int:
@@ -145,6 +158,8 @@ class RunItem:
     calls: int
     updated: str
     href: str
+    agent_href: str = ""
+    """The runs list filtered to the run's agent."""
 
 
 def when(value: datetime) -> str:
@@ -152,7 +167,7 @@ def when(value: datetime) -> str:
 
 
 def run_item(run: RunRecord) -> RunItem:
-    return RunItem(run.id, run.agent_id, run.calls, when(run.updated_at), run_path(run.id))
+    return RunItem(run.id, run.agent_id, run.calls, when(run.updated_at), run_path(run.id), runs_href(run.agent_id))
 
 
 MAX_SEQ = 2**63 - 1
@@ -208,10 +223,20 @@ class RunsPage:
     items: list[RunItem]
     newer_href: str
     older_href: str
+    agent: str | None = None
+    """The agent whose runs these are; None: every agent's."""
 
 
-def runs_page(runs: list[RunRecord], offset: int, limit: int) -> RunsPage:
-    """``runs`` holds up to limit + 1 runs from offset: one more means there are older ones."""
-    newer = f"/?offset={max(0, offset - limit)}" if offset > 0 else ""
-    older = f"/?offset={offset + limit}" if len(runs) > limit else ""
-    return RunsPage([run_item(r) for r in runs[:limit]], newer, older)
+def runs_href(agent: str | None = None, offset: int = 0) -> str:
+    """The runs list (of one agent when given) from offset."""
+    query: list[tuple[str, str | int]] = [("agent", agent)] if agent is not None else []
+    query += [("offset", offset)] if offset else []
+    return "/" + (f"?{urlencode(query)}" if query else "")
+
+
+def runs_page(runs: list[RunRecord], offset: int, limit: int, agent: str | None = None) -> RunsPage:
+    """``runs`` holds up to limit + 1 runs from offset: one more means there are older ones.
+    agent: the agent they are filtered to, kept in the pages' links."""
+    newer = runs_href(agent, max(0, offset - limit)) if offset > 0 else ""
+    older = runs_href(agent, offset + limit) if len(runs) > limit else ""
+    return RunsPage([run_item(r) for r in runs[:limit]], newer, older, agent)

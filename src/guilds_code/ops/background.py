@@ -12,7 +12,8 @@ Under <state root>/<agent id>/background/, per command, nothing rewritten:
                      temp file, then hard-linked to its name: link() fails on an
                      existing name, so concurrent starts never share an id (b1, b2, ...).
     .exit-<token>    the exit status, written by the wrapper
-    bN.stop          made when shell_status stop sent SIGTERM
+    bN.stop          made when shell_status stop sent SIGTERM; a stop by the
+                     orchestrator (a rewind of the files) writes why into it
     bN.ended         made when the command was first seen gone without a status
 
 States: running, exited N, stopping (stop sent, still alive), stopped (stopped
@@ -47,11 +48,13 @@ from .. import codec, limits, proc, protocol, runstate, shaping
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Set
+    from typing import Any, Dict, Iterator, List, Optional, Set
 
 BACKGROUND_DIR = "background"
 WRAPPER = 'bash -c "$2"; s=$?; printf "%s\\n" "$s" >| "$1.tmp" && mv -f -- "$1.tmp" "$1"'
 _RECORD_SUFFIX = ".json"
+STOP_REASON_BYTES = 200
+"""The most of bN.stop's reason shown in a status."""
 
 
 def background_dir(request: protocol.Request, create: bool = False, notes: Optional[List[str]] = None) -> str:
@@ -195,8 +198,23 @@ def status(folder: str, bid: str, record: Dict[str, Any], live: Set[int]) -> Sta
     elif _alive(record, live):
         state, end = ("stopping" if stop_time else "running"), time.time()
     else:
-        state, end = ("stopped" if stop_time else "ended"), _ended_at(folder, bid)
+        state, end = (_stopped(folder, bid) if stop_time else "ended"), _ended_at(folder, bid)
     return Status(bid, record, state, exit_code, end - record["started_at"])
+
+
+def _stopped(folder: str, bid: str) -> str:
+    """stopped, or stopped (why) when the orchestrator wrote why into bN.stop (a rewind)."""
+    try:  # never a link, never a fifo's wait
+        fd = os.open(os.path.join(folder, f"{bid}.stop"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return "stopped"
+    try:
+        why = os.read(fd, STOP_REASON_BYTES).decode("utf-8", "replace").strip() if stat.S_ISREG(os.fstat(fd).st_mode) else ""
+    except OSError:
+        why = ""
+    finally:
+        os.close(fd)
+    return f"stopped ({why})" if why else "stopped"
 
 
 def running_run_dirs(request: protocol.Request) -> Set[str]:
@@ -204,16 +222,36 @@ def running_run_dirs(request: protocol.Request) -> Set[str]:
     folder = records_dir(request)
     if folder is None:
         return set()
-    live: Optional[Set[int]] = None
-    dirs = set()
+    return {os.path.dirname(str(record.get("log_path", ""))) for record in _running(folder, {})}
+
+
+def any_running() -> bool:
+    """True when a background command of any agent of the state root is running or
+    stopping (the resident server does not sleep then: ``asleep``)."""
+    root = runstate.state_dir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return False
+    live: Dict[str, Set[int]] = {}
+    for name in names:
+        folder = os.path.join(root, name, BACKGROUND_DIR)
+        if _is_folder(os.path.join(root, name)) and _is_folder(folder) and next(_running(folder, live), None):
+            return True
+    return False
+
+
+def _running(folder: str, live: Dict[str, Set[int]]) -> Iterator[Dict[str, Any]]:
+    """The records of folder whose command is running or stopping; live caches
+    proc.live_groups() under "groups", read once at the first record that needs it."""
     for n in list_ids(folder):
         record = load_record(folder, f"{limits.BACKGROUND_ID_PREFIX}{n}")
         if record is None or _exit_code(folder, record)[0] is not None:
             continue
-        live = proc.live_groups() if live is None else live
-        if _alive(record, live):
-            dirs.add(os.path.dirname(str(record.get("log_path", ""))))
-    return dirs
+        if "groups" not in live:
+            live["groups"] = proc.live_groups()
+        if _alive(record, live["groups"]):
+            yield record
 
 
 def _alive(record: Dict[str, Any], live: Set[int]) -> bool:

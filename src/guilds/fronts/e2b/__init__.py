@@ -1,6 +1,7 @@
-"""The E2B API in front of one agent: ``guilds serve --e2b`` (``pip install 'guilds[e2b]'``).
+"""The E2B API in front of the agents one server makes from its templates: ``guilds serve --e2b``
+(``pip install 'guilds[e2b]'``).
 
-    front = E2BFront(toolbox, lock, key_names=("ci",))
+    front = E2BFront(agents, lock, key_names=("ci",))
     app = front.wrap(app)            # the E2B routes before the locked app
     front.export_lines(base_url)     # the E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL lines
     await front.close()              # every E2B sandbox killed (the wrapped app's shutdown does it)
@@ -10,28 +11,38 @@ every sandbox's in-sandbox API (``in_sandbox``: ``E2b-Sandbox-Id`` and
 ``X-Access-Token``). Their requests go to the E2B routes, which check their own
 credentials (never the endpoint's token: the key is made from it, ``keys``) and
 the Host header as the endpoint lock does; everything else goes to the app
-behind its lock. docs/e2b.md says what is served and how it differs from E2B.
+behind its lock. Each E2B sandbox is an agent made on demand (``sandboxes``).
+docs/e2b.md says what is served and how it differs from E2B.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 
 from ...errors import ConfigError
 from ...limits import SERVE_CANCEL_WAIT_SECONDS
-from ...toolbox import Toolbox
 from ...web.endpoint_lock import Lock
+from . import unserved
 from .control import ControlPlane
+from .dropped import TRANSPORT, connection_of
+from .forks import Forks
 from .in_sandbox import InSandboxApi
 from .keys import Keys
-from .process_api import recorded
+from .recording import recorded
 from .sandboxes import Sandboxes
+from .snapshot_api import SnapshotApi
+from .snapshots import Snapshots
+
+if TYPE_CHECKING:
+    from ...agents.registry import Agents
 
 CLIENT_ID = "guilds"
-_PATHS = ("/sandboxes", "/v2/sandboxes", "/files", "/health")
-_PREFIXES = ("/sandboxes/", "/v2/sandboxes/", "/process.Process/", "/filesystem.Filesystem/")
+_PATHS = ("/sandboxes", "/v2/sandboxes", "/files", "/health", *unserved.PATHS)
+_PREFIXES = ("/sandboxes/", "/v2/sandboxes/", "/process.Process/", "/filesystem.Filesystem/",
+             *(path + "/" for path in unserved.PATHS))
 
 
 def is_e2b_path(path: str) -> bool:
@@ -46,15 +57,20 @@ def _host_name(host_header: str) -> str:
 
 
 class E2BFront:
-    def __init__(self, toolbox: Toolbox, lock: Lock, key_names: tuple[str, ...] = (), data_dir: str | None = None):
-        """data_dir: the data folder (an E2B sandbox asking for less network than the agent's gets a
-        sandbox of its own there; without it, such a create is refused)."""
+    def __init__(self, agents: Agents, lock: Lock, key_names: tuple[str, ...] = (), sleep_idle: int | None = None):
+        """agents: the agents made on demand of the settings' templates, one per E2B sandbox
+        (their caps are the sandboxes' caps); key_names: the keys besides ``default``;
+        sleep_idle: a process service idle this many seconds sleeps (None: the default; 0: never)."""
         if lock.token is None:
             raise ConfigError("--e2b: the E2B keys are made from the endpoint's token; serve with the token")
         self.keys = Keys(lock.token, key_names)
         self.hosts = lock.hosts
-        self.sandboxes = Sandboxes(toolbox, CLIENT_ID, data_dir)
-        routes = ControlPlane(self.sandboxes, self.keys).routes() + InSandboxApi(self.sandboxes).routes()
+        self.sandboxes = Sandboxes(agents, CLIENT_ID, sleep_idle)
+        forks = Forks(self.sandboxes, Snapshots.open(agents.data_dir))
+        control = ControlPlane(self.sandboxes, self.keys, forks)
+        self.metrics = control.metrics
+        routes = [*control.routes(), *SnapshotApi(control, forks).routes(), *InSandboxApi(self.sandboxes).routes(),
+                  *unserved.routes()]
         self.app = Starlette(routes=routes)
 
     def wrap(self, app: Callable) -> Callable:
@@ -72,15 +88,18 @@ class E2BFront:
                             "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
                 await send({"type": "http.response.body", "body": b"Invalid host header"})
                 return
-            await self.app(scope, receive, send)
+            await self.app({**scope, TRANSPORT: connection_of(send)}, receive, send)
 
         return dispatch
 
     def _closing_first(self, receive: Callable) -> Callable:
-        """The lifespan's receive: at the server's shutdown, the E2B sandboxes are killed and
-        their commands' ends recorded before the app's own shutdown (the record's last waits)."""
+        """The lifespan's receive: at the server's start, the sandboxes' sampling begins
+        (``sandbox_metrics``); at its shutdown, the E2B sandboxes are killed and their commands' ends
+        recorded before the app's own shutdown (the record's last waits)."""
         async def receive_closing() -> dict:
             message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.metrics.start()
             if message["type"] == "lifespan.shutdown":
                 await self.close()
             return message
@@ -97,5 +116,6 @@ class E2BFront:
 
     async def close(self) -> None:
         """Every E2B sandbox killed, and its commands' ends recorded."""
+        await self.metrics.close()
         await self.sandboxes.close()
         await recorded(SERVE_CANCEL_WAIT_SECONDS)

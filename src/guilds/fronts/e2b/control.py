@@ -3,27 +3,32 @@
 Every request carries ``X-API-KEY`` (``guilds.fronts.e2b.keys``); a wrong or
 missing key is answered 401. Errors are E2B's body ``{"code": <HTTP status>,
 "message": ...}`` with that status: 400 for a bad body, 404 for a sandbox
-that does not exist or belongs to another key, 409 for pausing a paused one, 503
-when the agent's sandbox cannot be started (the reason in the message).
+that does not exist or belongs to another key (and for a template not served),
+409 for pausing a paused one, 429 for a create past a cap, 503 when the
+sandbox's agent cannot be made (the reason in the message). The list is ``listing``'s,
+the metrics ``sandbox_metrics``'.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
-from typing import Any
-from urllib.parse import parse_qsl
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ...errors import GuildsError
-from ...limits import E2B_DEFAULT_TIMEOUT_SECONDS, E2B_MAX_TIMEOUT_SECONDS
-from . import network_options
-from .connect import STATUS, ConnectError
+from ...limits import E2B_DEFAULT_TIMEOUT_SECONDS, E2B_MAX_BODY_BYTES, E2B_MAX_METADATA_BYTES, E2B_MAX_TIMEOUT_SECONDS
+from . import lifecycle, listing, network_options, network_update, unserved
+from .connect import ConnectError, bounded_body, json_object
 from .keys import Keys
-from .sandboxes import PAUSED, RUNNING, Sandboxes
+from .sandbox_metrics import Metrics, NoCgroup
+from .sandboxes import PAUSED, Made, Sandboxes
+
+if TYPE_CHECKING:
+    from .forks import Forks
 
 Handler = Callable[[Request, str], Awaitable[Response]]
 
@@ -38,16 +43,8 @@ def e2b_error(status: int, message: str) -> JSONResponse:
 
 
 async def _body(request: Request) -> dict[str, Any]:
-    data = await request.body()
-    if not data.strip():
-        return {}
-    try:
-        value = json.loads(data)
-    except ValueError:
-        raise BadBody("the request body is not JSON") from None
-    if not isinstance(value, dict):
-        raise BadBody("the request body is not a JSON object")
-    return value
+    """The request's JSON object, its size and depth bounded (413, 400)."""
+    return json_object(await bounded_body(request, E2B_MAX_BODY_BYTES, status=413))
 
 
 def _timeout(value: Any, default: int = E2B_DEFAULT_TIMEOUT_SECONDS) -> int:
@@ -66,21 +63,44 @@ def _strings(value: Any, name: str) -> dict[str, str]:
     return value
 
 
+def _metadata(value: Any) -> dict[str, str]:
+    """metadata: strings, E2B_MAX_METADATA_BYTES at most (keys and values, UTF-8)."""
+    found = _strings(value, "metadata")
+    size = sum(len(k.encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass"))
+               for k, v in found.items())
+    if size > E2B_MAX_METADATA_BYTES:
+        raise BadBody(f"metadata: at most {E2B_MAX_METADATA_BYTES} bytes of keys and values, got {size}")
+    return found
+
+
+def _unix_time(value: str | None, name: str) -> int | None:
+    if value is None:
+        return None
+    if not value.lstrip("-").isdigit() or len(value) > 12:
+        raise BadBody(f"{name}: a Unix time in seconds, not {value[:16]!r}")
+    return int(value)
+
+
 class ControlPlane:
-    def __init__(self, sandboxes: Sandboxes, keys: Keys):
-        self.sandboxes, self.keys = sandboxes, keys
+    def __init__(self, sandboxes: Sandboxes, keys: Keys, forks: Forks | None = None):
+        """forks: snapshots and fork, and sandboxes made from snapshots (none: not served)."""
+        self.sandboxes, self.keys, self.forks = sandboxes, keys, forks
+        self.metrics = Metrics(sandboxes)
 
     def routes(self) -> list[Route]:
         return [
             Route("/sandboxes", self._keyed(self.create), methods=["POST"]),
             Route("/v2/sandboxes", self._keyed(self.create), methods=["POST"]),
-            Route("/sandboxes", self._keyed(self.list), methods=["GET"]),
+            Route("/sandboxes", self._keyed(self.list_v1), methods=["GET"]),
             Route("/v2/sandboxes", self._keyed(self.list), methods=["GET"]),
+            Route("/sandboxes/metrics", unserved.unserved, methods=["GET"]),  # many sandboxes' at once
             Route("/sandboxes/{id}", self._keyed(self.detail), methods=["GET"]),
             Route("/sandboxes/{id}", self._keyed(self.kill), methods=["DELETE"]),
             Route("/sandboxes/{id}/timeout", self._keyed(self.timeout), methods=["POST"]),
             Route("/sandboxes/{id}/pause", self._keyed(self.pause), methods=["POST"]),
+            Route("/sandboxes/{id}/network", self._keyed(self.update_network), methods=["PUT"]),
             Route("/sandboxes/{id}/resume", self._keyed(self.resume), methods=["POST"]),
+            Route("/sandboxes/{id}/metrics", self._keyed(self.metrics_of), methods=["GET"]),
             Route("/sandboxes/{id}/connect", self._keyed(self.connect), methods=["POST"]),
             Route("/v2/sandboxes/{id}/connect", self._keyed(self.connect), methods=["POST"]),
         ]
@@ -93,8 +113,8 @@ class ControlPlane:
             try:
                 return await handler(request, key_name)
             except ConnectError as exc:
-                return e2b_error(STATUS[exc.code], str(exc))
-            except GuildsError as exc:  # the agent's sandbox failed to start: one line, no traceback
+                return e2b_error(exc.status, str(exc))
+            except GuildsError as exc:  # the sandbox's agent could not be made: one line, no traceback
                 return e2b_error(503, f"the sandbox could not be started: {exc}")
 
         return endpoint
@@ -104,23 +124,48 @@ class ControlPlane:
         template = body.get("templateID", "base")
         if not isinstance(template, str):
             raise BadBody("templateID: a template name")
+        forks = self.forks
+        snapshot = None if forks is None else forks.named(key_name, template)
+        if forks is not None and snapshot is not None:  # a sandbox made from a snapshot (forks)
+            asked = Made(key_name, snapshot.id, _timeout(body.get("timeout")), _metadata(body.get("metadata")),
+                         _strings(body.get("envVars"), "envVars"),
+                         network_options.asked(body, forks.settings_of(snapshot)), datetime.now(UTC))
+            box = await forks.create_from(snapshot, asked)
+            return JSONResponse(box.created(self.sandboxes.client_id), status_code=201)
         box = await self.sandboxes.create(key_name, template, _timeout(body.get("timeout")),
-                                          _strings(body.get("metadata"), "metadata"),
+                                          _metadata(body.get("metadata")),
                                           _strings(body.get("envVars"), "envVars"),
-                                          network_options.asked(body, self.sandboxes.toolbox.settings))
+                                          network_options.asked(body, self.sandboxes.settings_for(template)),
+                                          lifecycle.asked(body))
         return JSONResponse(box.created(self.sandboxes.client_id), status_code=201)
 
     async def list(self, request: Request, key_name: str) -> Response:
-        query = dict(parse_qsl(request.url.query))
-        states = set(query.get("state", f"{RUNNING},{PAUSED}").split(","))
-        wanted = dict(parse_qsl(query.get("metadata", "")))
-        found = [box.listed(self.sandboxes.client_id) for box in self.sandboxes.of_key(key_name)
-                 if box.state in states and all(box.metadata.get(k) == v for k, v in wanted.items())]
-        return JSONResponse(found)
+        found, headers = listing.page(self.sandboxes.of_key(key_name), listing.Query.of_v2(request.query_params),
+                                      self.sandboxes.template_of, self.sandboxes.client_id)
+        return JSONResponse(found, headers=headers)
+
+    async def list_v1(self, request: Request, key_name: str) -> Response:
+        return JSONResponse(listing.running_v1(self.sandboxes.of_key(key_name), request.query_params,
+                                               self.sandboxes.client_id))
 
     async def detail(self, request: Request, key_name: str) -> Response:
         box = self.sandboxes.get(key_name, request.path_params["id"])
         return JSONResponse(box.listed(self.sandboxes.client_id))
+
+    async def metrics_of(self, request: Request, key_name: str) -> Response:
+        box = self.sandboxes.get(key_name, request.path_params["id"])
+        start, end = (_unix_time(request.query_params.get(name), name) for name in ("start", "end"))
+        if start is not None and end is not None and start > end:
+            raise BadBody("Invalid time range for metrics: start time cannot be after end time")
+        try:
+            return JSONResponse(await self.metrics.of(box, start, end))
+        except NoCgroup as exc:
+            return e2b_error(501, f"metrics are not served for sandbox '{box.id}': {exc} (they are read from "
+                                  "the cgroup of a sandbox of the bwrap backend, as the server runs it as root)")
+        except OSError as exc:
+            return e2b_error(500, f"the sandbox's cgroup could not be read: {exc.strerror or exc}")
+        except TimeoutError:
+            return e2b_error(503, f"sandbox '{box.id}': its process service did not answer in time")
 
     async def kill(self, request: Request, key_name: str) -> Response:
         await self.sandboxes.kill(self.sandboxes.get(key_name, request.path_params["id"]))
@@ -129,7 +174,13 @@ class ControlPlane:
     async def timeout(self, request: Request, key_name: str) -> Response:
         box = self.sandboxes.get(key_name, request.path_params["id"])
         seconds = _timeout((await _body(request)).get("timeout", -1))
-        self.sandboxes.set_timeout(box, seconds)
+        await self.sandboxes.set_timeout(box, seconds)
+        return Response(status_code=204)
+
+    async def update_network(self, request: Request, key_name: str) -> Response:
+        box = self.sandboxes.get(key_name, request.path_params["id"])
+        await network_update.update(box, await _body(request), self.sandboxes.settings_for(box.template),
+                                    self.sandboxes.backend_for(self.sandboxes.template_of(box.template)))
         return Response(status_code=204)
 
     async def pause(self, request: Request, key_name: str) -> Response:

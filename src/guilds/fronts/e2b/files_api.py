@@ -15,16 +15,19 @@ import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from guilds_code.limits import ENVD_CHUNK_BYTES
 
-from .connect import STATUS, ConnectError
-from .envd_channel import EnvdChannel
+from . import file_metadata
+from .connect import ConnectError
+from .envd_channel import EnvdChannel, EnvdFailed
+from .multipart import form_files
 from .process_api import _envd, _recorder
 from .sandboxes import E2BSandbox
+
+INSUFFICIENT_STORAGE = 507
 
 
 def _path(message: dict[str, Any], name: str = "path") -> str:
@@ -57,7 +60,7 @@ class FilesystemApi:
 
 def file_error(exc: ConnectError) -> JSONResponse:
     """The /files endpoint's error: envd's ``{"code": <status>, "message": ...}``."""
-    status = STATUS[exc.code]
+    status = exc.status
     return JSONResponse({"code": status, "message": str(exc)}, status_code=status)
 
 
@@ -83,8 +86,14 @@ async def read_file(request: Request, box: E2BSandbox) -> Response:
                              headers={"content-length": str(first["size"])})
 
 
-async def _write(envd: EnvdChannel, path: str, pieces: AsyncIterator[bytes]) -> dict[str, Any]:
-    reply = await envd.call("write", path=path, b64="", append=False)
+async def _write(envd: EnvdChannel, path: str, pieces: AsyncIterator[bytes],
+                 metadata: dict[str, str]) -> dict[str, Any]:
+    try:
+        reply = await envd.call("write", path=path, b64="", append=False, metadata=metadata)
+    except EnvdFailed as exc:  # the file system has no room for the metadata: E2B's 507
+        if exc.code == "resource_exhausted":
+            raise ConnectError(exc.code, str(exc), status=INSUFFICIENT_STORAGE) from None
+        raise
     async for piece in pieces:
         reply = await envd.call("write", path=path, b64=base64.b64encode(piece).decode(), append=True)
     return reply["entry"]
@@ -115,26 +124,23 @@ async def _gunzip(source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         raise ConnectError("invalid_argument", f"the gzip body is not valid: {exc}") from None
 
 
-async def _upload(upload: UploadFile) -> AsyncIterator[bytes]:
-    while data := await upload.read(ENVD_CHUNK_BYTES):
-        yield data
-
-
 async def write_files(request: Request, box: E2BSandbox) -> Response:
     """The body is the file (application/octet-stream, gzip or not) or a multipart form of files, each
-    written at ``path`` (one file) or at its part's file name; the answer lists them."""
-    envd, path = _envd(box), request.query_params.get("path")
+    written at ``path`` (one file) or at its part's file name, with the metadata of the request's
+    headers (``file_metadata``); the answer lists them."""
+    envd, path, metadata = _envd(box), request.query_params.get("path"), file_metadata.from_headers(request.headers)
     kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     written: list[dict[str, Any]] = []
     if kind == "multipart/form-data":
-        async with request.form(max_files=1000, max_part_size=ENVD_CHUNK_BYTES) as form:
-            uploads = [v for _, v in form.multi_items() if isinstance(v, UploadFile)]
-            for upload in uploads:
-                target = path if path and len(uploads) == 1 else upload.filename
-                if not target:
-                    raise ConnectError("invalid_argument", "path: each file needs a path")
-                written.append(await _recorder(box).one("e2b files.write", {"path": target},
-                                                        _write(envd, target, _rechunk(_upload(upload)))))
+        async for name, data in form_files(request):
+            if path and written:
+                raise ConnectError("invalid_argument", "path: names one file; give each file's path as its "
+                                                       "part's file name instead")
+            target = path or name
+            if not target:
+                raise ConnectError("invalid_argument", "path: each file needs a path")
+            written.append(await _recorder(box).one("e2b files.write", {"path": target},
+                                                    _write(envd, target, _rechunk(data), metadata)))
     else:
         if not path:
             raise ConnectError("invalid_argument", "path: the file to write is needed")
@@ -142,5 +148,6 @@ async def write_files(request: Request, box: E2BSandbox) -> Response:
         if request.headers.get("content-encoding", "").strip().lower() == "gzip":
             body = _gunzip(body)
         written.append(await _recorder(box).one("e2b files.write", {"path": path},
-                                                _write(envd, path, _rechunk(body))))
-    return JSONResponse([{"name": e["name"], "path": e["path"], "type": "file"} for e in written])
+                                                _write(envd, path, _rechunk(body), metadata)))
+    return JSONResponse([{"name": e["name"], "path": e["path"], "type": "file",
+                          **({"metadata": e["metadata"]} if e.get("metadata") else {})} for e in written])

@@ -4,8 +4,9 @@ Each request names its sandbox (``E2b-Sandbox-Id``) and carries that sandbox's
 access token (``X-Access-Token``, from the create answer's ``envdAccessToken``).
 No sandbox id: 400 ``invalid_argument``; an unknown one: 404 ``not_found``; no
 token or a wrong one (whatever its shape): 401 ``unauthenticated``; all in
-Connect's JSON error shape, never a 500. ``GET /health`` answers 204 to a sandbox
-that is running.
+Connect's JSON error shape, never a 500. A ``/files`` request may carry a signature
+instead (a signed file URL, ``signed_urls``). ``GET /health`` answers 204 to a sandbox
+that is running, 502 to one paused, killed or unknown (as E2B answers).
 
 Every request other than /health is a call of the sandbox's run
 (``guilds.fronts.e2b.recording``).
@@ -14,7 +15,7 @@ Every request other than /health is a call of the sandbox's run
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from starlette.requests import Request
@@ -22,28 +23,35 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ...errors import GuildsError
-from .connect import ConnectError, error_response, stream_request, unary_request
+from ...limits import E2B_MAX_MESSAGE_BYTES
+from .connect import ENVELOPE_BYTES, ConnectError, bounded_body, error_response, stream_request, unary_request
 from .files_api import FilesystemApi, file_error, read_file, write_files
 from .process_api import ProcessApi, _recorder
 from .sandboxes import PAUSED, E2BSandbox, Sandboxes
+from .signed_urls import signed_sandbox
+from .watch_api import WatchApi
 
-Unary = Callable[[E2BSandbox, dict[str, Any]], Awaitable[dict[str, Any]]]
+Unary = Callable[[E2BSandbox, dict[str, Any]], Coroutine[Any, Any, dict[str, Any]]]
 Streaming = Callable[[Request, E2BSandbox, dict[str, Any]], Awaitable[Response]]
 
 
 class InSandboxApi:
     def __init__(self, sandboxes: Sandboxes):
         self.sandboxes = sandboxes
-        process, files = ProcessApi(), FilesystemApi()
+        process, files, watches = ProcessApi(), FilesystemApi(), WatchApi()
         self.unary: dict[str, Unary] = {
             "process.Process/List": process.list, "process.Process/SendSignal": process.send_signal,
             "process.Process/SendInput": process.send_input, "process.Process/CloseStdin": process.close_stdin,
             "filesystem.Filesystem/Stat": files.stat, "filesystem.Filesystem/ListDir": files.list_dir,
             "filesystem.Filesystem/MakeDir": files.make_dir, "filesystem.Filesystem/Remove": files.remove,
-            "filesystem.Filesystem/Move": files.move,
+            "filesystem.Filesystem/Move": files.move, "process.Process/Update": process.update,
+            "filesystem.Filesystem/CreateWatcher": watches.create_watcher,
+            "filesystem.Filesystem/GetWatcherEvents": watches.get_watcher_events,
+            "filesystem.Filesystem/RemoveWatcher": watches.remove_watcher,
         }
         self.streaming: dict[str, Streaming] = {
             "process.Process/Start": process.start, "process.Process/Connect": process.connect,
+            "filesystem.Filesystem/WatchDir": watches.watch_dir,
         }
 
     def routes(self) -> list[Route]:
@@ -65,18 +73,32 @@ class InSandboxApi:
             raise ConnectError("unauthenticated", "X-Access-Token: not this sandbox's access token")
         return box
 
+    def file_sandbox(self, request: Request) -> E2BSandbox:
+        """A /files request's sandbox: by its headers, or, with a ``signature`` and no access
+        token, by its signature (``signed_urls``)."""
+        if "signature" not in request.query_params or request.headers.get("x-access-token"):
+            return self.sandbox(request)
+        named = request.headers.get("e2b-sandbox-id")
+        return signed_sandbox(request, [self.sandboxes.get(None, named)] if named else self.sandboxes.every())
+
     async def health(self, request: Request) -> Response:
+        """204 while the sandbox runs; 502 (E2B's body) while it is paused, or when it is gone
+        (killed, timed out) or never was: E2B's answer, which the SDKs read as not running."""
         try:
             box = self.sandbox(request)
         except ConnectError as exc:
-            return error_response(exc)
+            if exc.code != "not_found":
+                return error_response(exc)
+            sandbox_id = request.headers.get("e2b-sandbox-id")
+            return JSONResponse({"code": 502, "message": f"The sandbox {sandbox_id} was not found: it was killed, "
+                                                         "reached its end of life, or never was"}, status_code=502)
         except GuildsError as exc:  # the sandbox's process service could not be reached
             return error_response(ConnectError("unavailable", str(exc)))
         return Response(status_code=502 if box.state == PAUSED else 204)
 
     async def files(self, request: Request) -> Response:
         try:
-            box = self.sandbox(request)
+            box = self.file_sandbox(request)
             if request.method == "GET":
                 return await read_file(request, box)
             return await write_files(request, box)
@@ -87,7 +109,7 @@ class InSandboxApi:
         name = request.url.path.lstrip("/")
         try:
             box = self.sandbox(request)
-            body = await request.body()
+            body = await bounded_body(request, E2B_MAX_MESSAGE_BYTES + ENVELOPE_BYTES)
             kind = request.headers.get("content-type", "")
             if name in self.streaming:
                 return await self.streaming[name](request, box, stream_request(kind, body))

@@ -21,14 +21,15 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from ...errors import GuildsError
-from ...limits import E2B_KEEPALIVE_SECONDS, E2B_RECORD_OUTPUT_BYTES
-from ...sandbox.base import Sandbox
-from ...toolbox.tools import SHELL
+from ...limits import E2B_KEEPALIVE_SECONDS
+from ...sandbox.base import keep_egress
+from . import dropped
 from .connect import STREAM_TYPE, ConnectError, end_stream, envelope
 from .envd_channel import Command, EnvdChannel
-from .recording import Open, Recorder
+from .recording import Recorder
 from .sandboxes import E2BSandbox
 
 SIGNAL_NAMES = {9: "killed", 15: "terminated", 2: "interrupt", 1: "hangup"}
@@ -65,8 +66,15 @@ def deadline_of(request: Request) -> float | None:
     return time.monotonic() + int(value) / 1000
 
 
-async def stream(command: Command, deadline: float | None) -> AsyncIterator[bytes]:
-    """The events of command, from its start until its end or the deadline."""
+class SandboxEnded(Exception):
+    """The command's sandbox was killed or paused under its stream: the stream is dropped."""
+
+
+async def stream(command: Command, deadline: float | None, envd: EnvdChannel) -> AsyncIterator[bytes]:
+    """The events of command, from its start until its end or the deadline. When the end comes
+    because its sandbox is being killed or paused (``envd.ending``), the stream is dropped
+    (``SandboxEnded``) as E2B drops it: the SDKs then find the sandbox gone (/health)
+    and say it was killed."""
     queue = command.attach()
     try:
         yield envelope({"event": {"start": {"pid": command.pid}}})
@@ -81,34 +89,33 @@ async def stream(command: Command, deadline: float | None) -> AsyncIterator[byte
                     return
                 yield envelope({"event": {"keepalive": {}}})
                 continue
+            if event["ev"] == "end" and envd.ending:
+                raise SandboxEnded(command.pid)
             yield envelope(event_message(event))
+            command.took(event)  # sent on: the client read it, or its socket holds it
             if event["ev"] == "end":
                 yield end_stream()
                 return
     finally:
-        command.queues.discard(queue)
+        command.detach(queue)
+
+
+class EventStream(StreamingResponse):
+    """A command's stream, its connection reset on ``SandboxEnded`` (``dropped``)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.scope = scope
+        await super().__call__(scope, receive, send)
+
+    async def stream_response(self, send: Send) -> None:
+        try:
+            await super().stream_response(send)
+        except SandboxEnded:
+            dropped.reset(self.scope)
 
 
 def streaming(body: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(body, media_type=STREAM_TYPE)
-
-
-class Output:
-    """What a command's record keeps: the head of its stdout, then of its stderr."""
-
-    def __init__(self) -> None:
-        self.parts: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        if event["ev"] == "data":
-            part = self.parts[event["fd"]]
-            room = E2B_RECORD_OUTPUT_BYTES - len(part)
-            if room > 0:
-                part += event["data"][:room]
-
-    def text(self) -> str:
-        out, err = (bytes(p).decode("utf-8", "replace") for p in self.parts.values())
-        return out + (f"\n[stderr]\n{err}" if err else "")
+    return EventStream(body, media_type=STREAM_TYPE)
 
 
 def command_line(config: dict[str, Any]) -> str:
@@ -119,35 +126,41 @@ def command_line(config: dict[str, Any]) -> str:
     return " ".join([str(config.get("cmd", ""))] + args)
 
 
+def terminal_size(message: dict[str, Any]) -> dict[str, Any] | None:
+    """A request's ``pty.size`` ({cols, rows}, checked in the sandbox); None without a pty."""
+    pty = message.get("pty")
+    if not isinstance(pty, dict):
+        return None
+    size = pty.get("size")
+    return size if isinstance(size, dict) else {}
+
+
 class ProcessApi:
     async def start(self, request: Request, box: E2BSandbox, message: dict[str, Any]) -> Response:
         config = message.get("process")
         if not isinstance(config, dict) or not isinstance(config.get("cmd"), str):
             raise ConnectError("invalid_argument", "process.cmd: the program to run is needed")
-        if message.get("pty"):
-            raise ConnectError("unimplemented", "pty: terminals are not served; run the command without one")
+        pty = terminal_size(message)
         deadline = deadline_of(request)
-        envd, recorder = _envd(box), _recorder(box)
+        envd = _envd(box)
         timeout_ms = None if deadline is None else max(1, round((deadline - time.monotonic()) * 1000))
-        call = await recorder.begin(SHELL.name, {"command": command_line(config), "e2b": {
-            "cmd": config["cmd"], "args": config.get("args") or [], "cwd": config.get("cwd"),
-            "tag": message.get("tag"), "timeout_ms": timeout_ms}})
-        try:
+
+        async def start(call_id: str) -> Command:
             await _keep_egress(box)
             reply = await envd.call("start", cmd=config["cmd"], args=config.get("args") or [],
                                     envs=config.get("envs") or {}, cwd=config.get("cwd"), tag=message.get("tag"),
                                     stdin=message.get("stdin", True) is not False, timeout_ms=timeout_ms,
-                                    base_env=box.env_vars, run_id=box.run_id, call_id=call.call_id)
-        except ConnectError as exc:
-            await recorder.finish(call, str(exc), is_error=True, meta={"code": exc.code})
-            raise
-        command = envd.command(reply["pid"])
-        _record_when_ended(command, recorder, call, box.sandbox)
-        return streaming(stream(command, deadline))
+                                    base_env=box.env_vars, run_id=box.run_id, call_id=call_id, pty=pty)
+            return envd.command(reply["pid"])
+
+        command = await _recorder(box).command({"command": command_line(config), "e2b": {
+            "cmd": config["cmd"], "args": config.get("args") or [], "cwd": config.get("cwd"),
+            "tag": message.get("tag"), "timeout_ms": timeout_ms, "pty": pty}}, start)
+        return streaming(stream(command, deadline, envd))
 
     async def connect(self, request: Request, box: E2BSandbox, message: dict[str, Any]) -> Response:
         command = await _selected(box, message)
-        return streaming(stream(command, deadline_of(request)))
+        return streaming(stream(command, deadline_of(request), _envd(box)))
 
     async def list(self, box: E2BSandbox, message: dict[str, Any]) -> dict[str, Any]:
         return await _envd(box).call("list")
@@ -159,59 +172,29 @@ class ProcessApi:
     async def send_input(self, box: E2BSandbox, message: dict[str, Any]) -> dict[str, Any]:
         command = await _selected(box, message, running=True)
         given = message.get("input")
-        data = given.get("stdin") if isinstance(given, dict) else None
+        data = given.get("stdin", given.get("pty")) if isinstance(given, dict) else None
         if not isinstance(data, str):
-            raise ConnectError("invalid_argument", "input.stdin: base64 bytes are needed")
+            raise ConnectError("invalid_argument", "input.stdin or input.pty: base64 bytes are needed")
         return await _envd(box).call("input", pid=command.pid, b64=data)
+
+    async def update(self, box: E2BSandbox, message: dict[str, Any]) -> dict[str, Any]:
+        """A terminal's new size (``pty.size``); nothing to change without one."""
+        command = await _selected(box, message, running=True)
+        size = terminal_size(message)
+        if size is None:
+            return {}
+        return await _envd(box).call("resize", pid=command.pid, cols=size.get("cols"), rows=size.get("rows"))
 
     async def close_stdin(self, box: E2BSandbox, message: dict[str, Any]) -> dict[str, Any]:
         command = await _selected(box, message, running=True)
         return await _envd(box).call("close_stdin", pid=command.pid)
 
 
-def _record_when_ended(command: Command, recorder: Recorder, call: Open, sandbox: Sandbox) -> None:
-    output = Output()
-    for event in command.early:
-        output(event)
-
-    def watch(event: dict[str, Any]) -> None:
-        output(event)
-        if event["ev"] == "end":
-            code = event["exit_code"] if not event.get("signal") else -1
-            meta = {"exit_code": code, "timed_out": bool(event.get("timed_out")), "pid": command.pid}
-            if event.get("signal"):
-                meta["signal"] = event["signal"]
-            task = asyncio.get_running_loop().create_task(_finish(recorder, call, output.text(), meta, sandbox))
-            _PENDING.add(task)
-            task.add_done_callback(_PENDING.discard)
-
-    command.watchers.append(watch)
-    if command.end is not None:
-        watch(command.end)
-
-
-async def _finish(recorder: Recorder, call: Open, text: str, meta: dict[str, Any], sandbox: Sandbox) -> None:
-    await recorder.finish(call, text, is_error=False, meta=meta)  # as a shell call's exit
-    await recorder.egress(call, sandbox)
-
-
-_PENDING: set[asyncio.Task] = set()
-
-
-async def recorded(timeout: float) -> None:
-    """Wait up to timeout for the records of the commands that have ended (a server stopping)."""
-    if _PENDING:
-        await asyncio.wait(set(_PENDING), timeout=timeout)
-
-
 async def _keep_egress(box: E2BSandbox) -> None:
     """Before each command: the sandbox's egress proxy running (agent.network a list), started
     again when it died, as before each tool call; its failure is the command's (unavailable)."""
-    keep = getattr(box.sandbox, "keep_egress", None)
-    if keep is None:
-        return
     try:
-        await keep()
+        await keep_egress(box.sandbox)
     except GuildsError as exc:
         raise ConnectError("unavailable", f"the sandbox's egress proxy: {exc}") from None
 

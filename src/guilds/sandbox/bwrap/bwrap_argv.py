@@ -9,7 +9,8 @@ Inside (each with its reason in docs/sandboxes.md):
   folder, no other agent and no host socket is there to be reached; what the
   bound folders hold of the agents (the data folder, other agents' homes, every
   settings file) hidden behind an empty tmpfs or /dev/null (``bwrap_hide``);
-- the home bound writable at its own path; the state root at ``/run/guilds``, a
+- the home bound writable at its own path (or at ``home_inside``: a template's user,
+  ``AgentSettings.user``); the state root at ``/run/guilds``, a
   tmpfs of ``state_bytes`` in the sandbox's own mount namespace (off the data
   folder's filesystem, gone with the sandbox); the idle clock, a host file,
   read-only at ``/run/guilds-clock``;
@@ -21,7 +22,7 @@ Inside (each with its reason in docs/sandboxes.md):
 - own pid, ipc and uts namespaces; the network off (``--unshare-net``) unless
   ``agent.network`` is true; with a list, the egress proxy's socket folder
   read-only at ``/run/guilds-egress`` and INIT running the relay to it
-  (``egress_side.RELAY``);
+  (``egress_side.relay.RELAY``);
 - every process runs as ``uid``/``gid`` on the host, with no capabilities and
   no new privileges. Two ways, by who the orchestrator is:
   *root*: bwrap runs privileged (no user namespace) and ``setpriv`` drops to
@@ -38,7 +39,6 @@ namespaces (it forks into the pid namespace), then ``setpriv``.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import posixpath
 import shutil
@@ -46,9 +46,13 @@ from dataclasses import dataclass
 from typing import Collection, Sequence
 
 from ...config.settings import AgentSettings
+from ...config.uids import AGENT_UID_BASE as AGENT_UID_BASE
+from ...config.uids import AGENT_UID_SPAN as AGENT_UID_SPAN
+from ...config.uids import agent_uid
 from ...limits import BWRAP_IDLE_SECONDS_DEFAULT
 from .._spawn import succeeds
-from ..egress_side import EGRESS_INSIDE, RELAY, init_args
+from ..egress_side.files import EGRESS_INSIDE
+from ..egress_side.relay import RELAY, init_args
 
 STATE_INSIDE = "/run/guilds"
 CLOCK_INSIDE = "/run/guilds-clock"
@@ -66,17 +70,22 @@ SHM_BYTES = 64 << 20
 SMALL_TMPFS_BYTES = 1 << 20
 """/run and /dev hold only mount points and nodes; read-only once made."""
 INIT = (
-    "import ctypes,os,signal,sys,time\n"
+    "import _signal,posix,sys,time\n"
     "clock,idle,ready=sys.argv[1],float(sys.argv[2]),int(sys.argv[3])\n"
-    "ctypes.CDLL(None).prctl(4,0,0,0,0)\n"
+    "try:\n"
+    " import _ctypes\n"
+    " _ctypes.call_function(_ctypes.dlsym(_ctypes.dlopen(None),'prctl'),(4,0,0,0,0))\n"
+    "except AttributeError:\n"
+    " import ctypes\n"
+    " ctypes.CDLL(None).prctl(4,0,0,0,0)\n"
     "def reap(*_):\n"
     " try:\n"
-    "  while os.waitpid(-1,os.WNOHANG)[0]:pass\n"
+    "  while posix.waitpid(-1,posix.WNOHANG)[0]:pass\n"
     " except ChildProcessError:pass\n"
-    "signal.signal(signal.SIGCHLD,reap)\n"
-    "os.write(ready,b'ready\\n')\n"
-    "os.close(ready)\n"
-    "while time.time()-os.stat(clock).st_mtime<idle:\n"
+    "_signal.signal(_signal.SIGCHLD,reap)\n"
+    "posix.write(ready,b'ready\\n')\n"
+    "posix.close(ready)\n"
+    "while time.time()-posix.stat(clock).st_mtime<idle:\n"
     " reap()\n"
     " time.sleep(min(idle/4,30))\n"
 )
@@ -84,7 +93,12 @@ INIT = (
 undumpable (prctl PR_SET_DUMPABLE 0: the agent's processes, of the same uid,
 cannot ptrace it), reaps every orphan as it ends, says "ready" on an fd (the
 mounts are then in place), and lives while the clock's mtime is younger than
-idle seconds. When it exits the kernel kills every process left in the namespace."""
+idle seconds. When it exits the kernel kills every process left in the namespace.
+
+It imports only modules built into the interpreter (``_signal``, ``posix``,
+``_ctypes``; ``ctypes`` itself only where ``_ctypes`` lacks ``call_function``):
+``signal``, ``os`` and ``ctypes`` would cost each idle sandbox about 1.5 MiB
+more (``enum`` and the rest they import)."""
 READY = b"ready"
 NAMESPACES = ("--unshare-pid", "--unshare-ipc", "--unshare-uts")
 ROOT_CAPS = ("--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
@@ -103,7 +117,7 @@ class BwrapConfig:
     """Everything the sandbox's bwrap argv depends on."""
 
     home: str
-    """Host folder of the home, bound writable at the same path."""
+    """Host folder of the home, bound writable at the same path (or at home_inside)."""
     state_bytes: int
     """The size of the state root, a tmpfs at /run/guilds (0700; the orchestrator gives
     it to the agent's uid once the sandbox is up: bwrap cannot name an owner)."""
@@ -133,6 +147,15 @@ class BwrapConfig:
     egress_dir: str = ""
     """agent.network a list: the host folder of the egress proxy's socket, bound read-only
     at EGRESS_INSIDE, and INIT runs the relay to it (the network stays off)."""
+    users: tuple[str, str] | None = None
+    """Host files bound read-only over /etc/passwd and /etc/group (``bwrap_users``), or none."""
+    home_inside: str = ""
+    """Where the home is inside; empty: its host path."""
+
+    @property
+    def inside(self) -> str:
+        """The home's path inside."""
+        return self.home_inside or self.home
     tmp_bytes: int = 1 << 30
     """The size of /tmp."""
     idle_seconds: float = BWRAP_IDLE_SECONDS_DEFAULT
@@ -197,6 +220,8 @@ _MOUNTED = ("/", "/tmp", "/run", "/dev", "/dev/shm", "/proc", HELPER_DIR)
 def parent_folders(home: str, system: Sequence[tuple[str, str | None]]) -> list[str]:
     """The home's parent folders the sandbox makes 0755 itself, outermost first: those
     neither mounted fresh (``/tmp``, ``/run``...) nor under a bound system folder."""
+    if not posixpath.isabs(home):
+        raise ValueError(f"the home must be an absolute path, got {home!r}")
     parents: list[str] = []
     path = posixpath.dirname(home.rstrip("/"))
     while path not in _MOUNTED and not any(_within(path, p) for p, _ in system):
@@ -215,7 +240,7 @@ def made_anew(home: str, system: Sequence[tuple[str, str | None]]) -> tuple[str,
 def _parents(c: BwrapConfig) -> list[str]:
     """The home's parent folders made 0755 (bwrap would copy the host's modes,
     and a 0700 parent of root's would shut the agent's uid out of its home)."""
-    return [arg for p in parent_folders(c.home, c.system) for arg in ("--perms", "0755", "--dir", p)]
+    return [arg for p in parent_folders(c.inside, c.system) for arg in ("--perms", "0755", "--dir", p)]
 
 
 def _local_bin(c: BwrapConfig) -> list[str]:
@@ -248,8 +273,10 @@ def bwrap_argv(c: BwrapConfig) -> list[str]:
     argv += _local_bin(c)
     holding_home = [h for h in c.hidden if _within(c.home, h)]  # hidden before the home's bind
     argv += _tmpfs(holding_home) + _parents(c) + [
-        "--bind", c.home, c.home, *_sized(STATE_INSIDE, c.state_bytes, "0700"),
+        "--bind", c.home, c.inside, *_sized(STATE_INSIDE, c.state_bytes, "0700"),
         "--ro-bind", c.clock, CLOCK_INSIDE]
+    if c.users is not None:
+        argv += ["--ro-bind", c.users[0], "/etc/passwd", "--ro-bind", c.users[1], "/etc/group"]
     argv += _tmpfs([h for h in c.hidden if h not in holding_home])
     for path in c.hidden_files:
         argv += ["--ro-bind", "/dev/null", path]
@@ -366,19 +393,6 @@ def sandbox_python(candidates: Sequence[str] = ("/usr/bin/python3", "/usr/local/
         if os.access(real, os.X_OK) and any(_within(real, d) for d in SYSTEM_DIRS):
             return path
     return None
-
-
-AGENT_UID_BASE = 1_500_000_000
-AGENT_UID_SPAN = 100_000_000
-"""A root orchestrator's default uid for an agent: AGENT_UID_BASE + (sha256 of the
-id mod AGENT_UID_SPAN), far above the uids of users, of subordinate-id ranges
-(100000 + 65536 per user) and of systemd's dynamic users."""
-
-
-def agent_uid(agent_id: str) -> int:
-    """The default host uid (and gid) of the agent's commands under a root orchestrator."""
-    digest = hashlib.sha256(agent_id.encode()).digest()
-    return AGENT_UID_BASE + int.from_bytes(digest[:8], "big") % AGENT_UID_SPAN
 
 
 def sandbox_owner(settings: AgentSettings) -> tuple[int, int, bool]:

@@ -71,7 +71,9 @@ def hiding(home: str, data: str, agents: Iterable[KnownAgent],
     """The paths to hide in the sandbox whose home is home (host state read: which paths exist)."""
     places = _Places(os.path.realpath(home), system)
     agents = tuple(agents)
-    folders = [data, *(h for h in (os.path.realpath(a.home) for a in agents) if places.other_home(h))]
+    homes = (os.path.realpath(a.home) for a in agents  # one in the data folder and not in the home: hidden with it
+             if not _within(a.home, data) or _within(a.home, places.home))
+    folders = [data, *(h for h in homes if places.other_home(h))]
     files: list[str] = []
     for agent in agents:
         if agent.settings is None:

@@ -79,15 +79,17 @@ from ...config.agents import known as known_agents
 from ...config.settings import AgentSettings
 from . import _cgroup
 from .bwrap_hide import Hiding, hiding, stamp
+from ..sandbox_user import SUDO_NAME, sudo_file
+from .bwrap_users import GROUP, PASSWD, write_users
 from .._host_folder import (
     agent_env, checked_id, locate, own_tree, real_python, removed, write_beneath, write_repos,
 )
+from ...procfs import running
 from .._spawn import kill_and_wait, parent_pid, read_until, run_process, spawn_detached, start_time
 from . import bwrap_admin as admin
 from ..base import Backend, Box, Check, ExecResult
 from ..process_channel import LocalProcess
-from .. import egress_process
-from .. import egress_side as egress
+from ..egress_side import Egress
 from .bwrap_argv import (
     HELPER_DIR, READY, STATE_INSIDE, BwrapConfig, Limits, bwrap_argv,
     enter_argv, host_local_bin, host_system, keep_run, limited_argv, limits_in_child, sandbox_owner, sandbox_python,
@@ -109,17 +111,19 @@ class BwrapSandbox(Backend):
     ):
         """idle_seconds: the idle stop; path: the agent's PATH (default: this process's)."""
         self.settings = settings
-        self.home = str(settings.home)
+        self.home = settings.home_inside()
+        self._host_home = str(settings.home)
         self.python = sandbox_python() or real_python()
         self.idle_seconds = idle_seconds
         self.uid, self.gid, self._userns = sandbox_owner(settings)
         self._owner = None if self._userns else (self.uid, self.gid)
+        self.home_owner = self._owner
         self._data = os.path.realpath(data_dir)
         base, files = admin.host_files(self._data, checked_id(settings))
         self._record, self._lock, self._log, self._clock = map(str, files)
         self._old_state = str(base)  # a host folder an earlier layout kept the state root in
         given, files = admin.host_files(data_dir, settings.id)
-        self._kept = [given, *files]
+        self._kept = [given, *files, given.with_name(f"{settings.id}.etc")]
         """What ``remove()`` removes, named under the data folder as it was given."""
         self._cgroup_name = f"{settings.id}-{hashlib.sha256(self._old_state.encode()).hexdigest()[:8]}"
         self._limits: Limits | None = None
@@ -128,12 +132,11 @@ class BwrapSandbox(Backend):
         self._env = agent_env(settings, home=self.home, state_dir=STATE_INSIDE,
                               path=path or os.environ.get("PATH"))
         self._helpers: tuple[tuple[str, str], ...] = ()
-        self.egress = egress.egress_files(self._data, checked_id(settings)) if settings.egress else None
-        """agent.network a list: the egress proxy's files (None otherwise)."""
-        self._bound: dict[str, egress.Bound] | None = None
+        self.egress = (Egress(settings, self._data, idle_seconds=idle_seconds, clock=self._clock)
+                       if settings.egress else None)
+        """agent.network a list: the sandbox's side of the egress proxy (None otherwise)."""
         if self.egress is not None:  # the real values never enter the commands' environment
-            self._bound = egress.bound_values(settings, self.egress, self.home)
-            self._env.update(egress.sandbox_env(settings, self._bound))
+            self._env.update(self.egress.env())
 
     @classmethod
     def for_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike, *,
@@ -174,6 +177,12 @@ class BwrapSandbox(Backend):
     async def start(self) -> None:
         await asyncio.to_thread(self._start)
 
+    def runs_now(self) -> bool:
+        """The init its record names runs and is not being killed (two reads of /proc and one
+        of the record: no lock, nothing started)."""
+        record = self._read_record()
+        return record is not None and running(record["pid"], record["start"])
+
     def _start(self) -> None:
         """The sandbox found or made, then repos.json written again (the tokens may have
         changed since it started). That rewrite failing (a state root the agent filled
@@ -204,12 +213,6 @@ class BwrapSandbox(Backend):
         entered = limited_argv(self._process_limits(), enter_argv(pid, self.home, argv, self._entering()))
         return LocalProcess(entered, env=self._env, cwd="/")
 
-    async def keep_egress(self) -> None:
-        """Before each call (the resident helper's too, which enters no new process): the
-        egress proxy running, started again when it died (no thread hop without a list)."""
-        if self.egress is not None:
-            await asyncio.to_thread(self._ensure_proxy)
-
     async def _keep_alive(self) -> None:
         """While a call runs, the idle clock stays at zero."""
         while True:
@@ -217,7 +220,7 @@ class BwrapSandbox(Backend):
             self._touch()
 
     async def write_file(self, path: str, data: bytes) -> None:
-        root, rel = locate(path, {STATE_INSIDE: STATE_INSIDE, self.home: self.home})
+        root, rel = locate(path, {STATE_INSIDE: STATE_INSIDE, self.home: self._host_home})
 
         def write() -> None:
             pid, start = self._ensure_init()  # first: the state root is the running sandbox's
@@ -242,7 +245,6 @@ class BwrapSandbox(Backend):
     def _ensure_init(self) -> tuple[int, int]:
         """The running sandbox's init: (pid, start time)."""
         with self._locked():
-            self._ensure_proxy()
             record, fingerprint = self._read_record(), self._fingerprint()
             if record and record["fingerprint"] == fingerprint and _alive(record):
                 self._touch()
@@ -250,14 +252,6 @@ class BwrapSandbox(Backend):
             if record:
                 _end(record)
             return self._create(fingerprint)
-
-    def _ensure_proxy(self) -> None:
-        """agent.network a list: the egress proxy running (started again when it died),
-        and the commands' environment holding the proxy's variables and the placeholders."""
-        if self.egress is None:
-            return
-        egress_process.keep_proxy(self.settings, self.egress, home=self.home, clock=self._clock,
-                          idle_seconds=self.idle_seconds)
 
     def _stop(self) -> None:
         with self._locked():
@@ -267,13 +261,13 @@ class BwrapSandbox(Backend):
             Path(self._record).unlink(missing_ok=True)
             _cgroup.remove_cgroup(self._cgroup_name)
             if self.egress is not None:
-                egress_process.stop_proxy(self.egress)
+                self.egress.stop()
 
     def _create(self, fingerprint: str) -> tuple[int, int]:
         shutil.rmtree(self._old_state, ignore_errors=True)
-        os.makedirs(self.home, exist_ok=True)
+        os.makedirs(self._host_home, exist_ok=True)
         if self._owner is not None:
-            own_tree(self.home, self._owner)
+            own_tree(self._host_home, self._owner)
         Path(self._clock).touch(mode=0o644)
         pid = self._launch()
         outer, start = parent_pid(pid) or 0, start_time(pid)
@@ -322,27 +316,41 @@ class BwrapSandbox(Backend):
         return self._enter_config
 
     def _launch_argv(self, info_fd: int, ready_fd: int) -> list[str]:
-        """bwrap under the sandbox's limits, its init reporting on these fds."""
-        return limited_argv(self._process_limits(), bwrap_argv(self._config(info_fd, ready_fd)))
+        """bwrap under the sandbox's limits, its init reporting on these fds (its /etc/passwd
+        and /etc/group written now, for it)."""
+        return limited_argv(self._process_limits(), bwrap_argv(self._config(info_fd, ready_fd, launch=True)))
 
-    def _config(self, info_fd: int = 3, ready_fd: int = 4) -> BwrapConfig:
+    def _config(self, info_fd: int = 3, ready_fd: int = 4, *, launch: bool = False) -> BwrapConfig:
         if not self._helpers:
             cache = Path(self._data, "helpers")
             self._helpers = tuple((n, str(cached_helper(cache, n))) for n in HELPER_PACKAGES)
+            if self.settings.user is not None:
+                self._helpers += ((SUDO_NAME, str(sudo_file(cache))),)
         hidden = self._hiding()
         return BwrapConfig(
-            home=self.home, state_bytes=self.settings.bwrap.state_size, clock=self._clock, helpers=self._helpers,
-            uid=self.uid, gid=self.gid, userns=self._userns, system=host_system(),
-            local_bin=host_local_bin(skip=HELPER_PACKAGES), hidden=hidden.folders, hidden_files=hidden.files,
+            home=self._host_home, home_inside=self.home, state_bytes=self.settings.bwrap.state_size,
+            clock=self._clock, helpers=self._helpers, uid=self.uid, gid=self.gid, userns=self._userns,
+            system=host_system(), local_bin=host_local_bin(skip=[name for name, _ in self._helpers]),
+            hidden=hidden.folders, hidden_files=hidden.files,
             keep_run=keep_run() if self.settings.network else (), network=self.settings.network,
-            egress_dir=self.egress.shared if self.egress else "",
-            tmp_bytes=self.settings.bwrap.tmp_size, python=self.python,
+            egress_dir=self.egress.files.shared if self.egress else "",
+            tmp_bytes=self.settings.bwrap.tmp_size, python=self.python, users=self._users_files(write=launch),
             idle_seconds=self.idle_seconds, info_fd=info_fd, ready_fd=ready_fd,
         )
 
+    def _users_files(self, *, write: bool) -> tuple[str, str] | None:
+        """The sandbox's /etc/passwd and /etc/group (its uid named), when the host has /etc's;
+        written when ``write`` (a launch: the host's read now), else only named."""
+        if not (os.path.isfile(PASSWD) and os.path.isfile(GROUP)):
+            return None
+        folder = Path(self._old_state + ".etc")
+        if write:
+            return write_users(folder, self.uid, self.gid, self.home, self.settings.user)
+        return str(folder / "passwd"), str(folder / "group")
+
     def _hiding(self) -> Hiding:
         """What the sandbox hides: the data folder, and every known agent's home and settings."""
-        return hiding(self.home, self._data, known_agents(Path(self._data)), host_system())
+        return hiding(self._host_home, self._data, known_agents(Path(self._data)), host_system())
 
     def _process_limits(self) -> Limits:
         """The limits every process of the sandbox starts under (the cgroup made
@@ -393,7 +401,7 @@ class BwrapSandbox(Backend):
             pass
 
     def _write_repos(self, pid: int, start: int) -> None:
-        entries = None if self._bound is None else egress.repos_entries(self.settings, self.home, self._bound)
+        entries = None if self.egress is None else self.egress.repos_entries()
         with _state_root(pid, start) as fd:
             write_repos(self.settings, state_root=fd, home=self.home, owner=self._owner, shown=STATE_INSIDE,
                         entries=entries)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import select
 import socket
@@ -128,17 +129,20 @@ def read_frames(reader: Any, deadline: float, exited: Callable[[], bool]
     """Read the exec's stream until EOF or the deadline: (stdout head, stderr tail, complete).
 
     reader is the response's buffered reader; its socket is made non-blocking
-    and waited on with select. After DOCKER_EXITED_POLL_SECONDS without output
+    and waited on with poll (not select: a server holding many agents has
+    descriptors past FD_SETSIZE, which select refuses). After DOCKER_EXITED_POLL_SECONDS without output
     ``exited()`` is asked: once the process has exited, what is left is read for
     DRAIN_SECONDS, so a process it left behind holding the stream cannot pin the call.
     """
     sock = reader.raw._sock
     sock.setblocking(False)
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
     buf, out, err = b"", bytearray(), bytearray()
     while (left := deadline - time.monotonic()) > 0:
         chunk = _available(reader)
         if chunk == b"":
-            if not select.select([sock], [], [], min(left, DOCKER_EXITED_POLL_SECONDS))[0]:
+            if not poller.poll(math.ceil(min(left, DOCKER_EXITED_POLL_SECONDS) * 1000)):
                 if exited():
                     deadline = min(deadline, time.monotonic() + DRAIN_SECONDS)
                 continue

@@ -28,8 +28,9 @@ Lifecycle:
   container (``_container.exec_argv``); an exec cancelled, or silent past its
   timeout plus guilds.limits.DOCKER_DEADLINE_SLACK_SECONDS, has its processes killed by a second exec;
 - stop: the container and the state volume are removed (its processes die,
-  background ids begin again at b1), each named; the home stays. ``remove()``
-  has nothing more to remove.
+  background ids begin again at b1), each named; the home stays. A container
+  another process is removing (409, removal already in progress) is waited for,
+  not an error. ``remove()`` has nothing more to remove.
 
 Doctor's line and the containers ``guilds sandbox list`` shows: ``docker_admin``.
 
@@ -39,8 +40,10 @@ The SDK blocks: each step runs in a thread (``_container.blocking``).
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import secrets
+import tarfile
 import threading
 import time
 from typing import Any, Callable, Sequence, TypeVar
@@ -50,7 +53,8 @@ import docker
 from ...errors import SandboxError
 from ...limits import (
     DOCKER_ADOPT_POLL_SECONDS, DOCKER_CREATED_GRACE_SECONDS, DOCKER_DEADLINE_SLACK_SECONDS,
-    DOCKER_KILL_WAIT_SECONDS, DOCKER_START_SLACK_SECONDS, DOCKER_STOPPING_POLL_SECONDS,
+    DOCKER_KILL_WAIT_SECONDS, DOCKER_REMOVAL_WAIT_SECONDS, DOCKER_START_SLACK_SECONDS,
+    DOCKER_STOPPING_POLL_SECONDS,
 )
 from ...config.settings import AgentSettings
 from . import docker_admin as admin
@@ -65,8 +69,8 @@ from .._container import (
 from .._spawn import KILL_GRACE_SECONDS
 from ..base import Box, Check, ExecResult
 from ..process_channel import DockerProcess
-from .. import egress_process
-from .. import egress_side as egress
+from ..sandbox_user import GROUP, PASSWD, container_files
+from ..egress_side import Egress
 
 IN_CONTAINER_TRIES = 4
 """A step refused because the container is gone or not running is tried again this
@@ -91,7 +95,8 @@ class DockerSandbox(ContainerSandbox):
         (default: DOCKER_HOST, else the local socket); data_dir: where the egress proxy
         keeps its files (needed when agent.network is a list)."""
         self.settings, self.config = settings, settings.docker
-        self.home = str(settings.home)
+        self.home = settings.home_inside()
+        self._host_home = str(settings.home)
         self.agent_id = checked_id(settings)
         self.container = spec.container_name(self.agent_id)
         self.idle_seconds = idle_seconds or self.config.idle_minutes * 60
@@ -100,15 +105,14 @@ class DockerSandbox(ContainerSandbox):
         self._client: docker.DockerClient | None = None
         self._cid: str | None = None
         self._owner = container_owner()
+        self.home_owner: tuple[int, int] | None = self._owner if os.geteuid() == 0 else None
         self._clock_at = 0.0
         self._lock = threading.Lock()
-        self.egress = (egress.egress_files(os.path.realpath(data_dir), self.agent_id)
-                       if settings.egress and data_dir is not None else None)
-        """agent.network a list: the egress proxy's files (None otherwise)."""
-        self._bound: dict[str, egress.Bound] | None = None
+        folder = Egress.data_folder(settings, data_dir, self.name)
+        self.egress = None if folder is None else Egress(settings, folder, idle_seconds=self.idle_seconds)
+        """agent.network a list: the sandbox's side of the egress proxy (None otherwise)."""
         if self.egress is not None:  # the real values never enter the commands' environment
-            self._bound = egress.bound_values(settings, self.egress, self.home)
-            self._env.update(egress.sandbox_env(settings, self._bound))
+            self._env.update(self.egress.env())
 
     @classmethod
     def for_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike, *,
@@ -148,12 +152,6 @@ class DockerSandbox(ContainerSandbox):
             response = engine.attach(self.client.api, exec_id)
         return DockerProcess(response, spec.split_frames, lambda: self._kill(token))
 
-    async def keep_egress(self) -> None:
-        """Before each call (the resident helper's too, which makes no new exec): the
-        egress proxy running, started again when it died (no thread hop without a list)."""
-        if self.settings.egress:
-            await blocking(self._ensure_proxy)
-
     # --- blocking steps (run in the pool) -------------------------------------
     def _start(self) -> None:
         if not self._ensure_created():  # a new container got it when it was made
@@ -176,7 +174,7 @@ class DockerSandbox(ContainerSandbox):
         (a missing folder would be made root's by the engine), as ``_put`` takes them."""
         name = repos_file(self.agent_id)
         folders = [*folders_of(name, STATE_INSIDE), f"{STATE_INSIDE}/{REQUESTS_DIR}"]
-        entries = None if self._bound is None else egress.repos_entries(self.settings, self.home, self._bound)
+        entries = None if self.egress is None else self.egress.repos_entries()
         return [(name, repos_json(self.settings, self.home, entries), 0o600)], folders
 
     def _write(self, path: str, data: bytes) -> None:
@@ -257,34 +255,39 @@ class DockerSandbox(ContainerSandbox):
         with self._lock, self._engine("stop"):
             self._cid = None
             volume = spec.state_volume(self.agent_id)
-            with contextlib.suppress(docker.errors.NotFound):
-                self.client.api.remove_container(self.container, force=True)
+            if self._remove_named():
                 removed.append(f"container {self.container}")
             with contextlib.suppress(docker.errors.NotFound):
                 self.client.api.remove_volume(volume, force=True)
                 removed.append(f"volume {volume}")
             if self.egress is not None:
-                egress_process.stop_proxy(self.egress)
+                self.egress.stop()
             self._client, client = None, self._client
             if client is not None:
                 client.close()  # its pooled connections; a later call connects again
         return removed
 
-    # --- finding and creating the container -----------------------------------
-    def _ensure_proxy(self) -> None:
-        """agent.network a list: the egress proxy running (started again when it died;
-        its idle clock, a host file, moved at each call), and the commands' environment
-        holding the proxy's variables and the placeholders."""
-        if not self.settings.egress:
-            return
-        if self.egress is None:
-            raise SandboxError("agent.network is a list, and the docker sandbox was given no data folder "
-                               "for the egress proxy")
-        egress_process.keep_proxy(self.settings, self.egress, home=self.home, clock=self.egress.path("clock"),
-                          idle_seconds=self.idle_seconds)
+    def _remove_named(self) -> bool:
+        """Remove the agent's container (the stop); True when this call removed it. One
+        gone is no error, nor one another process is removing (409): that removal is
+        waited for, so the state volume is no longer in use when the stop removes it."""
+        try:
+            self.client.api.remove_container(self.container, force=True)
+        except docker.errors.NotFound:
+            return False
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409 or "already in progress" not in str(exc.explanation or exc):
+                raise
+            deadline = time.monotonic() + DOCKER_REMOVAL_WAIT_SECONDS
+            while self._find() is not None:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(DOCKER_ADOPT_POLL_SECONDS)
+            return False
+        return True
 
+    # --- finding and creating the container -----------------------------------
     def _ensure(self) -> str:
-        self._ensure_proxy()
         if self._cid is None:
             self._ensure_created()
         assert self._cid is not None
@@ -336,10 +339,10 @@ class DockerSandbox(ContainerSandbox):
 
     def _spec(self) -> dict[str, Any]:
         base_env = {k: v for k, v in self._env.items() if k not in self.settings.secrets}
-        kwargs = spec.container_spec(self.config, agent_id=self.agent_id, home=self.home,
+        kwargs = spec.container_spec(self.config, agent_id=self.agent_id, home=self._host_home, inside=self.home,
                                      network=self.settings.network, idle_seconds=self.idle_seconds,
                                      base_env=base_env, user=self._owner,
-                                     egress_dir=self.egress.shared if self.egress else "")
+                                     egress_dir=self.egress.files.shared if self.egress else "")
         stamp = fingerprint([kwargs, helpers_digest()])
         kwargs["labels"][spec.LABEL_FINGERPRINT] = stamp
         return kwargs
@@ -353,9 +356,9 @@ class DockerSandbox(ContainerSandbox):
 
     def _create(self, kwargs: dict[str, Any]) -> str | None:
         """Create, fill and start the container; None when another process created it first."""
-        os.makedirs(self.home, exist_ok=True)
+        os.makedirs(self._host_home, exist_ok=True)
         if os.geteuid() == 0:
-            own_tree(self.home, self._owner)
+            own_tree(self._host_home, self._owner)
         with self._engine("create the container"):
             try:
                 cid = self.client.containers.create(**kwargs).id
@@ -375,14 +378,29 @@ class DockerSandbox(ContainerSandbox):
         return cid
 
     def _fill_and_start(self, cid: str) -> None:
-        """The helpers and the idle clock (root's), repos.json (the agent's), then start."""
+        """The helpers and the idle clock (root's), the user's names and sudo (a template's
+        user), repos.json (the agent's), then start."""
         helpers = [(f"{HELPER_DIR}/{n}", data, 0o755) for n, data in helper_files()]
         helpers.append((CLOCK, b"", 0o644))
+        if self.settings.user is not None:
+            passwd, group = (self._image_file(cid, path) for path in (PASSWD, GROUP))
+            helpers += container_files(passwd, group, *self._owner, self.settings.user)
         self.client.api.put_archive(cid, "/", tar_bytes(helpers, mtime=int(time.time())))
         files, folders = self._repos_files()
         self.client.api.put_archive(cid, "/", tar_bytes(
             files, mtime=int(time.time()), owner=self._owner, folders=folders))
         self.client.api.start(cid)
+
+    def _image_file(self, cid: str, path: str) -> str:
+        """A text file of the created container's image ("" where it has none)."""
+        try:
+            stream, _ = self.client.api.get_archive(cid, path)
+        except docker.errors.NotFound:
+            return ""
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.next()
+            found = tar.extractfile(member) if member is not None else None
+            return "" if found is None else found.read().decode("utf-8", "surrogateescape")
 
     # --- the engine -------------------------------------------------------------
     @property

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 from ...config.settings import DockerSettings
 from .._container import CLOCK, STATE_INSIDE, exec_argv, init_argv
-from ..egress_side import EGRESS_INSIDE
+from ..egress_side.files import EGRESS_INSIDE
 
 LABEL_AGENT = "guilds.agent"
 LABEL_FINGERPRINT = "guilds.fingerprint"
@@ -48,15 +48,17 @@ def state_volume(agent_id: str) -> str:
 
 def container_spec(
     cfg: DockerSettings, *, agent_id: str, home: str, network: bool, idle_seconds: float,
-    base_env: Mapping[str, str], user: tuple[int, int], egress_dir: str = "",
+    base_env: Mapping[str, str], user: tuple[int, int], egress_dir: str = "", inside: str = "",
 ) -> dict[str, Any]:
     """``containers.create`` keyword arguments for the agent's container (pure).
 
     base_env: the environment without secrets (PATH, LANG, HOME, ...); user: (uid, gid);
     egress_dir (agent.network a list): the host folder of the egress proxy's socket,
-    bound read-only at EGRESS_INSIDE, with INIT running the relay (network "none").
+    bound read-only at EGRESS_INSIDE, with INIT running the relay (network "none");
+    inside: where the home (a host folder) is bound, its commands' folder (default: home).
     """
-    volumes = {home: {"bind": home, "mode": "rw"},
+    inside = inside or home
+    volumes = {home: {"bind": inside, "mode": "rw"},
                state_volume(agent_id): {"bind": STATE_INSIDE, "mode": "rw"}}
     if egress_dir:
         volumes[egress_dir] = {"bind": EGRESS_INSIDE, "mode": "ro"}
@@ -66,7 +68,7 @@ def container_spec(
         "name": container_name(agent_id),
         "labels": {LABEL_AGENT: agent_id},
         "environment": dict(base_env),
-        "working_dir": home,
+        "working_dir": inside,
         "volumes": volumes,
         "init": True,
         "mem_limit": cfg.memory,

@@ -8,6 +8,8 @@
   with ``--extensions`` answering);
 - ``boxes(api, namespace)``: each agent's claim or own Sandbox, its state;
 - ``remove(api, namespace, name)``: an agent's claim, own Sandbox and home volume;
+- ``remove_unused_template(api, namespace, template, removed)``: a template and its warm
+  pool, once no claim or Sandbox is of that template;
 - ``check(settings, needed)`` and ``listed(settings)``: the kubernetes backend's
   doctor lines and ``guilds sandbox list`` rows in claim mode, from these.
 """
@@ -30,7 +32,7 @@ NAME = "kubernetes claims"
 SERVED = {claims.GROUP: (claims.SANDBOXES,), claims.EXTENSIONS: (claims.CLAIMS, claims.TEMPLATES, claims.POOLS)}
 """The resources agent-sandbox's CRDs serve, by API group (version claims.VERSION)."""
 RIGHTS = tuple((verb, claims.EXTENSIONS, plural) for plural in (claims.TEMPLATES, claims.POOLS)
-               for verb in ("get", "create", "patch")) + tuple(
+               for verb in ("get", "create", "patch", "delete")) + tuple(
     (verb, claims.EXTENSIONS, claims.CLAIMS) for verb in ("get", "list", "watch", "create", "delete")) + tuple(
     (verb, claims.GROUP, claims.SANDBOXES) for verb in ("get", "list", "create", "patch", "delete"))
 """What the claim mode does in its namespace (docs/kubernetes-claims-role.yaml)."""
@@ -127,7 +129,8 @@ def boxes(api: Any, namespace: str) -> list[ClaimBox]:
 
 
 def remove(api: Any, namespace: str, name: str) -> Iterator[str]:
-    """Delete the agent's claim, own Sandbox (their pods go with them) and home volume;
+    """Delete the agent's claim, home volume and own Sandbox (their pods go with them; the
+    volume first, so that the Sandbox's garbage collection does not take it unnamed);
     yield each one deleted."""
     from kubernetes import client
 
@@ -135,12 +138,32 @@ def remove(api: Any, namespace: str, name: str) -> Iterator[str]:
     for kind, name_of, delete in (
             ("claim", name, lambda n: custom.delete_namespaced_custom_object(
                 claims.EXTENSIONS, claims.VERSION, namespace, claims.CLAIMS, n)),
+            ("volume claim", f"home-{name}", lambda n: core.delete_namespaced_persistent_volume_claim(n, namespace)),
             ("sandbox", name, lambda n: custom.delete_namespaced_custom_object(
-                claims.GROUP, claims.VERSION, namespace, claims.SANDBOXES, n)),
-            ("volume claim", f"home-{name}", lambda n: core.delete_namespaced_persistent_volume_claim(n, namespace))):
+                claims.GROUP, claims.VERSION, namespace, claims.SANDBOXES, n))):
         with cluster.api_errors(f"delete the {kind} {name_of}", namespace), cluster.ignoring(404):
             delete(name_of)
             yield f"{kind} {namespace}/{name_of}"
+
+
+def remove_unused_template(api: Any, namespace: str, template: str, *, removed: str) -> Iterator[str]:
+    """Delete the warm pool and the template of that name (the pool's waiting sandboxes go
+    with it) unless an agent's claim or Sandbox of that template is left but the one
+    named removed (being deleted); yield each one deleted."""
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(api)
+    with cluster.api_errors(f"list the claims of the template {template}", namespace):
+        for group, plural in ((claims.EXTENSIONS, claims.CLAIMS), (claims.GROUP, claims.SANDBOXES)):
+            items = custom.list_namespaced_custom_object(
+                group, claims.VERSION, namespace, plural,
+                label_selector=f"{claims.LABEL_TEMPLATE}={template},{spec.LABEL_AGENT}")["items"]
+            if any(item["metadata"]["name"] != removed for item in items):
+                return
+    for kind, plural in (("warm pool", claims.POOLS), ("sandbox template", claims.TEMPLATES)):
+        with cluster.api_errors(f"delete the {kind} {template}", namespace), cluster.ignoring(404):
+            custom.delete_namespaced_custom_object(claims.EXTENSIONS, claims.VERSION, namespace, plural, template)
+            yield f"{kind} {namespace}/{template}"
 
 
 def check(settings: AgentSettings, *, needed: bool) -> list[Check]:

@@ -47,8 +47,13 @@ LABEL_TEMPLATE = "guilds.template"
 HOME_VOLUME = "home"
 NO_IDLE_SECONDS = KUBERNETES_CLAIM_NO_IDLE_SECONDS
 _SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_LOAD = ('[ -r "$0" ] || { echo "guilds: the sandbox has no environment file $0" >&2; exit 126; }; '
-         '. "$0" && exec "$@"')
+NO_FILE_EXIT = 126
+NO_FILE_TEXT = "guilds: the sandbox has no environment file"
+LOADED_MARK = b"guilds: the environment file is there\n"
+"""What a marked loader writes to stderr once it found the file, before the command runs."""
+_CHECK = f'[ -r "$0" ] || {{ echo "{NO_FILE_TEXT} $0" >&2; exit {NO_FILE_EXIT}; }}; '
+_LOAD = _CHECK + '. "$0" && exec "$@"'
+_LOAD_MARKED = _CHECK + f"printf '%s\\n' '{LOADED_MARK.decode().strip()}' >&2; " + '. "$0" && exec "$@"'
 
 
 def _pod_spec(cfg: KubernetesSettings, *, home: str, network: bool,
@@ -158,7 +163,13 @@ def secrets_text(secrets: Mapping[str, str]) -> bytes:
     return "".join(lines).encode()
 
 
-def loaded_argv(agent_id: str, argv: Sequence[str]) -> list[str]:
+def loaded_argv(agent_id: str, argv: Sequence[str], *, marked: bool = False) -> list[str]:
     """argv run with the secrets file loaded into its environment; without the file it
-    fails (status 126) rather than run without the agent's secrets."""
-    return ["/bin/sh", "-c", _LOAD, secrets_file(agent_id), *argv]
+    fails (status NO_FILE_EXIT, NO_FILE_TEXT on stderr) rather than run without the
+    agent's secrets (marked: LOADED_MARK on stderr first when the file is there)."""
+    return ["/bin/sh", "-c", _LOAD_MARKED if marked else _LOAD, secrets_file(agent_id), *argv]
+
+
+def found_no_file(status: int | None, stderr: bytes) -> bool:
+    """Did a loaded command fail for want of the secrets file (so nothing of it ran)?"""
+    return status == NO_FILE_EXIT and NO_FILE_TEXT.encode() in stderr

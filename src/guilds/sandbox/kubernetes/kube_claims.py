@@ -4,19 +4,35 @@ kubernetes-sigs/agent-sandbox (``[kubernetes] mode = "claim"``; its objects:
 
 Lifecycle (calls go over pods/exec to the claimed pod, as in pod mode):
 
-- first use in a process: the template and the warm pool are made when missing
-  (the pool's size set to ``warm`` when it differs);
-- the agent's claim is found again by name, or made; a claim of another pool
-  (the settings changed) is deleted and made anew. The call waits, on a watch
-  of the claim, until it holds a ready sandbox, then reads that sandbox's pod;
+- what a process learned is kept for the next one in the data folder's
+  ``kubernetes/`` (``kube_host.Notes``): the template and warm pool made at a
+  size, their image's helpers checked; the agent's claim (or own Sandbox), its
+  pod and the files written into it. A later process whose settings give the
+  noted template and files goes straight to its exec on the noted pod, reading
+  nothing first; that exec is the check. A pod that is gone (404), refuses the
+  exec (being deleted, ended, not yet running) or is another made under the same
+  name (the secrets file is not there: the loader stops before the command, and
+  says so) ran nothing: the claim and the pod are then read (the same objects,
+  by uid, ready, running, of that template), and a note that no longer holds is
+  forgotten and learned anew before the exec is made again;
+- a template not noted: the template and the warm pool are made when missing
+  (the pool's size set to ``warm`` when it differs; a pool a server sizes,
+  ``sized_by_server``, is left at its size: ``size_pool`` sets it);
+- the agent's claim is made, or found again by name when there is one; a claim
+  of another pool (the settings changed) is deleted and made anew. The call
+  waits, on a watch of the claim from the version it made or read, until it
+  holds a ready sandbox, then reads that sandbox's pod;
 - on the claimed pod: the image's helpers are checked (a claim made now, once per
-  template in a process: its pods run one image), then
+  template: its pods run one image), then
   one tar over exec writes the secrets file (0600, ``secrets_file``) and
   repos.json. Every command, the resident helper too, runs under
   ``loaded_argv``, which loads that file: no secret sits in a claim, a
   template or a sandbox object, nor on a command line;
 - stop: the claim is deleted; its sandbox and pod go with it, the pool makes
   another. The home lived on the pod's emptyDir: it goes too;
+- remove (``guilds sandbox rm``): stop, then the own Sandbox and its home
+  volume, and the template and its warm pool when no other agent's claim or
+  Sandbox is of that template (never a pool a server sizes); each named;
 - ``keep_home``: the agent has a Sandbox of its own with its home on a volume
   claim; stop suspends it (the pod is deleted, the volume kept), the next call
   resumes it, and background commands of before read ``ended`` with their
@@ -34,163 +50,389 @@ deletes the ended pod) and resumes it, silently, as pod mode replaces an idle po
 
 from __future__ import annotations
 
-import threading
+import contextlib
+import hashlib
+import hmac
+import os
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from ...config.settings import AgentSettings
 from ...errors import SandboxError
 from ...limits import (
+    CHANNEL_HELLO_SECONDS,
     KUBERNETES_CLAIM_GONE_SECONDS,
     KUBERNETES_CLAIM_POLL_SECONDS,
     KUBERNETES_CLAIM_WATCH_SLICE_SECONDS,
     KUBERNETES_START_SECONDS,
 )
 from .._container import blocking, helpers_digest, repos_file, repos_json
+from ..base import Box, Check
+from . import kube_admin as admin
 from . import kube_claim_admin as claim_admin
 from . import kube_claim_spec as claims
 from . import kube_cluster as cluster
 from . import kube_spec as spec
-from .kube_sandbox import KubernetesSandbox
+from .kube_host import Notes, fingerprint_key
+from .kube_pod import KubePodSandbox
+from .kube_wire import Wire, WireError
+
+if TYPE_CHECKING:
+    from ..egress_side import Egress
+    from ..process_channel import KubeProcess
 
 WATCH_SLICE_SECONDS = KUBERNETES_CLAIM_WATCH_SLICE_SECONDS
 GONE_WAIT_SECONDS = KUBERNETES_CLAIM_GONE_SECONDS
-_made_lock = threading.Lock()
-_made: set[tuple[str, str, int]] = set()
-"""(namespace, template, warm) made or checked by this process: once each."""
-_helpers_checked: set[str] = set()
-"""The templates whose image's helpers this process found to be its own build."""
+LIST_REFUSED = ("agent.network: a list of hosts is enforced by kubernetes.mode = \"pod\" only, not \"claim\"; "
+                "use the pod mode, or true or false")
+
+CONTAINER_NOT_LISTED = "container not found"
+"""The kubelet's answer to an exec in a pod whose container it does not list yet."""
 
 
-class KubeClaimSandbox(KubernetesSandbox):
-    """KubernetesSandbox whose pod is a claimed agent-sandbox Sandbox's."""
+class KubeClaimSandbox(KubePodSandbox):
+    """``[kubernetes] mode = "claim"``: the pod of a Sandbox claimed from a warm pool of
+    agent-sandbox (``keep_home``: of the agent's own Sandbox)."""
 
-    def __init__(self, settings: AgentSettings, *, idle_seconds: float | None = None,
-                 api_client: Any = None):
-        super().__init__(settings, idle_seconds=idle_seconds, api_client=api_client)
+    egress: Egress | None = None
+    """Never one: claim mode refuses agent.network as a list (LIST_REFUSED)."""
+
+    def __init__(self, settings: AgentSettings, data_dir: str | os.PathLike, *,
+                 idle_seconds: float | None = None, api_client: Any = None):
+        """data_dir: the data folder, where the notes of what was learned are kept
+        (``kube_host``); api_client: a ``kubernetes.client.ApiClient`` (default: from the
+        kubeconfig)."""
+        super().__init__(settings, idle_seconds=idle_seconds, api_client=api_client,
+                         loader=claims.loaded_argv(settings.id, []), wired=True)
         self.claim = spec.object_name(self.agent_id)
         self.keep_home = self.config.keep_home
-        self._custom: Any = None
+        self.data_dir = data_dir
+        self._note = Notes(data_dir, "agents", self.agent_id)
+        self._held: dict[str, Any] = {}
+        """The claim (or own Sandbox) as last seen ready."""
+        self._may_trust = True
+        """The agent's note may be taken as it says, unread (until an exec finds it stale)."""
+        self._unverified = False
+        """self.pod is the note's, taken unread: an exec that finds it gone or not set up
+        raises PodGone (nothing ran), and the call looks again (``_in_pod``)."""
 
-    # --- hooks of KubernetesSandbox ----------------------------------------------------
-    def _wrapped(self, command: list[str]) -> list[str]:
-        return claims.loaded_argv(self.agent_id, command)
+    @classmethod
+    def for_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike, *,
+                  idle_seconds: float | None) -> KubeClaimSandbox:
+        if settings.egress:
+            raise SandboxError(LIST_REFUSED)
+        return cls(settings, data_dir, idle_seconds=idle_seconds)
+
+    @classmethod
+    def check(cls, settings: AgentSettings, data_dir: str | os.PathLike, *, needed: bool) -> list[Check]:
+        """The pod mode's line (the kubeconfig, the rights on pods), then agent-sandbox's."""
+        lines = admin.check(settings, needed=needed)
+        if all(line.ok for line in lines):
+            lines += claim_admin.check(settings, needed=needed)
+        return lines
+
+    @classmethod
+    def boxes(cls, settings: AgentSettings, data_dir: str | os.PathLike, *, chosen: bool) -> list[Box]:
+        """The pods so labelled in ``kubernetes.namespace`` and the agents' claims and own
+        Sandboxes there, asked only when chosen."""
+        return admin.boxes(settings) + claim_admin.listed(settings) if chosen else []
+
+    async def remove(self) -> list[str]:
+        """Stop, then delete the own Sandbox and its home volume, and the template and its
+        warm pool when no other agent's claim or Sandbox is of it; each named."""
+        gone = await self.stop()
+        return gone + await blocking(self._remove_kept)
+
+    def _remove_kept(self) -> list[str]:
+        template = self._template_manifest()["metadata"]["name"]
+        api, ns = self.core.api_client, self.config.namespace
+        gone = list(claim_admin.remove(api, ns, self.claim))
+        if self.config.sized_by_server:
+            return gone  # the served template's pool: the server's, not this agent's
+        unused = list(claim_admin.remove_unused_template(api, ns, template, removed=self.claim))
+        if unused:
+            Notes(self.data_dir, "templates", template).forget()
+        return gone + unused
+
+    # --- what each mode says -------------------------------------------------------------
+    def _start(self) -> None:
+        self._ensure()
+
+    def _stop(self) -> list[str]:
+        """The claim given back (its sandbox and pod deleted), or the own Sandbox suspended."""
+        with self._lock:
+            self._ready = False
+            self._note.forget()
+            if self.keep_home:
+                self._set_mode("Suspended")
+                return []
+            return [f"claim {self.config.namespace}/{self.claim}"] if self._delete_claim(wait=False) else []
+
+    def _pod_ended(self) -> None:
+        """The pod ended: a claim is given back (the next call claims another); an own
+        Sandbox is suspended (the next call resumes it with a new pod)."""
+        self._note.forget()
+        if self.keep_home:
+            self._set_mode("Suspended")
+        else:
+            self._delete_claim(wait=False)
 
     def _ensure(self) -> bool:
         if self._ready:
             return False
-        with self._lock:
+        with self._lock, self._wire_kept():
             template = self._template()
-            made = self._own_sandbox(template) if self.keep_home else self._claimed(template["metadata"]["name"])
-            phase, detail = spec.pod_phase(self._read_pod() or {})
+            name = template["metadata"]["name"]
+            files = self._files()
+            digest = self._digest(files)
+            if self._may_trust and self._noted_says(name, digest):
+                self._ready = self._unverified = True
+                return False
+            self._unverified = False
+            if self._noted_holds(name, digest):
+                self._ready = True
+                return False
+            self._note.forget()
+            made = self._own_sandbox(template) if self.keep_home else self._claimed(template)
+            pod = self._read_pod() or {}
+            phase, detail = spec.pod_phase(pod)
             if phase in ("ended", "idle"):
-                self._delete_pod()
+                self._pod_ended()
                 raise SandboxError(self._ended_text(detail or "it exited"))
             if phase != "running":
                 self._wait_running()
-            if made and template["metadata"]["name"] not in _helpers_checked:
-                self._check_helpers()  # once per template: every pod of it runs one image
-                _helpers_checked.add(template["metadata"]["name"])
-            self._put([(claims.secrets_file(self.agent_id), claims.secrets_text(self.settings.secrets), 0o600),
-                       (repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600)], making=True)
+                pod = self._read_pod() or {}
+            if made:
+                self._helpers_checked(name)
+            self._put(files, making=True)
+            self._noted(name, digest, pod)
             self._ready = True
             return True
 
-    def _delete_pod(self) -> None:
-        """The pod ended: a claim is given back (the next call claims another); an own
-        Sandbox is suspended (the next call resumes it with a new pod)."""
-        if self.keep_home:
-            self._suspend()
-        else:
-            self._delete_claim(wait=False)
+    # --- the notes of what was learned -----------------------------------------------------
+    def _files(self) -> list[tuple[str, bytes, int]]:
+        """The secrets file and repos.json, as the claimed pod gets them."""
+        return [(claims.secrets_file(self.agent_id), claims.secrets_text(self.settings.secrets), 0o600),
+                (repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600)]
 
-    async def remove(self) -> list[str]:
-        """Stop, then delete the claim, the own Sandbox and its home volume."""
-        await self.stop()
-        return await blocking(lambda: list(claim_admin.remove(self.core.api_client, self.config.namespace,
-                                                                  self.claim)))
+    def _digest(self, files: list[tuple[str, bytes, int]]) -> str:
+        """A keyed hash of the files (the note names what was written, and holds no secret)."""
+        mac = hmac.new(fingerprint_key(self.data_dir), digestmod=hashlib.sha256)
+        for name, data, mode in files:
+            mac.update(f"{name}\0{mode}\0{len(data)}\0".encode() + data)
+        return mac.hexdigest()[:32]
+
+    def _noted_says(self, template: str, digest: str) -> bool:
+        """The agent's note is of this template and these files, and names a pod: then
+        self.pod is that pod, taken unread (``_unverified``)."""
+        note = self._note.read()
+        if note.get("template") != template or note.get("files") != digest or not isinstance(note.get("pod"), str):
+            return False
+        self.pod = note["pod"]
+        return True
+
+    def _gone(self) -> None:
+        """The pod is gone, refused the exec or holds no secrets file: the note is forgotten,
+        and the next start finds the claim and its pod and writes the files again."""
+        self._may_trust = self._unverified = False
+        self._note.forget()
+
+    # --- execs on a pod taken from the note, unread ------------------------------------
+    def _loaded(self, command: list[str], *, marking: bool = False) -> list[str]:
+        return claims.loaded_argv(self.agent_id, command, marked=marking and self._unverified)
+
+    @contextlib.contextmanager
+    def _refused_as_gone(self) -> Iterator[None]:
+        """An exec's handshake refused on a pod taken unread (being deleted, ended, not
+        yet running), or on any pod whose container is not listed yet (a pod made anew
+        under the claim's name): PodGone, so that the call looks again; it ran nothing."""
+        try:
+            yield
+        except WireError as refused:
+            if not self._unverified and CONTAINER_NOT_LISTED not in refused.body:
+                raise
+            raise cluster.PodGone(f"the pod {self.pod} refused the exec ({refused.status} {refused.reason})") \
+                from refused
+
+    def _open_ws(self, command: list[str]) -> Any:
+        with self._refused_as_gone():
+            return super()._open_ws(command)
+
+    def _process_opened(self, process: KubeProcess) -> None:
+        """On a pod taken unread: the loader's mark awaited; a loader that found no secrets
+        file says the pod is another (made anew under the same name): PodGone."""
+        if not self._unverified:
+            return
+        if process.read_to_mark(claims.LOADED_MARK, time.monotonic() + CHANNEL_HELLO_SECONDS):
+            return
+        # No mark: the loader ran nothing (no request was sent): whatever it said, not the pod noted.
+        process.close()
+        raise cluster.PodGone(f"the pod {self.pod} did not load the agent's secrets file: not the pod noted")
+
+    def _exec(self, command: list[str], stdin: bytes, deadline: float) -> tuple[bytes, bytes, bytes, bool]:
+        with self._refused_as_gone():
+            out, err, status, complete = super()._exec(command, stdin, deadline)
+        if self._unverified and claims.NO_FILE_TEXT.encode() in err:
+            raise cluster.PodGone(f"the pod {self.pod} holds no secrets file: not the pod noted")
+        return out, err, status, complete
+
+    def _noted_holds(self, template: str, digest: str) -> bool:
+        """The agent's note still true: the same claim (or own Sandbox, running) by uid, bound
+        to the same ready sandbox of this template, its pod the same by uid, running and not
+        being deleted, the files of this digest written into it. Then self.pod is that pod."""
+        note = self._note.read()
+        if not note or note.get("template") != template or note.get("files") != digest:
+            return False
+        group, plural = (claims.GROUP, claims.SANDBOXES) if self.keep_home else (claims.EXTENSIONS, claims.CLAIMS)
+        held = self._read(group, plural, self.claim)
+        if held is None or held["metadata"].get("uid") != note.get("uid") or not self._holds_pod(held, note):
+            return False
+        pod = self._read_pod_named(note["pod"])
+        meta = pod.get("metadata") or {}
+        if meta.get("uid") != note.get("pod_uid") or meta.get("deletionTimestamp") \
+                or spec.pod_phase(pod)[0] != "running":
+            return False
+        self.pod = note["pod"]
+        return True
+
+    def _holds_pod(self, held: dict[str, Any], note: dict[str, Any]) -> bool:
+        if not self.keep_home:
+            return bool(claims.bound_sandbox(held)) and claims.bound_sandbox(held) == note.get("sandbox")
+        return (claims.condition(held, "Ready")[0] == "True" and claims.pod_of(held) == note.get("pod")
+                and held["spec"].get("operatingMode") == "Running")
+
+    def _noted(self, template: str, digest: str, pod: dict[str, Any]) -> None:
+        """The agent's note: the claim (or own Sandbox) as last seen, its pod, the files."""
+        held = self._held
+        sandbox = claims.bound_sandbox(held) if not self.keep_home else self.claim
+        self._note.write({"template": template, "files": digest, "uid": (held.get("metadata") or {}).get("uid"),
+                          "sandbox": sandbox, "pod": self.pod, "pod_uid": (pod.get("metadata") or {}).get("uid")})
+
+    def _helpers_checked(self, template: str) -> None:
+        """The image's helpers checked once per template: every pod of it runs one image."""
+        note = Notes(self.data_dir, "templates", template)
+        if note.read().get("helpers"):
+            return
+        self._check_helpers()
+        note.write({**note.read(), "helpers": True})
 
     # --- the template and its pool -----------------------------------------------------
+    def _template_manifest(self) -> dict[str, Any]:
+        return claims.template_manifest(self.config, home=self.home, network=self.settings.network,
+                                        base_env=self._base_env, helpers=helpers_digest())
+
     def _template(self) -> dict[str, Any]:
-        cfg = self.config
-        template = claims.template_manifest(cfg, home=self.home, network=self.settings.network,
-                                            base_env=self._base_env, helpers=helpers_digest())
-        name = template["metadata"]["name"]
-        key = (cfg.namespace, name, cfg.warm)
-        with _made_lock:
-            if key in _made:
-                return template
-        self._create_custom(claims.EXTENSIONS, claims.TEMPLATES, template, "sandbox template")
-        pool = claims.warm_pool_manifest(template, cfg.warm)
-        if not self._create_custom(claims.EXTENSIONS, claims.POOLS, pool, "warm pool"):
-            with self._api("read the warm pool"):
-                have = self.custom.get_namespaced_custom_object(
-                    claims.EXTENSIONS, claims.VERSION, cfg.namespace, claims.POOLS, name)
-            if (have.get("spec") or {}).get("replicas") != cfg.warm:
-                with self._api("resize the warm pool"):
-                    self.custom.patch_namespaced_custom_object(
-                        claims.EXTENSIONS, claims.VERSION, cfg.namespace, claims.POOLS, name,
-                        {"spec": {"replicas": cfg.warm}})
-        with _made_lock:
-            _made.add(key)
+        """The template the settings give, made with its pool at ``warm`` unless noted so (a pool
+        a server sizes: unless noted made)."""
+        template = self._template_manifest()
+        note = Notes(self.data_dir, "templates", template["metadata"]["name"]).read()
+        if "warm" not in note or (note["warm"] != self.config.warm and not self.config.sized_by_server):
+            self._make_template(template)
         return template
 
+    def _make_template(self, template: dict[str, Any], replicas: int | None = None) -> None:
+        """The template and its warm pool, made when missing; the pool set to replicas (None: to
+        ``warm``, but a pool a server sizes is left at its size)."""
+        cfg, name = self.config, template["metadata"]["name"]
+        wanted = cfg.warm if replicas is None else replicas
+        self._create_custom(claims.EXTENSIONS, claims.TEMPLATES, template, "sandbox template")
+        pool = claims.warm_pool_manifest(template, wanted)
+        if not self._create_custom(claims.EXTENSIONS, claims.POOLS, pool, "warm pool") and \
+                (replicas is not None or not cfg.sized_by_server):
+            have = self._read(claims.EXTENSIONS, claims.POOLS, name) or {}
+            if (have.get("spec") or {}).get("replicas") != wanted:
+                self._patch(claims.EXTENSIONS, claims.POOLS, name, {"spec": {"replicas": wanted}},
+                            "resize the warm pool")
+        note = Notes(self.data_dir, "templates", name)
+        note.write({**note.read(), "warm": wanted})
+
+    async def size_pool(self, replicas: int) -> str:
+        """Set the warm pool of these settings' template to replicas, the template and the pool made
+        when missing (a server sizing a served template's pool: ``guilds.agents.claim_pools``); the
+        pool's name."""
+        return await blocking(self._size_pool, replicas)
+
+    def _size_pool(self, replicas: int) -> str:
+        with self._wire_kept():
+            template = self._template_manifest()
+            self._make_template(template, replicas)
+            return str(template["metadata"]["name"])
+
     # --- a claim from the pool ---------------------------------------------------------
-    def _claimed(self, pool: str) -> bool:
+    def _claimed(self, template: dict[str, Any]) -> bool:
         """Find or make the agent's claim, wait until it holds a ready sandbox and point
         self.pod at that sandbox's pod; True when the claim was made now."""
-        claim = self._read(claims.EXTENSIONS, claims.CLAIMS, self.claim)
-        if claim is not None and claims.pool_of(claim) != pool:
-            self._delete_claim(wait=True)
-            claim = None
-        made = claim is None
-        if made:
-            made = self._create_custom(claims.EXTENSIONS, claims.CLAIMS,
-                                       claims.claim_manifest(self.config.namespace, self.agent_id, pool), "claim")
-        bound = self._wait_bound()
+        pool = template["metadata"]["name"]
+        claim = self._create_claim(pool)
+        made = claim is not None
+        if claim is None:  # there is one: of this pool, or of another (the settings changed)
+            claim = self._read(claims.EXTENSIONS, claims.CLAIMS, self.claim)
+            if claim is not None and claims.pool_of(claim) != pool:
+                self._delete_claim(wait=True)
+                claim = self._create_claim(pool)
+                made = claim is not None
+        self._held = self._wait_bound(template, claim)
+        bound = claims.bound_sandbox(self._held)
         sandbox = self._read(claims.GROUP, claims.SANDBOXES, bound)
         self.pod = claims.pod_of(sandbox) if sandbox is not None else bound
         return made
 
-    def _wait_bound(self) -> str:
-        """The claim's ready sandbox, read first and then watched until it has one."""
-        from kubernetes import watch
+    def _create_claim(self, pool: str) -> dict[str, Any] | None:
+        """The agent's claim on pool, as made now; None when there was one."""
+        manifest = claims.claim_manifest(self.config.namespace, self.agent_id, pool)
+        with self._api("create the claim"), cluster.ignoring(409):
+            return self._wired_to().request("POST", self._objects(claims.EXTENSIONS, claims.CLAIMS), manifest)
+        return None
 
+    def _wait_bound(self, template: dict[str, Any], claim: dict[str, Any] | None) -> dict[str, Any]:
+        """The claim once it holds a ready sandbox: claim (as made or read just now; None:
+        read it), then watched until it does (the watch's event is the claim as it is then),
+        read again after each watch. A claim whose template or pool is not found (deleted
+        after it was noted) has them made again, once."""
         deadline = time.monotonic() + KUBERNETES_START_SECONDS
-        ns, detail = self.config.namespace, ""
+        detail, remade = "", False
         while time.monotonic() < deadline:
-            claim = self._read(claims.EXTENSIONS, claims.CLAIMS, self.claim)
+            if claim is None:
+                claim = self._read(claims.EXTENSIONS, claims.CLAIMS, self.claim)
             if claim is None:
                 raise SandboxError(f"kubernetes: the claim {self.claim} was deleted while it was awaited")
-            if name := claims.bound_sandbox(claim):
-                return name
+            if claims.bound_sandbox(claim):
+                return claim
             detail = claims.condition(claim, "Ready")[1] or detail
+            if "NotFound" in detail and not remade:
+                self._make_template(template)
+                remade = True
             seconds = max(1, min(WATCH_SLICE_SECONDS, int(deadline - time.monotonic())))
-            stream = watch.Watch()
-            with self._api(f"watch the claim {self.claim}"):
-                for event in stream.stream(
-                        self.custom.list_namespaced_custom_object, claims.EXTENSIONS, claims.VERSION, ns,
-                        claims.CLAIMS, field_selector=f"metadata.name={self.claim}",
-                        resource_version=claim["metadata"]["resourceVersion"], timeout_seconds=seconds,
-                        _request_timeout=seconds + 5):
+            path = (f"{self._objects(claims.EXTENSIONS, claims.CLAIMS)}?fieldSelector=metadata.name%3D{self.claim}"
+                    f"&resourceVersion={claim['metadata']['resourceVersion']}")
+            with self._api(f"watch the claim {self.claim}"), \
+                    contextlib.closing(self._wired_to().watch(path, seconds)) as events:
+                for event in events:
                     got = event.get("object") or {}
-                    if event.get("type") == "DELETED" or claims.bound_sandbox(got):
-                        stream.stop()
-                        break
                     detail = claims.condition(got, "Ready")[1] or detail
+                    if event.get("type") != "DELETED" and claims.bound_sandbox(got):
+                        return dict(got)
+                    if event.get("type") == "DELETED" or \
+                            ("NotFound" in detail and not remade):
+                        break
+            claim = None
         raise SandboxError(f"kubernetes: the claim {self.claim} held no ready sandbox after "
                            f"{KUBERNETES_START_SECONDS} s ({detail or 'no condition yet'}); is the "
                            "agent-sandbox controller running with --extensions?")
 
-    def _delete_claim(self, *, wait: bool) -> None:
+    def _delete_claim(self, *, wait: bool) -> bool:
+        """Delete the claim (wait: until it is gone); True when there was one."""
+        deleted = False
         with self._api("delete the claim"), cluster.ignoring(404):
-            self.custom.delete_namespaced_custom_object(claims.EXTENSIONS, claims.VERSION, self.config.namespace,
-                                                        claims.CLAIMS, self.claim)
+            self._wired_to().request("DELETE", f"{self._objects(claims.EXTENSIONS, claims.CLAIMS)}/{self.claim}")
+            deleted = True
         deadline = time.monotonic() + GONE_WAIT_SECONDS
         while wait and self._read(claims.EXTENSIONS, claims.CLAIMS, self.claim) is not None:
             if time.monotonic() > deadline:
                 raise SandboxError(f"kubernetes: the claim {self.claim} was not gone after {GONE_WAIT_SECONDS} s")
             time.sleep(KUBERNETES_CLAIM_POLL_SECONDS)
+        return deleted
 
     # --- an agent's own Sandbox (keep_home) --------------------------------------------
     def _own_sandbox(self, template: dict[str, Any]) -> bool:
@@ -198,10 +440,8 @@ class KubeClaimSandbox(KubernetesSandbox):
         wanted = claims.own_sandbox_manifest(self.config, template, self.agent_id, self.idle_seconds)
         have = self._read(claims.GROUP, claims.SANDBOXES, self.claim)
         if have is not None and have["spec"].get("podTemplate") != wanted["spec"]["podTemplate"]:
-            with self._api("update the sandbox"):  # the settings changed: the next pod is the new one
-                self.custom.patch_namespaced_custom_object(
-                    claims.GROUP, claims.VERSION, self.config.namespace, claims.SANDBOXES, self.claim,
-                    {"spec": {"podTemplate": wanted["spec"]["podTemplate"]}})
+            self._patch(claims.GROUP, claims.SANDBOXES, self.claim,  # the settings changed: the next pod is new
+                        {"spec": {"podTemplate": wanted["spec"]["podTemplate"]}}, "update the sandbox")
         made = have is None and self._create_custom(claims.GROUP, claims.SANDBOXES, wanted, "sandbox")
         if have is not None and have["spec"].get("operatingMode") == "Suspended":
             self._set_mode("Running")
@@ -214,7 +454,7 @@ class KubeClaimSandbox(KubernetesSandbox):
             if sandbox is not None:
                 status, detail = claims.condition(sandbox, "Ready")
                 if status == "True":
-                    self.pod = claims.pod_of(sandbox)
+                    self.pod, self._held = claims.pod_of(sandbox), sandbox
                     return made
             time.sleep(KUBERNETES_CLAIM_POLL_SECONDS)
         raise SandboxError(f"kubernetes: the sandbox {self.claim} was not ready after "
@@ -223,7 +463,7 @@ class KubeClaimSandbox(KubernetesSandbox):
     def _resume_after_idle(self, pod: str) -> None:
         """The idle stop ended the pod (INIT exited 0): suspend the Sandbox, wait until the
         controller has deleted that pod, and resume it (a new pod on the same volume)."""
-        self._suspend()
+        self._set_mode("Suspended")
         deadline = time.monotonic() + GONE_WAIT_SECONDS
         while self._read_pod_named(pod):
             if time.monotonic() > deadline:
@@ -232,37 +472,40 @@ class KubeClaimSandbox(KubernetesSandbox):
         self._set_mode("Running")
 
     def _read_pod_named(self, pod: str) -> dict[str, Any]:
-        with self._api("read the pod"), cluster.ignoring(404):
-            found = self.core.read_namespaced_pod(pod, self.config.namespace)
-            return dict(self.core.api_client.sanitize_for_serialization(found))
-        return {}
-
-    def _suspend(self) -> None:
-        self._set_mode("Suspended")
+        return self._get(self._wired_to(), f"/api/v1/namespaces/{self.config.namespace}/pods/{pod}", "read the pod") \
+            or {}
 
     def _set_mode(self, mode: str) -> None:
-        with self._api(f"set the sandbox {self.claim} {mode.lower()}"), cluster.ignoring(404):
-            self.custom.patch_namespaced_custom_object(claims.GROUP, claims.VERSION, self.config.namespace,
-                                                       claims.SANDBOXES, self.claim, claims.operating_mode(mode))
+        self._patch(claims.GROUP, claims.SANDBOXES, self.claim, claims.operating_mode(mode),
+                    f"set the sandbox {self.claim} {mode.lower()}", missing_ok=True)
 
-    # --- the cluster's custom objects --------------------------------------------------
-    @property
-    def custom(self) -> Any:
-        if self._custom is None:
-            from kubernetes import client
+    # --- the cluster's custom objects, through the wire ----------------------------------
+    def _wire_kept(self) -> contextlib.AbstractContextManager[None]:
+        """The requests of a start on one connection (``Wire.kept``)."""
+        return self.wire.kept() if self.wire is not None else contextlib.nullcontext()
 
-            self._custom = client.CustomObjectsApi(self.core.api_client)
-        return self._custom
+    def _wired_to(self) -> Wire:
+        wire = self.wire
+        if wire is None:
+            raise SandboxError("kubernetes: the claim mode has no way to the API server")
+        return wire
+
+    def _objects(self, group: str, plural: str) -> str:
+        return f"/apis/{group}/{claims.VERSION}/namespaces/{self.config.namespace}/{plural}"
 
     def _read(self, group: str, plural: str, name: str) -> dict[str, Any] | None:
-        with self._api(f"read the {plural[:-1]} {name}"), cluster.ignoring(404):
-            return dict(self.custom.get_namespaced_custom_object(group, claims.VERSION, self.config.namespace,
-                                                                 plural, name))
-        return None
+        return self._get(self._wired_to(), f"{self._objects(group, plural)}/{name}", f"read the {plural[:-1]} {name}")
 
     def _create_custom(self, group: str, plural: str, body: dict[str, Any], what: str) -> bool:
         """Create body; False when it was there already (409)."""
         with self._api(f"create the {what}"), cluster.ignoring(409):
-            self.custom.create_namespaced_custom_object(group, claims.VERSION, self.config.namespace, plural, body)
+            self._wired_to().request("POST", self._objects(group, plural), body)
             return True
         return False
+
+    def _patch(self, group: str, plural: str, name: str, patch: dict[str, Any], what: str, *,
+               missing_ok: bool = False) -> None:
+        """A merge patch of the object (missing_ok: none when it is not there)."""
+        with self._api(what), cluster.ignoring(404 if missing_ok else -1):
+            self._wired_to().request("PATCH", f"{self._objects(group, plural)}/{name}", patch,
+                                     content_type="application/merge-patch+json")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import sys
 import time
 from typing import Any, Iterator
 
@@ -27,15 +28,7 @@ from ...errors import SandboxError
 from ...limits import KUBERNETES_FRAME_WAIT_SECONDS
 from .._spawn import STDERR_KEEP_BYTES, STDOUT_MAX_BYTES
 from . import kube_spec as spec
-
-
-class PodGone(Exception):
-    """The exec's handshake answered 404: the pod is gone; nothing ran."""
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
-
+from .kube_wire import PodGone, WireError
 
 _HANDSHAKE = re.compile(r"Handshake status (\d{3})")
 
@@ -79,30 +72,43 @@ def connect(api_client: Any = None) -> Any:
     return client.CoreV1Api(api_client)
 
 
-@contextlib.contextmanager
-def api_errors(what: str, namespace: str) -> Iterator[None]:
-    """Map the client's errors to SandboxError naming what was being done."""
+def _client_errors() -> tuple[type[BaseException], ...]:
+    """The client's error types, when it was imported (else none of them can be raised)."""
+    if "kubernetes.client" not in sys.modules:
+        return ()
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config import ConfigException
     from urllib3.exceptions import HTTPError
 
+    return ApiException, HTTPError, ConfigException
+
+
+@contextlib.contextmanager
+def api_errors(what: str, namespace: str) -> Iterator[None]:
+    """Map the client's errors and a Wire's to SandboxError naming what was being done
+    (without importing the client where it was not imported)."""
     try:
         yield
-    except ApiException as exc:
-        raise SandboxError(spec.api_error_text(what, exc.status or 0, exc.reason or "",
-                                               exc.body, namespace)) from exc
-    except (HTTPError, OSError, ConfigException) as exc:
-        raise SandboxError(spec.api_error_text(what, 0, str(exc), None, namespace)) from exc
+    except WireError as exc:
+        raise SandboxError(spec.api_error_text(what, exc.status, exc.reason, exc.body or None, namespace)) from exc
+    except Exception as exc:
+        known = _client_errors()
+        if known and isinstance(exc, known[0]):
+            raise SandboxError(spec.api_error_text(what, exc.status or 0, exc.reason or "",  # type: ignore[attr-defined]
+                                                   exc.body, namespace)) from exc  # type: ignore[attr-defined]
+        if isinstance(exc, (*known[1:], OSError)):
+            raise SandboxError(spec.api_error_text(what, 0, str(exc), None, namespace)) from exc
+        raise
 
 
 @contextlib.contextmanager
 def ignoring(status: int) -> Iterator[None]:
-    from kubernetes.client.exceptions import ApiException
-
+    """A refusal of that status passes (the client's or a Wire's)."""
     try:
         yield
-    except ApiException as exc:
-        if exc.status != status:
+    except Exception as exc:
+        known: tuple[type[BaseException], ...] = (WireError, *_client_errors()[:1])
+        if not isinstance(exc, known) or getattr(exc, "status", None) != status:
             raise
 
 

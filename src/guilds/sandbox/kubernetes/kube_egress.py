@@ -1,6 +1,6 @@
 """``agent.network`` a list on the kubernetes sandbox (docs/network.md, "On kubernetes").
 
-The same egress proxy as on bwrap and docker (``egress_process``: one per agent,
+The same egress proxy as on bwrap and docker (``egress_side.proxy_process``: one per agent,
 on the orchestrator's host, holding the real values), listening on TCP instead of
 a Unix socket: at ``kubernetes.egress_address``, else the address this host sends
 from towards the agent's pod (``route_source``; in the test cluster the node's
@@ -14,7 +14,7 @@ The pod:
   nothing else (policies add up; both need a CNI that enforces them). The pod
   owns it, so the cluster deletes it with the pod: the orchestrator only makes
   policies (a proxy started again on another port gets one more);
-- runs the relay in its init (``egress_side.relay_code`` with RELAY_TCP): each
+- runs the relay in its init (``egress_side.relay.relay_code`` with RELAY_TCP): each
   connection to 127.0.0.1:RELAY_PORT is spliced to the proxy after the agent's
   credential, read with the proxy's address and port from RELAY_CONF at each
   connection (a file the orchestrator writes over exec once the proxy listens);
@@ -42,21 +42,25 @@ import logging
 import os
 import socket
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ...config.settings import AgentSettings
 from ...errors import SandboxError
 from ...limits import KUBERNETES_EGRESS_SETTLE_SECONDS
-from .. import egress_process
-from .. import egress_side as egress
 from .._container import STATE_INSIDE, init_argv
+from ..egress_side import Egress
+from ..egress_side.files import BUNDLE_NAME, prepare
+from ..egress_side.proxy_process import keep_proxy, proxy_port
+from ..egress_side.proxy_setup import Listen
+from ..egress_side.relay import RELAY_PORT, relay_code
 from .kube_spec import LABEL_AGENT, PYTHON
 
 log = logging.getLogger(__name__)
 RELAY_TCP = (
     "def _connect(path):\n"
-    " import json\n"
+    " import json,socket\n"
     " with open(path) as f:d=json.load(f)\n"
     " u=socket.create_connection((d['address'],int(d['port'])),10)\n"
     " try:\n"
@@ -101,7 +105,7 @@ def relay_conf(agent_id: str) -> str:
 
 def bundle_path(agent_id: str) -> str:
     """The trust bundle inside the pod (the orchestrator's authority plus the host's roots)."""
-    return f"{STATE_INSIDE}/{agent_id}/{egress.BUNDLE_NAME}"
+    return f"{STATE_INSIDE}/{agent_id}/{BUNDLE_NAME}"
 
 
 def policy_name(pod: str, port: int) -> str:
@@ -165,47 +169,92 @@ def _take_all(server: socket.socket) -> None:
         conn.close()
 
 
-class KubeEgress:
-    """One agent's egress on kubernetes: its proxy's files, placeholders and credential,
-    and what the pod is given (see the module docstring)."""
+@dataclass(frozen=True)
+class PodSide:
+    """What the pod's egress asks of the kubernetes sandbox that holds it."""
 
-    def __init__(self, settings: AgentSettings, data_dir: str | os.PathLike, *, agent_id: str, pod: str,
-                 idle_seconds: float) -> None:
-        self.settings, self.agent_id, self.pod = settings, agent_id, pod
-        self.home, self.idle_seconds = str(settings.home), idle_seconds
+    lock: threading.Lock
+    """The sandbox's lock: held while the pod is made (and told there), taken by ``keep()``."""
+    ready: Callable[[], bool]
+    """Whether the sandbox knows its pod running."""
+    apply_policy: Callable[[dict[str, Any]], None]
+    """A NetworkPolicy made (one that exists already is no error)."""
+    put: Callable[[list[tuple[str, bytes, int]]], None]
+    """Files written into the pod as it is (making none)."""
+    run: Callable[[list[str]], str]
+    """argv run in the pod as it is; its stdout (SandboxError when it fails)."""
+
+
+class KubeEgress(Egress):
+    """One agent's egress on kubernetes: the proxy on TCP with the agent's credential, and
+    the pod's side (see the module docstring): where the pod was told the proxy listens
+    (``published``), its policy, and the probe that the policy holds."""
+
+    reads_origins = False  # the repositories are in the pod: a token goes to its token_hosts
+
+    def __init__(self, settings: AgentSettings, data_dir: str | os.PathLike, *, pod: str, idle_seconds: float,
+                 side: PodSide) -> None:
         untargeted = [r.name for r in settings.repos if r.token and r.token_hosts is None]
         if untargeted:
             raise SandboxError(f"repos.{untargeted[0]}.token_hosts: needed on kubernetes with agent.network a "
                                "list (the repository's origin is in the pod, not read from this host)")
-        self.files = egress.egress_files(os.path.realpath(data_dir), agent_id)
-        self.bound = egress.bound_values(settings, self.files, None)
-        self.credential = credential(egress.prepare(self.files))
+        super().__init__(settings, data_dir, idle_seconds=idle_seconds)
+        self.agent_id, self.pod, self._side = settings.id, pod, side
+        self.credential = credential(prepare(self.files))
         self.published: tuple[str, int] | None = None
         """The proxy's address and port the pod was last given (None: not yet, by this process)."""
+        self._pod_uid: str | None = None
+        self._pod_ip: str | None = None
 
-    def env(self) -> dict[str, str]:
-        """Over the pod's environment: the proxy variables, the trust bundle's, the placeholders."""
-        return egress.sandbox_env(self.settings, self.bound, bundle=bundle_path(self.agent_id))
+    def bundle_inside(self) -> str:
+        return bundle_path(self.agent_id)
 
     def init_command(self) -> list[str]:
         """The pod's command: INIT with the relay on TCP first."""
-        relay = (egress.relay_code(RELAY_TCP), [relay_conf(self.agent_id), str(egress.RELAY_PORT)])
+        relay = (relay_code(RELAY_TCP), [relay_conf(self.agent_id), str(RELAY_PORT)])
         return init_argv(PYTHON, self.idle_seconds, relay_with=relay)
 
     def pod_secrets(self) -> dict[str, str]:
         """The secrets the pod's Secret holds: those without hosts."""
         return {k: v for k, v in self.settings.secrets.items() if k not in self.settings.secret_hosts}
 
-    def repos_entries(self) -> dict[str, Any]:
-        return egress.repos_entries(self.settings, self.home, self.bound)
+    def keep(self) -> None:
+        """Before each call, the pod known running: its proxy kept, and the pod told again
+        where it listens when that changed (a pod not known yet is told by the call that
+        makes it: ``for_pod``)."""
+        if self._side.ready():
+            with self._side.lock:
+                pod_ip = self._pod_ip
+                if pod_ip is not None:
+                    self._publish(pod_ip)
 
-    def keep(self, pod_ip: str) -> tuple[str, int]:
+    def for_pod(self, uid: str | None, pod_ip: str) -> None:
+        """The pod found or made running (under the sandbox's lock): told where the proxy
+        listens once per pod in this process, a pod of another uid anew."""
+        if uid != self._pod_uid:
+            self.published = None
+        self._pod_uid, self._pod_ip = uid, pod_ip
+        self._publish(pod_ip)
+
+    def _publish(self, pod_ip: str) -> None:
+        """The proxy kept; where it changed (or the pod is not told yet), the pod's policy
+        applied, the relay's file and the trust bundle written, and the policy checked to hold."""
+        address, port = self._keep_on_tcp(pod_ip)
+        if self.published == (address, port):
+            return
+        self._side.apply_policy(policy_manifest(self.settings.kubernetes.namespace, self.pod, address, port,
+                                                owner=self._pod_uid or ""))
+        self._side.put(self.pod_files(address, port))
+        self.check_held(address, port, self._side.run)
+        self.published = (address, port)
+
+    def _keep_on_tcp(self, pod_ip: str) -> tuple[str, int]:
         """The proxy running, listening where the pod reaches it: (address, port)."""
         address = self.settings.kubernetes.egress_address or route_source(pod_ip)
-        listen = egress.Listen(address, self._last_port(), self.credential)
-        egress_process.keep_proxy(self.settings, self.files, home=self.home, clock=self.files.path("clock"),
-                                  idle_seconds=self.idle_seconds, listen=listen)
-        port = egress_process.proxy_port(self.files)
+        listen = Listen(address, self._last_port(), self.credential)
+        keep_proxy(self.settings, self.files, home=self.home, clock=self.clock, idle_seconds=self.idle_seconds,
+                   listen=listen)
+        port = proxy_port(self.files)
         if port is None:
             raise SandboxError("the egress proxy did not say which port it listens on")
         if port != listen.port:
@@ -218,7 +267,7 @@ class KubeEgress:
     def pod_files(self, address: str, port: int) -> list[tuple[str, bytes, int]]:
         """What the pod is given over exec for the relay: RELAY_CONF and the trust bundle."""
         conf = json.dumps({"address": address, "port": port, "credential": self.credential}).encode()
-        bundle = Path(self.files.shared, egress.BUNDLE_NAME).read_bytes()
+        bundle = Path(self.files.shared, BUNDLE_NAME).read_bytes()
         return [(relay_conf(self.agent_id), conf, 0o600), (bundle_path(self.agent_id), bundle, 0o644)]
 
     def check_held(self, address: str, port: int, run: Callable[[list[str]], str]) -> None:
@@ -240,8 +289,8 @@ class KubeEgress:
             "to an address of this host that the pods reach")
 
     def stop(self) -> None:
-        egress_process.stop_proxy(self.files)
-        self.published = None
+        super().stop()
+        self.published, self._pod_ip = None, None
 
     def _last_port(self) -> int:
         try:

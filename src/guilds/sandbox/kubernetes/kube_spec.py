@@ -25,6 +25,7 @@ be closed, and each file is extracted under a temporary name, then renamed.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import re
 from typing import Any, Mapping, Sequence
@@ -50,6 +51,14 @@ def object_name(agent_id: str) -> str:
     digest = hashlib.sha256(agent_id.encode()).hexdigest()[:8]
     clean = re.sub(r"[^a-z0-9-]+", "-", agent_id.lower()).strip("-")
     return f"guilds-{clean}"[: _NAME_MAX - 9].rstrip("-") + f"-{digest}"
+
+
+def keyed_fingerprint(key: bytes, spec: Any) -> str:
+    """An HMAC-SHA-256 of a JSON-able spec under key (pure): a running pod is still right
+    while its annotation matches, and without the key it cannot be recomputed from the
+    spec, nor a guess of a secret in it tested."""
+    text = json.dumps(spec, sort_keys=True, default=str).encode()
+    return hmac.new(key, text, hashlib.sha256).hexdigest()[:32]
 
 
 def secret_manifest(cfg: KubernetesSettings, name: str, secrets: Mapping[str, str]) -> dict[str, Any]:

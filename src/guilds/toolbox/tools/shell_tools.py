@@ -63,6 +63,9 @@ class ShellTool(Tool):
     def task(self, args: Mapping[str, Any]) -> str | None:
         return TASK_COMMAND if args.get("background") is True else None
 
+    def checkpoint_moments(self) -> tuple[str, ...]:
+        return ("before",)
+
 
 class StatusTool(Tool):
     """shell_status: lists and checks change nothing (rerunnable); a stop ends a process."""

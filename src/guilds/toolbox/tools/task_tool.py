@@ -59,6 +59,10 @@ class TaskTool(Tool):
     async def extra_fields(self, site: CallSite) -> Extra:
         return Extra({"harness": site.settings.harness, "repos": site.repos})
 
+    def checkpoint_moments(self) -> tuple[str, ...]:
+        """At its start and at its end: the harness changes files all along."""
+        return ("before", "after")
+
     def failed(self, meta: Mapping[str, Any]) -> bool:
         return meta.get("status") != COMPLETED
 

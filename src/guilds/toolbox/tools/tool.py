@@ -122,6 +122,11 @@ class Tool:
         """TASK_COMMAND, TASK_CALL, or None: how a call with the client's args becomes an MCP task."""
         return None
 
+    def checkpoint_moments(self) -> tuple[str, ...]:
+        """When a checkpoint of the home is taken around a call (agent.checkpoints): "before"
+        it is sent, "after" it answered; none for a tool that changes no file."""
+        return ()
+
 
 # --- the check tools' schemas, from the helper's own table ---------------------
 _TYPES = {"str": "string", "int": "integer", "bool": "boolean"}

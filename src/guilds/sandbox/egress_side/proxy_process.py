@@ -1,42 +1,24 @@
-"""The egress proxy's process, one per sandbox with ``agent.network`` a list
+"""The egress proxy's process, one per agent with ``agent.network`` a list
 (docs/network.md): started detached from its config (``python -m guilds.egress``),
-found alive by its pidfile and its socket, started again by the next call when it
-died or its settings changed, stopped with the sandbox; and its decisions file read
-into the run record at each call's end. The files are ``egress_side``'s."""
+found alive by its pidfile and its socket (or TCP port), started again when it died
+or its settings changed, stopped with the sandbox."""
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
-import json
 import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
-from ..config.settings import AgentSettings
-from ..errors import SandboxError
-from ..limits import EGRESS_DECISIONS_READ_MAX_BYTES, EGRESS_START_POLL_SECONDS, EGRESS_START_SECONDS
-from ._host_folder import removed
-from ._spawn import spawn_detached
-from .egress_side import BUNDLE_NAME, SOCKET_NAME, EgressFiles, Listen, bound_values, proxy_config
-
-
-@contextlib.contextmanager
-def _locked(files: EgressFiles) -> Iterator[None]:
-    with open(files.path("proxy.lock"), "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
-
-
-def settings_digest(settings: AgentSettings, *parts: Any) -> str:
-    """What the running proxy must have been started from: the allowlist, the
-    secrets and repositories (and any parts given, as the idle time)."""
-    data = [settings.egress, sorted(settings.secrets.items()), sorted(settings.secret_hosts.items()),
-            [(r.name, r.path, r.token, r.token_hosts) for r in settings.repos], *parts]
-    return hashlib.sha256(json.dumps(data, default=list).encode()).hexdigest()
+from ...config.settings import AgentSettings
+from ...errors import SandboxError
+from ...limits import EGRESS_START_POLL_SECONDS, EGRESS_START_SECONDS
+from .._spawn import spawn_detached
+from .files import SOCKET_NAME, EgressFiles, locked, read_text, write_private
+from .placeholders import bound_values
+from .proxy_setup import Listen, proxy_config, settings_digest, write_trust_bundle
 
 
 def ensure_proxy(files: EgressFiles, digest: str, make_config: Callable[[], Mapping[str, Any]],
@@ -45,14 +27,14 @@ def ensure_proxy(files: EgressFiles, digest: str, make_config: Callable[[], Mapp
     (digest), else started anew with make_config(), detached, and waited for until it
     listens. Alive: its process runs and its socket (listen: its TCP port) answers (one
     hung or whose socket went is replaced). A repository's default hosts are the pinned
-    ones (egress_side.pinned_origins)."""
-    from ..egress.proxy_config import write_config
+    ones (``origins.pinned_origins``)."""
+    from ...egress.proxy_config import write_config
 
     config_path, digest_path = files.path("proxy.json"), files.path("proxy.digest")
-    with _locked(files):
+    with locked(files):
         pid = proxy_pid(files)
         serving = pid is not None and _answers(files, listen)
-        if serving and _read(digest_path) == digest:
+        if serving and read_text(digest_path) == digest:
             return
         if pid is not None:
             _terminate(pid)
@@ -61,9 +43,9 @@ def ensure_proxy(files: EgressFiles, digest: str, make_config: Callable[[], Mapp
             write_config(config_path, config)
         except ValueError as exc:
             raise SandboxError(f"the egress proxy's config: {exc}") from None
-        _write_private(digest_path, digest)
+        write_private(digest_path, digest)
         Path(config["pidfile"]).unlink(missing_ok=True)
-        from ._host_folder import real_python
+        from .._host_folder import real_python
 
         spawn_detached([real_python(), "-m", "guilds.egress", config_path], env=_proxy_env(),
                        log_path=files.path("proxy.log"), pass_fds=())
@@ -75,7 +57,7 @@ def ensure_proxy(files: EgressFiles, digest: str, make_config: Callable[[], Mapp
 
 
 def _answers(files: EgressFiles, listen: Listen | None) -> bool:
-    from ..egress.daemon import is_listening, is_serving
+    from ...egress.daemon import is_listening, is_serving
 
     if listen is None:
         return is_serving(os.path.join(files.shared, SOCKET_NAME))
@@ -86,7 +68,7 @@ def _answers(files: EgressFiles, listen: Listen | None) -> bool:
 def keep_proxy(settings: AgentSettings, files: EgressFiles, *, home: str, clock: str,
                idle_seconds: float, listen: Listen | None = None) -> None:
     """At each call: the proxy's idle clock moved, the proxy started when it is not running
-    (or was started from other settings). listen: on TCP (``egress_side.proxy_config``);
+    (or was started from other settings). listen: on TCP (``config.proxy_config``);
     its address and credential are part of the settings, its port only asked for."""
     Path(clock).touch(mode=0o644)
     os.utime(clock)
@@ -102,26 +84,11 @@ def keep_proxy(settings: AgentSettings, files: EgressFiles, *, home: str, clock:
     ensure_proxy(files, settings_digest(settings, idle_seconds, sorted(resolve.items()), where), config, listen)
 
 
-def write_trust_bundle(files: EgressFiles) -> None:
-    """``run/trust.pem``: the orchestrator's authority (made on first use) plus the host's roots."""
-    from ..egress.ca import CertificateAuthority
-
-    try:
-        CertificateAuthority.open(files.ca_dir).trust_bundle(os.path.join(files.shared, BUNDLE_NAME))
-    except (OSError, ValueError) as exc:
-        raise SandboxError(f"the egress proxy's certificate authority: {exc}") from exc
-
-
 def stop_proxy(files: EgressFiles) -> None:
-    with _locked(files):
+    with locked(files):
         pid = proxy_pid(files)
         if pid is not None:
             _terminate(pid)
-
-
-def remove_files(files: EgressFiles) -> list[str]:
-    """The agent's proxy folder removed (its proxy stopped first); its path when it was there."""
-    return list(removed([Path(files.folder)]))
 
 
 def proxy_pid(files: EgressFiles) -> int | None:
@@ -168,52 +135,11 @@ def _running(pid: int) -> bool:
 def _proxy_env() -> dict[str, str]:
     """The proxy's environment: this process's (SSL_CERT_FILE is honoured upstream), with
     PYTHONPATH so that ``-m guilds.egress`` finds this very package."""
-    package_root = str(Path(__file__).resolve().parents[2])
+    package_root = str(Path(__file__).resolve().parents[3])
     path = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": package_root + (os.pathsep + path if path else "")}
 
 
-def _read(path: str) -> str | None:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return None
-
-
-def _write_private(path: str, text: str) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
 def _log_tail(files: EgressFiles) -> str:
-    text = _read(files.path("proxy.log")) or "(no log)"
+    text = read_text(files.path("proxy.log")) or "(no log)"
     return " ".join(text.splitlines()[-3:])
-
-
-# --- decisions into the run record ---------------------------------------------------------
-def read_decisions(files: EgressFiles) -> list[dict[str, Any]]:
-    """The decisions the proxy appended since the last read (by any process), each a dict
-    as the proxy wrote it; a line that is not a JSON object is skipped."""
-    path, mark = files.path("decisions.jsonl"), files.path("decisions.read")
-    with _locked(files):
-        try:
-            start = int(_read(mark) or 0)
-            if os.path.getsize(path) < start:  # a new file: read it from its start
-                start = 0
-            with open(path, "rb") as fh:
-                fh.seek(start)
-                chunk = fh.read(EGRESS_DECISIONS_READ_MAX_BYTES)
-        except (OSError, ValueError):
-            return []
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        _write_private(mark, str(start + len(complete)))
-    out = []
-    for line in complete.splitlines():
-        with contextlib.suppress(ValueError):
-            item = json.loads(line)
-            if isinstance(item, dict):
-                out.append(item)
-    return out

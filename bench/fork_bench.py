@@ -1,0 +1,162 @@
+"""Fork on bwrap: `fork(10)` and `fork(100)` of an agent whose home is a ~100 MB git
+repository, to each child's first call, against `cp -a` of the same tree in the same run.
+
+Run (as root, bubblewrap and overlayfs here):
+    .venv/bin/python bench/fork_bench.py [--rounds 3] [--mb 100] [--sizes 10,100]
+
+The tree: whole packages of this venv's site-packages until --mb megabytes, made a git
+repository (untimed), the starting home of a template on bwrap. One agent is made of it
+and changes its home as a call does (files edited, added, removed, a commit). Each round,
+in a new shuffled order so the machine's load falls on all alike, times:
+
+- fork(n): ``Agent.fork`` returning n live agents (rows admitted, the source's upper
+  frozen as a layer under its call gate, n overlay homes mounted, n sandboxes started);
+- to the last first call: the same fork, then every child's first ``shell`` call of
+  `true` (all at once), until the last one answers;
+- the source's pause: the freeze of its upper alone (what its call gate is held for);
+- cp -a: one copy of the source's home (a copied home per child costs n of these),
+  and, for n = 10, n copies one after another.
+
+The children are removed after each round (untimed). Prints Markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from checkpoint_bench import make_repo  # noqa: E402
+
+import guilds  # noqa: E402
+from guilds.agents import fork_layers  # noqa: E402
+from guilds.agents.homes import overlay_dir  # noqa: E402
+
+SETTINGS = '''
+[agent]
+id = "fork-bench"
+home = "own-home"
+sandbox = "local"
+
+[templates.repo.agent]
+home = "{repo}"
+sandbox = "bwrap"
+transport = "resident"
+max_tool_calls = 1000000
+
+[agents]
+max = {cap}
+max_per_owner = {cap}
+'''
+CHANGE = ("set -e; for f in $(git ls-files '*.py' | head -3); do echo '# edited' >> $f; done; "
+          "echo new > added.txt; git rm -q $(git ls-files '*.py' | tail -1); "
+          "git -c user.name=b -c user.email=b@b commit -qam change")
+
+
+def ms(start: float) -> float:
+    return (time.perf_counter() - start) * 1000
+
+
+async def fork_round(server, source, n: int, times: dict[str, list[float]], first_calls: bool) -> None:
+    start = time.perf_counter()
+    done = await server.fork(source.id, n)
+    made = ms(start)
+    if first_calls:
+        answers = await asyncio.gather(*(c.call(f"first-{c.id}", "shell", {"command": "true"}) for c in done.agents))
+        assert all("exit_code" not in a.text for a in answers), answers[0].text
+        times.setdefault(f"fork({n}) to the last child's first call", []).append(ms(start))
+    else:
+        times.setdefault(f"fork({n}) (n live agents, sandboxes started)", []).append(made)
+    for child in done.agents:
+        await server.remove_agent(child.id)
+
+
+def copy_round(home: Path, target: Path, copies: int, times: dict[str, list[float]]) -> None:
+    start = time.perf_counter()
+    for i in range(copies):
+        subprocess.run(["cp", "-a", str(home), str(target / f"c{i}")], check=True)
+    times.setdefault(f"cp -a of the home x{copies}", []).append(ms(start))
+    for i in range(copies):
+        shutil.rmtree(target / f"c{i}")
+
+
+def freeze_round(data: Path, home: Path, times: dict[str, list[float]]) -> None:
+    start = time.perf_counter()
+    name = fork_layers.freeze_upper(data, overlay_dir(data, home) / "upper")
+    times.setdefault("the source's pause: its upper frozen as a layer", []).append(ms(start))
+    fork_layers.prune(data, [name])
+
+
+async def run(root: Path, repo: Path, sizes: list[int], rounds: int) -> dict[str, list[float]]:
+    (root / "own-home").mkdir()
+    settings = root / "settings.toml"
+    settings.write_text(SETTINGS.format(repo=repo, cap=max(sizes) + 1))
+    settings.chmod(0o600)
+    data = root / "data"
+    times: dict[str, list[float]] = {}
+    async with guilds.open(settings, data_dir=data, env={**os.environ, "GUILDS_DATA": str(data)}) as server:
+        source = await server.make_agent("repo")
+        changed = await source.call("r", "shell", {"command": CHANGE})
+        assert "exit_code" not in changed.text, changed.text
+        home = Path(source.record.home)
+        upper = overlay_dir(data, home) / "upper"
+        print(f"the source's upper: {sum(1 for _ in upper.rglob('*'))} paths; "
+              f"`du -sh`: {subprocess.run(['du', '-sh', str(upper)], capture_output=True, text=True).stdout.split()[0]}")
+        scratch = root / "copies"
+        scratch.mkdir()
+        steps = [("freeze", 0, False), ("cp", 1, False)]
+        for n in sizes:
+            steps += [("fork", n, False), ("fork", n, True)]
+            if n <= 10:
+                steps.append(("cp", n, False))
+        for _ in range(rounds):
+            for kind, n, first in random.sample(steps, len(steps)):
+                if kind == "fork":
+                    await fork_round(server, source, n, times, first)
+                elif kind == "cp":
+                    copy_round(home, scratch, n, times)
+                else:
+                    freeze_round(data, home, times)
+        await server.remove_agent(source.id)
+    return times
+
+
+def report(times: dict[str, list[float]], files: int, size: int, rounds: int) -> None:
+    med = {name: statistics.median(v) for name, v in times.items()}
+    cp = med["cp -a of the home x1"]
+    print(f"tree: {files} paths, {size / 1e6:.0f} MB; median of {rounds} rounds\n")
+    print("| step | median ms | min ms | max ms | / one cp -a |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for name, value in sorted(med.items()):
+        print(f"| {name} | {value:.0f} | {min(times[name]):.0f} | {max(times[name]):.0f} | {value / cp:.2f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--mb", type=int, default=100)
+    parser.add_argument("--sizes", default="10,100")
+    opts = parser.parse_args()
+    sizes = [int(n) for n in opts.sizes.split(",")]
+    with tempfile.TemporaryDirectory(prefix="forkbench-") as tmp:
+        root = Path(tmp)
+        repo = root / "repo"
+        files, size = make_repo(repo, opts.mb)
+        times = asyncio.run(run(root, repo, sizes, opts.rounds))
+        report(times, files, size, opts.rounds)
+
+
+if __name__ == "__main__":
+    main()

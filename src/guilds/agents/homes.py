@@ -1,0 +1,196 @@
+"""An agent's own home: its template's starting home, copy-on-write where the kernel allows.
+
+    make_home(template_home, home, data_dir, owner)   the home made; SandboxError naming what failed
+    remove_home(home, data_dir) -> bool               gone, with all it holds (False: it was not there)
+    mount_homes(data_dir, homes) -> [home]            the overlay homes not mounted, mounted again
+
+**An overlay** when the orchestrator is root, the sandbox gives the home to a
+uid (``Sandbox.home_owner``) and the kernel mounts it: the home is an overlayfs
+mount on the host at its own path, so every reader there (the sandbox's bind,
+checkpoints, the file API) sees the one merged tree. Its lower layer is the
+template's home frozen once per content version (``home_layers``), read-only,
+shared by every agent of it and seen through an idmapped mount (``mounts``):
+its files, root's on disk, are the agent's uid's in the home. What the agent
+writes, and every file it changes (copied up whole at its first write), goes
+to its own upper folder, ``agent-overlays/<id>/upper`` under the data folder,
+which starts empty and owned by the agent's uid; a file deleted is a whiteout
+there. The layer and every other agent's folders are never written.
+
+**A copy** otherwise (not root, no overlayfs, no owner, or the mount failed):
+``cp -a --reflink=auto``, blocks shared where the filesystem can (btrfs, XFS),
+a plain copy elsewhere; the sandbox gives it to the agent's uid when it starts.
+The reason is logged once per process (a mount that fails for one agent is
+logged each time). A template without a starting home gives an empty home.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Iterable
+
+from ..errors import SandboxError
+from . import fork_layers, home_layers, mounts
+from .home_layers import LOWER_LINK, OVERLAYS_FOLDER, copy_tree, layer_lock
+
+HOME_MODE = 0o700
+log = logging.getLogger(__name__)
+_told: set[str] = set()
+_probed: dict[str, str | None] = {}
+
+
+def _once(reason: str) -> None:
+    if reason not in _told:
+        _told.add(reason)
+        log.info("agents' homes are copies: %s", reason)
+
+
+def overlay_dir(data_dir: Path, home: Path) -> Path:
+    """The agent's own folders of its overlay home: upper, work, and the link to its layer."""
+    return data_dir / OVERLAYS_FOLDER / home.name
+
+
+def make_home(template_home: Path, home: Path, data_dir: Path, owner: tuple[int, int] | None) -> None:
+    """Make home (it must not exist) the template's home's: an overlay, else a copy.
+    owner: the uid and gid the sandbox runs the agent as (None: a copy)."""
+    try:
+        os.mkdir(home, HOME_MODE)
+    except OSError as exc:
+        raise SandboxError(f"cannot make the agent's home {home}: {exc.strerror or exc}") from None
+    if not template_home.is_dir():
+        return
+    reason = overlay_unavailable(data_dir, owner)
+    if reason is None and owner is not None:
+        try:
+            _make_overlay(template_home, home, data_dir, owner)
+            return
+        except (OSError, SandboxError) as exc:
+            log.warning("agent home %s: a copy, the overlay failed: %s", home, exc)
+    elif reason is not None:
+        _once(reason)
+    copy_tree(Path(os.path.realpath(template_home)), home)
+
+
+def _make_overlay(template_home: Path, home: Path, data_dir: Path, owner: tuple[int, int]) -> None:
+    own = overlay_dir(data_dir, home)
+    own.parent.mkdir(mode=0o700, exist_ok=True)
+    try:
+        with layer_lock(data_dir, template_home) as layers:
+            name = layers.current()
+            os.mkdir(own, 0o700)
+            os.symlink(os.path.join("..", "..", home_layers.LAYERS_FOLDER, name), own / LOWER_LINK)
+        _folders(own, owner)
+        _mount(home, own)
+    except BaseException:
+        shutil.rmtree(own, ignore_errors=True)
+        raise
+
+
+def _folders(own: Path, owner: tuple[int, int]) -> None:
+    """upper (the agent's, 0700: the home's own owner and mode) and work (overlayfs's, root's)."""
+    for name in ("upper", "work"):
+        os.mkdir(own / name, HOME_MODE)
+    os.chown(own / "upper", *owner)
+
+
+def _mount(home: Path, own: Path) -> None:
+    """Mount the agent's overlay at home: its layers (a fork's above its template's: ``fork_layers``),
+    its upper's owner the files'."""
+    info = os.stat(own / "upper")
+    layers: list[int] = []
+    try:
+        layers.extend(mounts.layer_mount(str(layer), (info.st_uid, info.st_gid))  # each closed on a failure
+                      for layer in fork_layers.stack(own.parent.parent, own))
+        mounts.mount_overlay(str(home), layers, str(own / "upper"), str(own / "work"))
+    finally:
+        for layer_fd in layers:
+            os.close(layer_fd)
+
+
+def remove_home(home: Path, data_dir: Path) -> bool:
+    """Remove the home and all it holds (links removed, never followed): an overlay unmounted
+    first (detached lazily when busy), its own folders removed, its layers pruned when unused."""
+    own = overlay_dir(data_dir, home)
+    layer, forked = "", []
+    if os.path.lexists(own):
+        if mounts.unmount(home):
+            log.warning("agent home %s was busy: detached lazily", home)
+        with contextlib.suppress(OSError):
+            layer = os.path.basename(os.readlink(own / LOWER_LINK))
+        forked = fork_layers.above(own)
+        shutil.rmtree(own)
+    gone = _remove_path(home)
+    if layer:
+        home_layers.prune(data_dir, layer)
+    fork_layers.prune(data_dir, forked)
+    return gone
+
+
+def _remove_path(home: Path) -> bool:
+    if not os.path.lexists(home):
+        return False
+    if home.is_symlink() or not home.is_dir():
+        home.unlink()
+    else:
+        shutil.rmtree(home)
+    return True
+
+
+def mount_homes(data_dir: Path, homes: Iterable[Path]) -> list[Path]:
+    """Mount each overlay home of homes that is not mounted (a reboot, an unmount); those mounted.
+    One that cannot be mounted is logged and left: its sandbox would find an empty folder."""
+    points, done = mounts.mount_points(), []
+    for home in homes:
+        own = overlay_dir(data_dir, home)
+        if not own.is_dir() or os.path.realpath(home) in points:
+            continue
+        try:
+            home.mkdir(mode=HOME_MODE, exist_ok=True)
+            _mount(home, own)
+            done.append(home)
+        except (OSError, SandboxError) as exc:
+            log.error("agent home %s: not mounted again: %s", home, exc)
+    return done
+
+
+def overlay_unavailable(data_dir: Path, owner: tuple[int, int] | None) -> str | None:
+    """Why homes under data_dir cannot be overlays here, or None when they can (probed once:
+    a mount of a one-file layer under the data folder, written through, then removed)."""
+    if owner is None:
+        return "the sandbox gives its home to no uid of its own"
+    if os.geteuid() != 0:
+        return "the orchestrator is not root (overlayfs mounts need root)"
+    key = os.path.realpath(data_dir)
+    if key not in _probed:
+        _probed[key] = _probe(Path(key))
+    return _probed[key]
+
+
+def _probe(data_dir: Path) -> str | None:
+    probe = data_dir / home_layers.LAYERS_FOLDER / f".probe-{os.getpid()}"
+    try:
+        probe.parent.mkdir(mode=0o700, exist_ok=True)
+        os.makedirs(probe / "lower", mode=0o700)
+        (probe / "lower" / "f").write_text("layer")
+        for name in ("upper", "work", "home"):
+            os.mkdir(probe / name, HOME_MODE)
+        os.chown(probe / "upper", 1, 1)
+        layer = mounts.layer_mount(str(probe / "lower"), (1, 1))
+        try:
+            mounts.mount_overlay(str(probe / "home"), layer, str(probe / "upper"), str(probe / "work"))
+        finally:
+            os.close(layer)
+        try:
+            (probe / "home" / "f").write_text("agent")
+            if (probe / "lower" / "f").read_text() != "layer" or os.stat(probe / "home" / "f").st_uid != 1:
+                return "the overlay mounted here does not keep its layer apart"
+        finally:
+            mounts.unmount(probe / "home")
+        return None
+    except (OSError, SandboxError) as exc:
+        return f"no overlay mount here ({exc})"
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)

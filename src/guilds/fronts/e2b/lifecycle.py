@@ -1,0 +1,47 @@
+"""What an E2B sandbox does at its timeout: its create's ``autoPause`` / ``autoResume`` (docs/e2b.md).
+
+The SDKs send, at create, ``autoPause`` (a bool: ``lifecycle={"on_timeout": "pause"}``,
+Python's ``auto_pause=True``), ``autoPauseMemory`` (a bool: ``keep_memory``) and
+``autoResume`` (``{"enabled": bool}``). With ``autoPause`` true the sandbox is paused at
+its timeout, as by ``POST /sandboxes/{id}/pause`` (its commands ended, its files
+kept), not killed; a connect resumes it. No sandbox here keeps the memory of its
+processes, so ``autoPauseMemory`` changes nothing: a resumed sandbox has no running
+command, whichever it says. ``autoResume`` is accepted and kept; a paused sandbox is
+resumed by a connect (its traffic reaches no port of it: no sandbox URL is served).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .connect import ConnectError
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """pause_at_timeout: paused, not killed, at its timeout; auto_resume: as asked."""
+
+    pause_at_timeout: bool = False
+    auto_resume: bool = False
+
+
+def asked(body: dict[str, Any]) -> Lifecycle:
+    """The lifecycle a create body asks for; ``invalid_argument`` naming a field of the wrong type."""
+    pause = _flag(body.get("autoPause"), "autoPause")
+    _flag(body.get("autoPauseMemory"), "autoPauseMemory")
+    resume = body.get("autoResume")
+    if resume is not None and not (isinstance(resume, dict) and set(resume) <= {"enabled"}):
+        raise ConnectError("invalid_argument", 'autoResume: an object {"enabled": true or false}')
+    enabled = _flag((resume or {}).get("enabled"), "autoResume.enabled")
+    return Lifecycle(pause_at_timeout=pause, auto_resume=enabled)
+
+
+def _flag(value: Any, name: str) -> bool:
+    if value is not None and not isinstance(value, bool):
+        raise ConnectError("invalid_argument", f"{name}: true or false")
+    return bool(value)
+
+
+KILLED_AT_TIMEOUT = Lifecycle()
+"""E2B's default: killed at its timeout."""

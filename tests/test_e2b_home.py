@@ -1,0 +1,75 @@
+"""E2B's home and user through the unmodified E2B Python SDK, on bwrap and docker: the
+sandbox's home is /home/user, its user is named ``user`` (``whoami``, ``~``, a file's owner
+and group), absolute paths under /home/user reach the home, and ``sudo`` runs its command
+as that same user, never as root. The agent's home on this machine is what is bound there."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from e2b import Sandbox
+
+from e2b_kit import E2BServer, e2b_server, home_of
+
+pytestmark = [pytest.mark.slow, pytest.mark.backends("bwrap", "docker"),
+              pytest.mark.skipif(os.geteuid() != 0, reason="an agent's own uid needs a root orchestrator")]
+
+
+@pytest.fixture(scope="module")
+def server(backend, tmp_path_factory):
+    with e2b_server(tmp_path_factory.mktemp(f"e2b-home-{backend}"), backend) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def sbx(server: E2BServer):
+    with pytest.MonkeyPatch.context() as patch:
+        server.export(patch)
+        box = Sandbox.create(timeout=300)
+        yield box
+        box.kill()
+
+
+def test_whoami_home_and_working_folder_are_e2bs(sbx):
+    out = sbx.commands.run("whoami; id -un; id -gn; echo ~; echo $HOME; pwd; grep ^user: /etc/passwd | cut -d: -f6")
+    assert out.stdout.split() == ["user", "user", "user", "/home/user", "/home/user", "/home/user", "/home/user"]
+    assert sbx.commands.run("pwd", cwd="/home/user").stdout.strip() == "/home/user"
+
+
+def test_absolute_paths_under_home_user_reach_the_home(server, sbx):
+    sbx.commands.run("echo written-inside > /home/user/x.txt")
+    assert sbx.files.read("/home/user/x.txt") == "written-inside\n"
+    info = sbx.files.write("/home/user/y.txt", "written-outside")
+    assert info.path == "/home/user/y.txt"
+    assert sbx.files.write("z.txt", "relative").path == "/home/user/z.txt"
+    assert sbx.commands.run("cat ~/y.txt /home/user/z.txt").stdout == "written-outsiderelative"
+    host = home_of(sbx, server.data)
+    assert (host / "x.txt").read_text() == "written-inside\n"
+    assert (host / "y.txt").read_text() == "written-outside"
+    assert [e.path for e in sbx.files.list("/home/user") if e.name == "y.txt"] == ["/home/user/y.txt"]
+
+
+def test_files_are_owned_by_user(sbx):
+    sbx.files.write("owned.txt", "mine")
+    sbx.commands.run("touch made.txt")
+    for name in ("owned.txt", "made.txt"):
+        info = sbx.files.get_info(name)
+        assert (info.owner, info.group) == ("user", "user"), name
+    assert sbx.commands.run("stat -c '%U:%G' /home/user/made.txt").stdout.strip() == "user:user"
+
+
+def test_sudo_runs_the_command_as_the_same_user_without_root(sbx):
+    assert sbx.commands.run('sudo echo "$FOO"', envs={"FOO": "bar"}).stdout.strip() == "bar"
+    assert sbx.commands.run('sudo echo "$FOO"').stdout.strip() == ""
+    uid = sbx.commands.run("id -u").stdout.strip()
+    assert uid != "0"
+    for command in ("sudo id -u", "sudo -u root id -u", "sudo -E -n id -u", "sudo -i id -u", "sudo -- id -u"):
+        assert sbx.commands.run(command).stdout.strip() == uid, command
+    assert sbx.commands.run("sudo whoami").stdout.strip() == "user"
+    denied = sbx.commands.run("sudo touch /etc/guilds-root-test; echo $?; ls /root 2>&1; echo end")
+    assert denied.stdout.split()[0] != "0" and "end" in denied.stdout
+    refused = sbx.commands.run("sudo -u nobody id -u; echo status $?")
+    assert "status 1" in refused.stdout and "no user or group 'nobody'" in refused.stderr
+    assert "usage: sudo" in sbx.commands.run("sudo; true").stderr
+    assert sbx.commands.run("grep -c NoNewPrivs:.*1 /proc/self/status").stdout.strip() == "1"

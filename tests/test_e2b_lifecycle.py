@@ -1,0 +1,85 @@
+"""A sandbox's lifecycle through the real ``e2b`` SDK: paused, not killed, at its timeout
+when its create asks so (``lifecycle={"on_timeout": "pause"}``), and resumed by a connect."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from e2b import Sandbox, SandboxState
+
+from e2b_kit import BACKENDS, E2BServer, e2b_server
+
+pytestmark = [pytest.mark.slow, pytest.mark.backends(*BACKENDS)]
+
+
+@pytest.fixture(scope="module")
+def server(backend, tmp_path_factory):
+    with e2b_server(tmp_path_factory.mktemp(f"e2b-life-{backend}"), backend) as served:
+        yield served
+
+
+@pytest.fixture
+def env(server: E2BServer, monkeypatch):
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    return server
+
+
+def _paused_within(box: Sandbox, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while box.get_info().state != SandboxState.PAUSED:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def test_at_its_timeout_it_pauses_keeping_its_files_and_a_connect_resumes_it(env):
+    box = Sandbox.create(timeout=6, lifecycle={"on_timeout": "pause", "auto_resume": False})
+    try:
+        box.files.write("kept.txt", "through the pause")
+        assert box.commands.run("echo before").stdout == "before\n"
+        assert _paused_within(box, 20)
+        assert not box.is_running()
+        assert box.get_info().state == SandboxState.PAUSED  # not killed: still listed, still its own
+        again = Sandbox.connect(box.sandbox_id, timeout=60)
+        assert box.get_info().state == SandboxState.RUNNING and again.is_running()
+        assert again.files.read("kept.txt") == "through the pause"
+        assert again.commands.run("echo after").stdout == "after\n"
+    finally:
+        box.kill()
+
+
+def test_set_timeout_zero_pauses_it_now(env):
+    box = Sandbox.create(timeout=60, lifecycle={"on_timeout": {"action": "pause", "keep_memory": None}})
+    try:
+        box.set_timeout(0)
+        assert _paused_within(box, 10)
+        assert box.connect().commands.run("echo back").stdout == "back\n"
+    finally:
+        box.kill()
+
+
+def test_without_pause_the_timeout_still_kills(env):
+    box = Sandbox.create(timeout=60, lifecycle={"on_timeout": "kill"})
+    box.set_timeout(0)
+    deadline = time.monotonic() + 10
+    while box.sandbox_id in [s.sandbox_id for s in Sandbox.list().next_items()]:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize(("field", "value", "named"), [
+    ("autoPause", "yes", "autoPause: true or false"),
+    ("autoPauseMemory", 1, "autoPauseMemory: true or false"),
+    ("autoResume", True, "autoResume: an object"),
+    ("autoResume", {"enabled": "no"}, "autoResume.enabled: true or false"),
+    ("autoResume", {"enabled": True, "other": 1}, "autoResume: an object"),
+])
+def test_a_bad_lifecycle_field_is_refused_naming_it(env, field, value, named):
+    answer = httpx.post(f"{env.url}/sandboxes", json={"templateID": "base", field: value},
+                        headers={"X-API-KEY": env.key})
+    assert answer.status_code == 400
+    assert answer.json()["message"].startswith(named)
