@@ -365,13 +365,15 @@ async def test_the_full_output_log_is_read_inside_the_container(make, tmp_path):
 
 @needs_engine
 async def test_two_orchestrators_stopping_one_container_at_once_both_stop(make):
-    """A removal already in progress (409) is the other stop's: waited for, not an error."""
+    """A removal already in progress (409) is the other stop's: waited for, not an error. The
+    engine may answer more than one of the racing forced removals as done, so at least one stop
+    (not exactly one) says it removed the container."""
     for _ in range(3):
         first = await make()
         others = [DockerSandbox(first.settings) for _ in range(3)]
         await others[0].start()
         said = await asyncio.gather(first.stop(), *(box.stop() for box in others))
-        assert sum(f"container {first.container}" in removed for removed in said) <= 1, said
+        assert sum(f"container {first.container}" in removed for removed in said) >= 1, said
         with pytest.raises(docker.errors.NotFound):
             CLIENT.api.inspect_container(first.container)
         with pytest.raises(docker.errors.NotFound):

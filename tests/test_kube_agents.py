@@ -230,3 +230,16 @@ def test_the_file_s_own_agent_in_claim_mode_with_a_top_level_pool_leaves_its_war
     with pytest.raises(ConfigError, match=r"^kubernetes\.warm: the template's pool sizes its warm pool \(pool\): "
                                           r"leave warm out$"):
         resolve(path, data_dir=tmp_path / "data", env={})
+
+
+def test_the_loader_s_refusal_is_told_apart_from_a_command_that_ran():
+    """A pod without the agent's secrets file (one made anew under the claim's name) refuses by
+    the loader's one line and status, which nothing of the command wrote: then the call looks
+    again; a command that ran and said the same words among others is its own result."""
+    import subprocess
+
+    refused = subprocess.run(claims.loaded_argv("a1", ["echo", "ran"]), capture_output=True, check=False)
+    assert refused.stdout == b"" and claims.found_no_file("a1", refused.returncode, refused.stderr)
+    assert not claims.found_no_file("a2", refused.returncode, refused.stderr)  # another agent's file
+    assert not claims.found_no_file("a1", 1, refused.stderr)
+    assert not claims.found_no_file("a1", refused.returncode, b"ran\n" + refused.stderr)

@@ -385,9 +385,6 @@ def gone(group: str, plural: str, name: str) -> bool:
 
 @kube_kit.needs_cluster[0]
 @kube_kit.needs_cluster[1]
-@pytest.mark.xfail(reason="a known fault: a later process may take a pod made anew under the claim's name "
-                          "for the noted one and fail its first call (no secrets file) instead of looking again",
-                   strict=False)
 def test_a_later_process_starts_from_the_notes_and_trusts_no_deleted_claim_or_pod(tmp_path):
     agent = f"nt{secrets.token_hex(3)}"
     config, claim = claim_config(tmp_path, agent, NOTE_MEMORY), spec.object_name(agent)

@@ -268,7 +268,8 @@ class DockerSandbox(ContainerSandbox):
         return removed
 
     def _remove_named(self) -> bool:
-        """Remove the agent's container (the stop); True when this call removed it. One
+        """Remove the agent's container (the stop); True when the engine answered this call's
+        removal as done (it may answer so to more than one racing removal). One
         gone is no error, nor one another process is removing (409): that removal is
         waited for, so the state volume is no longer in use when the stop removes it."""
         try:

@@ -170,6 +170,7 @@ def loaded_argv(agent_id: str, argv: Sequence[str], *, marked: bool = False) -> 
     return ["/bin/sh", "-c", _LOAD_MARKED if marked else _LOAD, secrets_file(agent_id), *argv]
 
 
-def found_no_file(status: int | None, stderr: bytes) -> bool:
-    """Did a loaded command fail for want of the secrets file (so nothing of it ran)?"""
-    return status == NO_FILE_EXIT and NO_FILE_TEXT.encode() in stderr
+def found_no_file(agent_id: str, status: int | None, stderr: bytes) -> bool:
+    """Did the loader refuse this command for want of the agent's secrets file (so nothing
+    of it ran)? Its status and its one line, whole: a command that ran says otherwise."""
+    return status == NO_FILE_EXIT and stderr == f"{NO_FILE_TEXT} {secrets_file(agent_id)}\n".encode()

@@ -273,8 +273,10 @@ class KubeClaimSandbox(KubePodSandbox):
     def _exec(self, command: list[str], stdin: bytes, deadline: float) -> tuple[bytes, bytes, bytes, bool]:
         with self._refused_as_gone():
             out, err, status, complete = super()._exec(command, stdin, deadline)
-        if self._unverified and claims.NO_FILE_TEXT.encode() in err:
-            raise cluster.PodGone(f"the pod {self.pod} holds no secrets file: not the pod noted")
+        # On any pod, not only one taken unread: another thread of this process may have found
+        # the note stale meanwhile, and a pod made anew under the claim's name has no file.
+        if complete and claims.found_no_file(self.agent_id, spec.exit_status(status)[0], err):
+            raise cluster.PodGone(f"the pod {self.pod} holds no secrets file: not the pod it was taken for")
         return out, err, status, complete
 
     def _noted_holds(self, template: str, digest: str) -> bool:
