@@ -210,8 +210,12 @@ def test_a_kill_during_a_fork_waits_for_its_children_which_are_whole(server, sou
         return
     try:
         assert all(c.files.read("state.txt") == "whole" for c in children)  # type: ignore[union-attr]
-        homes = sorted(p.name for p in (server.data / "agent-homes").iterdir())
-        assert homes == sorted(home_of(c, server.data).name for c in children)  # type: ignore[arg-type]
+        wanted = sorted(home_of(c, server.data).name for c in children)  # type: ignore[arg-type]
+        deadline = time.monotonic() + 30  # a killed sandbox's files are removed after the kill's answer
+        while (homes := sorted(p.name for p in (server.data / "agent-homes").iterdir())) != wanted \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert homes == wanted
     finally:
         for child in children:  # type: ignore[union-attr]
             child.kill()

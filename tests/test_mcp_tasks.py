@@ -283,7 +283,8 @@ async def test_cancelling_a_code_task_stops_the_harness_and_records_it(coding_to
     async with serving(streamable_http_app(coding_toolbox)) as url:
         raw = RawClient(url)
         created = await raw.call("code_task", {"brief": "fake: sleep 300.424242\nfake: say never"})
-        assert created["resultType"] == "task" and _with_marker("300.424242")
+        assert created["resultType"] == "task"
+        assert await kit.wait_for(lambda: _with_marker("300.424242"), kit.START_SECONDS)
         assert (await raw.task("tasks/cancel", created["taskId"]))["result"]["resultType"] == "complete"
         task = await until_status(raw, created["taskId"], {"cancelled"})
     assert task["status"] == "cancelled"
