@@ -5,6 +5,7 @@ its replicas set from the template's demand.
     await claims.start()            # each template's SandboxTemplate and warm pool made, at its target
     claims.made(template)           # a make of the template (Agents.make): the demand
     claims.targets()                # {template: the replicas last set}
+    claims.counts()                 # {template: ClaimPoolCounts}: as last set and read (/metrics)
     await claims.close()            # each warm pool set to 0 replicas (its waiting sandboxes deleted)
 
 An agent made on demand from a template whose sandbox is kubernetes in claim mode is a
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -41,6 +43,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class ClaimPoolCounts:
+    """One template's SandboxWarmPool as this server last set and read it (``guilds.observe.metrics``)."""
+
+    warm_pool: str
+    """The SandboxWarmPool's name."""
+    target: int
+    """The replicas last set."""
+    ready: int
+    """The pool's ready sandboxes (``status.readyReplicas``), as read at that setting."""
+    making: int
+    """Its sandboxes not ready yet (``status.replicas`` less the ready), as read then."""
+    failures: int
+    """The settings the cluster refused since the start."""
+
+
 def sized_by_demand(template: Template) -> bool:
     """Whether the template's warm pool is a SandboxWarmPool this server sizes."""
     return template.pool.on and in_claim_mode(template.settings)
@@ -55,6 +73,9 @@ class ClaimPools:
                       if sized_by_demand(template)}
         self._set: dict[str, int] = {}
         """The replicas last set, by template."""
+        self._counts: dict[str, ClaimPoolCounts] = {}
+        """Each template's pool as last set and read (kept through a refusal)."""
+        self._failures: dict[str, int] = dict.fromkeys(self.pools, 0)
         self._boxes: dict[str, KubeClaimSandbox] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -68,6 +89,10 @@ class ClaimPools:
 
     def targets(self) -> dict[str, int]:
         return dict(self._set)
+
+    def counts(self) -> dict[str, ClaimPoolCounts]:
+        """The pools set at least once since the start, as last set and read."""
+        return dict(self._counts)
 
     async def start(self) -> None:
         if self._task is not None or not self.pools:
@@ -110,15 +135,21 @@ class ClaimPools:
 
     async def _size(self, name: str, replicas: int) -> None:
         try:
-            pool = await self._box(name).size_pool(replicas)
+            pool, status = await self._box(name).size_pool(replicas)
         except (GuildsError, OSError) as exc:
             self._set.pop(name, None)
             self.pools[name].failed_at = time.monotonic()
+            self._failures[name] += 1
+            if name in self._counts:
+                self._counts[name] = dataclasses.replace(self._counts[name], failures=self._failures[name])
             log.warning("pool %s: its warm pool not set to %d replicas: %s", name, replicas, exc)
             return
         if self._set.get(name) != replicas:
             log.info("pool %s: warm pool %s set to %d replicas", name, pool, replicas)
         self._set[name], self.pools[name].failed_at = replicas, None
+        ready = int(status.get("readyReplicas") or 0)  # a count of 0 is left out of the status
+        making = max(0, int(status.get("replicas") or 0) - ready)
+        self._counts[name] = ClaimPoolCounts(pool, replicas, ready, making, self._failures[name])
 
     def _box(self, name: str) -> KubeClaimSandbox:
         """The template's own sandbox object, which speaks for its template and pool (never claims)."""

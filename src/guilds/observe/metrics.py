@@ -7,7 +7,9 @@ process never share a series). docs/observability.md lists every metric and its 
 
 What the toolbox tells (``guilds.toolbox.observer``) is counted as it happens; the
 agents and sandboxes by state are read when /metrics is asked for: the agents made on
-demand from the run record, the sandboxes from the toolboxes this server made.
+demand from the run record, the sandboxes from the toolboxes this server made, the warm
+pools (local, and kubernetes' SandboxWarmPools) from ``Pools``. A claim-mode sandbox of a
+toolbox watched tells each claim's startup (``KubeClaimSandbox.hear_claims``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 OTHER_TOOL = "other"
 """The tool label of a call whose tool is none of the five (the label's values stay few)."""
 SANDBOX_STATES = ("started", "not_started")
+CLAIM_STARTUP_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+"""A claim's startup: a ready sandbox handed out (a fraction of a second) to a pod made cold and its
+image pulled (minutes; ``KUBERNETES_START_SECONDS`` bounds it)."""
 
 
 def tool_label(tool: str) -> str:
@@ -63,7 +68,10 @@ class _Sandboxes(Collector):
 
 class _Pools(Collector):
     """``guilds_pool_agents{template,state}``, ``guilds_pool_hits_total{template}``,
-    ``guilds_pool_misses_total{template}``: the warm pools of this server (``guilds.agents.pool``)."""
+    ``guilds_pool_misses_total{template}``: the warm pools of this server (``guilds.agents.pool``);
+    ``guilds_claim_pool_replicas{template,warm_pool,state}`` and
+    ``guilds_claim_pool_failures_total{template,warm_pool}``: the SandboxWarmPools it sizes
+    (``guilds.agents.claim_pools``)."""
 
     def __init__(self) -> None:
         self.pools: Pools | None = None
@@ -81,6 +89,19 @@ class _Pools(Collector):
             hits.add_metric([template], counts.hits)
             misses.add_metric([template], counts.misses)
         yield from (agents, hits, misses)
+        yield from self._claim_pools()
+
+    def _claim_pools(self) -> Any:
+        replicas = GaugeMetricFamily("guilds_claim_pool_replicas", "The SandboxWarmPools of the claim-mode "
+                                     "templates: target, the replicas last set; ready and making, the pool's "
+                                     "sandboxes as read then", labels=["template", "warm_pool", "state"])
+        failures = CounterMetricFamily("guilds_claim_pool_failures", "Settings of a template's SandboxWarmPool "
+                                       "the cluster refused", labels=["template", "warm_pool"])
+        for template, counts in (self.pools.claims.counts() if self.pools is not None else {}).items():
+            for state, value in (("target", counts.target), ("ready", counts.ready), ("making", counts.making)):
+                replicas.add_metric([template, counts.warm_pool, state], value)
+            failures.add_metric([template, counts.warm_pool], counts.failures)
+        yield from (replicas, failures)
 
 
 class Metrics(Observer):
@@ -107,9 +128,20 @@ class Metrics(Observer):
         r.register(self._sandboxes)
         self._pools = _Pools()
         r.register(self._pools)
+        self.claim_seconds = Histogram("guilds_claim_startup_duration_seconds", "A SandboxClaim this server "
+                                       "made, from its create to its pod's first answer, by warm pool",
+                                       ["warm_pool"], buckets=CLAIM_STARTUP_BUCKETS, registry=r)
 
     def watch(self, toolbox: Toolbox) -> None:
+        """Read the toolbox's sandbox's state at each scrape; time the claims a claim-mode sandbox makes."""
         self._sandboxes.toolboxes.add(toolbox)
+        hear_claims = getattr(toolbox.sandbox, "hear_claims", None)
+        if hear_claims is not None:
+            hear_claims(self.claim_started)
+
+    def claim_started(self, warm_pool: str, seconds: float) -> None:
+        """A claim on warm_pool made, its pod answering seconds later (from a worker thread)."""
+        self.claim_seconds.labels(warm_pool).observe(seconds)
 
     def watch_pools(self, pools: Pools) -> None:
         """Read the warm pools' counts at each scrape."""

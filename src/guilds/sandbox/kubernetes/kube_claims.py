@@ -54,8 +54,9 @@ import contextlib
 import hashlib
 import hmac
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ...config.settings import AgentSettings
@@ -116,6 +117,12 @@ class KubeClaimSandbox(KubePodSandbox):
         self._unverified = False
         """self.pod is the note's, taken unread: an exec that finds it gone or not set up
         raises PodGone (nothing ran), and the call looks again (``_in_pod``)."""
+        self._claim_heard: list[Callable[[str, float], None]] = []
+        self._claim_unheard: tuple[str, float] | None = None
+        """The last claim made before any listener (``hear_claims``): its pool and seconds."""
+        self._heard_lock = threading.Lock()
+        self._claimed_at: float | None = None
+        """When the claim being awaited was created (monotonic); None: none made now."""
 
     @classmethod
     def for_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike, *,
@@ -208,6 +215,7 @@ class KubeClaimSandbox(KubePodSandbox):
             self._put(files, making=True)
             self._noted(name, digest, pod)
             self._ready = True
+            self._claim_answered(name)
             return True
 
     # --- the notes of what was learned -----------------------------------------------------
@@ -333,13 +341,15 @@ class KubeClaimSandbox(KubePodSandbox):
             self._make_template(template)
         return template
 
-    def _make_template(self, template: dict[str, Any], replicas: int | None = None) -> None:
+    def _make_template(self, template: dict[str, Any], replicas: int | None = None) -> dict[str, Any]:
         """The template and its warm pool, made when missing; the pool set to replicas (None: to
-        ``warm``, but a pool a server sizes is left at its size)."""
+        ``warm``, but a pool a server sizes is left at its size). The pool's status as read
+        before it was set ({} when made now or not read)."""
         cfg, name = self.config, template["metadata"]["name"]
         wanted = cfg.warm if replicas is None else replicas
         self._create_custom(claims.EXTENSIONS, claims.TEMPLATES, template, "sandbox template")
         pool = claims.warm_pool_manifest(template, wanted)
+        have: dict[str, Any] = {}
         if not self._create_custom(claims.EXTENSIONS, claims.POOLS, pool, "warm pool") and \
                 (replicas is not None or not cfg.sized_by_server):
             have = self._read(claims.EXTENSIONS, claims.POOLS, name) or {}
@@ -348,37 +358,68 @@ class KubeClaimSandbox(KubePodSandbox):
                             "resize the warm pool")
         note = Notes(self.data_dir, "templates", name)
         note.write({**note.read(), "warm": wanted})
+        return dict(have.get("status") or {})
 
-    async def size_pool(self, replicas: int) -> str:
+    async def size_pool(self, replicas: int) -> tuple[str, dict[str, Any]]:
         """Set the warm pool of these settings' template to replicas, the template and the pool made
         when missing (a server sizing a served template's pool: ``guilds.agents.claim_pools``); the
-        pool's name."""
+        pool's name and its status as read just before (``readyReplicas``, ``replicas``; {} when
+        made now)."""
         return await blocking(self._size_pool, replicas)
 
-    def _size_pool(self, replicas: int) -> str:
+    def _size_pool(self, replicas: int) -> tuple[str, dict[str, Any]]:
         with self._wire_kept():
             template = self._template_manifest()
-            self._make_template(template, replicas)
-            return str(template["metadata"]["name"])
+            status = self._make_template(template, replicas)
+            return str(template["metadata"]["name"]), status
 
     # --- a claim from the pool ---------------------------------------------------------
     def _claimed(self, template: dict[str, Any]) -> bool:
         """Find or make the agent's claim, wait until it holds a ready sandbox and point
         self.pod at that sandbox's pod; True when the claim was made now."""
         pool = template["metadata"]["name"]
+        self._claimed_at = time.monotonic()
         claim = self._create_claim(pool)
         made = claim is not None
         if claim is None:  # there is one: of this pool, or of another (the settings changed)
             claim = self._read(claims.EXTENSIONS, claims.CLAIMS, self.claim)
             if claim is not None and claims.pool_of(claim) != pool:
                 self._delete_claim(wait=True)
+                self._claimed_at = time.monotonic()
                 claim = self._create_claim(pool)
                 made = claim is not None
+        if not made:
+            self._claimed_at = None
         self._held = self._wait_bound(template, claim)
         bound = claims.bound_sandbox(self._held)
         sandbox = self._read(claims.GROUP, claims.SANDBOXES, bound)
         self.pod = claims.pod_of(sandbox) if sandbox is not None else bound
         return made
+
+    def hear_claims(self, heard: Callable[[str, float], None]) -> None:
+        """Tell heard, for each claim this sandbox makes (and the last one made before any was heard),
+        its warm pool's name and the seconds from the claim's create to its pod's first answer,
+        its files written (``guilds.observe.metrics``); heard may be called from a worker thread."""
+        with self._heard_lock:
+            if heard in self._claim_heard:
+                return
+            self._claim_heard.append(heard)
+            unheard, self._claim_unheard = self._claim_unheard, None
+        if unheard is not None:
+            heard(*unheard)
+
+    def _claim_answered(self, pool: str) -> None:
+        """A claim made now has its pod answering: tell those who hear claims how long that took."""
+        made_at, self._claimed_at = self._claimed_at, None
+        if made_at is None:
+            return
+        seconds = time.monotonic() - made_at
+        with self._heard_lock:
+            listeners = list(self._claim_heard)
+            if not listeners:
+                self._claim_unheard = (pool, seconds)
+        for heard in listeners:
+            heard(pool, seconds)
 
     def _create_claim(self, pool: str) -> dict[str, Any] | None:
         """The agent's claim on pool, as made now; None when there was one."""
