@@ -326,6 +326,14 @@ E2B_MAX_SNAPSHOTS = 100
 429 past it, until one is deleted."""
 E2B_SNAPSHOTS_PAGE = 100
 """The most snapshots one list answer holds (E2B's ``limit``, 1 to this; its default)."""
+E2B_CREATE_KEY_BYTES = 255
+"""The longest ``Idempotency-Key`` a create may carry (printable ASCII): 400 past it."""
+E2B_CREATE_KEY_SECONDS = 24 * 3600
+"""How long a create's idempotency key is kept after its first create, at most (the longest a
+sandbox's ``timeout`` may be): a repeat after it makes a new sandbox."""
+E2B_CREATE_KEYS = 10_000
+"""The most idempotency keys one server keeps (each a few hundred bytes): past it the oldest
+is forgotten."""
 AGENTS_PER_SERVER = 100
 """Default of ``agents.max``: the agents made on demand live at once on one server."""
 AGENTS_PER_OWNER = 10

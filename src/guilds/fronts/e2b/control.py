@@ -4,7 +4,8 @@ Every request carries ``X-API-KEY`` (``guilds.fronts.e2b.keys``); a wrong or
 missing key is answered 401. Errors are E2B's body ``{"code": <HTTP status>,
 "message": ...}`` with that status: 400 for a bad body, 404 for a sandbox
 that does not exist or belongs to another key (and for a template not served),
-409 for pausing a paused one, 429 for a create past a cap, 503 when the
+409 for pausing a paused one, 422 for an ``Idempotency-Key`` used before with another
+body (``create_keys``), 429 for a create past a cap, 503 when the
 sandbox's agent cannot be made (the reason in the message). The list is ``listing``'s,
 the metrics ``sandbox_metrics``'.
 """
@@ -21,11 +22,11 @@ from starlette.routing import Route
 
 from ...errors import GuildsError
 from ...limits import E2B_DEFAULT_TIMEOUT_SECONDS, E2B_MAX_BODY_BYTES, E2B_MAX_METADATA_BYTES, E2B_MAX_TIMEOUT_SECONDS
-from . import lifecycle, listing, network_options, network_update, unserved
+from . import create_keys, lifecycle, listing, network_options, network_update, unserved
 from .connect import ConnectError, bounded_body, json_object
 from .keys import Keys
 from .sandbox_metrics import Metrics, NoCgroup
-from .sandboxes import PAUSED, Made, Sandboxes
+from .sandboxes import PAUSED, E2BSandbox, Made, Sandboxes
 
 if TYPE_CHECKING:
     from .forks import Forks
@@ -86,6 +87,7 @@ class ControlPlane:
         """forks: snapshots and fork, and sandboxes made from snapshots (none: not served)."""
         self.sandboxes, self.keys, self.forks = sandboxes, keys, forks
         self.metrics = Metrics(sandboxes)
+        self.create_keys = create_keys.CreateKeys(sandboxes)
 
     def routes(self) -> list[Route]:
         return [
@@ -120,7 +122,14 @@ class ControlPlane:
         return endpoint
 
     async def create(self, request: Request, key_name: str) -> Response:
+        """A new sandbox; with an ``Idempotency-Key``, the one that key made (``create_keys``)."""
         body = await _body(request)
+        box, repeated = await self.create_keys.once(key_name, request.headers.get(create_keys.HEADER), body,
+                                                    lambda: self._create(key_name, body))
+        headers = {create_keys.REPLAYED_HEADER: "true"} if repeated else None
+        return JSONResponse(box.created(self.sandboxes.client_id), status_code=201, headers=headers)
+
+    async def _create(self, key_name: str, body: dict[str, Any]) -> E2BSandbox:
         template = body.get("templateID", "base")
         if not isinstance(template, str):
             raise BadBody("templateID: a template name")
@@ -130,14 +139,12 @@ class ControlPlane:
             asked = Made(key_name, snapshot.id, _timeout(body.get("timeout")), _metadata(body.get("metadata")),
                          _strings(body.get("envVars"), "envVars"),
                          network_options.asked(body, forks.settings_of(snapshot)), datetime.now(UTC))
-            box = await forks.create_from(snapshot, asked)
-            return JSONResponse(box.created(self.sandboxes.client_id), status_code=201)
-        box = await self.sandboxes.create(key_name, template, _timeout(body.get("timeout")),
-                                          _metadata(body.get("metadata")),
-                                          _strings(body.get("envVars"), "envVars"),
-                                          network_options.asked(body, self.sandboxes.settings_for(template)),
-                                          lifecycle.asked(body))
-        return JSONResponse(box.created(self.sandboxes.client_id), status_code=201)
+            return await forks.create_from(snapshot, asked)
+        return await self.sandboxes.create(key_name, template, _timeout(body.get("timeout")),
+                                           _metadata(body.get("metadata")),
+                                           _strings(body.get("envVars"), "envVars"),
+                                           network_options.asked(body, self.sandboxes.settings_for(template)),
+                                           lifecycle.asked(body))
 
     async def list(self, request: Request, key_name: str) -> Response:
         found, headers = listing.page(self.sandboxes.of_key(key_name), listing.Query.of_v2(request.query_params),
