@@ -3,10 +3,12 @@
 the real e2b SDK (its ``api_headers``) and raw requests against a real `guilds serve --e2b`:
 a repeat answers the same sandbox (id, envd access token); creates sent together make one;
 another body under the key is refused 422 in E2B's error body; another API key's same
-value, a sandbox killed or a failed create leave the key free."""
+value, a sandbox killed or a failed create leave the key free; in process, with real local
+sandboxes, a key is forgotten past the bounds of time and count."""
 
 from __future__ import annotations
 
+import os
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,7 +16,10 @@ import httpx
 import pytest
 from e2b import Sandbox
 
-from e2b_kit import E2BServer, e2b_server
+import guilds
+from e2b_kit import E2BServer, _settings, e2b_server
+from guilds.fronts.e2b import create_keys
+from guilds.fronts.e2b.sandboxes import Sandboxes
 from guilds.limits import E2B_CREATE_KEY_BYTES
 
 pytestmark = pytest.mark.slow
@@ -137,3 +142,28 @@ def test_a_bad_key_is_refused_400_and_makes_nothing(server, key):
     assert answer.json() == {"code": 400, "message": f"Idempotency-Key: 1 to {E2B_CREATE_KEY_BYTES} printable "
                                                      "ASCII characters"}
     assert listed(server) == before
+
+
+async def test_a_key_is_forgotten_past_its_time_and_the_oldest_past_the_count(tmp_path, monkeypatch):
+    monkeypatch.setattr(create_keys, "E2B_CREATE_KEYS", 2)
+    data = tmp_path / "data"
+    async with guilds.open(_settings(tmp_path, "local", ""), data_dir=data, pool=False,
+                           env={**os.environ, "GUILDS_DATA": str(data)}) as agent:
+        sandboxes = Sandboxes(await agent.agents(), "client")
+        keys = create_keys.CreateKeys(sandboxes)
+
+        async def create(key: str) -> str:
+            box, _ = await keys.once("default", key, {}, lambda: sandboxes.create("default", "base", 60, {}, {}))
+            return box.id
+
+        try:
+            first, second = await create("a"), await create("b")
+            assert await create("a") == first
+            third = await create("c")  # three keys: the oldest, a, is forgotten
+            assert await create("b") == second and await create("c") == third
+            assert await create("a") not in (first, second, third)
+            monkeypatch.setattr(create_keys, "E2B_CREATE_KEY_SECONDS", 0.0)  # every key past its time
+            assert await create("c") != third
+            assert len(sandboxes.every()) == 5
+        finally:
+            await sandboxes.close()
