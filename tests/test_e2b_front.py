@@ -161,8 +161,6 @@ def test_the_service_refuses_every_way_out_of_the_home(envd):
         ("read", {"path": "/proc/self/root" + str(outside / "secret.txt")}),
         ("list_dir", {"path": "out"}),
         ("stat", {"path": "/etc/passwd"}),
-        ("start", {"cmd": "/bin/true", "cwd": "/"}),
-        ("start", {"cmd": "/bin/true", "cwd": "out"}),
     ]
     for op, fields in attempts:
         reply = service(op, **fields)

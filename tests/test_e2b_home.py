@@ -1,6 +1,7 @@
 """E2B's home and user through the unmodified E2B Python SDK, on bwrap and docker: the
 sandbox's home is /home/user, its user is named ``user`` (``whoami``, ``~``, a file's owner
-and group), absolute paths under /home/user reach the home, and ``sudo`` runs its command
+and group), absolute paths under /home/user reach the home, a command or terminal runs in
+any folder of the sandbox it names, and ``sudo`` runs its command
 as that same user, never as root. The agent's home on this machine is what is bound there."""
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from e2b import Sandbox
+from e2b import InvalidArgumentException, Sandbox
+from e2b.sandbox.commands.command_handle import PtySize
 
 from e2b_kit import E2BServer, e2b_server, home_of
 
@@ -73,3 +75,17 @@ def test_sudo_runs_the_command_as_the_same_user_without_root(sbx):
     assert "status 1" in refused.stdout and "no user or group 'nobody'" in refused.stderr
     assert "usage: sudo" in sbx.commands.run("sudo; true").stderr
     assert sbx.commands.run("grep -c NoNewPrivs:.*1 /proc/self/status").stdout.strip() == "1"
+
+
+def test_a_command_or_terminal_runs_in_any_folder_of_the_sandbox(sbx):
+    assert sbx.commands.run("pwd", cwd="/").stdout.strip() == "/"
+    assert sbx.commands.run("pwd", cwd="/usr/bin").stdout.strip() == "/usr/bin"
+    assert sbx.commands.run("pwd", cwd="~").stdout.strip() == "/home/user"
+    output: list[bytes] = []
+    terminal = sbx.pty.create(PtySize(80, 24), cwd="/")
+    sbx.pty.send_stdin(terminal.pid, b"echo in:$PWD\nexit\n")
+    assert terminal.wait(on_pty=output.append).exit_code == 0
+    assert "in:/\r\n" in b"".join(output).decode()
+    for missing in ("/no/such/folder", "/etc/passwd"):
+        with pytest.raises(InvalidArgumentException, match="is not a folder of the sandbox"):
+            sbx.commands.run("pwd", cwd=missing)

@@ -16,10 +16,11 @@ already_exists, internal). Ops:
   a session of its own, with the environment a ``shell`` command gets
   (``command.COMMAND_ENV``) plus base_env (the sandbox's) and envs (the request's);
   behind the egress proxy, the proxy variables name run_id/call_id (as a ``shell``
-  command's name its call: ``command.name_call_in_proxy``); cwd confined to the home
-  (default: the home). stdin a pipe when asked, else /dev/null. With timeout_ms
-  the group gets SIGTERM at the deadline and SIGKILL limits.ENVD_KILL_GRACE_SECONDS
-  later. Reply {pid}; then data events and one end event.
+  command's name its call: ``command.name_call_in_proxy``); cwd any folder of the
+  sandbox, as E2B's (``~`` and a relative path from the home; default: the home):
+  the command could ``cd`` there itself, so no confinement is lost. stdin a pipe
+  when asked, else /dev/null. With timeout_ms the group gets SIGTERM at the
+  deadline and SIGKILL limits.ENVD_KILL_GRACE_SECONDS later. Reply {pid}; then data events and one end event.
   With pty {cols, rows} the command runs in a new terminal of that size, its
   controlling one (envd_pty.py): its output comes as data events of fd "pty",
   ``input`` goes to the terminal, stdin is not asked for.
@@ -56,7 +57,7 @@ import select
 import threading
 import time
 
-from . import asleep, command, envd_pty, limits, proc, protocol
+from . import asleep, command, envd_pty, limits, paths, proc, protocol
 from .envd_files import Failed, Files, b64, text
 from .envd_watch import Watchers
 
@@ -148,7 +149,7 @@ class Service:
     # --- processes ---------------------------------------------------------
     def start(self, req: "Dict[str, Any]") -> "Dict[str, Any]":
         argv = [text(req.get("cmd"), "cmd")] + [text(a, "args") for a in req.get("args") or []]
-        cwd = self.files.folder_path(req.get("cwd") or "~")
+        cwd = working_folder(self.files.home, req.get("cwd") or "~")
         env = dict(os.environ)
         env.update(command.COMMAND_ENV)
         env.update(_strings(req.get("base_env")))
@@ -302,6 +303,15 @@ class Service:
         deadline = time.monotonic() + limits.ENVD_KILL_GRACE_SECONDS + 1
         while self.commands and time.monotonic() < deadline:
             time.sleep(limits.ENVD_POLL_SECONDS)
+
+
+def working_folder(home: str, given: "Any") -> str:
+    """A command's working folder, links resolved: ``~`` and a relative path from the home,
+    an absolute one as given; ``invalid_argument`` when no such folder is there."""
+    path = os.path.realpath(paths.absolute(home, home, text(given, "cwd")))
+    if not os.path.isdir(path):
+        raise Failed("invalid_argument", f"cwd: {given} is not a folder of the sandbox")
+    return path
 
 
 def _strings(value: "Any") -> "Dict[str, str]":

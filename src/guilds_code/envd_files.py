@@ -69,10 +69,6 @@ class Files:
             raise Failed("invalid_argument", f"path: {given} is not a directory")
         return found
 
-    def folder_path(self, given: "Any") -> str:
-        with self.folder(given) as found:
-            return found.path
-
     def parent(self, given: "Any", create: bool) -> "Tuple[paths.Resolved, str]":
         """(the folder that holds given, held open; given's last name), the folders made when create."""
         head, name = os.path.split(paths.absolute(self.home, self.home, text(given, "path").rstrip("/")))
