@@ -1,13 +1,15 @@
 """A sandbox's lifecycle through the real ``e2b`` SDK: paused, not killed, at its timeout
-when its create asks so (``lifecycle={"on_timeout": "pause"}``), and resumed by a connect."""
+when its create asks so (``lifecycle={"on_timeout": "pause"}``), and resumed by a connect;
+the kernel boot id it reads, on bwrap its own, new after a filesystem-only pause."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 import pytest
-from e2b import Sandbox, SandboxState
+from e2b import Sandbox, SandboxException, SandboxState
 
 from e2b_kit import BACKENDS, E2BServer, e2b_server
 
@@ -83,3 +85,42 @@ def test_a_bad_lifecycle_field_is_refused_naming_it(env, field, value, named):
                         headers={"X-API-KEY": env.key})
     assert answer.status_code == 400
     assert answer.json()["message"].startswith(named)
+
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def test_the_file_api_reads_the_boot_id_the_commands_see(env):
+    box = Sandbox.create(timeout=120)
+    try:
+        seen = box.commands.run(f"cat {BOOT_ID}").stdout
+        assert box.files.read(BOOT_ID) == seen and len(seen.strip()) == 36
+        with pytest.raises(SandboxException, match="outside the home"):
+            box.files.write(BOOT_ID, "00000000-0000-0000-0000-000000000000\n")
+        with pytest.raises(SandboxException, match="outside the home"):
+            box.files.read("/proc/sys/kernel/random/uuid")
+    finally:
+        box.kill()
+
+
+@pytest.mark.backends("bwrap")
+def test_a_filesystem_only_pause_is_a_cold_boot_with_a_boot_id_of_its_own(env):
+    box = Sandbox.create(timeout=120)
+    try:
+        first = box.files.read(BOOT_ID).strip()
+        assert first != Path(BOOT_ID).read_text().strip()  # the sandbox's own, not the machine's
+        assert box.commands.run(f"echo x 2>/dev/null > {BOOT_ID} || echo read-only").stdout == "read-only\n"
+        box.files.write("kept.txt", "home")
+        box.commands.run("echo tmp > /tmp/gone.txt")
+        assert box.pause()  # memory kept (as far as it goes): the same boot
+        again = box.connect()
+        assert again.files.read(BOOT_ID).strip() == first
+        assert again.commands.run("cat /tmp/gone.txt").stdout == "tmp\n"
+        assert again.pause(keep_memory=False)  # filesystem-only: the sandbox is started anew
+        again = again.connect()
+        second = again.files.read(BOOT_ID).strip()
+        assert second != first and len(second) == 36
+        assert again.files.read("kept.txt") == "home"
+        assert again.commands.run("test -e /tmp/gone.txt || echo gone").stdout == "gone\n"  # a new /tmp
+    finally:
+        box.kill()

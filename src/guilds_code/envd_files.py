@@ -1,4 +1,5 @@
-"""The filesystem ops of ``guilds-code envd`` (envd.py), each confined to the home.
+"""The filesystem ops of ``guilds-code envd`` (envd.py), each confined to the home
+(``read`` serves one path outside it too: BOOT_ID).
 
 Every path is resolved as ``file_read`` resolves it (``paths``): ``~`` and relative
 paths from the home, absolute ones only inside it, links followed only inside
@@ -26,7 +27,16 @@ if TYPE_CHECKING:
 FILE_TYPES = {"file": "FILE_TYPE_FILE", "directory": "FILE_TYPE_DIRECTORY", "link": "FILE_TYPE_SYMLINK"}
 METADATA_PREFIX = "user.e2b."
 """A file's metadata: its extended attributes under this name, the name after it the key (E2B's)."""
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+"""The one path outside the home ``read`` serves: the kernel's boot id, as the
+sandbox sees it (its own where the backend gives it one)."""
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _boot_id(size: int) -> "Dict[str, Any]":
+    with open(BOOT_ID, "rb") as file:
+        data = file.read(size)
+    return {"b64": b64(data), "eof": True, "size": len(data)}
 
 
 class Failed(Exception):
@@ -180,6 +190,8 @@ class Files:
 
     def read(self, req: "Dict[str, Any]") -> "Dict[str, Any]":
         size = min(int(req.get("size") or limits.ENVD_CHUNK_BYTES), limits.ENVD_CHUNK_BYTES)
+        if req.get("path") == BOOT_ID:
+            return _boot_id(size)
         with self.resolve(req.get("path")) as found:
             try:
                 fd = found.open_regular(text(req.get("path"), "path"))

@@ -71,6 +71,7 @@ class Sandbox(Protocol):
     python: str
     """The python3 that runs the helpers inside the sandbox."""
     isolates: bool
+    own_boot_id: bool
     own_networks: bool
     home_owner: tuple[int, int] | None
     """See ``Backend``."""
@@ -161,6 +162,9 @@ class Backend:
     network_list_held = ""
     """What holds ``agent.network`` as a list in on this backend, when the backend does
     not hold it by itself (doctor says so)."""
+    own_boot_id = False
+    """True for a backend whose sandbox has a kernel boot id of its own
+    (``/proc/sys/kernel/random/boot_id``), new at each start of the sandbox."""
     own_networks = False
     """True for a backend whose agents' networks are each their own, so one agent's can be
     narrowed alone (the E2B front's ``allow_out``)."""

@@ -48,6 +48,13 @@ async def _body(request: Request) -> dict[str, Any]:
     return json_object(await bounded_body(request, E2B_MAX_BODY_BYTES, status=413))
 
 
+def _keep_memory(value: Any) -> bool:
+    """A pause's ``memory`` (default true; false: filesystem-only)."""
+    if value is not None and not isinstance(value, bool):
+        raise BadBody("memory: true or false")
+    return value is not False
+
+
 def _timeout(value: Any, default: int = E2B_DEFAULT_TIMEOUT_SECONDS) -> int:
     if value is None:
         return default
@@ -194,7 +201,7 @@ class ControlPlane:
         box = self.sandboxes.get(key_name, request.path_params["id"])
         if box.state == PAUSED:
             return e2b_error(409, f"sandbox '{box.id}' is already paused")
-        await self.sandboxes.pause(box)
+        await self.sandboxes.pause(box, keep_memory=_keep_memory((await _body(request)).get("memory")))
         return Response(status_code=204)
 
     async def resume(self, request: Request, key_name: str) -> Response:

@@ -5,9 +5,10 @@ Python's ``auto_pause=True``), ``autoPauseMemory`` (a bool: ``keep_memory``) and
 ``autoResume`` (``{"enabled": bool}``). With ``autoPause`` true the sandbox is paused at
 its timeout, as by ``POST /sandboxes/{id}/pause`` (its commands ended, its files
 kept), not killed; a connect resumes it. No sandbox here keeps the memory of its
-processes, so ``autoPauseMemory`` changes nothing: a resumed sandbox has no running
-command, whichever it says. ``autoResume`` is accepted and kept; a paused sandbox is
-resumed by a connect (its traffic reaches no port of it: no sandbox URL is served).
+processes: a resumed sandbox has no running command, whichever ``autoPauseMemory``
+says; false makes the pause filesystem-only, as ``pause(keep_memory=False)``.
+``autoResume`` is accepted and kept; a paused sandbox is resumed by a connect (its
+traffic reaches no port of it: no sandbox URL is served).
 """
 
 from __future__ import annotations
@@ -24,17 +25,20 @@ class Lifecycle:
 
     pause_at_timeout: bool = False
     auto_resume: bool = False
+    keep_memory: bool = True
+    """False: the pause at its timeout is filesystem-only (``Sandboxes.pause``)."""
 
 
 def asked(body: dict[str, Any]) -> Lifecycle:
     """The lifecycle a create body asks for; ``invalid_argument`` naming a field of the wrong type."""
     pause = _flag(body.get("autoPause"), "autoPause")
-    _flag(body.get("autoPauseMemory"), "autoPauseMemory")
+    memory = body.get("autoPauseMemory")
+    _flag(memory, "autoPauseMemory")
     resume = body.get("autoResume")
     if resume is not None and not (isinstance(resume, dict) and set(resume) <= {"enabled"}):
         raise ConnectError("invalid_argument", 'autoResume: an object {"enabled": true or false}')
     enabled = _flag((resume or {}).get("enabled"), "autoResume.enabled")
-    return Lifecycle(pause_at_timeout=pause, auto_resume=enabled)
+    return Lifecycle(pause_at_timeout=pause, auto_resume=enabled, keep_memory=memory is not False)
 
 
 def _flag(value: Any, name: str) -> bool:

@@ -313,7 +313,7 @@ class Sandboxes:
 
     async def _pause_at_timeout(self, box: E2BSandbox) -> None:
         with contextlib.suppress(ConnectError):  # killed, or paused, meanwhile
-            await self.pause(box)
+            await self.pause(box, keep_memory=box.lifecycle.keep_memory)
 
     async def kill(self, box: E2BSandbox) -> None:
         """Forget it and retire its agent (``Agents.retire``): answered once its sandbox is
@@ -341,7 +341,10 @@ class Sandboxes:
         if envd is not None:
             envd.ending = True
 
-    async def pause(self, box: E2BSandbox) -> None:
+    async def pause(self, box: E2BSandbox, *, keep_memory: bool = True) -> None:
+        """Its commands ended, its files kept. Filesystem-only (not keep_memory), on a backend
+        whose sandbox boots on its own (``own_boot_id``), the sandbox itself is stopped too:
+        its resume is a cold boot (a new boot id, an empty /tmp)."""
         async with box.changing:
             self._still_there(box)
             if box.state == PAUSED:
@@ -349,6 +352,8 @@ class Sandboxes:
             if box.timer is not None:  # a paused sandbox waits to be resumed, as E2B's does
                 box.timer.cancel()
             await self._stop_envd(box)
+            if not keep_memory and box.sandbox.own_boot_id:
+                await box.sandbox.stop()
             box.state = PAUSED
             await self.agents.store.expire_agent(box.agent_id, None)
 

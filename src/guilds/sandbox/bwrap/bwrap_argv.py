@@ -15,8 +15,10 @@ Inside (each with its reason in docs/sandboxes.md):
   folder's filesystem, gone with the sandbox); the idle clock, a host file,
   read-only at ``/run/guilds-clock``;
 - fresh ``/proc`` with ``/proc/sys`` (and ``/proc/sysrq-trigger``) bound
-  read-only over it; ``/dev`` with the usual device nodes; sized tmpfs
-  ``/tmp`` and ``/dev/shm``; ``/``, ``/dev`` and ``/run`` remounted read-only;
+  read-only over it, and the sandbox's own kernel boot id (a host file written
+  anew at each start) read-only over ``/proc/sys/kernel/random/boot_id``;
+  ``/dev`` with the usual device nodes; sized tmpfs ``/tmp`` and ``/dev/shm``;
+  ``/``, ``/dev`` and ``/run`` remounted read-only;
 - the helpers read-only at ``/usr/local/bin/<name>`` (a tmpfs there
   re-exposes the host's entries);
 - own pid, ipc and uts namespaces; the network off (``--unshare-net``) unless
@@ -55,6 +57,8 @@ from ..egress_side.files import EGRESS_INSIDE
 from ..egress_side.relay import RELAY, init_args
 
 STATE_INSIDE = "/run/guilds"
+BOOT_ID_INSIDE = "/proc/sys/kernel/random/boot_id"
+"""The kernel's boot id; a sandbox's own there, new at each start (a boot of its own)."""
 CLOCK_INSIDE = "/run/guilds-clock"
 """The idle clock inside: a host file bound read-only, so the agent cannot move it."""
 HELPER_DIR = "/usr/local/bin"
@@ -151,6 +155,8 @@ class BwrapConfig:
     """Host files bound read-only over /etc/passwd and /etc/group (``bwrap_users``), or none."""
     home_inside: str = ""
     """Where the home is inside; empty: its host path."""
+    boot_id: str = ""
+    """Host file bound read-only over BOOT_ID_INSIDE; empty: the machine's is seen."""
 
     @property
     def inside(self) -> str:
@@ -210,8 +216,9 @@ def _dev(c: BwrapConfig) -> list[str]:
 
 def _kernel(c: BwrapConfig) -> list[str]:
     """Fresh /proc; its knobs read-only (the uid alone already cannot write them)."""
+    own_boot_id = ["--ro-bind", c.boot_id, BOOT_ID_INSIDE] if c.boot_id else []
     return ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
-            "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger"]
+            "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger", *own_boot_id]
 
 
 _MOUNTED = ("/", "/tmp", "/run", "/dev", "/dev/shm", "/proc", HELPER_DIR)

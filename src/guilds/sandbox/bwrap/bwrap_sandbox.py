@@ -69,6 +69,7 @@ import json
 import logging
 import os
 import shutil
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
@@ -79,7 +80,7 @@ from ...config.agents import known as known_agents
 from ...config.settings import AgentSettings
 from . import _cgroup
 from .bwrap_hide import Hiding, hiding, stamp
-from ..sandbox_user import SUDO_NAME, sudo_file
+from ..sandbox_user import SUDO_NAME, sudo_file, write_readable
 from .bwrap_users import GROUP, PASSWD, write_users
 from .._host_folder import (
     agent_env, checked_id, locate, own_tree, real_python, removed, write_beneath, write_repos,
@@ -102,6 +103,7 @@ log = logging.getLogger(__name__)
 class BwrapSandbox(Backend):
     name = admin.NAME
     own_networks = True
+    own_boot_id = True
     network_true_reach = "the host's loopback services"
     state_dir = STATE_INSIDE
 
@@ -335,6 +337,7 @@ class BwrapSandbox(Backend):
             keep_run=keep_run() if self.settings.network else (), network=self.settings.network,
             egress_dir=self.egress.files.shared if self.egress else "",
             tmp_bytes=self.settings.bwrap.tmp_size, python=self.python, users=self._users_files(write=launch),
+            boot_id=self._boot_id_file(write=launch),
             idle_seconds=self.idle_seconds, info_fd=info_fd, ready_fd=ready_fd,
         )
 
@@ -347,6 +350,14 @@ class BwrapSandbox(Backend):
         if write:
             return write_users(folder, self.uid, self.gid, self.home, self.settings.user)
         return str(folder / "passwd"), str(folder / "group")
+
+    def _boot_id_file(self, *, write: bool) -> str:
+        """The sandbox's kernel boot id (a random UUID, as the kernel's); written anew when
+        ``write`` (a launch: each start is a boot of its own), else only named."""
+        folder = Path(self._old_state + ".etc")
+        if write:
+            return write_readable(folder, "boot_id", f"{uuid.uuid4()}\n")
+        return str(folder / "boot_id")
 
     def _hiding(self) -> Hiding:
         """What the sandbox hides: the data folder, and every known agent's home and settings."""
