@@ -178,6 +178,15 @@ def test_removing_a_link_removes_the_link_only(envd):
     assert not os.path.lexists(home / "out") and (outside / "secret.txt").read_text() == "secret"
 
 
+def test_a_sigkill_is_answered_once_the_command_is_reaped(envd):
+    service = envd[0]
+    for _ in range(20):  # a zombie left at the answer would still take signal 0
+        pid = service("start", cmd="/bin/sleep", args=["60"])["ok"]["pid"]
+        assert service("signal", pid=pid, signal="SIGNAL_SIGKILL") == {"id": service.ids, "ok": {}}
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 def test_bad_requests_are_one_line_errors(envd):
     service, _, _ = envd
     assert _code(service("start", cmd=["not", "a", "string"])) == "invalid_argument"

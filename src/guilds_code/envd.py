@@ -32,7 +32,9 @@ already_exists, internal). Ops:
   the host takes nothing for limits.ENVD_DRAIN_SECONDS the end is sent anyway.
   Its reply carries no id the host waits on.
 - ``input`` {pid, b64}, ``close_stdin`` {pid}, ``signal`` {pid, signal}: the
-  signal goes to the command's whole group. ``list``: the running commands.
+  signal goes to the command's whole group; a SIGKILL is answered once the
+  command's process is reaped (at most limits.ENVD_KILL_GRACE_SECONDS later).
+  ``list``: the running commands.
   ``stop_all``: every command's group stopped (SIGTERM, then SIGKILL), then the reply.
 - ``stat`` / ``list_dir`` {path, depth} / ``make_dir`` / ``remove`` / ``move``
   {source, destination} / ``read`` {path, offset, size} / ``write`` {path, b64,
@@ -121,6 +123,8 @@ class Command:
         self.terminal = None  # type: Optional[int]
         """A terminal's input side (the stdin_fd of a command run in one), to resize it."""
         self.timed_out = False
+        self.reaped = threading.Event()
+        """Its process waited for: its pid names no process, not even a zombie."""
         self.ended = threading.Event()
         self.window = Window()
 
@@ -224,6 +228,7 @@ class Service:
 
     def _waiter(self, cmd: Command, readers: "List[threading.Thread]") -> None:
         code = cmd.child.wait()
+        cmd.reaped.set()
         for reader in readers:  # a grandchild left holding the pipes does not hold the end back
             reader.join(limits.ENVD_DRAIN_SECONDS)
             while reader.is_alive() and cmd.window.full() and not cmd.window.stalled():
@@ -283,6 +288,8 @@ class Service:
         if sig is None:
             raise Failed("invalid_argument", f"signal {req.get('signal')!r}: only SIGTERM and SIGKILL")
         proc.signal_group(cmd.child.pid, sig)
+        if sig == 9:  # answered once the process is gone (kill -0 of its pid then fails), as E2B's
+            cmd.reaped.wait(limits.ENVD_KILL_GRACE_SECONDS)
         return {}
 
     def list(self, req: "Dict[str, Any]") -> "Dict[str, Any]":
