@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -27,7 +28,8 @@ from guilds.toolbox.tools import TOOL_NAMES
 from test_mcp_claude_code import CLAUDE, PREFIX, run_claude
 
 ANSWER_SECONDS = 60
-BUSY_PROCESSES = 4
+BUSY_LOAD = 4
+"""The load the busy machine is brought to (the load at which Claude Code went on without the tools)."""
 CLAUDE_CODE = {"name": "claude-code", "title": "Claude Code", "version": "2.1.332",
                "description": "Anthropic's agentic coding tool", "websiteUrl": "https://claude.com/claude-code"}
 ENVELOPE = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
@@ -190,9 +192,12 @@ def test_a_differing_early_answer_is_reported_and_dropped(caplog):
 
 
 @contextmanager
-def busy(n: int) -> Iterator[None]:
-    """n processes spinning on the CPU."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+def busy(load: int) -> Iterator[None]:
+    """Processes spinning on the CPU, as many as bring the machine's load to about load (none when
+    it is there already: a suite run in parallel loads it by itself, and past it the test would
+    measure a machine busier than the one it stands for)."""
+    spinners = max(0, math.ceil(load - os.getloadavg()[0]))
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(spinners)]
     try:
         yield
     finally:
@@ -204,15 +209,15 @@ def busy(n: int) -> Iterator[None]:
 @pytest.mark.slow
 @pytest.mark.skipif(CLAUDE is None, reason="claude-agent-sdk (with its bundled claude) is not installed")
 async def test_claude_code_on_a_busy_machine_has_the_tools_in_its_first_request(tmp_path):
-    """`guilds mcp` as a user adds it (claude mcp add guilds -- guilds mcp), with BUSY_PROCESSES
-    spinning: Claude Code's first model request offers the five tools, and a call goes through.
+    """`guilds mcp` as a user adds it (claude mcp add guilds -- guilds mcp), on a machine at a load of
+    about BUSY_LOAD: Claude Code's first model request offers the five tools, and a call goes through.
     (With the SDK answering the handshake, the server was still "pending" then, and the first
     request had none of its tools.)"""
     settings = kit.write_settings(tmp_path)
     (tmp_path / "home").mkdir()
     guilds = Path(sys.executable).with_name("guilds")
     added = ["guilds", "-e", f"GUILDS_DATA={tmp_path / 'data'}", "--", str(guilds), "mcp", "--config", str(settings)]
-    with busy(BUSY_PROCESSES):
+    with busy(BUSY_LOAD):
         await asyncio.sleep(0.5)
         events, api = await run_claude(added, [lambda seen: ("shell", {"command": "echo hi"})], tmp_path)
     assert {"name": "guilds", "status": "connected"}.items() <= events[0]["mcp_servers"][0].items()

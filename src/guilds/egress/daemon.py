@@ -225,6 +225,13 @@ async def _with_credential(proxy: EgressProxy, expected: bytes,
     writer.close()
 
 
+def _write_whole(path: Path, text: str) -> None:
+    """path holds text, whole, at once (renamed into place): a reader never finds it empty or cut."""
+    part = path.with_name(f"{path.name}.{os.getpid()}.part")
+    part.write_text(text)
+    os.replace(part, path)
+
+
 def _pid_line(server: asyncio.Server, config: ProxyConfig) -> str:
     """The pidfile's line: the pid, and on TCP the port listened on."""
     if config.listen is None:
@@ -281,7 +288,7 @@ async def serve(config: ProxyConfig, handoff: Handoff | None = None) -> bool:
     asleep = False
     try:
         if config.pidfile is not None:
-            config.pidfile.write_text(_pid_line(server, config))
+            _write_whole(config.pidfile, _pid_line(server, config))
         poll = min(config.idle_seconds / 4, EGRESS_IDLE_POLL_SECONDS, config.linger_seconds / 4)
         while not _idle(config):
             with contextlib.suppress(TimeoutError):
