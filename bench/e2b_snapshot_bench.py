@@ -102,7 +102,7 @@ def main() -> None:
             os.environ.update(server.env())
             source = Sandbox.create(timeout=3600)
             source.commands.run(CHANGE, timeout=120)
-            home = home_of(source)
+            home = home_of(source, server.data)
             snapshot_id = source.create_snapshot().snapshot_id  # the one sandboxes are made from
             times: dict[str, list[float]] = {}
             for _ in range(args.rounds):

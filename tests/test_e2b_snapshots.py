@@ -274,22 +274,27 @@ def test_a_key_keeps_at_most_its_snapshots_and_they_outlive_the_server(backend, 
 @pytest.mark.slow
 @pytest.mark.backends("bwrap")
 def test_a_full_disk_refuses_a_snapshot_in_one_line_and_keeps_the_others_whole(backend, tmp_path, monkeypatch):
+    """On bwrap a snapshot of the sandbox's overlay home is a layer under agent-layers: the full disk is there."""
     (tmp_path / "home").mkdir()
-    kept = tmp_path / "data" / FOLDER
-    kept.mkdir(parents=True, mode=0o700)
+    (tmp_path / "home" / "t.txt").write_text("template")
+    layers = tmp_path / "data" / "agent-layers"
+    layers.mkdir(parents=True, mode=0o700)
     (tmp_path / "data").chmod(0o700)
-    with sized_tmpfs(kept, "256k"), e2b_server(tmp_path, backend) as server:
+    with sized_tmpfs(layers, "256k"), e2b_server(tmp_path, backend) as server:
         server.export(monkeypatch)
         box = Sandbox.create(timeout=120)
         try:
             box.files.write("small.txt", "small")
             first = box.create_snapshot()
+            frozen = sorted(layers.glob("fork-*"))
+            assert len(frozen) == 1
             box.commands.run("head -c 600000 /dev/urandom > big")
-            with pytest.raises(SandboxException, match=r"^500: the snapshot could not be taken: cannot take a "
-                                                       r"checkpoint of \S+: No space left on device$"):
+            with pytest.raises(SandboxException, match=r"^500: the snapshot could not be taken: cannot copy \S+ to "
+                                                       r"\S+: .*No space left on device$"):
                 box.create_snapshot()
             assert [s.snapshot_id for s in Sandbox.list_snapshots().next_items()] == [first.snapshot_id]
-            assert len(list(kept.iterdir())) == 1  # nothing of the refused one
+            assert len(list((server.data / FOLDER).iterdir())) == 1  # nothing of the refused one
+            assert sorted(p for p in layers.iterdir() if "fork-" in p.name) == frozen
             made = Sandbox.create(first.snapshot_id, timeout=60)
             assert made.files.read("small.txt") == "small" and not made.files.exists("big")
             made.kill()

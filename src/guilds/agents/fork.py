@@ -27,7 +27,9 @@ over a stack of read-only layers, with an upper of its own that starts empty:
   the source's whole home is frozen as one layer instead;
 - a source whose home is a plain folder: its whole home, copied once, as a layer;
 - a checkpoint: its tree as a layer whose files are hard links to the store's
-  objects (both are never written), so it costs a link per file, no content.
+  objects (both are never written), so it costs a link per file, no content;
+- a home kept as layers (``Source.layers``: an E2B snapshot of an overlay home):
+  those layers as they are, nothing frozen.
 
 Every layer is shared by all the children and stays while a home names it:
 removing the source, or a child, never changes another's files.
@@ -58,7 +60,7 @@ from ..limits import FORK_MAX_CHILDREN, FORK_MAX_LAYERS, FORK_STARTS_AT_ONCE
 from ..record.agent_rows import LIVE, AgentRecord, UidTaken
 from ..record.statements import utc_now
 from . import fork_layers
-from .home_layers import LAYERS_FOLDER, LOWER_LINK, copy_tree
+from .home_layers import LOWER_LINK, copy_tree
 from .homes import HOME_MODE, _folders, _mount, overlay_dir, overlay_unavailable
 from .registry import HOMES_FOLDER, UID_DRAWS, checked_expiry, checked_owner, new_agent_id
 
@@ -82,6 +84,11 @@ class Source:
     """The folder of the checkpoint store its checkpoints are found in: the agent's own
     (``CheckpointStore.of_agent``) unless given (a store kept apart from any agent, as an
     E2B snapshot's: ``guilds.fronts.e2b.snapshots``)."""
+    layers: tuple[str, ...] | None = None
+    """A home kept as layers (an E2B snapshot of an overlay home): its fork layers, top
+    first, that the children stand on as they are, with no checkpoint and no freeze."""
+    lower: str | None = None
+    """The template's layer below those layers, if any."""
 
     def store(self, data_dir: Path) -> CheckpointStore:
         """The store its checkpoints are in."""
@@ -167,7 +174,9 @@ async def fork(agents: Agents, source: Source, n: int, *, checkpoint: str | None
         (agents.data_dir / HOMES_FOLDER).mkdir(mode=0o700, exist_ok=True)
         started = time.monotonic()
         waited = 0.0
-        if point is not None:
+        if source.layers is not None:
+            plan = await asyncio.to_thread(_stacked, agents.data_dir, source, how, children)
+        elif point is not None:
             plan = await asyncio.to_thread(_freeze_point, agents.data_dir, source, point.id, how, children)
         else:
             async with CallGate(source.store(agents.data_dir).root).alone():
@@ -243,13 +252,17 @@ def _freeze_live(data_dir: Path, source: Source, how: str, children: list[_Child
     own = overlay_dir(data_dir, home)
     if not (own / "upper").is_dir():
         return _plan(data_dir, [fork_layers.freeze_home(data_dir, home)], None, children)
-    lower = os.readlink(own / LOWER_LINK) if os.path.lexists(own / LOWER_LINK) else None
-    above = fork_layers.above(own)
-    if not os.listdir(own / "upper"):
-        return _plan(data_dir, above, lower, children, froze=False)
-    if len(above) + 2 > FORK_MAX_LAYERS:
-        return _plan(data_dir, [fork_layers.freeze_home(data_dir, home)], None, children)
-    return _plan(data_dir, [fork_layers.freeze_upper(data_dir, own / "upper"), *above], lower, children)
+    frozen = fork_layers.freeze_overlay(data_dir, own, home)
+    lower = None if frozen.lower is None else fork_layers.lower_link(frozen.lower)
+    return _plan(data_dir, frozen.above, lower, children, froze=frozen.made is not None)
+
+
+def _stacked(data_dir: Path, source: Source, how: str, children: list[_Child]) -> _Plan:
+    """Each child's overlay over the layers the source names (frozen before, and held by it)."""
+    if how == COPY:
+        raise CheckpointError("a home kept as layers starts only overlay homes, and none can be mounted here")
+    lower = None if source.lower is None else fork_layers.lower_link(source.lower)
+    return _plan(data_dir, list(source.layers or ()), lower, children, froze=False)
 
 
 def _freeze_point(data_dir: Path, source: Source, point_id: str, how: str, children: list[_Child]) -> _Plan:
@@ -265,8 +278,8 @@ def _freeze_point(data_dir: Path, source: Source, point_id: str, how: str, child
             raise CheckpointError(f"checkpoint {point_id} stands on {len(names)} fork layers: a fork of it "
                                   f"would pass {FORK_MAX_LAYERS}")
         layer = fork_layers.freeze_point(data_dir, store, point_id)
-        return _plan(data_dir, [layer, *names], None if lower is None else os.path.join(
-            "..", "..", LAYERS_FOLDER, lower), children)
+        return _plan(data_dir, [layer, *names], None if lower is None else fork_layers.lower_link(lower),
+                     children)
     if how == COPY:
         with store.holding():
             fork_layers.write_point(str(children[0].settings.home), str(store.objects), store.tree_of(point_id))

@@ -3,9 +3,12 @@
     name = freeze_upper(data_dir, upper)          what an overlay home changed (its upper), as a layer
     name = freeze_home(data_dir, home)            a whole home (a copy home, or a stack grown too tall)
     name = freeze_point(data_dir, store, point)   a checkpoint's tree (its objects linked, not copied)
+    frozen = freeze_overlay(data_dir, own, home)  an overlay home now: its upper frozen, above its stack
     stack(data_dir, own) -> [path]                an overlay home's layers, the top one first
     with forks_lock(data_dir): link(own, names)   an overlay home's fork layers named, under the lock
     prune(data_dir, names)                        each removed once no home names it
+    hold(data_dir, holder, names)                 layers kept for something other than a home
+    release(data_dir, holder)                     no longer: each pruned once nothing uses it
 
 Under the data folder::
 
@@ -13,6 +16,8 @@ Under the data folder::
     agent-layers/forks.lock         held (flock) while homes name fork layers or one is pruned
     agent-overlays/<agent>/above    the fork layers the agent's home stands on, top first, one a
                                     line, above the template's layer its ``lower`` link names
+    agent-layers/held/<holder>      the layers a holder keeps (fork and template layers), one a
+                                    line: an E2B snapshot's (``guilds.fronts.e2b.snapshots``)
 
 A layer frozen from an upper keeps overlayfs's own marks as the upper held
 them (whiteouts, opaque folders, renamed folders' redirects), so the same
@@ -29,11 +34,14 @@ import os
 import secrets
 import shutil
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from ..checkpoints import home_tree, overlay_tree
-from .home_layers import LAYERS_FOLDER, LOWER_LINK, OVERLAYS_FOLDER, all_root, copy_tree
+from ..limits import FORK_MAX_LAYERS
+from . import home_layers
+from .home_layers import HELD_FOLDER, LAYERS_FOLDER, LOWER_LINK, OVERLAYS_FOLDER, all_root, copy_tree
 
 if TYPE_CHECKING:
     from ..checkpoints.point_store import CheckpointStore
@@ -163,9 +171,80 @@ def write_point(target: str, objects: str, tree: home_tree.Tree, *, link_objects
         os.utime(path, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
 
 
+@dataclass(frozen=True)
+class Frozen:
+    """An overlay home's tree at one moment, as layers."""
+
+    above: list[str]
+    """Its fork layers, top first."""
+    lower: str | None
+    """The template's layer below them (its name), if any."""
+    made: str | None
+    """The layer frozen for it (None: its upper was empty, its stack is the home's own)."""
+
+
+def freeze_overlay(data_dir: Path, own: Path, home: Path) -> Frozen:
+    """The overlay home (own: its own folders) as it is now: its upper frozen as a new layer
+    above the layers it stands on; an empty upper adds none; a stack that would pass
+    FORK_MAX_LAYERS is the whole home frozen as one layer instead."""
+    lower = os.path.basename(os.readlink(own / LOWER_LINK)) if os.path.lexists(own / LOWER_LINK) else None
+    stood_on = above(own)
+    if not os.listdir(own / "upper"):
+        return Frozen(stood_on, lower, None)
+    if len(stood_on) + 2 > FORK_MAX_LAYERS:
+        name = freeze_home(data_dir, home)
+        return Frozen([name], None, name)
+    name = freeze_upper(data_dir, own / "upper")
+    return Frozen([name, *stood_on], lower, name)
+
+
+def lower_link(name: str) -> str:
+    """What an overlay home's ``lower`` link holds to name the template layer ``name``."""
+    return os.path.join("..", "..", LAYERS_FOLDER, name)
+
+
+def _held_file(data_dir: Path, holder: str) -> Path:
+    return layers_dir(data_dir) / HELD_FOLDER / holder
+
+
+def hold(data_dir: Path, holder: str, names: list[str]) -> None:
+    """Keep the layers names (fork layers and a template's layer) for holder until its
+    ``release``: no prune removes them meanwhile. Call while they are in use otherwise (a home
+    stands on them, or they were just frozen)."""
+    with forks_lock(data_dir):
+        folder = layers_dir(data_dir) / HELD_FOLDER
+        folder.mkdir(mode=0o700, exist_ok=True)
+        part = folder / f".{holder}.part"
+        part.write_text("".join(f"{name}\n" for name in names))
+        part.replace(folder / holder)
+
+
+def holders(data_dir: Path) -> list[str]:
+    """Those holding layers."""
+    try:
+        return sorted(name for name in os.listdir(layers_dir(data_dir) / HELD_FOLDER) if not name.startswith("."))
+    except FileNotFoundError:
+        return []
+
+
+def release(data_dir: Path, holder: str) -> None:
+    """The holder's layers let go: each removed once no home stands on it and nothing else
+    holds it (a template's layer only when a newer one exists: ``home_layers.prune``)."""
+    with forks_lock(data_dir):
+        try:
+            names = _held_file(data_dir, holder).read_text().split()
+        except FileNotFoundError:
+            return
+        _held_file(data_dir, holder).unlink()
+    prune(data_dir, [name for name in names if name.startswith(FORK_PREFIX)])
+    for name in names:
+        if not name.startswith(FORK_PREFIX):
+            home_layers.prune(data_dir, name)
+
+
 def in_use(data_dir: Path) -> set[str]:
-    """The fork layers some overlay home names."""
-    used: set[str] = set()
+    """The fork layers some overlay home names or something holds."""
+    used = home_layers.held(data_dir)
     with contextlib.suppress(FileNotFoundError):
         for agent in os.scandir(data_dir / OVERLAYS_FOLDER):
             used.update(above(Path(agent.path)))

@@ -12,6 +12,8 @@ Under the data folder::
     agent-layers/<key>.latest        the name of the newest layer of that home
     agent-layers/<key>.lock          held (flock) while a layer is chosen, frozen or pruned
     agent-overlays/<agent>/lower     a link naming the layer the agent's home is made on
+    agent-layers/held/<holder>       the layers something other than a home keeps (an E2B
+                                     snapshot: ``fork_layers.hold``), one name a line
 
 The key is the template home's real path, digested; the version is a digest of
 every entry's path, kind and mode, size, inode and ctime, read by a walk that
@@ -42,6 +44,7 @@ from ..limits import HOME_VERSION_SECONDS
 LAYERS_FOLDER = "agent-layers"
 OVERLAYS_FOLDER = "agent-overlays"
 LOWER_LINK = "lower"
+HELD_FOLDER = "held"
 COPY_ARGV = ("cp", "-a", "--reflink=auto", "--no-target-directory", "--")
 """A folder's contents into a new folder (made by it): links as links, modes and times kept."""
 _versions: dict[str, tuple[float, str]] = {}
@@ -140,9 +143,19 @@ class Layers:
         return True
 
 
+def held(data_dir: Path) -> set[str]:
+    """The names of the layers held apart from homes (``fork_layers.hold``)."""
+    names: set[str] = set()
+    with contextlib.suppress(FileNotFoundError):
+        for holder in os.scandir(data_dir / LAYERS_FOLDER / HELD_FOLDER):
+            with contextlib.suppress(FileNotFoundError):
+                names.update(Path(holder.path).read_text().split())
+    return names
+
+
 def layers_in_use(data_dir: Path) -> set[str]:
-    """The names of the layers agents' homes stand on."""
-    used = set()
+    """The names of the layers agents' homes stand on or something holds."""
+    used = held(data_dir)
     with contextlib.suppress(FileNotFoundError):
         for agent in os.scandir(data_dir / OVERLAYS_FOLDER):
             with contextlib.suppress(OSError):

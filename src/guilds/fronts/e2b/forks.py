@@ -5,9 +5,10 @@
     await forks.create_from(snapshot, asked)   a new sandbox whose files start as the snapshot's
     await forks.fork(box, count, timeout)      count new sandboxes whose files start as box's now
 
-A sandbox made from a snapshot is an agent forked from the snapshot's checkpoint (its home
-an overlay over the checkpoint's files, hard links to them, or a copy of them), of the
-snapshot's template, owned by the key that asks. A fork's children are agents forked from
+A sandbox made from a snapshot is an agent forked from the snapshot, of the snapshot's
+template, owned by the key that asks: its home an overlay over the snapshot's layers as they
+are (a snapshot of an overlay home: ``snapshots``), or, for a snapshot kept as a checkpoint,
+an overlay over the checkpoint's files (hard links to them) or a copy of them. A fork's children are agents forked from
 the source's agent now (its changes frozen once into a layer the children share, or copies):
 the source runs on, its commands untouched (a kill, pause or resume of it waits for the
 fork's children to be made, or the snapshot to be taken); each child has its own home, sandbox, uid,
@@ -35,9 +36,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...agents.fork import Source, fork
+from ...agents.homes import overlay_dir
 from ...checkpoints.call_gate import CallGate
 from ...checkpoints.point_store import CheckpointError, CheckpointStore
 from ...config.settings import CHECKPOINT_SANDBOXES, AgentSettings
+from ...errors import SandboxError
 from ...record.agent_rows import LIVE, AgentRecord, AgentRefused
 from ...sandbox import backend_of
 from .connect import ConnectError
@@ -82,13 +85,16 @@ class Forks:
         """A snapshot of its files now (no call of its agent rewinds them meanwhile)."""
         record = await self._record(box)
         home = box.agent.settings.home
-        taken = Taken(box.key_name, name, box.id, box.agent_id, record.template, home)
+        taken = Taken(box.key_name, name, box.id, box.agent_id, record.template, home,
+                      overlay_dir(self.agents.data_dir, home))
         gate = CallGate(CheckpointStore.of_agent(self.agents.data_dir, box.agent_id, home).root)
         async with self._held(box), gate.call():
             try:
                 return await self.snapshots.take(taken)
-            except CheckpointError as exc:
+            except (CheckpointError, SandboxError) as exc:
                 raise ConnectError("internal", f"the snapshot could not be taken: {exc}") from None
+            except OSError as exc:
+                raise ConnectError("internal", f"the snapshot could not be taken: {exc.strerror or exc}") from None
 
     @contextlib.asynccontextmanager
     async def _held(self, box: E2BSandbox) -> AsyncIterator[None]:
@@ -108,8 +114,14 @@ class Forks:
 
     async def _create_from(self, snapshot: Snapshot, asked: Made, adjust: Adjust | None) -> E2BSandbox:
         async with self.snapshots.using(snapshot) as points:
-            source = Source(snapshot.agent_id, snapshot.template, _owner(asked.key_name), Path(), points=points)
-            made = await _forked(self.agents, source, 1, asked.timeout, checkpoint=snapshot.point, adjust=adjust)
+            if snapshot.layered:
+                source = Source(snapshot.agent_id, snapshot.template, _owner(asked.key_name), Path(),
+                                layers=snapshot.layers, lower=snapshot.lower)
+                made = await _forked(self.agents, source, 1, asked.timeout, adjust=adjust)
+            else:
+                source = Source(snapshot.agent_id, snapshot.template, _owner(asked.key_name), Path(), points=points)
+                made = await _forked(self.agents, source, 1, asked.timeout, checkpoint=snapshot.point,
+                                     adjust=adjust)
         return await self.sandboxes.adopt(made[0], asked)
 
     async def fork(self, box: E2BSandbox, count: int, timeout: int) -> list[E2BSandbox | ConnectError]:

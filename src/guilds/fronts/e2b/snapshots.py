@@ -6,13 +6,23 @@
     snapshots.of_key(key_name)             a key's, oldest first
     await snapshots.remove(snapshot)
 
-A snapshot is a checkpoint of its sandbox's agent's home (``guilds.checkpoints.point_store``:
-every file, folder and link with its mode and times, in a content store) kept in a store of
-its own, ``<data folder>/e2b-snapshots/<raw id>/``:
+A snapshot of an **overlay home** (``guilds.agents.homes``: bwrap, root, overlayfs) is layers:
+what the sandbox changed (its upper) frozen as one new read-only layer, above the layers its
+home stands on (``guilds.agents.fork_layers``), held by the snapshot (``fork_layers.hold``,
+holder ``e2b-snapshot-<raw id>``) so that no removal of a sandbox prunes them. Its store is
+only its ``about.json``, naming them. A sandbox made from it is an overlay over them (no
+file copied); a layer stays while a snapshot holds it or a home stands on it, and is removed
+when neither does.
 
-    points/      the checkpoint store, holding the one checkpoint
-    about.json   its key, name, source sandbox and agent, template and moment; written last,
-                 so a folder without it (a take cut short) is removed at the server's start
+A snapshot of a **plain-folder home** (a copy: docker, not root, no overlayfs) is a
+checkpoint of the whole home (``guilds.checkpoints.point_store``: every file, folder and
+link with its mode and times, in a content store). Its store,
+``<data folder>/e2b-snapshots/<raw id>/``:
+
+    points/      the checkpoint store, holding the one checkpoint (a plain-folder home's)
+    about.json   its key, name, source sandbox and agent, template, moment and layers; written
+                 last, so a folder without it (a take cut short) is removed, and its layers let
+                 go, at the server's start
 
 Kept apart from the agent's own checkpoints, it outlives its sandbox, as E2B's do, and no
 per-call checkpoint prunes it: only a delete removes it (or the data folder's removal).
@@ -41,6 +51,7 @@ from pathlib import Path
 
 from guilds_code.limits import NAME_MAX_CHARS
 
+from ...agents import fork_layers
 from ...checkpoints.point_store import CheckpointStore
 from ...config.checks import is_safe_name
 from ...limits import E2B_MAX_SNAPSHOTS
@@ -53,6 +64,8 @@ TAG = "default"
 """The one tag a snapshot has (E2B's tag of a template's newest build)."""
 _NEVER_PRUNED = 1 << 62
 """The store's size bound: one checkpoint, never pruned by size."""
+HOLDER_PREFIX = "e2b-snapshot-"
+"""A snapshot's hold on its layers: this and its raw id."""
 
 
 @dataclass(frozen=True)
@@ -66,8 +79,21 @@ class Snapshot:
     template: str
     """The template of its sandbox's agent (the sandboxes made from it are agents of it)."""
     point: str
-    """Its checkpoint's id in its store."""
+    """Its checkpoint's id in its store ("" for a snapshot kept as layers)."""
     at: float
+    layers: tuple[str, ...] = ()
+    """An overlay home's snapshot: its fork layers, top first (the first one its own)."""
+    lower: str | None = None
+    """An overlay home's snapshot: the template's layer below those, if any."""
+
+    @property
+    def layered(self) -> bool:
+        """Kept as layers (an overlay home's), not as a checkpoint."""
+        return not self.point
+
+    @property
+    def holder(self) -> str:
+        return f"{HOLDER_PREFIX}{self.raw}"
 
     @property
     def id(self) -> str:
@@ -119,13 +145,16 @@ class Taken:
     agent_id: str
     template: str
     home: Path
+    overlay: Path | None = None
+    """The home's own overlay folders (``guilds.agents.homes.overlay_dir``), when it may be one."""
 
 
 class Snapshots:
     """Every snapshot kept in one data folder, by raw id."""
 
     def __init__(self, data_dir: Path, kept: dict[str, Snapshot]):
-        self.folder = Path(data_dir) / FOLDER
+        self.data_dir = Path(data_dir)
+        self.folder = self.data_dir / FOLDER
         self._kept = kept
         self._taking: dict[str, asyncio.Lock] = {}
         self._users: Counter[str] = Counter()
@@ -138,11 +167,15 @@ class Snapshots:
         folder, kept = Path(data_dir) / FOLDER, {}
         for entry in sorted(folder.iterdir()) if folder.is_dir() else ():
             try:
-                snapshot = Snapshot(**json.loads((entry / ABOUT).read_text()))
+                about = json.loads((entry / ABOUT).read_text())
+                snapshot = Snapshot(**{**about, "layers": tuple(about.get("layers", ()))})
             except (OSError, ValueError, TypeError):
                 shutil.rmtree(entry, ignore_errors=True)
                 continue
             kept[snapshot.raw] = snapshot
+        for holder in fork_layers.holders(Path(data_dir)):
+            if holder.startswith(HOLDER_PREFIX) and holder[len(HOLDER_PREFIX):] not in kept:
+                fork_layers.release(Path(data_dir), holder)  # a take cut short, or a removal
         return cls(data_dir, kept)
 
     @contextlib.asynccontextmanager
@@ -158,7 +191,7 @@ class Snapshots:
                 del self._users[snapshot.raw]
                 if snapshot.raw in self._removed:
                     self._removed.discard(snapshot.raw)
-                    await asyncio.to_thread(shutil.rmtree, self.folder / snapshot.raw, True)
+                    await asyncio.to_thread(self._drop, snapshot)
 
     def of_key(self, key_name: str) -> list[Snapshot]:
         """The key's snapshots, oldest first."""
@@ -188,21 +221,47 @@ class Snapshots:
         self.folder.mkdir(mode=0o700, exist_ok=True)
         own = self.folder / raw
         os.mkdir(own, 0o700)
+        holder = f"{HOLDER_PREFIX}{raw}"
+        layers: tuple[str, ...]
         try:
-            point = CheckpointStore(own / POINTS, taken.home).take(name=taken.name, max_count=1,
-                                                                   max_bytes=_NEVER_PRUNED)
+            frozen = self._frozen(taken, holder)
+            if frozen is None:
+                point = CheckpointStore(own / POINTS, taken.home).take(name=taken.name, max_count=1,
+                                                                       max_bytes=_NEVER_PRUNED).id
+                layers, lower = (), None
+            else:
+                point, layers, lower = "", tuple(frozen.above), frozen.lower
             snapshot = Snapshot(raw=raw, key_name=taken.key_name, name=taken.name, sandbox_id=taken.sandbox_id,
-                                agent_id=taken.agent_id, template=taken.template, point=point.id, at=time.time())
+                                agent_id=taken.agent_id, template=taken.template, point=point, at=time.time(),
+                                layers=layers, lower=lower)
             part = own / f".{ABOUT}"
             part.write_text(json.dumps(asdict(snapshot)))
             os.replace(part, own / ABOUT)
         except BaseException:
             shutil.rmtree(own, ignore_errors=True)
+            fork_layers.release(self.data_dir, holder)
             raise
         return snapshot
 
+    def _frozen(self, taken: Taken, holder: str) -> fork_layers.Frozen | None:
+        """An overlay home's tree now as layers, held by holder; None for a plain-folder home.
+        Its new layer is made unnamed by any home, so none prunes it before the hold."""
+        if taken.overlay is None or not (taken.overlay / "upper").is_dir():
+            return None
+        frozen = fork_layers.freeze_overlay(self.data_dir, taken.overlay, taken.home)
+        if not frozen.above and frozen.lower is None:
+            return None  # an overlay on nothing: kept as a checkpoint
+        try:
+            fork_layers.hold(self.data_dir, holder, [*frozen.above, *([frozen.lower] if frozen.lower else [])])
+        except BaseException:
+            if frozen.made is not None:
+                fork_layers.prune(self.data_dir, [frozen.made])
+            raise
+        return frozen
+
     async def remove(self, snapshot: Snapshot) -> None:
-        """Gone, with its files (the sandboxes made from it keep theirs)."""
+        """Gone, with its files and its hold on its layers (the sandboxes made from it keep
+        theirs: a layer a home stands on stays until that home is removed)."""
         if self._kept.pop(snapshot.raw, None) is None:
             return
         own = self.folder / snapshot.raw
@@ -211,4 +270,8 @@ class Snapshots:
         if self._users[snapshot.raw]:
             self._removed.add(snapshot.raw)
         else:
-            await asyncio.to_thread(shutil.rmtree, own, True)
+            await asyncio.to_thread(self._drop, snapshot)
+
+    def _drop(self, snapshot: Snapshot) -> None:
+        shutil.rmtree(self.folder / snapshot.raw, ignore_errors=True)
+        fork_layers.release(self.data_dir, snapshot.holder)
