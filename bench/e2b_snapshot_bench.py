@@ -11,7 +11,7 @@ bwrap. A real `guilds serve --e2b` and the unmodified E2B Python SDK (sync); one
 created and changes its home as a command does (files edited, added, removed, a commit).
 Each round, in a new shuffled order so the machine's load falls on all alike, times:
 
-- snapshot: ``create_snapshot()`` (the whole home kept as a checkpoint in a store of its own);
+- snapshot: ``create_snapshot()`` (what the home changed frozen as a layer above those it stands on);
 - from the snapshot: ``Sandbox.create(snapshot_id)`` and its first ``commands.run("true")``;
 - fork(n): ``sandbox.fork(count=n)`` and every child's first ``commands.run("true")``, all
   at once, until the last one answers;
