@@ -178,3 +178,15 @@ def pids_alive(marker: str) -> list[int]:
         if marker.encode() in cmdline and b"pids_alive" not in cmdline:
             alive.append(int(entry))
     return alive
+
+
+@pytest.fixture(name="sbx")
+def made_sandbox(server: E2BServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``sbx``: a sandbox made through the SDK on the test module's ``server`` fixture, killed
+    after the test (a module takes it with ``from e2b_kit import made_sandbox``)."""
+    from e2b import Sandbox
+
+    server.export(monkeypatch)
+    box = Sandbox.create(timeout=120)
+    yield box
+    box.kill()

@@ -13,7 +13,13 @@ import pytest
 from e2b import Sandbox
 from e2b.exceptions import RateLimitException
 
-from e2b_kit import E2BServer, e2b_server, home_of, pids_alive
+from e2b_kit import (
+    E2BServer,
+    e2b_server,
+    home_of,
+    made_sandbox,  # noqa: F401 - the sbx fixture of this module
+    pids_alive,
+)
 from guilds.limits import E2B_MAX_BODY_BYTES, E2B_MAX_METADATA_BYTES
 
 pytestmark = pytest.mark.slow
@@ -23,14 +29,6 @@ pytestmark = pytest.mark.slow
 def server(tmp_path_factory):
     with e2b_server(tmp_path_factory.mktemp("e2b-bounds"), "local") as served:
         yield served
-
-
-@pytest.fixture
-def sbx(server: E2BServer, monkeypatch):
-    server.export(monkeypatch)
-    box = Sandbox.create(timeout=120)
-    yield box
-    box.kill()
 
 
 def _in_sandbox(server: E2BServer, box: Sandbox, kind: str) -> dict[str, str]:

@@ -14,7 +14,12 @@ from e2b import Sandbox
 from e2b.sandbox.filesystem.filesystem import WriteEntry
 from packaging.version import Version
 
-from e2b_kit import E2BServer, e2b_server, home_of
+from e2b_kit import (
+    E2BServer,
+    e2b_server,
+    home_of,
+    made_sandbox,  # noqa: F401 - the sbx fixture of this module
+)
 from guilds.limits import E2B_ENVD_VERSION, E2B_FILE_METADATA_BYTES, E2B_FILE_METADATA_KEY_BYTES
 
 pytestmark = pytest.mark.slow
@@ -25,14 +30,6 @@ PREFIX_BYTES = len("user.e2b.")
 def server(tmp_path_factory):
     with e2b_server(tmp_path_factory.mktemp("e2b-metadata"), "local") as served:
         yield served
-
-
-@pytest.fixture
-def sbx(server: E2BServer, monkeypatch):
-    server.export(monkeypatch)
-    box = Sandbox.create(timeout=120)
-    yield box
-    box.kill()
 
 
 def _upload(server: E2BServer, sbx: Sandbox, path: str, headers: dict[str, str | bytes]) -> httpx.Response:

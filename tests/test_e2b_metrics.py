@@ -14,7 +14,11 @@ import pytest
 from e2b import Sandbox
 from e2b.exceptions import SandboxException
 
-from e2b_kit import E2BServer, e2b_server, home_of
+from e2b_kit import (
+    e2b_server,
+    home_of,
+    made_sandbox,  # noqa: F401 - the sbx fixture of this module
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.backends("bwrap")]
 MEMORY = 384 << 20
@@ -26,14 +30,6 @@ def server(backend, tmp_path_factory):
         pytest.skip("a bwrap sandbox has a cgroup of its own only when the server runs as root")
     with e2b_server(tmp_path_factory.mktemp("e2b-metrics"), backend, '[bwrap]\nmemory = "384m"') as served:
         yield served
-
-
-@pytest.fixture
-def sbx(server: E2BServer, monkeypatch):
-    server.export(monkeypatch)
-    box = Sandbox.create(timeout=120)
-    yield box
-    box.kill()
 
 
 def _latest(box: Sandbox, after: float) -> object:

@@ -12,7 +12,12 @@ import pytest
 from e2b import AsyncSandbox, FilesystemEventType, Sandbox, SandboxException
 from e2b.sandbox.commands.command_handle import PtySize
 
-from e2b_kit import BACKENDS, E2BServer, e2b_server
+from e2b_kit import (
+    BACKENDS,
+    E2BServer,
+    e2b_server,
+    made_sandbox,  # noqa: F401 - the sbx fixture of this module
+)
 from guilds_code.limits import (
     ENVD_TERMINAL_SIZE_MAX,
     ENVD_WATCH_EVENTS_MAX,
@@ -29,14 +34,6 @@ RENAME, CHMOD = FilesystemEventType.RENAME, FilesystemEventType.CHMOD
 def server(backend, tmp_path_factory):
     with e2b_server(tmp_path_factory.mktemp(f"e2b-pty-{backend}"), backend) as served:
         yield served
-
-
-@pytest.fixture
-def sbx(server: E2BServer, monkeypatch):
-    server.export(monkeypatch)
-    box = Sandbox.create(timeout=120)
-    yield box
-    box.kill()
 
 
 def _service_fds(sbx: Sandbox) -> int:

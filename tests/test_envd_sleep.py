@@ -17,7 +17,13 @@ import pytest
 from e2b import FilesystemEventType, Sandbox
 from e2b.sandbox.commands.command_handle import PtySize
 
-from e2b_kit import E2BServer, e2b_server, folder_key, home_of, pids_in
+from e2b_kit import (
+    e2b_server,
+    folder_key,
+    home_of,
+    made_sandbox,  # noqa: F401 - the sbx fixture of this module
+    pids_in,
+)
 from guilds.config.settings import E2B_USER
 from test_e2b_front import Envd
 from test_egress_sleep import argv_of, private_kib, wait_until
@@ -122,14 +128,6 @@ def server(backend, tmp_path_factory):
     with e2b_server(tmp_path_factory.mktemp(f"e2b-sleep-{backend}"), backend,
                     options=("--e2b-sleep-idle", "1")) as served:
         yield served
-
-
-@pytest.fixture
-def sbx(server: E2BServer, monkeypatch):
-    server.export(monkeypatch)
-    box = Sandbox.create(timeout=120)
-    yield box
-    box.kill()
 
 
 def _is_envd(argv: list[str], home: str) -> bool:
