@@ -115,9 +115,22 @@ def test_the_key_is_a_foreground_calls_own(sandbox):
 def started_call(script: str) -> escaped.Call:
     """A real bash of a fresh key running script in its own session, as the shell op starts it."""
     key = escaped.new_key()
+    since = escaped.boot_ticks()
     child = proc.spawn(["bash", "-c", script], {**os.environ, escaped.CALL_KEY_ENV: key},
                        stdout=None, session=True)
-    return escaped.start(key, child.pid)
+    return escaped.start(key, child.pid, since)
+
+
+def test_the_time_taken_before_a_spawn_bounds_the_start_time_proc_gives_the_process():
+    """boot_ticks() before a spawn is at most the child's /proc start time, and close to it:
+    the look's lower bound holds without reading /proc at the spawn."""
+    for _ in range(50):
+        call = started_call("exit 0")
+        started = proc.proc_stat(call.leader)
+        os.waitpid(call.leader, 0)
+        assert started is not None
+        assert call.since <= started.start_time <= escaped.boot_ticks()
+        assert started.start_time - call.since <= os.sysconf("SC_CLK_TCK")  # within a second
 
 
 def test_the_look_ends_an_escaped_process_of_a_call_whose_bash_was_reaped(sleepers):

@@ -27,7 +27,8 @@ their pids were handed out after bash's, in order, from the counter the pid
 namespace keeps (/proc/sys/kernel/ns_last_pid), wrapping once past pid_max.
 A look lists /proc (one directory read) and reads /proc/<pid>/stat only for the
 pids handed out since bash's, and the environment only of those started at or
-after bash's start time. On local, whose /proc is the host's, that keeps the
+after the moment bash was spawned (its start time, in the clock ticks after boot
+that /proc gives, taken before the spawn rather than read from /proc). On local, whose /proc is the host's, that keeps the
 look to what the call started instead of every process of the machine. Where
 the counter cannot be read, or the call ran long enough for the counter to go
 all the way round (more than pid_max pids handed out at
@@ -40,7 +41,7 @@ import os
 import time
 
 from . import limits
-from .proc import proc_stat, signal_group, signal_process, signals
+from .proc import proc_stat, read_proc_file, signal_group, signal_process, signals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -49,6 +50,9 @@ if TYPE_CHECKING:
 CALL_KEY_ENV = "GUILDS_CALL_KEY"
 """The variable a foreground call's processes inherit, holding the call's key."""
 _ENVIRON_MAX_BYTES = 4 * 1024 * 1024
+
+
+_NS_PER_TICK = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 def new_key() -> str:
@@ -66,10 +70,18 @@ class Call:
         self.key, self.leader, self.since, self.began = key, leader, since, began
 
 
-def start(key: str, leader: int) -> Call:
-    """The call whose bash, of key, is pid leader (spawned, not yet reaped)."""
-    info = proc_stat(leader)
-    return Call(key, leader, info.start_time if info is not None else 0, time.monotonic())
+def boot_ticks() -> int:
+    """Now, in the clock ticks after boot that /proc/<pid>/stat gives a process's
+    start time in: taken before a spawn, it is at most the new process's start time
+    (the kernel counts both from CLOCK_BOOTTIME, rounding down), and costs no read
+    of /proc."""
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME) // _NS_PER_TICK
+
+
+def start(key: str, leader: int, since: int) -> Call:
+    """The call whose bash, of key, is pid leader (spawned, not yet reaped), spawned
+    at or after since (``boot_ticks`` before the spawn)."""
+    return Call(key, leader, since, time.monotonic())
 
 
 def end(call: Call) -> int:
@@ -138,10 +150,10 @@ _PID_MAX = "/proc/sys/kernel/pid_max"
 
 
 def _read_int(path: str) -> Optional[int]:
+    data = read_proc_file(path, 32)
     try:
-        with open(path, "rb") as fh:
-            return int(fh.read(32))
-    except (OSError, ValueError):
+        return None if data is None else int(data)
+    except ValueError:
         return None
 
 

@@ -55,7 +55,7 @@ def shown_dir(path: str, home: str) -> str:
 
 def cwd_note(home: str, before: str, after: str) -> Optional[str]:
     """The working-directory line when the command moved it, else None."""
-    if os.path.realpath(before) == os.path.realpath(after):
+    if before == after or os.path.realpath(before) == os.path.realpath(after):
         return None
     return f"[working directory now: {shown_dir(os.path.realpath(after), home)}]"
 

@@ -277,6 +277,22 @@ def live_groups() -> Set[int]:
     return {info.pgrp for info in (proc_table() or {}).values() if info.state not in "ZX"}
 
 
+def read_proc_file(path: str, size: int = 4096) -> Optional[bytes]:
+    """Up to size bytes of a /proc file in one read (what the kernel makes of it at
+    once), or None when it cannot be read: a raw descriptor, not a buffered file,
+    whose opening costs several system calls more."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, size)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 class ProcStat:
     """A process's state letter, parent, process group, and start time: clock ticks
     after boot (field 22 of /proc/<pid>/stat); with the pid, it names one process
@@ -291,10 +307,8 @@ class ProcStat:
 def proc_stat(pid: int) -> Optional[ProcStat]:
     """pid's state, parent, group and start time from /proc/<pid>/stat (the one
     reader of it inside the sandbox), or None when gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except OSError:
+    data = read_proc_file(f"/proc/{pid}/stat")
+    if data is None:
         return None
     fields = data.rsplit(b")", 1)[-1].split()  # the command name may hold ")" and spaces
     try:

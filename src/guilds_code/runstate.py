@@ -196,18 +196,18 @@ def current_cwd(request: protocol.Request) -> str:
     return request.home
 
 
-def save_cwd(request: protocol.Request, path: str, notes: List[str], keep_also: KeepAlso = None) -> None:
+def save_cwd(request: protocol.Request, path: str, notes: List[str], keep_also: KeepAlso = None) -> bool:
     """Record path (absolute) as the run's working directory, atomically (not
-    rewritten when it holds path already).
+    rewritten when it holds path already); True when the run's state holds it now.
 
     The run folder is had again (what the command put in its way is moved aside)
     and written beneath descriptors opened without following links; what is not
-    a regular file at cwd is moved aside. A failure is a note.
+    a regular file at cwd is moved aside. A failure is a note (and False).
     """
     if read_small(request.home, [RUNS_DIR, request.run_id, CWD_FILE]) == os.fsencode(path):
-        return
+        return True
     if run_dir(request, notes, keep_also) is None:
-        return
+        return False
     fds: List[int] = []
     try:
         fds.append(os.open(request.home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
@@ -217,9 +217,11 @@ def save_cwd(request: protocol.Request, path: str, notes: List[str], keep_also: 
         atomic_write_at(fds[-1], CWD_FILE, os.fsencode(path))
     except (OSError, protocol.OpError) as exc:
         notes.append(f"note: the working directory {path} could not be kept: {_reason(exc)}")
+        return False
     finally:
         for fd in fds:
             os.close(fd)
+    return True
 
 
 def _clear_for_file(dir_fd: int, name: str, folder: str, notes: List[str]) -> None:

@@ -145,8 +145,9 @@ def _run_logged(request: protocol.Request, cwd: str, log: Optional[str], pwd_fd:
     env[escaped.CALL_KEY_ENV] = key = escaped.new_key()
     try:
         with supervise.Supervisor() as supervisor:  # a cancel is caught from the start on
+            since = escaped.boot_ticks()
             child = start_bash(argv, cwd, env, proc.PIPE, pwd_fd)
-            call = escaped.start(key, child.pid)
+            call = escaped.start(key, child.pid, since)
             try:
                 outcome = execute(supervisor, child, request.args["timeout_seconds"], sink.write)
             finally:
@@ -208,8 +209,8 @@ def _record_cwd(request: protocol.Request, folder: str, pwd_fd: Optional[int], n
                      f"{_full(folder)}")
         return runstate.current_cwd(request)
     final = _final_cwd(folder, pwd_fd, notes)
-    if final is not None:
-        runstate.save_cwd(request, final, notes, keep_also=_running_run_dirs)
+    if final is not None and runstate.save_cwd(request, final, notes, keep_also=_running_run_dirs):
+        return final  # what current_cwd would read back: the state holds it, a folder
     return runstate.current_cwd(request)
 
 
