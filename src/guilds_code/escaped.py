@@ -28,8 +28,9 @@ namespace keeps (/proc/sys/kernel/ns_last_pid), wrapping once past pid_max.
 A look lists /proc (one directory read) and reads /proc/<pid>/stat only for the
 pids handed out since bash's, and the environment only of those started at or
 after the moment bash was spawned (its start time, in the clock ticks after boot
-that /proc gives, taken before the spawn rather than read from /proc). On local, whose /proc is the host's, that keeps the
-look to what the call started instead of every process of the machine. Where
+that /proc gives, taken before the spawn rather than read from /proc). On local,
+whose /proc is the host's, that keeps the look to what the call started instead
+of every process of the machine. Where
 the counter cannot be read, or the call ran long enough for the counter to go
 all the way round (more than pid_max pids handed out at
 limits.ESCAPED_PIDS_PER_SECOND_MAX a second), every pid is read.
