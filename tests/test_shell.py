@@ -375,3 +375,22 @@ def test_helper_told_to_stop_ends_the_commands_group(sandbox, command):
     finally:
         helper.kill()
         kill_pids(pidfile)
+
+
+def test_a_command_longer_than_one_argv_string_runs_from_a_file_that_is_removed_after(sandbox):
+    """Past COMMAND_ARGV_MAX the command is sourced from a file in the run folder, gone at the call's end."""
+    from guilds_code import limits as code_limits
+
+    filler = "x" * (code_limits.COMMAND_ARGV_MAX + 1024)
+    request = sandbox.request("shell", {"command": f": '{filler}'; echo \"$0\" | grep -c bash; echo done"})
+    if sandbox.transport == "exec":  # too long for the one-shot argv: a request file, as the transport writes
+        (sandbox.state / "requests").mkdir(exist_ok=True)
+        path = sandbox.state / "requests" / f"{request['call_id']}.json"
+        path.write_text(json.dumps(request))
+        env = decode_envelope(sandbox.run_raw(str(path)).stdout.strip())
+    else:
+        env = sandbox.call_request(request)
+    assert ok_text(env) == "1\ndone"
+    assert not list(run_dir(sandbox).glob("*.sh"))
+    short = sh(sandbox, "ls -a \"$(pwd)\" >/dev/null; echo short")
+    assert ok_text(short) == "short" and not list(run_dir(sandbox).glob("*.sh"))

@@ -140,7 +140,8 @@ def _run_logged(request: protocol.Request, cwd: str, log: Optional[str], pwd_fd:
     sink = _Sink(log_fd, shaping.Shaper(runstate.redactor_for(request, tokens)), capture)
     spill = log[: -len(".log")] + ".sh" if log else _private_spill(request)
     prefix = cd_capture() if pwd_fd is not None else ""
-    argv = ["bash", "-c", prefix + command_script(request.args["command"], spill)]
+    script = command_script(request.args["command"], spill)
+    argv = ["bash", "-c", prefix + script]
     env = command_env(request, cwd, tokens)
     env[escaped.CALL_KEY_ENV] = key = escaped.new_key()
     try:
@@ -154,7 +155,8 @@ def _run_logged(request: protocol.Request, cwd: str, log: Optional[str], pwd_fd:
                 escaped.end(call)
     finally:
         sink.close()
-        runstate.unlink_quietly(spill)
+        if script != request.args["command"]:  # the command went to the spill file
+            runstate.unlink_quietly(spill)
     return capture, outcome, log_error or sink.error
 
 
