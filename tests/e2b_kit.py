@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+import kube_kit
 
 BACKENDS = ("local", "bwrap", "docker")
 """The backends the E2B suite runs on (``pytest.mark.backends``, tests/backend_kit.py)."""
@@ -60,7 +63,12 @@ def _settings(folder: Path, backend: str, more: str, max_tool_calls: int = 1000)
     ``more``: TOML lines after the agent's (``network = ...`` belongs to [agent]; a table of
     its own follows)."""
     lines = ["[agent]", f'id = "e2b{secrets.token_hex(3)}"', f'home = "{folder / "home"}"',
-             f'sandbox = "{backend}"', f"max_tool_calls = {max_tool_calls}", more]
+             f'sandbox = "{backend.split("-")[0]}"', f"max_tool_calls = {max_tool_calls}", more]
+    if backend.startswith("kubernetes"):  # the test cluster's namespace and image; claim mode's pool of 0
+        table: dict[str, Any] = {**kube_kit.settings_table()}
+        if backend == "kubernetes-claim":
+            table.update(mode="claim", warm=0)
+        lines += ["[kubernetes]", *(f"{key} = {json.dumps(value)}" for key, value in table.items())]
     path = folder / "agent.toml"
     path.write_text("\n".join(lines) + "\n")
     path.chmod(0o600)

@@ -1,8 +1,10 @@
-"""E2B's home and user through the unmodified E2B Python SDK, on bwrap and docker: the
+"""E2B's home and user through the unmodified E2B Python SDK, on bwrap, docker and kubernetes
+(pod and claim mode): the
 sandbox's home is /home/user, its user is named ``user`` (``whoami``, ``~``, a file's owner
 and group), absolute paths under /home/user reach the home, a command or terminal runs in
 any folder of the sandbox it names, and ``sudo`` runs its command
-as that same user, never as root. The agent's home on this machine is what is bound there."""
+as that same user, never as root; none of the user's files can be changed from inside. Where
+the home is on this machine (bwrap, docker), the agent's home there is what is bound at /home/user."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from e2b.sandbox.commands.command_handle import PtySize
 
 from e2b_kit import E2BServer, e2b_server, home_of
 
-pytestmark = [pytest.mark.slow, pytest.mark.backends("bwrap", "docker"),
+pytestmark = [pytest.mark.slow, pytest.mark.backends("bwrap", "docker", "kubernetes", "kubernetes-claim"),
               pytest.mark.skipif(os.geteuid() != 0, reason="an agent's own uid needs a root orchestrator")]
 
 
@@ -39,17 +41,18 @@ def test_whoami_home_and_working_folder_are_e2bs(sbx):
     assert sbx.commands.run("pwd", cwd="/home/user").stdout.strip() == "/home/user"
 
 
-def test_absolute_paths_under_home_user_reach_the_home(server, sbx):
+def test_absolute_paths_under_home_user_reach_the_home(server, sbx, backend):
     sbx.commands.run("echo written-inside > /home/user/x.txt")
     assert sbx.files.read("/home/user/x.txt") == "written-inside\n"
     info = sbx.files.write("/home/user/y.txt", "written-outside")
     assert info.path == "/home/user/y.txt"
     assert sbx.files.write("z.txt", "relative").path == "/home/user/z.txt"
     assert sbx.commands.run("cat ~/y.txt /home/user/z.txt").stdout == "written-outsiderelative"
-    host = home_of(sbx, server.data)
-    assert (host / "x.txt").read_text() == "written-inside\n"
-    assert (host / "y.txt").read_text() == "written-outside"
     assert [e.path for e in sbx.files.list("/home/user") if e.name == "y.txt"] == ["/home/user/y.txt"]
+    if not backend.startswith("kubernetes"):  # there the home is the pod's volume, not this machine's
+        host = home_of(sbx, server.data)
+        assert (host / "x.txt").read_text() == "written-inside\n"
+        assert (host / "y.txt").read_text() == "written-outside"
 
 
 def test_files_are_owned_by_user(sbx):
@@ -75,6 +78,18 @@ def test_sudo_runs_the_command_as_the_same_user_without_root(sbx):
     assert "status 1" in refused.stdout and "no user or group 'nobody'" in refused.stderr
     assert "usage: sudo" in sbx.commands.run("sudo; true").stderr
     assert sbx.commands.run("grep -c NoNewPrivs:.*1 /proc/self/status").stdout.strip() == "1"
+
+
+def test_the_user_s_names_and_sudo_cannot_be_changed_from_inside(sbx):
+    """/etc/passwd, /etc/group and sudo are root's (docker, bwrap) or read-only mounts (kubernetes)."""
+    attempts = ("echo 'user:x:0:0::/root:/bin/sh' >> /etc/passwd", "echo 'root:x:0:user' >> /etc/group",
+                "echo 'exec /bin/sh' > /usr/local/bin/sudo", "chmod 0777 /etc/passwd",
+                "mv /etc/passwd /etc/passwd.old", "cp /bin/true /usr/local/bin/sudo", "rm -f /usr/local/bin/sudo")
+    before = sbx.commands.run("cat /etc/passwd /etc/group /usr/local/bin/sudo | sha256sum").stdout
+    for attempt in attempts:
+        assert sbx.commands.run(f"{attempt}; echo status $?").stdout.strip().endswith("status 1"), attempt
+    assert sbx.commands.run("cat /etc/passwd /etc/group /usr/local/bin/sudo | sha256sum").stdout == before
+    assert sbx.commands.run("sudo whoami; stat -c %a /etc/passwd").stdout.split() == ["user", "644"]
 
 
 def test_a_command_or_terminal_runs_in_any_folder_of_the_sandbox(sbx):

@@ -32,11 +32,12 @@ import re
 import shlex
 from typing import Any, Mapping, Sequence
 
-from ...config.settings import KubernetesSettings
+from ...config.settings import KubernetesSettings, SandboxUser
 from ...errors import SandboxError
 from ...limits import KUBERNETES_CLAIM_NO_IDLE_SECONDS
 from .._container import STATE_INSIDE, fingerprint, init_argv
 from . import kube_spec as spec
+from .kube_user import with_user
 
 GROUP = "agents.x-k8s.io"
 EXTENSIONS = "extensions.agents.x-k8s.io"
@@ -56,8 +57,8 @@ _LOAD = _CHECK + '. "$0" && exec "$@"'
 _LOAD_MARKED = _CHECK + f"printf '%s\\n' '{LOADED_MARK.decode().strip()}' >&2; " + '. "$0" && exec "$@"'
 
 
-def _pod_spec(cfg: KubernetesSettings, *, home: str, network: bool,
-              base_env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+def _pod_spec(cfg: KubernetesSettings, *, home: str, network: bool, base_env: Mapping[str, str],
+              user: SandboxUser | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """(the pod spec every agent of these settings shares, its labels)."""
     pod = spec.pod_manifest(cfg, agent_id="pool", home=home, network=network, idle_seconds=NO_IDLE_SECONDS,
                             base_env=base_env, fingerprint="")
@@ -66,13 +67,14 @@ def _pod_spec(cfg: KubernetesSettings, *, home: str, network: bool,
     del container["envFrom"]
     container["command"] = init_argv(spec.PYTHON, NO_IDLE_SECONDS)
     pod_spec["volumes"] = [{"name": HOME_VOLUME, "emptyDir": {"sizeLimit": cfg.home_size}}]
-    return pod_spec, {spec.LABEL_NETWORK: pod["metadata"]["labels"][spec.LABEL_NETWORK]}
+    return with_user(pod_spec, user), {spec.LABEL_NETWORK: pod["metadata"]["labels"][spec.LABEL_NETWORK]}
 
 
-def template_manifest(cfg: KubernetesSettings, *, home: str, network: bool,
-                      base_env: Mapping[str, str], helpers: str) -> dict[str, Any]:
-    """The SandboxTemplate for these settings; its name covers the spec and the helpers' build."""
-    pod_spec, labels = _pod_spec(cfg, home=home, network=network, base_env=base_env)
+def template_manifest(cfg: KubernetesSettings, *, home: str, network: bool, base_env: Mapping[str, str],
+                      helpers: str, user: SandboxUser | None = None) -> dict[str, Any]:
+    """The SandboxTemplate for these settings (user: the template's user, ``kube_user``); its
+    name covers the spec and the helpers' build."""
+    pod_spec, labels = _pod_spec(cfg, home=home, network=network, base_env=base_env, user=user)
     name = "guilds-" + fingerprint([pod_spec, labels, helpers])[:12]
     return {"apiVersion": f"{EXTENSIONS}/{VERSION}", "kind": "SandboxTemplate",
             "metadata": {"name": name, "namespace": cfg.namespace, "labels": {LABEL_TEMPLATE: name}},

@@ -330,7 +330,8 @@ class KubeClaimSandbox(KubePodSandbox):
     # --- the template and its pool -----------------------------------------------------
     def _template_manifest(self) -> dict[str, Any]:
         return claims.template_manifest(self.config, home=self.home, network=self.settings.network,
-                                        base_env=self._base_env, helpers=helpers_digest())
+                                        base_env=self._base_env, helpers=helpers_digest(),
+                                        user=self.settings.user)
 
     def _template(self) -> dict[str, Any]:
         """The template the settings give, made with its pool at ``warm`` unless noted so (a pool

@@ -72,7 +72,7 @@ class KubePodSandbox(ContainerSandbox):
         loader: what every command in the pod runs under (claim mode: the secrets file loaded);
         wired: reads and execs go through a ``kube_wire.Wire`` (claim mode), not the client."""
         self.settings, self.config = settings, settings.kubernetes
-        self.home = str(settings.home)
+        self.home = settings.home_inside()
         self.agent_id = checked_id(settings)
         self.pod = spec.object_name(self.agent_id)
         self.idle_seconds = idle_seconds or self.config.idle_minutes * 60

@@ -61,6 +61,7 @@ from . import kube_host
 from . import kube_spec as spec
 from .kube_egress import KubeEgress, PodSide
 from .kube_pod import KubePodSandbox
+from .kube_user import with_user
 
 
 class KubernetesSandbox(KubePodSandbox):
@@ -182,6 +183,7 @@ class KubernetesSandbox(KubePodSandbox):
         pod = spec.pod_manifest(self.config, agent_id=self.agent_id, home=self.home,
                                 network=self.settings.network, idle_seconds=self.idle_seconds,
                                 base_env=self._base_env, fingerprint="")
+        pod["spec"] = with_user(pod["spec"], self.settings.user)
         if self.egress is not None:
             pod["spec"]["containers"][0]["command"] = self.egress.init_command()
         stamp = spec.keyed_fingerprint(kube_host.fingerprint_key(self.data_dir),
