@@ -11,6 +11,7 @@ import asyncio
 import json
 import secrets
 import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,11 +20,13 @@ from pathlib import Path
 import pytest
 
 import kube_kit
-from guilds.config.settings import AgentSettings, KubernetesSettings, Repo
+from guilds.config.settings import E2B_USER, AgentSettings, KubernetesSettings, Repo
 from guilds.errors import SandboxError
 from guilds.sandbox import _container as box_lib
 from guilds.sandbox.kubernetes import kube_spec as spec
 from guilds.sandbox.kubernetes.kube_sandbox import KubernetesSandbox
+from guilds.sandbox.kubernetes.kube_user import with_user
+from guilds.sandbox.sandbox_user import SUDO, users_texts
 from guilds.toolbox.transport import call_helper
 from kube_kit import no_pool_left  # noqa: F401 - a fixture of this module
 
@@ -37,6 +40,45 @@ def test_object_names_are_dns_labels_and_distinct():
     assert len(names) == 4
     for name in names:
         assert len(name + "-home") <= 63 and spec.re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", name)
+
+
+def test_a_user_s_pod_gets_its_names_and_sudo_from_an_init_container_mounted_read_only():
+    """kube_user.with_user: nothing without a user; with one, the init container runs as the
+    sandbox does (same image, uid, limits) and the three files are read-only mounts."""
+    pod = spec.pod_manifest(CFG, agent_id="a", home="/home/user", network=False, idle_seconds=600,
+                            base_env={}, fingerprint="")
+    assert with_user(pod["spec"], None) is pod["spec"]
+    got = with_user(pod["spec"], E2B_USER)
+    assert "initContainers" not in pod["spec"] and len(pod["spec"]["volumes"]) == 1  # a copy was changed
+    sandbox, (init,) = got["containers"][0], got["initContainers"]
+    assert (init["image"], init["securityContext"], init["resources"]) == (
+        sandbox["image"], sandbox["securityContext"], sandbox["resources"])
+    assert init["command"][:3] == ["python3", "-I", "-c"] and init["command"][4:] == [
+        "/guilds-user", "user", "/home/user", "65532", "65532"]
+    assert {"name": "guilds-user", "emptyDir": {"sizeLimit": "1Mi"}} in got["volumes"]
+    mounts = {m["mountPath"]: m for m in sandbox["volumeMounts"] if m["name"] == "guilds-user"}
+    assert {path: (m["subPath"], m["readOnly"]) for path, m in mounts.items()} == {
+        "/etc/passwd": ("passwd", True), "/etc/group": ("group", True),
+        "/usr/local/bin/sudo": ("sudo", True)}
+
+
+def test_the_init_container_s_script_names_the_uid_as_users_texts_does(tmp_path, monkeypatch):
+    """The script run for real over a copy of an image's files: what sandbox_user.users_texts gives."""
+    base_passwd = ["root:x:0:0:root:/root:/bin/bash", "guilds:x:65532:65532:guilds agent:/nonexistent:/bin/sh",
+                   "user:x:1000:1000::/home/old:/bin/sh", "nobody:x:65534:65534:nobody:/nonexistent:/bin/false"]
+    base_group = ["root:x:0:", "guilds:x:65532:", "user:x:1000:", "nogroup:x:65534:"]
+    init = with_user({"containers": [{"image": "i"}]}, E2B_USER)["initContainers"][0]
+    script = init["command"][3].replace("/etc/passwd", str(tmp_path / "passwd")).replace(
+        "/etc/group", str(tmp_path / "group"))
+    (tmp_path / "passwd").write_text("\n".join(base_passwd) + "\n")
+    (tmp_path / "group").write_text("\n".join(base_group) + "\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {init["env"][0]["name"]: init["env"][0]["value"]}
+    subprocess.run([sys.executable, "-I", "-c", script, str(out), *init["command"][5:]], env=env, check=True)
+    assert ((out / "passwd").read_text(), (out / "group").read_text()) == users_texts(
+        base_passwd, base_group, 65532, 65532, E2B_USER, "/bin/sh")
+    assert (out / "sudo").read_text() == SUDO and (out / "sudo").stat().st_mode & 0o777 == 0o755
 
 
 def test_pod_manifest():
