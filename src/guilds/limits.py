@@ -33,6 +33,9 @@ SERVE_SHUTDOWN_GRACE_SECONDS = 2
 SERVE_CANCEL_WAIT_SECONDS = 20.0
 """At shutdown: how long the cancelled calls may take to stop their commands and be
 recorded (more than CALL_CANCEL_WAIT_SECONDS)."""
+SERVE_READY_WAIT_SECONDS = 3.0
+"""/readyz waits this long for the run record to answer, then says not ready (503): a
+probe's own timeout must be longer (deploy/kubernetes/deployment.yaml gives 5 s)."""
 
 # --- an exec's stop and the sandboxes' waits ---------------------------------
 GROUP_POLL_SECONDS = 0.02

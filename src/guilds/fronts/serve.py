@@ -10,7 +10,9 @@ the agent's sandbox by name (``auto`` is bwrap where it works, else local).
 The MCP endpoint is ``guilds.fronts.mcp_server.http_endpoint``: its route goes first,
 and its lifespan (the SDK's session manager) runs inside this app's.
 
-``/metrics`` holds the server's Prometheus metrics (``guilds.observe.metrics``, one registry
+``/healthz`` and ``/readyz`` answer an orchestrator's probes before the lock
+(``guilds.web.health``; ready: the run record answers). ``/metrics`` holds the server's
+Prometheus metrics (``guilds.observe.metrics``, one registry
 per server); every call and sandbox start is a line on the ``guilds.calls`` logger.
 
 All sit behind ``guilds.web.endpoint_lock.EndpointLock``: the token (``<data>/serve.token``,
@@ -57,6 +59,7 @@ from ..toolbox.log_reading import log_reading
 from ..web.agents_view import ServingAgent
 from ..web.app import create_app
 from ..web.endpoint_lock import Lock, host_names, is_loopback, server_token
+from ..web.health import with_health
 from ..web.logs import HelperLogReader
 from .wiring import Wired, open_toolbox
 
@@ -240,6 +243,7 @@ async def serve(wired: Wired, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
                 e2b = E2BFront(agents, lock, e2b_keys, e2b_sleep_idle)
                 await e2b.sandboxes.remove_left()
                 app = e2b.wrap(app)  # type: ignore[assignment]
+            app = with_health(app, toolbox.store.answers)  # type: ignore[assignment]
             await agents.pools.start()  # after the fronts set their hooks (``Pools.prepare_with``)
             if not is_loopback(host):
                 log.warning("serving on %s: whoever has the token runs commands as the agent and reads every "

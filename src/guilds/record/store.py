@@ -154,6 +154,12 @@ class Store:
                                          heartbeat_at=utc_now())
         await self._in_transaction("this process's owner entry", lambda conn: conn.execute(entry))
 
+    async def answers(self) -> bool:
+        """Whether the record answers a read now (a server's readiness: ``guilds.web.health``)."""
+        async with self.engine.connect() as conn:
+            await conn.execute(sa.select(sa.literal(1)))
+        return True
+
     async def heartbeat(self) -> None:
         """Refresh this process's heartbeat (register again if another process forgot it)."""
         beat = sa.update(owners).where(owners.c.id == self.owner.id).values(heartbeat_at=utc_now())
