@@ -7,6 +7,7 @@
                  [--e2b [--e2b-key NAME] [--e2b-sleep-idle SECONDS]]
     guilds mcp [--home DIR] [--sandbox NAME] [--config FILE]
     guilds doctor [--config FILE] [--sandbox NAME]
+    guilds serve image [--tag T] [--base B] [--rootfs TAR] [--no-install] [--extra NAME]
     guilds sandbox image [--tag T] [--base B] [--rootfs TAR] [--no-install]
     guilds sandbox list | stop [AGENT] | rm [AGENT] [--config FILE] [--sandbox NAME]
     guilds agent new [TEMPLATE] [--owner O] [--expires-in S] | list [--owner O] | rm ID [--config FILE]
@@ -358,6 +359,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     env = os.environ if env is None else env
     with _collections_paused():
         args = sys.argv[1:] if argv is None else list(argv)
+        if args[:2] == ["serve", "image"]:  # not a server: the image that runs one
+            from .serve_image import main as serve_image_main
+
+            return serve_image_main(args[2:])
         opts = _parser(args[0] if args else None).parse_args(args)
         try:
             return _run(opts, env)
