@@ -1,0 +1,284 @@
+"""guilds serve deployed on the test cluster from deploy/kubernetes, as docs/deploy.md says.
+
+The test cluster (scripts/kube-test-env.sh) has no service proxy and its API server
+and the host's PostgreSQL listen on 127.0.0.1 only, which its pods cannot reach
+(their network is a bridge with the node's side at NODE_POD_ADDRESS and no route
+out). So, for the deployment's life:
+
+- ``Relay``: a TCP relay on NODE_POD_ADDRESS to the API server and one to
+  PostgreSQL; the overlay points the replicas' in-cluster configuration at the
+  first (``KUBERNETES_SERVICE_HOST`` the name the API server's certificate holds,
+  resolved to the node by ``hostAliases``) and the Secret's database URL at the second;
+- ``ServiceRoute``: what a service proxy does for the Service, on the host: a
+  listener on 127.0.0.1 that hands each new connection to the next ready endpoint
+  of the Service's EndpointSlices in turn (no affinity of any kind);
+- ``Deployment``: the namespace NAMESPACE made anew, a database of its own, the
+  serve image built and imported (scripts/kube-serve-image.sh), the overlay
+  applied with ``kubectl apply -k``, the rollout waited for; all removed at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import secrets
+import selectors
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFESTS = ROOT / "deploy" / "kubernetes"
+NAMESPACE = "guilds-deploy-test"
+NODE_POD_ADDRESS = "10.244.0.1"
+"""The node's side of the test cluster's pod network (scripts/kube-test-env.sh)."""
+API_NAME = "kubernetes.default.svc"
+"""A name the test API server's certificate holds."""
+SANDBOX_IMAGE = os.environ.get("GUILDS_TEST_KUBE_IMAGE", "guilds-sandbox:kube-test")
+ROLLOUT_SECONDS = 300
+ENDPOINTS_REFRESH_SECONDS = 0.5
+
+
+def admin_config() -> Path:
+    return Path(os.environ["KUBECONFIG"]).with_name("admin.kubeconfig")
+
+
+def kubectl(*args: str, stdin: str | None = None, timeout: float = 120, check: bool = True) -> str:
+    """kubectl as the cluster's admin (who installs guilds), in NAMESPACE."""
+    done = subprocess.run(["kubectl", "--kubeconfig", str(admin_config()), "-n", NAMESPACE, *args],
+                          input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)}: {done.stderr.strip()[-2000:]}")
+    return done.stdout
+
+
+# --- TCP relays ------------------------------------------------------------------------
+def _pipe(a: socket.socket, b: socket.socket) -> None:
+    """Copy both ways until either side ends."""
+    sel = selectors.DefaultSelector()
+    sel.register(a, selectors.EVENT_READ, b)
+    sel.register(b, selectors.EVENT_READ, a)
+    try:
+        while True:
+            for key, _ in sel.select():
+                data = key.fileobj.recv(65536)  # type: ignore[union-attr]
+                if not data:
+                    return
+                key.data.sendall(data)
+    except OSError:
+        return
+    finally:
+        sel.close()
+        a.close()
+        b.close()
+
+
+class Relay:
+    """A listener on (address, any port) whose connections go to target() (host, port)."""
+
+    def __init__(self, address: str, target):
+        self.target = target
+        self.server = socket.create_server((address, 0))
+        self.port = int(self.server.getsockname()[1])
+        self.connections: list[tuple[str, int]] = []
+        """Where each connection went, in order."""
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        where = self.target()
+        self.connections.append(where)
+        try:
+            upstream = socket.create_connection(where, timeout=10)
+        except OSError:
+            conn.close()
+            return
+        upstream.settimeout(None)
+        _pipe(conn, upstream)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.server.shutdown(socket.SHUT_RDWR)
+        self.server.close()
+
+
+class ServiceRoute:
+    """The Service's ready endpoints, read every ENDPOINTS_REFRESH_SECONDS, each new
+    connection to 127.0.0.1:port handed to the next of them in turn."""
+
+    def __init__(self, service: str, port_name: str = "http"):
+        self.service, self.port_name = service, port_name
+        self.endpoints: list[tuple[str, int]] = []
+        self._turn = itertools.count()
+        self._stop = threading.Event()
+        self._read()
+        threading.Thread(target=self._refresh, daemon=True).start()
+        self.relay = Relay("127.0.0.1", self._next)
+        self.url = f"http://127.0.0.1:{self.relay.port}"
+
+    def _read(self) -> None:
+        listed = json.loads(kubectl("get", "endpointslices", "-l", f"kubernetes.io/service-name={self.service}",
+                                    "-o", "json"))
+        ready = []
+        for piece in listed["items"]:
+            port = next(p["port"] for p in piece.get("ports") or () if p.get("name") == self.port_name)
+            ready += [(address, port) for endpoint in piece.get("endpoints") or ()
+                      if (endpoint.get("conditions") or {}).get("ready") for address in endpoint["addresses"]]
+        self.endpoints = sorted(ready)
+
+    def _refresh(self) -> None:
+        while not self._stop.wait(ENDPOINTS_REFRESH_SECONDS):
+            with contextlib.suppress(Exception):
+                self._read()
+
+    def _next(self) -> tuple[str, int]:
+        endpoints = self.endpoints
+        if not endpoints:
+            raise OSError("the Service has no ready endpoint")
+        return endpoints[next(self._turn) % len(endpoints)]
+
+    def close(self) -> None:
+        self._stop.set()
+        self.relay.close()
+
+
+# --- the deployment ---------------------------------------------------------------------
+def serve_image() -> str:
+    """The serve image in the cluster's containerd (built and imported when it changed)."""
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "kube-serve-image.sh"), sys.executable],
+                          capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"kube-serve-image.sh: {done.stderr.strip()[-3000:]}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+def settings_toml() -> str:
+    return (f'[agent]\nid = "serve"\nhome = "/home/agent"\nsandbox = "kubernetes"\n\n'
+            f'[kubernetes]\nnamespace = "{NAMESPACE}"\nimage = "{SANDBOX_IMAGE}"\nmode = "claim"\nwarm = 1\n'
+            'cpu = "200m"\nmemory = "256Mi"\nhome_size = "1Gi"\n')
+
+
+def overlay(folder: Path, image: str, api_port: int) -> Path:
+    """An overlay of deploy/kubernetes for the test cluster, written into folder."""
+    name, _, tag = image.partition(":")
+    (folder / "settings.toml").write_text(settings_toml())
+    patch = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "guilds-serve"},
+             "spec": {"template": {"spec": {
+                 "hostAliases": [{"ip": NODE_POD_ADDRESS, "hostnames": [API_NAME]}],
+                 "containers": [{"name": "serve", "env": [
+                     {"name": "KUBERNETES_SERVICE_HOST", "value": API_NAME},
+                     {"name": "KUBERNETES_SERVICE_PORT", "value": str(api_port)}]}]}}}}
+    (folder / "serve-patch.json").write_text(json.dumps(patch))
+    (folder / "kustomization.yaml").write_text(json.dumps({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "namespace": NAMESPACE, "resources": [os.path.relpath(MANIFESTS, folder)],
+        "images": [{"name": "guilds-serve", "newName": name, "newTag": tag}],
+        "configMapGenerator": [{"name": "guilds-serve-settings", "behavior": "replace",
+                                "files": ["settings.toml"]}],
+        "patches": [{"path": "serve-patch.json"}]}))
+    return folder
+
+
+async def _admin_sql(url: str, statement: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+@dataclass
+class Deployment:
+    token: str
+    database_url: str
+    """The run record's URL as this host reaches it."""
+    route: ServiceRoute
+    relays: list[Relay] = field(default_factory=list)
+
+    @property
+    def e2b_key(self) -> str:
+        from guilds.fronts.e2b.keys import Keys
+
+        return Keys(self.token).by_name["default"]
+
+    def pods(self) -> list[dict]:
+        listed = json.loads(kubectl("get", "pods", "-l", "app.kubernetes.io/name=guilds-serve", "-o", "json"))
+        return [p for p in listed["items"] if not p["metadata"].get("deletionTimestamp")]
+
+    def pod_urls(self) -> dict[str, str]:
+        """Each ready replica's own address: its pod name -> http://IP:8765."""
+        return {p["metadata"]["name"]: f"http://{p['status']['podIP']}:8765" for p in self.pods()
+                if p["status"].get("podIP")}
+
+
+def _rollout() -> None:
+    kubectl("rollout", "status", "deployment/guilds-serve", f"--timeout={ROLLOUT_SECONDS}s",
+            timeout=ROLLOUT_SECONDS + 30)
+
+
+def _logs() -> str:
+    return kubectl("logs", "-l", "app.kubernetes.io/name=guilds-serve", "--tail=40", "--all-containers",
+                   "--prefix", check=False)
+
+
+@contextlib.contextmanager
+def deployed(tmp: Path) -> Iterator[Deployment]:
+    """deploy/kubernetes in NAMESPACE, behind a ServiceRoute, for the block's life."""
+    base_url = os.environ["GUILDS_TEST_POSTGRES_URL"]
+    server, _, name = base_url.rpartition("/")
+    own = f"{name}_deploy"
+    asyncio.run(_admin_sql(base_url, f'DROP DATABASE IF EXISTS "{own}" WITH (FORCE)'))
+    asyncio.run(_admin_sql(base_url, f'CREATE DATABASE "{own}"'))
+    pg_host, _, pg_port = server.rpartition("@")[2].partition(":")
+    relays = [Relay(NODE_POD_ADDRESS, lambda: ("127.0.0.1", 6443)),
+              Relay(NODE_POD_ADDRESS, lambda: (pg_host, int(pg_port or 5432)))]
+    in_cluster_url = f"{server.replace(f'@{pg_host}:{pg_port}', f'@{NODE_POD_ADDRESS}:{relays[1].port}')}/{own}"
+    token = secrets.token_urlsafe(32)
+    route = None
+    try:
+        kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", timeout=300)
+        kubectl("create", "namespace", NAMESPACE)
+        kubectl("create", "secret", "generic", "guilds-serve", f"--from-literal=token={token}",
+                f"--from-literal=database-url={in_cluster_url}")
+        kubectl("apply", "-k", str(overlay(tmp, serve_image(), relays[0].port)))
+        try:
+            _rollout()
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}\n{_logs()}") from None
+        route = ServiceRoute("guilds-serve")
+        yield Deployment(token, f"{server}/{own}", route, relays)
+    finally:
+        if route is not None:
+            route.close()
+        kubectl("delete", "sandboxclaims,sandboxwarmpools,sandboxtemplates", "--all", "--wait=false", check=False)
+        kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+        for relay in relays:
+            relay.close()
+        with contextlib.suppress(Exception):
+            asyncio.run(_admin_sql(base_url, f'DROP DATABASE IF EXISTS "{own}" WITH (FORCE)'))
+
+
+def wait_until(predicate, timeout: float, poll: float = 0.5) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll)
+    return predicate()

@@ -1,0 +1,166 @@
+"""guilds serve deployed from deploy/kubernetes on the test cluster, two replicas behind
+the Service (tests/deploy_kit.py): the E2B SDK, the MCP SDK's client and guilds.open
+against it, each request going to whichever replica its connection lands on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+import deploy_kit
+import kube_kit
+
+pytestmark = [*kube_kit.needs_cluster,
+              pytest.mark.skipif(not os.environ.get("GUILDS_TEST_POSTGRES_URL"),
+                                 reason="GUILDS_TEST_POSTGRES_URL is not set (the replicas' run record)")]
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[deploy_kit.Deployment]:
+    with deploy_kit.deployed(tmp_path_factory.mktemp("overlay")) as deployed:
+        yield deployed
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as answer:  # noqa: S310 - http to the test's own route
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def e2b_env(monkeypatch: pytest.MonkeyPatch, url: str, key: str) -> None:
+    for name, value in (("E2B_API_URL", url), ("E2B_SANDBOX_URL", url), ("E2B_API_KEY", key)):
+        monkeypatch.setenv(name, value)
+
+
+def test_the_replicas_are_up_behind_the_service_with_their_probes(deployment):
+    pods = deployment.pods()
+    assert len(pods) == 2 and all(p["status"]["phase"] == "Running" for p in pods)
+    assert len(deployment.route.endpoints) == 2
+    before = len(deployment.route.relay.connections)
+    answers = [get(f"{deployment.route.url}/readyz") for _ in range(4)]
+    assert answers == [(200, "ready\n")] * 4
+    assert set(deployment.route.relay.connections[before:]) == set(deployment.route.endpoints)
+    for url in deployment.pod_urls().values():  # a probe carries no token and the pod's address as Host
+        assert get(f"{url}/healthz") == (200, "ok\n")
+    assert get(f"{deployment.route.url}/runs")[0] == 401  # everything else keeps the token
+
+
+def test_the_e2b_sdk_through_the_service(deployment, monkeypatch):
+    from e2b import Sandbox
+
+    e2b_env(monkeypatch, deployment.route.url, deployment.e2b_key)
+    box = Sandbox.create(timeout=300)
+    try:
+        box.files.write("note.txt", "made through the Service\n")
+        ran = box.commands.run("cat note.txt")
+        assert ran.exit_code == 0 and ran.stdout == "made through the Service\n"
+        assert box.is_running()
+    finally:
+        box.kill()
+
+
+async def mcp_call(deployment: deploy_kit.Deployment, tool: str, args: dict) -> tuple[str, dict]:
+    """One call by a client of its own (its own connections: the Service hands them out in
+    turn): the result's text and guilds/meta."""
+    headers = {"Authorization": f"Bearer {deployment.token}"}
+    async with httpx.AsyncClient(headers=headers, timeout=120) as http, \
+            Client(streamable_http_client(f"{deployment.route.url}/mcp", http_client=http),
+                   read_timeout_seconds=120) as client:
+        result = await client.call_tool(tool, args)
+    assert not result.is_error, result.content
+    return result.content[0].text, (result.meta or {})["guilds/meta"]
+
+
+def test_the_mcp_client_continues_one_run_on_either_replica(deployment):
+    """A call a client: the run passed back, its working directory, its numbering and its
+    background commands go on, whichever replica each call lands on."""
+    async def calls() -> tuple[list[dict], list[str]]:
+        _, first = await mcp_call(deployment, "shell", {"command": "mkdir -p deep/er && cd deep/er"})
+        run = first["run"]
+        metas = [first, *[(await mcp_call(deployment, "shell", {"command": "pwd", "run": run}))[1]
+                          for _ in range(3)]]
+        await mcp_call(deployment, "shell", {"command": "sleep 1; echo done", "background": True, "run": run})
+        states = []
+        for _ in range(30):
+            states.append((await mcp_call(deployment, "shell_status", {"id": "b1", "run": run}))[0])
+            if "exited 0" in states[-1]:
+                break
+            await asyncio.sleep(0.5)
+        return metas, states
+
+    before = len(deployment.route.relay.connections)
+    metas, states = asyncio.run(calls())
+    assert [m["seq"] for m in metas] == [1, 2, 3, 4]
+    assert {m["cwd"] for m in metas[1:]} == {"/home/agent/deep/er"}
+    assert "exited 0" in states[-1] and "done" in states[-1]
+    assert set(deployment.route.relay.connections[before:]) == set(deployment.route.endpoints)
+
+
+def test_guilds_open_shares_the_record_and_the_sandbox_of_the_replicas(deployment, monkeypatch, tmp_path):
+    """The servers' own agent, written to through the Service over MCP, is the agent
+    guilds.open opens here on the same record and cluster: the same claim, the same files."""
+    import guilds
+
+    async def through_the_service() -> str:
+        _, meta = await mcp_call(deployment, "shell", {"command": "echo written over MCP > /home/agent/from-mcp.txt"})
+        return meta["run"]
+
+    async def here() -> tuple[str, list[str]]:
+        env = {"GUILDS_DATA": str(tmp_path / "data"), "GUILDS_DATABASE_URL": deployment.database_url}
+        async with guilds.open(str(settings), env=env) as agent:
+            result = await agent.call("py-deploy", "shell", {"command": "cat /home/agent/from-mcp.txt"})
+            runs = [run.id for run in await agent.toolbox.store.list_runs("serve")]
+            return result.text, runs
+
+    monkeypatch.setenv("KUBECONFIG", str(deploy_kit.admin_config()))
+    settings = tmp_path / "settings.toml"
+    settings.write_text(deploy_kit.settings_toml())
+    run = asyncio.run(through_the_service())
+    text, runs = asyncio.run(here())
+    assert "written over MCP" in text
+    assert run in runs and "py-deploy" in runs
+
+
+def test_the_network_policy_lets_only_sandboxes_reach_a_replicas_other_ports(deployment):
+    """A listener in a replica on a port other than http (where an egress proxy listens):
+    a pod labelled as a sandbox reaches it, another pod does not, and reaches http."""
+    pod = deployment.pods()[0]
+    address = pod["status"]["podIP"]
+    deploy_kit.kubectl("exec", pod["metadata"]["name"], "-c", "serve", "--", "sh", "-c",
+                       "nohup python3 -c \"import socket; s = socket.create_server(('0.0.0.0', 20999)); "
+                       "[s.accept()[0].close() for _ in iter(int, 1)]\" >/dev/null 2>&1 &")
+    probe = ("import socket, sys\n"
+             "for port in sys.argv[2:]:\n"
+             "    try:\n"
+             "        socket.create_connection((sys.argv[1], int(port)), 3).close(); print(port, 'open')\n"
+             "    except OSError as exc:\n"
+             "        print(port, 'closed')\n")
+
+    def reached(name: str, labels: dict[str, str]) -> dict[str, str]:
+        manifest = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
+                    "spec": {"restartPolicy": "Never", "enableServiceLinks": False,
+                             "automountServiceAccountToken": False,
+                             "securityContext": {"runAsUser": 65532, "runAsNonRoot": True},
+                             "containers": [{"name": "probe", "image": deploy_kit.SANDBOX_IMAGE,
+                                             "command": ["python3", "-c", probe, address, "8765", "20999"]}]}}
+        deploy_kit.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+        assert deploy_kit.wait_until(
+            lambda: deploy_kit.kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}") in ("Succeeded", "Failed"),
+            120)
+        said = deploy_kit.kubectl("logs", name)
+        deploy_kit.kubectl("delete", "pod", name, "--wait=false")
+        return dict(line.split() for line in said.splitlines())
+
+    assert reached("probe-sandbox", {"guilds.network": "probe"}) == {"8765": "open", "20999": "open"}
+    assert reached("probe-other", {"app": "other"}) == {"8765": "open", "20999": "closed"}
