@@ -216,6 +216,9 @@ run continues the agent's current sessionless run until that run has had no
 call for this long; then its next call starts a new run."""
 MCP_PROGRESS_SECONDS = 1.0
 """How often a running call reports progress (elapsed seconds)."""
+TRACE_TOOL_NAME_CHARS = 128
+"""A call span's tool name (and its span name) keeps this many characters of the name a client
+sent (guilds.observe.traces): a name is no payload."""
 MCP_TASK_AFTER_SECONDS = 2.0
 """A code_task call of a client that takes tasks becomes a task once it has run this
 long without an answer: a quick refusal (bad arguments, no repository) comes back

@@ -57,6 +57,8 @@ Contract:
   task; ``tasks/get``, ``tasks/update``, ``tasks/cancel``.
 - Rewind (``guilds.fronts.mcp_checkpoints``): ``guilds/rewind`` puts the
   agent's files back to before a call of one of the caller's runs.
+- Traces (``guilds.observe.traces``): a call's span takes ``_meta``'s ``traceparent``
+  and ``tracestate`` as its parent, else the HTTP request's headers of those names.
 - Context resets: ``_meta["guilds/context_reset"]: true`` on a call says the
   model's context was compacted or rewound before it (``Toolbox.context_reset``):
   no file_read points to a result from before that call.
@@ -94,6 +96,7 @@ from starlette.routing import BaseRoute
 
 from .. import limits
 from ..errors import GuildsError
+from ..observe.trace_context import Carrier, carried, carrier_of
 from ..toolbox import CallResult, Toolbox
 from ..toolbox.tools import TOOLS, tool_named
 from ..toolbox.tools import Tool as GuildsTool
@@ -231,8 +234,9 @@ class _Front:
                             report: Report) -> types.CallToolResult:
         run_id = prepared.choice.run_id
         try:
-            result = await run_call(self.toolbox.call(run_id, name, prepared.arguments,
-                                                      context_reset=prepared.context_reset), report)
+            with carried(_trace_carrier(request)):
+                result = await run_call(self.toolbox.call(run_id, name, prepared.arguments,
+                                                          context_reset=prepared.context_reset), report)
         finally:
             self.runs.ended(request, run_id)
         return to_result(result, prepared.choice)
@@ -248,6 +252,13 @@ async def _as_result(name: str, call: Awaitable[types.CallToolResult]) -> types.
     except Exception as exc:
         log.exception("tool %s failed", name)
         return error_result(f"internal error: {type(exc).__name__}")
+
+
+def _trace_carrier(request: ServerRequestContext | None) -> Carrier | None:
+    """The W3C trace context of a call: its ``_meta``'s ``traceparent``, else its HTTP request's header."""
+    if request is None:
+        return None
+    return carrier_of(request.meta) or carrier_of(getattr(request.request, "headers", None))
 
 
 def _request_of(context: Context | None) -> ServerRequestContext | None:

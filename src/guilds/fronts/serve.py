@@ -52,6 +52,8 @@ from ..config.private import private_dir
 from ..config.settings import E2B_USER, AgentSettings, SandboxUser
 from ..errors import ConfigError
 from ..observe.metrics import Metrics, metrics_route
+from ..observe.trace_context import http_carried
+from ..observe.traces import traces_from_env
 from ..record.store import Store
 from ..toolbox import Toolbox
 from ..toolbox.app_rewind import app_rewinder
@@ -230,7 +232,7 @@ async def serve(wired: Wired, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
     import uvicorn
 
     lock = endpoint_lock(private_dir(wired.data_dir), host, no_token=no_token, allow_hosts=allow_hosts)
-    metrics = Metrics()
+    metrics = Metrics(traces_from_env(wired.env))
     with Stopping().held() as stopping:
         async with open_toolbox(wired, metrics) as opened, helper_closed(opened) as toolbox, \
                 agents_reaped(wired, toolbox.store, metrics, user=None if e2b_keys is None else E2B_USER) as agents:
@@ -244,6 +246,8 @@ async def serve(wired: Wired, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
                 await e2b.sandboxes.remove_left()
                 app = e2b.wrap(app)  # type: ignore[assignment]
             app = with_health(app, toolbox.store.answers)  # type: ignore[assignment]
+            if metrics.traces is not None:  # each request's traceparent header, to the calls it makes
+                app = http_carried(app)  # type: ignore[assignment]
             await agents.pools.start()  # after the fronts set their hooks (``Pools.prepare_with``)
             if not is_loopback(host):
                 log.warning("serving on %s: whoever has the token runs commands as the agent and reads every "

@@ -148,21 +148,24 @@ def make_data_dir(data: Path) -> Path:
 @contextlib.asynccontextmanager
 async def open_toolbox(wired: Wired, observer: Observer | None = None) -> AsyncIterator[Toolbox]:
     """The agent's toolbox: its sandbox (not started: the first call starts it) and the run record;
-    ``observer`` hears of its calls (``guilds.toolbox.observer``; None: the log lines only).
+    ``observer`` hears of its calls (``guilds.toolbox.observer``; None: the log lines only, and
+    the traces ``wired.env`` asks for, ``guilds.observe.traces``).
     The agent is remembered in the data folder first (``guilds.config.agents``): every
     bwrap sandbox of that folder hides its home and settings file."""
     from ..config.agents import remember
+    from ..observe.traces import traces_from_env
     from ..record.engine import database_url
     from ..record.store import Store
     from ..sandbox import get_sandbox
     from ..toolbox import Toolbox
-    from ..toolbox.observer import NO_OBSERVER
+    from ..toolbox.observer import Observer
 
     data = make_data_dir(wired.data_dir)
     remember(data, wired.settings, wired.settings_file)
     sandbox = get_sandbox(wired.settings, data)
     async with Store(database_url(data, wired.env)) as store:
-        toolbox = Toolbox(wired.settings, sandbox, store, coding=wired.coding, observer=observer or NO_OBSERVER)
+        observer = observer or Observer(traces_from_env(wired.env))
+        toolbox = Toolbox(wired.settings, sandbox, store, coding=wired.coding, observer=observer)
         if wired.settings.sandbox in CHECKPOINT_SANDBOXES:
             from ..toolbox.checkpointing import AgentCheckpoints
 

@@ -1,2 +1,4 @@
-"""What ``guilds serve`` tells an operator: its log lines (``log_lines``) and its
-Prometheus metrics (``metrics``, at ``/metrics``). docs/observability.md lists them."""
+"""What ``guilds serve`` tells an operator: its log lines (``log_lines``), its
+Prometheus metrics (``metrics``, at ``/metrics``) and, when the environment asks,
+the OpenTelemetry traces of its calls (``traces``, the context a call came with in
+``trace_context``). docs/observability.md lists them."""

@@ -7,8 +7,9 @@ They go at INFO to the ``guilds.calls`` logger, with the fields in the record's
     call c0123456789ab shell ok 12 ms run=r1 agent=default recorded=yes trace=
 
 A line holds the call id, the run, the agent, the tool's name as recorded
-(redacted), the outcome, the duration and the trace id (empty: no trace is
-taken); never the call's arguments or output.
+(redacted), the outcome, the duration and the trace id of the call's span
+(``guilds.observe.traces``; empty while traces are off); never the call's
+arguments or output.
 """
 
 from __future__ import annotations

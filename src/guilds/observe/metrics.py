@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ..agents.pool import Pools
     from ..record.store import Store
     from ..toolbox import Toolbox
+    from .traces import CallTraces
 
 METRICS_PATH = "/metrics"
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -107,7 +108,8 @@ class _Pools(Collector):
 class Metrics(Observer):
     """The log lines of ``Observer``, and the counts, histograms and gauges of /metrics."""
 
-    def __init__(self) -> None:
+    def __init__(self, traces: CallTraces | None = None) -> None:
+        super().__init__(traces)
         self.registry = CollectorRegistry()
         r = self.registry
         self.calls = Counter("guilds_tool_calls", "Tool calls ended, by tool and outcome",
@@ -147,7 +149,7 @@ class Metrics(Observer):
         """Read the warm pools' counts at each scrape."""
         self._pools.pools = pools
 
-    def timed(self, stage: str) -> contextlib.AbstractContextManager[Any]:
+    def stage_timer(self, stage: str) -> contextlib.AbstractContextManager[Any]:
         return self._stage_timers[stage].time()
 
     def call_ended(self, ended: CallEnded) -> None:

@@ -2,8 +2,9 @@
 
     toolbox = Toolbox(settings, sandbox, store, observer=guilds.observe.metrics.Metrics())
 
-The toolbox calls an ``Observer`` at one place per event: ``timed(stage)``
-around the sandbox's start (``SANDBOX_START``), the request to the helper
+The toolbox calls an ``Observer`` at one place per event: ``traced`` around
+each call (its span, when traces are taken); ``timed(stage)`` around the
+sandbox's start (``SANDBOX_START``), the request to the helper
 (``HELPER``) and the result's write into the run record (``RECORD``);
 ``call_ended`` once per call, with what the call gave; ``sandbox_started``;
 ``egress`` with the egress proxy's decisions read at a call's end;
@@ -12,7 +13,8 @@ around the sandbox's start (``SANDBOX_START``), the request to the helper
 This base observer writes the log lines only (``guilds.observe.log_lines``): one a
 call, one a sandbox start, at INFO on the ``guilds.calls`` logger. No value of the
 call's arguments or output is in them; the tool's name and the run id are the
-redacted ones.
+redacted ones. Made with ``traces`` (``guilds.observe.traces``), it adds the
+spans of each call and its stages, and the call's trace id to its log line.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ..observe import log_lines
 
 if TYPE_CHECKING:
+    from ..observe.traces import CallTraces
     from .toolbox import Toolbox
 
 SANDBOX_START, HELPER, RECORD = "sandbox_start", "helper", "record"
@@ -53,14 +56,29 @@ _UNTIMED = contextlib.nullcontext()
 class Observer:
     """The log lines of a toolbox's calls; ``guilds.observe.metrics.Metrics`` counts them too."""
 
+    def __init__(self, traces: CallTraces | None = None) -> None:
+        self.traces = traces
+        """The spans of the calls (None: traces are off)."""
+
     def watch(self, toolbox: Toolbox) -> None:
         """A toolbox made with this observer (its sandbox's state is asked for at a scrape)."""
 
+    def traced(self, call_id: str, tool: str) -> contextlib.AbstractContextManager[Any]:
+        """A context around one call (``tool`` as recorded): its span, when traces are taken."""
+        return _UNTIMED if self.traces is None else self.traces.call(call_id, tool)
+
     def timed(self, stage: str) -> contextlib.AbstractContextManager[Any]:
+        """A context around one stage of a call: its timer, inside its span when traces are taken."""
+        timer = self.stage_timer(stage)
+        return timer if self.traces is None else self.traces.stage(stage, timer)
+
+    def stage_timer(self, stage: str) -> contextlib.AbstractContextManager[Any]:
         """A context that times one stage of a call; this one times nothing."""
         return _UNTIMED
 
     def call_ended(self, ended: CallEnded) -> None:
+        if self.traces is not None:
+            ended = self.traces.call_ended(ended)
         log_lines.call_line(ended)
 
     def sandbox_started(self, agent_id: str, sandbox: str, seconds: float) -> None:

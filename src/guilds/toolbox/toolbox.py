@@ -23,8 +23,9 @@ One call, in order:
    its metadata's ``not_recorded`` saying what could not be written.
 
 Every admitted call counts against the budget, also one that failed. The
-toolbox's observer (``guilds.toolbox.observer``) times the sandbox's start, the
-helper and the record, and hears of each call's end and egress decisions.
+toolbox's observer (``guilds.toolbox.observer``) traces each call, times the
+sandbox's start, the helper and the record, and hears of each call's end and
+egress decisions.
 """
 
 from __future__ import annotations
@@ -230,33 +231,35 @@ class Toolbox:
                         run: Callable[[_Call], Awaitable[Outcome]]) -> CallResult:
         started_at, t0 = datetime.now(timezone.utc), time.monotonic()
         call_id = new_call_id()
-        budget = self.settings.max_tool_calls
         recorded_tool, recorded_args = redact_meta(self._redactor, [tool, args])
-        beginning = asyncio.ensure_future(self.store.begin_call(
-            run_id=run_id, agent_id=self.settings.id, tool=recorded_tool, args=recorded_args,
-            call_id=call_id, started_at=started_at, budget=budget))
-        try:
-            slot = await asyncio.shield(beginning)
-        except asyncio.CancelledError:  # its transaction goes on: the call it records is ended as cancelled
-            slot = await beginning
-            cancelled = True
-        else:
-            cancelled = False
-        call = _Call(run_id, tool, args, slot.seq, call_id, started_at, t0, max(0, budget - slot.used), recorded_tool)
-        try:
-            if cancelled:
-                raise asyncio.CancelledError
-            if slot.admitted:
-                outcome = await run(call)
+        with self.observer.traced(call_id, recorded_tool):
+            budget = self.settings.max_tool_calls
+            beginning = asyncio.ensure_future(self.store.begin_call(
+                run_id=run_id, agent_id=self.settings.id, tool=recorded_tool, args=recorded_args,
+                call_id=call_id, started_at=started_at, budget=budget))
+            try:
+                slot = await asyncio.shield(beginning)
+            except asyncio.CancelledError:  # its transaction goes on: the call it records is ended as cancelled
+                slot = await beginning
+                cancelled = True
             else:
-                outcome = _error(BUDGET_REFUSED.format(n=budget))
-        except asyncio.CancelledError:
-            await self._record(call, _error(CANCELLED), status="cancelled")
-            raise
-        except BaseException as exc:
-            await self._record(call, _error(f"internal error: {type(exc).__name__}"))
-            raise
-        return await self._record(call, outcome)
+                cancelled = False
+            call = _Call(run_id, tool, args, slot.seq, call_id, started_at, t0, max(0, budget - slot.used),
+                         recorded_tool)
+            try:
+                if cancelled:
+                    raise asyncio.CancelledError
+                if slot.admitted:
+                    outcome = await run(call)
+                else:
+                    outcome = _error(BUDGET_REFUSED.format(n=budget))
+            except asyncio.CancelledError:
+                await self._record(call, _error(CANCELLED), status="cancelled")
+                raise
+            except BaseException as exc:
+                await self._record(call, _error(f"internal error: {type(exc).__name__}"))
+                raise
+            return await self._record(call, outcome)
 
     async def _run(self, call: _Call) -> Outcome:
         tool = tool_named(call.tool)
