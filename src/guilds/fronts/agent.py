@@ -192,7 +192,7 @@ class Agent(Tools):
             from ..config.templates import served_by
 
             served = served_by(self.wired.settings, self.wired.settings_file, self.wired.env)
-            agents = await Agents.open(served, self.wired.data_dir, self.toolbox.store)
+            agents = await Agents.open(served, self.wired.data_dir, self.toolbox.store, self.toolbox.observer)
             if self.pool:
                 await agents.pools.start()
             self._agents = agents
