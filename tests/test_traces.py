@@ -137,6 +137,20 @@ async def test_a_shell_call_through_guilds_open_is_a_span_with_its_stages(tmp_pa
 
 
 @needs_collector
+async def test_a_call_inside_a_programs_own_span_is_its_child(tmp_path):
+    """guilds.open's call continues the OpenTelemetry context current where it is awaited."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("the-program")
+    async with guilds.open(settings_file(tmp_path), data_dir=tmp_path / "data", env=otel_env()) as agent:
+        with tracer.start_as_current_span("agent-step") as outer:
+            result = await agent.call("traces-inner", "shell", {"command": "true"})
+    context = outer.get_span_context()
+    span = call_span(wait_for_spans(format(context.trace_id, "032x"), 4), result.meta["call"])
+    assert span["parentSpanId"] == format(context.span_id, "016x")
+
+
+@needs_collector
 async def test_the_agents_secret_is_in_no_span(tmp_path, caplog):
     """The secret as the run id, in the tool's name and in the output: each span says [REDACTED]."""
     caplog.set_level(logging.INFO, logger=CALLS_LOGGER)
@@ -191,6 +205,20 @@ async def test_an_mcp_calls_span_is_a_child_of_its_meta_traceparent(served):
     assert SECRET not in json.dumps(spans) and "[REDACTED]" in result.content[0].text
 
 
+async def test_a_traceparent_that_is_not_w3cs_starts_a_trace_of_its_own(served):
+    url, token = served
+    bad = f"00-{'0' * 32}-{secrets.token_hex(8)}-01"  # an all-zero trace id is invalid
+    async with (create_mcp_http_client(headers={"authorization": f"Bearer {token}"}) as http,
+                Client(streamable_http_client(url, http_client=http), read_timeout_seconds=60) as c):
+        result = await c.call_tool("shell", {"command": "true"}, meta={"traceparent": bad, "guilds/run": "traces-bad"})
+    call_id = result.meta["guilds/meta"]["call"]
+    deadline = time.monotonic() + 30
+    while not (found := [s for s in received() if s["attrs"].get("gen_ai.tool.call.id") == call_id]):
+        assert time.monotonic() < deadline, "no span of the call"
+        await asyncio.sleep(0.1)
+    assert found[0]["traceId"] != "0" * 32 and not found[0].get("parentSpanId")
+
+
 async def test_an_http_traceparent_header_is_honoured(served):
     """A self-contained tools/call with no _meta: the request's traceparent header is the parent."""
     url, token = served
@@ -201,7 +229,7 @@ async def test_an_http_traceparent_header_is_honoured(served):
                                                        "traceparent": traceparent})
     assert answer.status_code == 200, answer.text
     assert answer.json()["result"]["isError"] is True, answer.text
-    spans = await asyncio.to_thread(wait_for_spans, trace_id, 3)
+    spans = await asyncio.to_thread(wait_for_spans, trace_id, 2)  # the call's and its record's
     span = next(s for s in spans if s["name"] == "execute_tool shell")
     assert span["parentSpanId"] == parent_id and span["attrs"]["error.type"] == "tool_error", span
     assert span["status"]["code"] == ERROR
