@@ -100,9 +100,9 @@ def hooks_alone(observer: Observer, n: int = 20_000) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def table(rows: dict[str, tuple[float, float]], cpu: bool) -> list[str]:
-    off = rows["off"][0]
-    head = "| path | ms / call | vs off |" + (" CPU ms / call |" if cpu else "")
+def table(rows: dict[str, tuple[float, float]], cpu: bool, base: str = "off") -> list[str]:
+    off = rows[base][0]
+    head = f"| path | ms / call | vs {base} |" + (" CPU ms / call |" if cpu else "")
     lines = [head, "| --- | ---: | ---: |" + (" ---: |" if cpu else "")]
     for name, (wall, cpu_ms) in rows.items():
         lines.append(f"| {name} | {wall:.3f} | {wall / off:.3f}x |" + (f" {cpu_ms:.3f} |" if cpu else ""))
