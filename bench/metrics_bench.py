@@ -60,11 +60,12 @@ class InstantSandbox(LocalSandbox):
         return ExecResult(0, ANSWER, b"")
 
 
-def toolbox(root: Path, store: Store, name: str, observer: Observer, instant: bool) -> Toolbox:
+def toolbox(root: Path, store: Store, name: str, observer: Observer, instant: bool,
+            transport: str = "exec") -> Toolbox:
     home = root / "homes" / name
     home.mkdir(parents=True)
     settings = parse_settings({"agent": {"id": name, "home": str(home), "sandbox": "local",
-                                         "max_tool_calls": 1_000_000, "transport": "exec"}}, root, env={})
+                                         "max_tool_calls": 1_000_000, "transport": transport}}, root, env={})
     sandbox = InstantSandbox(settings, root / "data") if instant else get_sandbox(settings, root / "data")
     return Toolbox(settings, sandbox, store, observer=observer)
 

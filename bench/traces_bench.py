@@ -5,7 +5,7 @@ Run: eval "$(bash scripts/otel-collector-test-env.sh)"
 
 One run, one machine, one Store on SQLite, the local sandbox and the built helper:
 
-1. shell `true` through ``Toolbox.call``, three toolboxes of three agents taking
+1. shell `true` through ``Toolbox.call`` (the resident transport), three toolboxes of three agents taking
    turns call by call in a rotating order: ``nothing`` (an observer whose hooks
    return a no-op context without asking anything: the hooks as they were before
    traces), ``off`` (``Observer(None)``: what every front makes when no
@@ -95,7 +95,8 @@ async def main(calls: int, instant_calls: int, endpoint: str) -> None:
     root = Path(tempfile.mkdtemp(prefix="guilds-traces-bench-"))
     try:
         async with Store(f"sqlite:///{root}/guilds.db") as store:
-            real = {p: toolbox(root, store, f"real-{i}", observers[p], False) for i, p in enumerate(PATHS)}
+            real = {p: toolbox(root, store, f"real-{i}", observers[p], False, "resident")
+                    for i, p in enumerate(PATHS)}
             instant = {p: toolbox(root, store, f"instant-{i}", observers[p], True) for i, p in enumerate(PATHS)}
             print(f"shell `true`, local sandbox, {calls} calls a path (medians):\n")
             print("\n".join(table(await per_call(real, calls), cpu=False, base="nothing")))
