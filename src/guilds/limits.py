@@ -340,6 +340,17 @@ sandbox's ``timeout`` may be): a repeat after it makes a new sandbox."""
 E2B_CREATE_KEYS = 10_000
 """The most idempotency keys one server keeps (each a few hundred bytes): past it the oldest
 is forgotten."""
+E2B_MASK_HOST_MAX_CHARS = 260
+"""The longest ``maskRequestHost`` a create may give (a DNS name, 253, and a port): 400 past it."""
+E2B_INGRESS_HEAD_BYTES = 64 * 1024
+"""The longest response head (status line and headers) a server in a sandbox may send to a
+request of its port from outside: past it the request is answered 502."""
+E2B_INGRESS_START_SECONDS = 30.0
+"""How long the relay into a sandbox (one process inside it per request to its port) may take
+to start and say whether the port took the connection: past it, 502."""
+E2B_INGRESS_IDLE_SECONDS = 620.0
+"""How long a request to a sandbox's port may wait for a byte of its server's answer (E2B's
+proxy idle time): past it the request ends (502 before the answer began)."""
 AGENTS_PER_SERVER = 100
 """Default of ``agents.max``: the agents made on demand live at once on one server."""
 AGENTS_PER_OWNER = 10

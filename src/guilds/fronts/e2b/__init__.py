@@ -3,15 +3,16 @@
 
     front = E2BFront(agents, lock, key_names=("ci",))
     app = front.wrap(app)            # the E2B routes before the locked app
-    front.export_lines(base_url)     # the E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL lines
+    front.export_lines(base_url)     # the E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL lines; the ports' domain
     await front.close()              # every E2B sandbox killed (the wrapped app's shutdown does it)
 
 One server answers both APIs: the control plane (``control``: ``X-API-KEY``) and
 every sandbox's in-sandbox API (``in_sandbox``: ``E2b-Sandbox-Id`` and
 ``X-Access-Token``). Their requests go to the E2B routes, which check their own
 credentials (never the endpoint's token: the key is made from it, ``keys``) and
-the Host header as the endpoint lock does; everything else goes to the app
-behind its lock. Each E2B sandbox is an agent made on demand (``sandboxes``).
+the Host header as the endpoint lock does; a request to a sandbox's port
+(``<port>-<id>.<domain>``, ``ingress``) is proxied into it; everything else goes to
+the app behind its lock. Each E2B sandbox is an agent made on demand (``sandboxes``).
 docs/e2b.md says what is served and how it differs from E2B.
 """
 
@@ -30,6 +31,7 @@ from .control import ControlPlane
 from .dropped import TRANSPORT, connection_of
 from .forks import Forks
 from .in_sandbox import InSandboxApi
+from .ingress import Ingress, Refused, answer_refused, domain_of, target_of
 from .keys import Keys
 from .recording import recorded
 from .sandboxes import Sandboxes
@@ -72,12 +74,15 @@ class E2BFront:
         routes = [*control.routes(), *SnapshotApi(control, forks).routes(), *InSandboxApi(self.sandboxes).routes(),
                   *unserved.routes()]
         self.app = Starlette(routes=routes)
+        self.ingress = Ingress(self.sandboxes, self.app)
 
     def wrap(self, app: Callable) -> Callable:
         """An ASGI app: E2B requests (by path) to the E2B routes, the rest to ``app``."""
         async def dispatch(scope: dict, receive: Callable, send: Callable) -> None:
             if scope["type"] == "lifespan":
                 await app(scope, self._closing_first(receive), send)
+                return
+            if scope["type"] == "http" and await self._ingress(scope, receive, send):
                 return
             if scope["type"] != "http" or not is_e2b_path(scope["path"]):
                 await app(scope, receive, send)
@@ -91,6 +96,19 @@ class E2BFront:
             await self.app({**scope, TRANSPORT: connection_of(send)}, receive, send)
 
         return dispatch
+
+    async def _ingress(self, scope: dict, receive: Callable, send: Callable) -> bool:
+        """Whether the request names a sandbox's port (``ingress``); if so, it is answered."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            target = target_of(headers, self.hosts)
+        except Refused as refused:
+            await answer_refused(send, refused)
+            return True
+        if target is None:
+            return False
+        await self.ingress({**scope, TRANSPORT: connection_of(send)}, receive, send, target)
+        return True
 
     def _closing_first(self, receive: Callable) -> Callable:
         """The lifespan's receive: at the server's start, the sandboxes' sampling begins
@@ -108,10 +126,12 @@ class E2BFront:
 
     def export_lines(self, base_url: str) -> list[str]:
         """What ``guilds serve --e2b`` prints: the variables an E2B program needs, one key each."""
+        self.sandboxes.domain = domain_of(base_url)
         lines = [f"export E2B_API_URL={base_url}", f"export E2B_SANDBOX_URL={base_url}"]
         for name, key in self.keys.by_name.items():
             prefix = "" if name == "default" else f"# key {name}: "
             lines.append(f"{prefix}export E2B_API_KEY={key}")
+        lines.append(f"# a sandbox's port (get_host): http://<port>-<sandbox id>.{self.sandboxes.domain}/")
         return lines
 
     async def close(self) -> None:

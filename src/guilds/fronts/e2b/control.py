@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from ...errors import GuildsError
 from ...limits import E2B_DEFAULT_TIMEOUT_SECONDS, E2B_MAX_BODY_BYTES, E2B_MAX_METADATA_BYTES, E2B_MAX_TIMEOUT_SECONDS
-from . import create_keys, lifecycle, listing, network_options, network_update, unserved
+from . import create_keys, ingress_options, lifecycle, listing, network_options, network_update, unserved
 from .connect import ConnectError, bounded_body, json_object
 from .keys import Keys
 from .sandbox_metrics import Metrics, NoCgroup
@@ -128,13 +128,16 @@ class ControlPlane:
 
         return endpoint
 
+    def _created(self, box: E2BSandbox) -> dict[str, Any]:
+        return box.created(self.sandboxes.client_id, self.sandboxes.domain)
+
     async def create(self, request: Request, key_name: str) -> Response:
         """A new sandbox; with an ``Idempotency-Key``, the one that key made (``create_keys``)."""
         body = await _body(request)
         box, repeated = await self.create_keys.once(key_name, request.headers.get(create_keys.HEADER), body,
                                                     lambda: self._create(key_name, body))
         headers = {create_keys.REPLAYED_HEADER: "true"} if repeated else None
-        return JSONResponse(box.created(self.sandboxes.client_id), status_code=201, headers=headers)
+        return JSONResponse(self._created(box), status_code=201, headers=headers)
 
     async def _create(self, key_name: str, body: dict[str, Any]) -> E2BSandbox:
         template = body.get("templateID", "base")
@@ -145,13 +148,14 @@ class ControlPlane:
         if forks is not None and snapshot is not None:  # a sandbox made from a snapshot (forks)
             asked = Made(key_name, snapshot.id, _timeout(body.get("timeout")), _metadata(body.get("metadata")),
                          _strings(body.get("envVars"), "envVars"),
-                         network_options.asked(body, forks.settings_of(snapshot)), datetime.now(UTC))
+                         network_options.asked(body, forks.settings_of(snapshot)), datetime.now(UTC),
+                         ingress=ingress_options.asked(body))
             return await forks.create_from(snapshot, asked)
         return await self.sandboxes.create(key_name, template, _timeout(body.get("timeout")),
                                            _metadata(body.get("metadata")),
                                            _strings(body.get("envVars"), "envVars"),
                                            network_options.asked(body, self.sandboxes.settings_for(template)),
-                                           lifecycle.asked(body))
+                                           lifecycle.asked(body), ingress_options.asked(body))
 
     async def list(self, request: Request, key_name: str) -> Response:
         found, headers = listing.page(self.sandboxes.of_key(key_name), listing.Query.of_v2(request.query_params),
@@ -209,9 +213,9 @@ class ControlPlane:
         if box.state != PAUSED:
             return e2b_error(409, f"sandbox '{box.id}' is already running")
         await self.sandboxes.resume(box, _timeout((await _body(request)).get("timeout")))
-        return JSONResponse(box.created(self.sandboxes.client_id), status_code=201)
+        return JSONResponse(self._created(box), status_code=201)
 
     async def connect(self, request: Request, key_name: str) -> Response:
         box = self.sandboxes.get(key_name, request.path_params["id"])
         resumed = await self.sandboxes.resume(box, _timeout((await _body(request)).get("timeout")))
-        return JSONResponse(box.created(self.sandboxes.client_id), status_code=201 if resumed else 200)
+        return JSONResponse(self._created(box), status_code=201 if resumed else 200)

@@ -131,7 +131,7 @@ class Forks:
         adjust = self._adjust(self.agents.served.template(record.template).settings, box.network)
         source = Source(box.agent_id, record.template, _owner(box.key_name), box.agent.settings.home)
         asked = Made(box.key_name, box.template, timeout, dict(box.metadata), dict(box.env_vars), box.network,
-                     datetime.now(UTC))
+                     datetime.now(UTC), ingress=box.ingress)
         return await self.sandboxes.under_way(self._fork(box, source, count, asked, adjust))
 
     async def _fork(self, box: E2BSandbox, source: Source, count: int, asked: Made,

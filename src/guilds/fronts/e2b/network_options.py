@@ -21,8 +21,8 @@ refused with ``invalid_argument``, naming the entry. A client can narrow the
 agent's network, never widen it. What cannot be mapped is refused the same way:
 a ``denyOut`` entry that is no address range, ``rules``, ``egressProxy``, unknown keys.
 ``dnsServers`` and the ingress options (``allowPublicTraffic``, ``maskRequestHost``,
-``httpsPorts``) change nothing here: the proxy resolves names, and no sandbox URL
-is served.
+``httpsPorts``) change nothing here: the proxy resolves names, and the ingress
+options are ``ingress_options``' (``httpsPorts``: ports are served over HTTP).
 
 A narrower network is its agent's own (``narrowing``): every E2B sandbox is an
 agent with a sandbox, an egress proxy and a network namespace of its own, so its

@@ -49,6 +49,7 @@ from ...sandbox import Backend, Sandbox, backend_of
 from ...toolbox import Toolbox
 from .connect import ConnectError
 from .envd_channel import EnvdChannel
+from .ingress_options import PUBLIC, Ingress
 from .lifecycle import KILLED_AT_TIMEOUT, Lifecycle
 from .network_options import Entries, narrowing, network_reported
 from .recording import Recorder
@@ -82,6 +83,8 @@ class E2BSandbox:
     """The network it asked for (``network_options.asked``): None, the template's."""
     lifecycle: Lifecycle = KILLED_AT_TIMEOUT
     """What it does at its timeout (``lifecycle.asked``): killed, unless it pauses then."""
+    ingress: Ingress = PUBLIC
+    """Who reaches its ports from outside, and the Host they see (``ingress_options``)."""
     state: str = RUNNING
     envd: EnvdChannel | None = None
     timer: asyncio.TimerHandle | None = None
@@ -102,10 +105,12 @@ class E2BSandbox:
     def run_id(self) -> str:
         return f"e2b-{self.id}"
 
-    def created(self, client_id: str) -> dict[str, Any]:
-        """The Sandbox body of a create or connect answer."""
+    def created(self, client_id: str, domain: str | None = None) -> dict[str, Any]:
+        """The Sandbox body of a create or connect answer; domain: where its ports are served
+        (``get_host``: ``<port>-<id>.<domain>``)."""
         return {"sandboxID": self.id, "templateID": self.template, "clientID": client_id,
-                "envdVersion": E2B_ENVD_VERSION, "envdAccessToken": self.access_token, "domain": None}
+                "envdVersion": E2B_ENVD_VERSION, "envdAccessToken": self.access_token, "domain": domain,
+                "trafficAccessToken": self.ingress.traffic_token}
 
     def listed(self, client_id: str) -> dict[str, Any]:
         """The ListedSandbox / SandboxDetail body."""
@@ -128,6 +133,7 @@ class Made:
     network: Entries
     started: datetime
     lifecycle: Lifecycle = KILLED_AT_TIMEOUT
+    ingress: Ingress = PUBLIC
 
 
 def _iso(moment: datetime) -> str:
@@ -141,6 +147,8 @@ class Sandboxes:
         """agents: the agents made on demand of the settings' templates, one per sandbox;
         sleep_idle: their process services' (``EnvdChannel.open``; None: its default)."""
         self.agents, self.client_id = agents, client_id
+        self.domain: str | None = None
+        """Where the sandboxes' ports are served (``ingress``), once the server listens."""
         self.sleep_idle = ENVD_SLEEP_IDLE_SECONDS if sleep_idle is None else sleep_idle
         self._all: dict[str, E2BSandbox] = {}
         self._ahead: dict[str, EnvdChannel] = {}
@@ -199,12 +207,12 @@ class Sandboxes:
 
     async def create(self, key_name: str, template_id: str, timeout: int, metadata: dict[str, str],
                      env_vars: dict[str, str], network: Entries = None,
-                     lifecycle: Lifecycle = KILLED_AT_TIMEOUT) -> E2BSandbox:
+                     lifecycle: Lifecycle = KILLED_AT_TIMEOUT, ingress: Ingress = PUBLIC) -> E2BSandbox:
         """A new sandbox: its agent made (within the caps, else ``resource_exhausted``), then its
         process service started; a failure leaves nothing of it. It is made to its end even
         when the request is cancelled (a client gone, the server stopping: ``close`` kills it)."""
         return await self.under_way(self._create(key_name, template_id, timeout, metadata, env_vars, network,
-                                                 lifecycle))
+                                                 lifecycle, ingress))
 
     async def under_way(self, making: Coroutine[Any, Any, T]) -> T:
         """What making makes (sandboxes), made to its end even when the request is cancelled;
@@ -223,7 +231,8 @@ class Sandboxes:
             made.exception()  # told to the request, if it still waits; else it is nobody's
 
     async def _create(self, key_name: str, template_id: str, timeout: int, metadata: dict[str, str],
-                      env_vars: dict[str, str], network: Entries, lifecycle: Lifecycle) -> E2BSandbox:
+                      env_vars: dict[str, str], network: Entries, lifecycle: Lifecycle,
+                      ingress: Ingress) -> E2BSandbox:
         template = self.template_of(template_id)
         adjust = narrowing(network, self.agents.served.template(template).settings, self._backend(template))
         started = datetime.now(UTC)
@@ -233,7 +242,7 @@ class Sandboxes:
         except AgentRefused as exc:
             raise ConnectError("resource_exhausted", f"sandbox limit reached: {exc}") from None
         return await self.adopt(made, Made(key_name, template_id, timeout, metadata, env_vars, network, started,
-                                           lifecycle))
+                                           lifecycle, ingress))
 
     async def adopt(self, made: AgentRecord, asked: Made) -> E2BSandbox:
         """A sandbox of an agent made for it (by a create, a fork, a create from a snapshot):
@@ -244,7 +253,8 @@ class Sandboxes:
                              metadata=asked.metadata, env_vars=asked.env_vars, access_token=secrets.token_urlsafe(32),
                              started_at=asked.started,
                              end_at=made.expires_at or asked.started + timedelta(seconds=asked.timeout),
-                             agent=toolbox, network=asked.network, lifecycle=asked.lifecycle)
+                             agent=toolbox, network=asked.network, lifecycle=asked.lifecycle,
+                             ingress=asked.ingress.renewed())
             box.recorder = Recorder(toolbox, box.run_id)
             box.envd = await self.open_envd(made.id, toolbox.sandbox)
         except BaseException:

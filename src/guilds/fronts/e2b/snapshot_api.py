@@ -60,9 +60,9 @@ class SnapshotApi:
             raise BadBody(f"count: the number of sandboxes to fork, 1 to {FORK_MAX_CHILDREN}") from None
         timeout = _timeout(body.get("timeout"), E2B_FORK_DEFAULT_TIMEOUT_SECONDS)
         ends = await self.forks.fork(box, count, timeout)
-        client = self.sandboxes.client_id
+        client, domain = self.sandboxes.client_id, self.sandboxes.domain
         return JSONResponse([{"error": {"code": end.status, "message": str(end)}} if isinstance(end, ConnectError)
-                             else {"sandbox": end.created(client)} for end in ends], status_code=201)
+                             else {"sandbox": end.created(client, domain)} for end in ends], status_code=201)
 
     async def list(self, request: Request, key_name: str) -> Response:
         query = dict(parse_qsl(request.url.query))
