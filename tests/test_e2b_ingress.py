@@ -27,8 +27,10 @@ from e2b_kit import (
     E2BServer,
     e2b_server,
     made_sandbox,  # noqa: F401 - the sbx fixture of this module
+    pids_alive,
 )
 from guilds.fronts.e2b.ingress import PORT_NOT_OPEN, TOKEN_HEADER
+from guilds.fronts.e2b.ingress_reach import RELAY
 
 pytestmark = [pytest.mark.slow, pytest.mark.backends(*BACKENDS)]
 SERVER = r"""
@@ -44,10 +46,15 @@ class H(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
     def do_GET(self):
-        if self.path == "/stream":
+        if self.path in ("/stream", "/forever"):
             self.send_response(200)
             self.send_header("content-type", "text/plain")
             self.end_headers()
+            if self.path == "/forever":
+                while True:
+                    self.wfile.write(b"more\n")
+                    self.wfile.flush()
+                    time.sleep(0.2)
             for word in (b"first\n", b"second\n"):
                 self.wfile.write(word)
                 self.wfile.flush()
@@ -68,7 +75,7 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """
 """A server inside the sandbox: GET echoes the path and headers (names in lower case), /stream sends two lines two
-seconds apart, POST answers its body's digest."""
+seconds apart, /forever a line every 0.2 s for ever, POST answers its body's digest."""
 PORT = 8001
 
 
@@ -137,6 +144,19 @@ def test_bodies_stream_both_ways(server, sbx):
     chunked = httpx.post(server.url + "/up", content=iter([data[:1000], data[1000:5000]]),
                          headers={"Host": host}, timeout=60)
     assert chunked.json() == {"sha256": hashlib.sha256(data[:5000]).hexdigest(), "bytes": 5000}
+
+
+def test_a_client_gone_ends_the_relay_of_an_endless_answer(server, sbx):
+    port = PORT + 4
+    _serve(sbx, port)
+    marker = f"{RELAY[-16:]}\0{port}\0"  # the relay's code, then its port, on its command line
+    with httpx.stream("GET", server.url + "/forever", headers={"Host": sbx.get_host(port)}, timeout=30) as answer:
+        assert next(answer.iter_lines()) == "more"
+        assert pids_alive(marker)
+    deadline = time.monotonic() + 20
+    while pids_alive(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pids_alive(marker) == []
 
 
 def test_a_closed_port_is_e2bs_502(server, sbx):

@@ -37,14 +37,16 @@ import ipaddress
 import json
 import re
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import h11
 
+from ...errors import SandboxError
 from ...limits import E2B_INGRESS_HEAD_BYTES, E2B_INGRESS_IDLE_SECONDS
 from .connect import ConnectError
+from .dropped import reset
 from .ingress_reach import PortClosed, PortLink, open_port
 from .sandboxes import PAUSED, E2BSandbox, Sandboxes
 
@@ -223,36 +225,64 @@ def _request_head(scope: dict, host: str) -> h11.Request:
 
 async def _proxy(scope: dict, receive: Callable, send: Callable, link: PortLink, host: str, sandbox_id: str,
                  port: int) -> None:
-    """The request written in through link, body streamed; then its answer streamed back."""
+    """The request written in through link, body streamed; then its answer streamed back. A
+    port that stops reading the request (it answered early, or closed) ends the writing, and
+    its answer is read; an answer cut short after it began resets the client's connection."""
     client = h11.Connection(h11.CLIENT, max_incomplete_event_size=E2B_INGRESS_HEAD_BYTES)
+    try:
+        if not await _send_request(scope, receive, client, link, host):
+            return  # the client went before its request's end
+    except SandboxError:
+        pass  # the relay ended: whatever the port answered is read below
+    watch = asyncio.create_task(_close_when_gone(receive, link))
+    started = False
+    try:
+        async for message in _answer_back(client, link):
+            started = True
+            await send(message)
+    except (h11.RemoteProtocolError, PortClosed, TimeoutError):
+        if started:
+            reset(scope)
+        else:
+            await _answer(send, 502, _not_open(sandbox_id, port))
+    finally:
+        watch.cancel()
+
+
+async def _send_request(scope: dict, receive: Callable, client: h11.Connection, link: PortLink, host: str) -> bool:
+    """The request's head and body written in as they come; False when the client went first."""
     await link.write(client.send(_request_head(scope, host)))
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            return
+            return False
         if message.get("body"):
             await link.write(client.send(h11.Data(data=message["body"])))
         if not message.get("more_body"):
             break
     await link.write(client.send(h11.EndOfMessage()))
-    started = False
-    try:
-        while True:
-            event = await _next_event(client, link)
-            if isinstance(event, h11.Response):
-                started = True
-                await send({"type": "http.response.start", "status": event.status_code,
-                            "headers": [(k, v) for k, v in event.headers if k.decode().lower() not in _HOP_BY_HOP]})
-            elif isinstance(event, h11.Data):
-                await send({"type": "http.response.body", "body": bytes(event.data), "more_body": True})
-            elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
-                break
-    except (h11.RemoteProtocolError, PortClosed, TimeoutError):
-        if not started:
-            await _answer(send, 502, _not_open(sandbox_id, port))
+    return True
+
+
+async def _close_when_gone(receive: Callable, link: PortLink) -> None:
+    """The link closed once the client is gone (its answer's reading then ends)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    await link.close()
+
+
+async def _answer_back(client: h11.Connection, link: PortLink) -> AsyncIterator[dict[str, Any]]:
+    """The port's answer as ASGI messages, as it is read."""
+    while True:
+        event = await _next_event(client, link)
+        if isinstance(event, h11.Response):
+            yield {"type": "http.response.start", "status": event.status_code,
+                   "headers": [(k, v) for k, v in event.headers if k.decode("latin-1").lower() not in _HOP_BY_HOP]}
+        elif isinstance(event, h11.Data):
+            yield {"type": "http.response.body", "body": bytes(event.data), "more_body": True}
+        else:  # its end (EndOfMessage; ConnectionClosed only before a response, which h11 refuses first)
+            yield {"type": "http.response.body", "body": b"", "more_body": False}
             return
-    if started:
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _next_event(client: h11.Connection, link: PortLink) -> Any:

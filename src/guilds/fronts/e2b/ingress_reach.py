@@ -25,12 +25,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from ...errors import SandboxError
 from ...limits import E2B_INGRESS_START_SECONDS
 from ...sandbox.process_channel import ProcessChannel
 from .sandboxes import E2BSandbox
+
+T = TypeVar("T")
 
 RELAY = """\
 import os,socket,sys,threading
@@ -93,27 +97,34 @@ class PortClosed(Exception):
     """Nothing of the sandbox listens on the port (or the relay could not be started)."""
 
 
-@dataclass
 class PortLink:
-    """A connection to a port inside a sandbox: bytes each way, through its relay."""
+    """A connection to a port inside a sandbox: bytes each way, through its relay. Its
+    channel's blocking calls run on two threads of its own (one reads, one writes), never
+    the loop's shared ones, which a long answer would hold."""
 
-    channel: ProcessChannel
-    pending: bytes = b""
+    def __init__(self, channel: ProcessChannel):
+        self.channel = channel
+        self.pending = b""
+        self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="e2b-ingress")
+        self._closed = False
+
+    async def _blocking(self, call: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, call, *args)
 
     async def read(self) -> bytes:
         """The next bytes from the port; b"" once it closed."""
         if self.pending:
             data, self.pending = self.pending, b""
             return data
-        return await asyncio.to_thread(self.channel.receive)
+        return await self._blocking(self.channel.receive)
 
     async def write(self, data: bytes) -> None:
-        await asyncio.to_thread(self.channel.send, data)
+        await self._blocking(self.channel.send, data)
 
     async def line(self) -> bytes:
         """The relay's next line (without its newline); PortClosed when it ends first."""
         while b"\n" not in self.pending:
-            data = await asyncio.to_thread(self.channel.receive)
+            data = await self._blocking(self.channel.receive)
             if not data or len(self.pending) > _LINE_BYTES:
                 raise PortClosed("the relay into the sandbox ended")
             self.pending += data
@@ -121,7 +132,12 @@ class PortLink:
         return line
 
     async def close(self) -> None:
+        """The relay ended (a read or write under way returns); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         await asyncio.to_thread(self.channel.close)
+        self._threads.shutdown(wait=False)
 
 
 async def open_port(box: E2BSandbox, port: int) -> PortLink:
