@@ -1,5 +1,5 @@
 """Requests to a port of an E2B sandbox from outside (``sandbox.get_host(port)``), through a real
-`guilds serve --e2b` and the real Python SDK, on local, bwrap and docker.
+`guilds serve --e2b` and the real Python SDK, on local, bwrap, docker and kubernetes (the test cluster).
 
 A server started in the sandbox by ``commands.run(..., background=True)`` answers at
 ``get_host(port)`` (the Host form) and through the ``E2b-Sandbox-Port`` header form;
@@ -32,7 +32,7 @@ from e2b_kit import (
 from guilds.fronts.e2b.ingress import PORT_NOT_OPEN, TOKEN_HEADER
 from guilds.fronts.e2b.ingress_reach import RELAY
 
-pytestmark = [pytest.mark.slow, pytest.mark.backends(*BACKENDS)]
+pytestmark = [pytest.mark.slow, pytest.mark.backends(*BACKENDS, "kubernetes")]
 SERVER = r"""
 import hashlib, http.server, json, sys, time
 class H(http.server.BaseHTTPRequestHandler):
