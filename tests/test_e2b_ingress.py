@@ -283,3 +283,62 @@ def test_a_private_sandboxs_fork_is_private_with_a_token_of_its_own(server, monk
         for child in children:
             if isinstance(child, Sandbox):
                 child.kill()
+
+
+@pytest.fixture(scope="module")
+def host_network_server(backend, tmp_path_factory) -> Iterator[E2BServer]:
+    """A server whose agent has ``network = true``: on bwrap the host's own network."""
+    with e2b_server(tmp_path_factory.mktemp("ingress-wide"), backend, "network = true") as served:
+        yield served
+
+
+@pytest.mark.backends("bwrap", "docker")
+def test_with_the_hosts_network_only_the_sandboxs_own_listeners_are_reached(host_network_server, host_service,
+                                                                             monkeypatch):
+    """bwrap with ``network = true`` shares this machine's network: a port is reached only
+    when a process of the sandbox listens there, even a daemon that left its command."""
+    server, (port, secret) = host_network_server, host_service
+    server.export(monkeypatch)
+    box, other = Sandbox.create(timeout=120), Sandbox.create(timeout=120)
+    try:
+        answer = _get(server, box.get_host(port))
+        assert answer.status_code == 502 and secret not in answer.content
+        mine = PORT + 5
+        box.files.write("srv.py", SERVER)
+        box.commands.run(f"setsid python3 srv.py {mine} >/dev/null 2>&1 < /dev/null &")  # detached, in its pid ns
+        deadline, seen = time.monotonic() + 30, None
+        while time.monotonic() < deadline:
+            seen = _get(server, box.get_host(mine), "/daemon")
+            if seen.status_code == 200:
+                break
+            time.sleep(0.3)
+        assert seen is not None and seen.json()["path"] == "/daemon"
+        assert _get(server, other.get_host(mine)).status_code == 502  # box's port, not other's
+    finally:
+        box.kill()
+        other.kill()
+
+
+@pytest.fixture(scope="module")
+def listed_network_server(backend, tmp_path_factory) -> Iterator[E2BServer]:
+    """A server whose agent's network is a list: its sandboxes have an egress proxy and its relay."""
+    with e2b_server(tmp_path_factory.mktemp("ingress-listed"), backend, 'network = ["a.e2b.test"]') as served:
+        yield served
+
+
+@pytest.mark.backends("bwrap", "docker")
+def test_the_egress_relay_inside_is_not_a_port_of_the_sandbox(listed_network_server, monkeypatch):
+    server = listed_network_server
+    server.export(monkeypatch)
+    box = Sandbox.create(timeout=120)
+    try:
+        proxy = box.commands.run("echo $HTTPS_PROXY").stdout.strip()
+        relay_port = httpx.URL(proxy).port
+        assert relay_port
+        connect = f"import socket; socket.create_connection(('127.0.0.1', {relay_port}), 3)"
+        inside = box.commands.run(f'python3 -c "{connect}" && echo open')
+        assert inside.stdout.strip() == "open"  # it listens inside
+        answer = _get(server, box.get_host(relay_port))
+        assert answer.status_code == 502 and answer.json()["message"] == PORT_NOT_OPEN
+    finally:
+        box.kill()
