@@ -193,6 +193,19 @@ def test_a_private_sandbox_needs_its_own_traffic_token(server, sbx, monkeypatch)
         other.kill()
 
 
+def test_a_paused_sandboxs_ports_answer_409_and_a_killed_ones_502(server, sbx):
+    _serve(sbx)
+    host = sbx.get_host(PORT)
+    assert _get(server, host).status_code == 200
+    sbx.beta_pause()
+    paused = _get(server, host)
+    assert paused.status_code == 409
+    assert paused.json() == {"sandboxId": sbx.sandbox_id, "message": "The sandbox is paused", "code": 409,
+                             "canAutoResume": False}
+    sbx.kill()
+    assert _get(server, host).status_code == 502
+
+
 def test_mask_request_host_is_the_host_the_server_sees(server, monkeypatch):
     server.export(monkeypatch)
     box = Sandbox.create(timeout=120, network={"mask_request_host": "custom-host.example.com:${PORT}"})
