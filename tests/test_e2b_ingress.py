@@ -126,6 +126,9 @@ def test_the_header_form_reaches_the_port(server, sbx):
     assert answer.json()["path"] == "/h"
     missing = _get(server, host, "/h", **{"E2b-Sandbox-Port": str(PORT)})
     assert missing.status_code == 400
+    envd = sbx.get_host(49983)  # the process service's port: the in-sandbox API, its access token checked
+    assert _get(server, envd, "/health", **{"X-Access-Token": sbx._envd_access_token}).status_code == 204
+    assert _get(server, envd, "/health").status_code == 401
 
 
 def test_bodies_stream_both_ways(server, sbx):
