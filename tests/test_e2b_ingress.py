@@ -10,6 +10,7 @@ a port of this machine, another sandbox's port, or anything but a name the serve
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.server
 import secrets
@@ -31,6 +32,7 @@ from e2b_kit import (
 )
 from guilds.fronts.e2b.ingress import PORT_NOT_OPEN, TOKEN_HEADER
 from guilds.fronts.e2b.ingress_reach import RELAY
+from guilds.limits import E2B_INGRESS_MAX_PER_SANDBOX
 
 pytestmark = [pytest.mark.slow, pytest.mark.backends(*BACKENDS, "kubernetes")]
 SERVER = r"""
@@ -160,6 +162,24 @@ def test_a_client_gone_ends_the_relay_of_an_endless_answer(server, sbx):
     while pids_alive(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert pids_alive(marker) == []
+
+
+@pytest.mark.backends("bwrap")
+def test_past_the_cap_of_requests_at_once_a_sandbox_answers_429(server, sbx):
+    _serve(sbx)
+    host = sbx.get_host(PORT)
+    with httpx.Client(timeout=30, limits=httpx.Limits(max_connections=None)) as client, \
+            contextlib.ExitStack() as streams:
+        for _ in range(E2B_INGRESS_MAX_PER_SANDBOX):
+            held = streams.enter_context(client.stream("GET", server.url + "/forever", headers={"Host": host}))
+            assert held.status_code == 200
+        refused = _get(server, host)
+        assert refused.status_code == 429
+        assert refused.json()["connectionLimit"] == E2B_INGRESS_MAX_PER_SANDBOX
+    deadline = time.monotonic() + 20  # the streams closed: their places free again
+    while _get(server, host).status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert _get(server, host).status_code == 200
 
 
 def test_a_closed_port_is_e2bs_502(server, sbx):

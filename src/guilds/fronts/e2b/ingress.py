@@ -19,6 +19,7 @@ one of the host's. Answers of E2B's proxy, JSON ``{"sandboxId", "message", ...}`
 - 502 ``The sandbox is running but port is not open`` when nothing of it listens there,
   when the port is one of guilds' own services in it (its egress relay), or when the
   server there breaks off before a whole response head;
+- 429 past ``E2B_INGRESS_MAX_PER_SANDBOX`` requests to the sandbox's ports at once;
 - 400 for a port out of 1..65535 or a header form without the sandbox's id.
 
 The request goes in as HTTP/1.1, its body streamed (chunked when it has no length), its
@@ -31,6 +32,7 @@ WebSocket). Ingress requests are not calls of the sandbox's run.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hmac
 import ipaddress
@@ -44,7 +46,7 @@ from typing import Any
 import h11
 
 from ...errors import SandboxError
-from ...limits import E2B_INGRESS_HEAD_BYTES, E2B_INGRESS_IDLE_SECONDS
+from ...limits import E2B_INGRESS_HEAD_BYTES, E2B_INGRESS_IDLE_SECONDS, E2B_INGRESS_MAX_PER_SANDBOX
 from .connect import ConnectError
 from .dropped import reset
 from .ingress_reach import PortClosed, PortLink, open_port
@@ -121,6 +123,8 @@ class Ingress:
     def __init__(self, sandboxes: Sandboxes, in_sandbox: Callable):
         """in_sandbox: the E2B routes' app, for ``ENVD_PORT`` in the host form."""
         self.sandboxes, self.in_sandbox = sandboxes, in_sandbox
+        self.serving: collections.Counter[str] = collections.Counter()
+        """The requests under way, by sandbox id."""
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable, target: Target) -> None:
         if target.port == ENVD_PORT:
@@ -130,6 +134,22 @@ class Ingress:
             return
         try:
             box = self._allowed(scope, target)
+        except Refused as refused:
+            await _answer(send, refused.status, refused.body)
+            return
+        if self.serving[box.id] >= E2B_INGRESS_MAX_PER_SANDBOX:
+            await _answer(send, 429, _too_many(box.id))
+            return
+        self.serving[box.id] += 1
+        try:
+            await self._serve(scope, receive, send, box, target)
+        finally:
+            self.serving[box.id] -= 1
+            if not self.serving[box.id]:
+                del self.serving[box.id]
+
+    async def _serve(self, scope: dict, receive: Callable, send: Callable, box: E2BSandbox, target: Target) -> None:
+        try:
             link = await self._link(box, target.port)
         except Refused as refused:
             await _answer(send, refused.status, refused.body)
@@ -186,6 +206,12 @@ def _token_body(sandbox_id: str, what: str) -> dict[str, Any]:
     which = "Token header" if what == "is missing" else "Provided token in header"
     return {"sandboxId": sandbox_id, "code": 403,
             "message": f"Sandbox is secured with traffic access token. {which} '{TOKEN_HEADER}' {what}"}
+
+
+def _too_many(sandbox_id: str) -> dict[str, Any]:
+    return {"sandboxId": sandbox_id, "code": 429, "connectionLimit": E2B_INGRESS_MAX_PER_SANDBOX,
+            "message": f"The sandbox has too many concurrent incoming connections "
+                       f"(limit: {E2B_INGRESS_MAX_PER_SANDBOX})"}
 
 
 def _not_open(sandbox_id: str, port: int) -> dict[str, Any]:
