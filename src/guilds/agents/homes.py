@@ -100,10 +100,9 @@ def _mount(home: Path, own: Path) -> None:
     """Mount the agent's overlay at home: its layers (a fork's above its template's: ``fork_layers``),
     its upper's owner the files'."""
     info = os.stat(own / "upper")
-    layers: list[int] = []
+    layers = mounts.layer_mounts([str(layer) for layer in fork_layers.stack(own.parent.parent, own)],
+                                 (info.st_uid, info.st_gid))
     try:
-        layers.extend(mounts.layer_mount(str(layer), (info.st_uid, info.st_gid))  # each closed on a failure
-                      for layer in fork_layers.stack(own.parent.parent, own))
         mounts.mount_overlay(str(home), layers, str(own / "upper"), str(own / "work"))
     finally:
         for layer_fd in layers:

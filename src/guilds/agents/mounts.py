@@ -1,6 +1,7 @@
 """The Linux mount calls an agent's overlay home needs (root only), through libc.
 
     layer_fd = layer_mount(layer, owner)    the layer, read-only, its root-owned files shown as owner's
+    layer_fds = layer_mounts(layers, owner) the same of each layer, one user namespace made for all
     mount_overlay(home, layer_fds, upper, work)  # the layers top first (one fd: one layer)
     mounted(path) -> bool                   a mount point in this mount namespace?
     overlay_homes() -> [path]               the overlay homes mounted in it
@@ -80,21 +81,30 @@ def _user_namespace(uid: int, gid: int) -> int:
 
 def layer_mount(layer: str, owner: tuple[int, int]) -> int:
     """A detached read-only clone of the layer's mount, idmapped 0 -> owner unless owner is root."""
-    fd = _call("open_tree", _OPEN_TREE, _AT_FDCWD, os.fsencode(layer), _OPEN_TREE_CLONE | os.O_CLOEXEC)
+    return layer_mounts([layer], owner)[0]
+
+
+def layer_mounts(layers: Sequence[str], owner: tuple[int, int]) -> list[int]:
+    """``layer_mount`` of each layer, in order, their idmaps through one user namespace (one
+    process started for all of them, none for root); on a failure none is left open."""
+    fds: list[int] = []
+    userns = -1
     try:
-        userns = -1 if owner == (0, 0) else _user_namespace(*owner)
-        try:
-            attr = _MountAttr(_MOUNT_ATTR_RDONLY | (_MOUNT_ATTR_IDMAP if userns >= 0 else 0), 0, 0,
-                              max(userns, 0))
-            _call("mount_setattr", _MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, ctypes.byref(attr),
+        for layer in layers:
+            fds.append(_call("open_tree", _OPEN_TREE, _AT_FDCWD, os.fsencode(layer), _OPEN_TREE_CLONE | os.O_CLOEXEC))
+            if userns < 0 and owner != (0, 0):
+                userns = _user_namespace(*owner)
+            attr = _MountAttr(_MOUNT_ATTR_RDONLY | (_MOUNT_ATTR_IDMAP if userns >= 0 else 0), 0, 0, max(userns, 0))
+            _call("mount_setattr", _MOUNT_SETATTR, fds[-1], b"", _AT_EMPTY_PATH, ctypes.byref(attr),
                   ctypes.sizeof(attr))
-        finally:
-            if userns >= 0:
-                os.close(userns)
     except BaseException:
-        os.close(fd)
+        for fd in fds:
+            os.close(fd)
         raise
-    return fd
+    finally:
+        if userns >= 0:
+            os.close(userns)
+    return fds
 
 
 def mount_overlay(home: str, layer_fds: int | Sequence[int], upper: str, work: str) -> None:
@@ -127,9 +137,8 @@ def layers_view(layers: Sequence[str], owner: tuple[int, int]) -> int:
     """A detached read-only view of the layers (top first) as an overlay home over them shows
     them, files root's on disk shown as owner's: one layer's idmapped clone, or an overlay of
     several with no upper. Read it through ``/proc/self/fd/<fd>``; close the fd to drop it."""
-    fds: list[int] = []
+    fds = layer_mounts(layers, owner)
     try:
-        fds.extend(layer_mount(layer, owner) for layer in layers)
         if len(fds) == 1:
             return fds.pop()
         context = _call("fsopen overlay", _FSOPEN, b"overlay", _FSOPEN_CLOEXEC)
