@@ -164,13 +164,39 @@ def build_helper(dest: Path, name: str = "guilds-code") -> Path:
 
 def source_digest(packages: tuple[str, ...]) -> str:
     """A short hash of what a helper is built from: its sources, this builder's template and
-    the interpreter's bytecode magic. Reads the sources; builds nothing."""
+    the interpreter's bytecode magic. Reads the sources again only when one of them changed
+    (its path, inode, size or mtime: ``_stamp``) since this process last read them; builds nothing."""
+    stamp = _stamp(packages)
+    kept = _digests.get(packages)
+    if kept is not None and kept[0] == stamp:
+        return kept[1]
     digest = hashlib.sha256(_MAIN.encode() + importlib.util.MAGIC_NUMBER + str(_LINE).encode())
     for package in packages:
         for name, _, _, text in _sources(package):
             digest.update(b"\0%s\0%d\0" % (name.encode(), len(text)))
             digest.update(text)
-    return digest.hexdigest()[:16]
+    _digests[packages] = (stamp, digest.hexdigest()[:16])
+    return _digests[packages][1]
+
+
+_digests: dict[tuple[str, ...], tuple[tuple, str]] = {}
+"""By packages: the sources' stamp when last read, and their digest."""
+
+
+def _stamp(packages: tuple[str, ...]) -> tuple:
+    """Each source file's path, inode, size and mtime, walked with scandir (nothing read)."""
+    found = []
+    pending = [str(_package_dir(package)) for package in packages]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.name != "__pycache__":
+                        pending.append(entry.path)
+                elif entry.name.endswith(".py"):
+                    info = entry.stat()
+                    found.append((entry.path, info.st_ino, info.st_size, info.st_mtime_ns))
+    return tuple(sorted(found))
 
 
 def cached_helper(cache_dir: Path, name: str = "guilds-code") -> Path:

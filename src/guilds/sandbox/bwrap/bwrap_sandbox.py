@@ -247,13 +247,14 @@ class BwrapSandbox(Backend):
     def _ensure_init(self) -> tuple[int, int]:
         """The running sandbox's init: (pid, start time)."""
         with self._locked():
-            record, fingerprint = self._read_record(), self._fingerprint()
+            config = self._config()  # one for the check and the launch: it reads the known agents
+            record, fingerprint = self._read_record(), self._fingerprint(config)
             if record and record["fingerprint"] == fingerprint and _alive(record):
                 self._touch()
                 return record["pid"], record["start"]
             if record:
                 _end(record)
-            return self._create(fingerprint)
+            return self._create(fingerprint, config)
 
     def _stop(self) -> None:
         with self._locked():
@@ -265,13 +266,13 @@ class BwrapSandbox(Backend):
             if self.egress is not None:
                 self.egress.stop()
 
-    def _create(self, fingerprint: str) -> tuple[int, int]:
+    def _create(self, fingerprint: str, config: BwrapConfig) -> tuple[int, int]:
         shutil.rmtree(self._old_state, ignore_errors=True)
         os.makedirs(self._host_home, exist_ok=True)
         if self._owner is not None:
             own_tree(self._host_home, self._owner)
         Path(self._clock).touch(mode=0o644)
-        pid = self._launch()
+        pid = self._launch(config)
         outer, start = parent_pid(pid) or 0, start_time(pid)
         if start is None:
             raise SandboxError(f"bwrap sandbox ended at once: {self._log_tail()}")
@@ -293,12 +294,12 @@ class BwrapSandbox(Backend):
                 os.fchown(fd, *self._owner)
         self._write_repos(pid, start)
 
-    def _launch(self) -> int:
+    def _launch(self, config: BwrapConfig) -> int:
         """Start bwrap; once its init is ready, return the init's pid (bwrap's --info-fd)."""
         (info_r, info_w), (ready_r, ready_w) = os.pipe(), os.pipe()
         try:
             launch_env = {"PATH": self._env["PATH"], "LANG": self._env["LANG"]}
-            spawn_detached(self._launch_argv(info_w, ready_w), env=launch_env,
+            spawn_detached(self._launch_argv(config, info_w, ready_w), env=launch_env,
                            log_path=self._log, pass_fds=(info_w, ready_w))
             pid = _child_pid(read_until(info_r, timeout=BWRAP_START_SECONDS))
             ready = READY in read_until(ready_r, timeout=BWRAP_START_SECONDS, stop=READY)
@@ -317,12 +318,14 @@ class BwrapSandbox(Backend):
             self._enter_config = self._config()
         return self._enter_config
 
-    def _launch_argv(self, info_fd: int, ready_fd: int) -> list[str]:
-        """bwrap under the sandbox's limits, its init reporting on these fds (its /etc/passwd
-        and /etc/group written now, for it)."""
-        return limited_argv(self._process_limits(), bwrap_argv(self._config(info_fd, ready_fd, launch=True)))
+    def _launch_argv(self, config: BwrapConfig, info_fd: int, ready_fd: int) -> list[str]:
+        """bwrap of config under the sandbox's limits, its init reporting on these fds (its
+        /etc/passwd and /etc/group, and its boot id, written now, for it)."""
+        launched = replace(config, info_fd=info_fd, ready_fd=ready_fd, users=self._users_files(write=True),
+                           boot_id=self._boot_id_file(write=True))
+        return limited_argv(self._process_limits(), bwrap_argv(launched))
 
-    def _config(self, info_fd: int = 3, ready_fd: int = 4, *, launch: bool = False) -> BwrapConfig:
+    def _config(self, info_fd: int = 3, ready_fd: int = 4) -> BwrapConfig:
         if not self._helpers:
             cache = Path(self._data, "helpers")
             self._helpers = tuple((n, str(cached_helper(cache, n))) for n in HELPER_PACKAGES)
@@ -336,8 +339,8 @@ class BwrapSandbox(Backend):
             hidden=hidden.folders, hidden_files=hidden.files,
             keep_run=keep_run() if self.settings.network else (), network=self.settings.network,
             egress_dir=self.egress.files.shared if self.egress else "",
-            tmp_bytes=self.settings.bwrap.tmp_size, python=self.python, users=self._users_files(write=launch),
-            boot_id=self._boot_id_file(write=launch),
+            tmp_bytes=self.settings.bwrap.tmp_size, python=self.python, users=self._users_files(write=False),
+            boot_id=self._boot_id_file(write=False),
             idle_seconds=self.idle_seconds, info_fd=info_fd, ready_fd=ready_fd,
         )
 
@@ -382,9 +385,9 @@ class BwrapSandbox(Backend):
         self._process_limits()
         return self._call_limits
 
-    def _fingerprint(self) -> str:
-        """What makes a running sandbox still the right one (host /usr/local/bin aside)."""
-        stable = replace(self._config(), local_bin=())
+    def _fingerprint(self, config: BwrapConfig) -> str:
+        """What makes a running sandbox of config still the right one (host /usr/local/bin aside)."""
+        stable = replace(config, local_bin=())
         cfg = self.settings.bwrap
         hidden = stamp(Hiding(stable.hidden, stable.hidden_files))
         return hashlib.sha256(json.dumps([bwrap_argv(stable), cfg.pids_limit, cfg.memory, hidden]).encode()).hexdigest()
