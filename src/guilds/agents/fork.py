@@ -48,7 +48,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -194,35 +194,77 @@ async def fork(agents: Agents, source: Source, n: int, *, checkpoint: str | None
 
 async def _admit(agents: Agents, made_from: Any, n: int, owner: str, expiry: float | None,
                  adjust: Adjust | None) -> list[_Child]:
-    """n children's rows admitted within the caps, or none (every admitted row dropped)."""
-    from ..sandbox import get_sandbox, remove_egress_files
+    """n children's rows admitted within the caps in one transaction, or none (every egress
+    folder their sandboxes' objects made removed). A drawn id whose uid a running agent holds
+    (or another drawn child) makes them admitted one by one instead, drawing again for it."""
+    from ..sandbox import remove_egress_files
+
+    now = utc_now()
+    children = [_drawn(agents, made_from, owner, now, expiry, adjust) for _ in range(n)]
+    caps = agents.served.caps
+    try:
+        retired = await agents.store.admit_agents([c.row for c in children], max_total=caps.max,
+                                                  max_per_owner=caps.max_per_owner, evictable=agents.pools.evictable())
+    except BaseException as exc:
+        for child in children:
+            remove_egress_files(agents.data_dir, child.settings.id)
+        if not isinstance(exc, UidTaken):
+            raise
+        return await _admit_each(agents, made_from, n, owner, expiry, adjust)
+    for agent_id in retired:
+        agents.pools.retired(agent_id)
+    return children
+
+
+def _drawn(agents: Agents, made_from: Any, owner: str, now: datetime, expiry: float | None,
+           adjust: Adjust | None) -> _Child:
+    """A child with a new id (drawn again while its uid is the settings' own agent's), its
+    settings, its sandbox's object and its row."""
+    from ..sandbox import get_sandbox
+
+    for draw in range(UID_DRAWS, 0, -1):
+        agent_id = new_agent_id(made_from.name)
+        try:
+            uid = agents.uid_of(agent_id)
+        except UidTaken:
+            if draw == 1:
+                raise
+            continue
+        settings = made_from.for_agent(agent_id, agents.home_of(agent_id))
+        if adjust is not None:
+            settings = adjust(settings)
+        sandbox = get_sandbox(settings, agents.data_dir)
+        row = {"id": agent_id, "template": made_from.name, "owner": owner, "sandbox": sandbox.name,
+               "home": str(settings.home), "created_at": now, "uid": uid,
+               "expires_at": None if expiry is None else now + timedelta(seconds=expiry)}
+        return _Child(settings, sandbox, row)
+    raise AssertionError("unreachable: the last draw raises")
+
+
+async def _admit_each(agents: Agents, made_from: Any, n: int, owner: str, expiry: float | None,
+                      adjust: Adjust | None) -> list[_Child]:
+    """n children's rows admitted one by one within the caps, or none (every admitted row dropped)."""
+    from ..sandbox import remove_egress_files
 
     caps, children = agents.served.caps, []
     now = utc_now()
     try:
         for _ in range(n):
             for draw in range(UID_DRAWS, 0, -1):  # another id while the one drawn gives a uid taken
-                agent_id = new_agent_id(made_from.name)
-                settings = made_from.for_agent(agent_id, agents.home_of(agent_id))
-                if adjust is not None:
-                    settings = adjust(settings)
-                sandbox = get_sandbox(settings, agents.data_dir)
-                row = {"id": agent_id, "template": made_from.name, "owner": owner, "sandbox": sandbox.name,
-                       "home": str(settings.home), "created_at": now,
-                       "expires_at": None if expiry is None else now + timedelta(seconds=expiry)}
+                child = _drawn(agents, made_from, owner, now, expiry, adjust)
                 try:  # at the server's cap a ready agent of a warm pool is retired, as for a make
-                    row["uid"] = agents.uid_of(agent_id)
-                    retired = await agents.store.admit_agent(row, max_total=caps.max, max_per_owner=caps.max_per_owner,
+                    retired = await agents.store.admit_agent(child.row, max_total=caps.max,
+                                                             max_per_owner=caps.max_per_owner,
                                                              evictable=agents.pools.evictable())
                 except BaseException as exc:
-                    remove_egress_files(agents.data_dir, agent_id)
+                    remove_egress_files(agents.data_dir, child.settings.id)
                     if isinstance(exc, UidTaken) and draw > 1:
                         continue
                     raise
                 break
             if retired is not None:
                 agents.pools.retired(retired)
-            children.append(_Child(settings, sandbox, row))
+            children.append(child)
     except BaseException:
         for child in children:
             await asyncio.shield(_forget(agents, child))
@@ -338,15 +380,16 @@ async def _start_all(agents: Agents, source: Source, children: list[_Child], pla
                 inherit_egress_origins(agents.data_dir, source.id, child.settings.id)
             await asyncio.to_thread(_home, agents.data_dir, child, plan, children[0])
             known_agents.remember(agents.data_dir, child.settings, None)
+            started = time.monotonic()
             await child.sandbox.start()
             child.toolbox = agents.toolbox_for(child.settings, child.sandbox)
+            child.toolbox.started_by_maker(time.monotonic() - started)
 
     results = await asyncio.gather(*(start(c) for c in children), return_exceptions=True)
     failed = [r for r in results if isinstance(r, BaseException)]
     if failed:
         raise failed[0]
-    for child in children:
-        await agents.store.mark_agent(child.settings.id, LIVE)
+    await agents.store.mark_agents([child.settings.id for child in children], LIVE)
 
 
 async def _undo(agents: Agents, children: list[_Child], plan: _Plan | None) -> None:

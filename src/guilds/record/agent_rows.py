@@ -136,6 +136,19 @@ def admit(conn: sa.Connection, row: Mapping[str, Any], max_total: int, max_per_o
     return retired
 
 
+def admit_all(conn: sa.Connection, rows: Sequence[Mapping[str, Any]], max_total: int, max_per_owner: int,
+              evictable: Sequence[str] = ()) -> list[str]:
+    """``admit`` of each row in turn, in the caller's one transaction (a refusal of any raised:
+    the transaction then keeps none); the ids of the pooled agents retired to make room."""
+    retired = [admit(conn, row, max_total, max_per_owner, evictable) for row in rows]  # one retired is no more pooled
+    return [agent_id for agent_id in retired if agent_id is not None]
+
+
+def mark_all(conn: sa.Connection, agent_ids: Sequence[str], status: str) -> int:
+    """Set the status of every agent of agent_ids (not ``removed``); the rows changed."""
+    return conn.execute(sa.update(agents).where(agents.c.id.in_(list(agent_ids))).values(status=status)).rowcount
+
+
 def adopt(conn: sa.Connection, candidates: Sequence[str], change: Mapping[str, Any], max_per_owner: int) -> str | None:
     """The first of candidates still ``pooled`` made ``live`` with ``change`` (owner, created_at,
     expires_at), within the owner's cap (AgentRefused past it); its id, None when none is pooled."""

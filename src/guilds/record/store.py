@@ -421,6 +421,19 @@ class Store:
         return await self._in_transaction(
             f"the new agent {row['id']}", lambda conn: agent_rows.admit(conn, row, max_total, max_per_owner, evictable))
 
+    async def admit_agents(self, rows: Sequence[dict[str, Any]], *, max_total: int, max_per_owner: int,
+                           evictable: Sequence[str] = ()) -> list[str]:
+        """``admit_agent`` of every row in one transaction: all are recorded, or none (the refusal
+        raised); the ids of the pooled agents retired to make room."""
+        return await self._in_transaction(
+            f"{len(rows)} new agents",
+            lambda conn: agent_rows.admit_all(conn, rows, max_total, max_per_owner, evictable))
+
+    async def mark_agents(self, agent_ids: Sequence[str], status: str) -> int:
+        """Set the status of every agent of agent_ids in one transaction; the rows changed."""
+        return await self._in_transaction(f"the status of {len(agent_ids)} agents",
+                                          lambda conn: agent_rows.mark_all(conn, agent_ids, status))
+
     async def adopt_agent(self, candidates: Sequence[str], change: dict[str, Any], *, max_per_owner: int) -> str | None:
         """One of the pooled candidates made live with ``change`` (``agent_rows.adopt``); its id or None."""
         return await self._in_transaction(

@@ -171,6 +171,12 @@ class Toolbox:
         """This toolbox started its sandbox (at its first call)."""
         return self._started
 
+    def started_by_maker(self, seconds: float) -> None:
+        """Say that whoever made this toolbox started its sandbox just now, in seconds: its first
+        call does not start it again (each call still finds it, ``Sandbox.exec``)."""
+        self._started = True
+        self.observer.sandbox_started(self.settings.id, self.sandbox.name, seconds)
+
     async def _ensure_started(self) -> None:
         if self._started:
             return
