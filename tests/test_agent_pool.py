@@ -499,6 +499,38 @@ def pool_row(agent_id: str, owner: str) -> dict:
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+async def test_the_record_admits_many_at_once_all_or_none_evicting_one_pooled_agent_for_each_past_the_cap(
+        tmp_path, backend):
+    if backend == "postgresql" and not PG_URL:
+        pytest.skip("GUILDS_TEST_POSTGRES_URL is not set")
+    url = normalize_url(PG_URL if backend == "postgresql" else f"sqlite:///{tmp_path}/guilds.db")
+    async with Store(url) as store, store.engine.begin() as conn:
+        await conn.execute(sa.text("DROP TABLE agents"))  # a table of this test's own
+    async with Store(url) as store:
+        try:
+            for agent_id in ("p1", "p2"):
+                await store.admit_agent(pool_row(agent_id, "pool:holder"), max_total=4, max_per_owner=4)
+                assert await store.mark_agent(agent_id, "pooled", only_from=("making",))
+            retired = await store.admit_agents([pool_row(f"l{n}", "alice") for n in (1, 2, 3)], max_total=4,
+                                               max_per_owner=3, evictable=["gone", "p1", "p2"])
+            assert retired == ["p1"]  # the third is past the cap of 4
+            making = await store.agents(statuses=("making",))
+            assert sorted(a.id for a in making) == ["l1", "l2", "l3"]
+            with pytest.raises(AgentRefused, match=r"^owner 'bob' holds 1 agents"):
+                await store.admit_agents([pool_row("b1", "bob"), pool_row("b2", "bob")], max_total=10,
+                                         max_per_owner=1)
+            with pytest.raises(AgentRefused, match=r"^this server holds 5 agents"):
+                await store.admit_agents([pool_row("b1", "bob"), pool_row("b2", "bob")], max_total=5,
+                                         max_per_owner=2)
+            assert not await store.agents(owner="bob", statuses=("making", "live"))  # a refusal keeps none
+            assert await store.mark_agents(["l1", "l2", "l3"], "live") == 3
+            assert sorted(a.id for a in await store.agents(statuses=("live",))) == ["l1", "l2", "l3"]
+        finally:
+            async with store.engine.begin() as conn:
+                await conn.execute(sa.text("DROP TABLE agents"))  # the shared test database left as found
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 async def test_the_record_adopts_once_evicts_at_the_cap_and_hands_over(tmp_path, backend):
     if backend == "postgresql" and not PG_URL:
         pytest.skip("GUILDS_TEST_POSTGRES_URL is not set")

@@ -104,3 +104,22 @@ async def test_makes_at_once_whose_ids_share_a_uid_end_with_uids_of_their_own(tm
         made = await asyncio.gather(*(agent.make_agent("py", owner="alice") for _ in range(4)))
         uids = [m.record.uid for m in made]
         assert sorted(uids) == [10, 11, 12, 13]
+
+
+async def test_a_fork_whose_drawn_ids_share_a_uid_admits_its_children_one_by_one_each_with_its_own(
+        tmp_path, monkeypatch):
+    from guilds.agents import fork
+
+    drawn = forced(monkeypatch, {"server1": 1, "py-src": 5, "py-a": 6, "py-b": 6, "py-c": 5,
+                                 "py-d": 7, "py-e": 7, "py-f": 8, "py-g": 9})
+    monkeypatch.setattr(fork, "new_agent_id", registry.new_agent_id)  # the draw forced() set
+    async with opened(tmp_path, server(tmp_path, max=10, per_owner=10)) as agent:
+        source = await agent.make_agent("py", owner="alice")
+        done = await agent.fork(source.id, 3)  # drawn at once: py-b shares py-a's uid, py-c the source's
+        assert [(c.record.id, c.record.uid) for c in done.agents] == [("py-d", 7), ("py-f", 8), ("py-g", 9)]
+        assert drawn == ["py-src", "py-a", "py-b", "py-c", "py-d", "py-e", "py-f", "py-g"]
+        assert sorted((a.id, a.uid) for a in await agent.list_agents()) == \
+            [("py-d", 7), ("py-f", 8), ("py-g", 9), ("py-src", 5)]
+    assert not any(p.name in ("py-a", "py-b", "py-c", "py-e") for p in (tmp_path / "data").rglob("*"))
+    with sqlite3.connect(tmp_path / "data" / "guilds.db") as conn:
+        assert {row[0] for row in conn.execute("SELECT id FROM agents")} == {"py-src", "py-d", "py-f", "py-g"}

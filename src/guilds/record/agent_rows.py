@@ -100,13 +100,25 @@ def _lock(conn: sa.Connection) -> None:
 
 def _owner_within(conn: sa.Connection, owner: str, max_per_owner: int) -> None:
     if _counted(conn, HELD, agents.c.owner == owner) >= max_per_owner:
-        raise AgentRefused(f"owner {owner!r} holds {max_per_owner} agents, the most one owner may "
-                           f"(agents.max_per_owner); remove one first")
+        raise _owner_full(owner, max_per_owner)
+
+
+def _owner_full(owner: str, max_per_owner: int) -> AgentRefused:
+    return AgentRefused(f"owner {owner!r} holds {max_per_owner} agents, the most one owner may "
+                        f"(agents.max_per_owner); remove one first")
+
+
+def _server_full(max_total: int) -> AgentRefused:
+    return AgentRefused(f"this server holds {max_total} agents, its most (agents.max); remove one first")
+
+
+def _uid_taken(uid: int) -> UidTaken:
+    return UidTaken(f"uid {uid}: another agent of this data folder runs as it")
 
 
 def _uid_free(conn: sa.Connection, uid: int | None) -> None:
     if uid is not None and _counted(conn, RUNNING, agents.c.uid == uid):
-        raise UidTaken(f"uid {uid}: another agent of this data folder runs as it")
+        raise _uid_taken(uid)
 
 
 def _retire_one(conn: sa.Connection, evictable: Sequence[str]) -> str | None:
@@ -129,7 +141,7 @@ def admit(conn: sa.Connection, row: Mapping[str, Any], max_total: int, max_per_o
     if _counted(conn, ON_SERVER) >= max_total:
         retired = _retire_one(conn, evictable)
         if retired is None:
-            raise AgentRefused(f"this server holds {max_total} agents, its most (agents.max); remove one first")
+            raise _server_full(max_total)
     _owner_within(conn, row["owner"], max_per_owner)
     _uid_free(conn, row.get("uid"))
     conn.execute(sa.insert(agents).values(**row, status=MAKING))
@@ -138,10 +150,32 @@ def admit(conn: sa.Connection, row: Mapping[str, Any], max_total: int, max_per_o
 
 def admit_all(conn: sa.Connection, rows: Sequence[Mapping[str, Any]], max_total: int, max_per_owner: int,
               evictable: Sequence[str] = ()) -> list[str]:
-    """``admit`` of each row in turn, in the caller's one transaction (a refusal of any raised:
-    the transaction then keeps none); the ids of the pooled agents retired to make room."""
-    retired = [admit(conn, row, max_total, max_per_owner, evictable) for row in rows]  # one retired is no more pooled
-    return [agent_id for agent_id in retired if agent_id is not None]
+    """``admit`` of every row, in the caller's one transaction, the counts read once (a refusal
+    of any raised: the transaction then keeps none); the ids of the pooled agents retired to
+    make room, one for each row past the server's cap."""
+    _lock(conn)
+    on_server, held, retired = _counted(conn, ON_SERVER), {}, []
+    uids = set(conn.execute(sa.select(agents.c.uid).where(agents.c.status.in_(RUNNING),
+                                                          agents.c.uid.is_not(None))).scalars())
+    for row in rows:
+        if on_server >= max_total:  # a pooled agent retired leaves the server's count as it was
+            gone = _retire_one(conn, evictable)
+            if gone is None:
+                raise _server_full(max_total)
+            retired.append(gone)
+        else:
+            on_server += 1
+        owner, uid = row["owner"], row.get("uid")
+        if owner not in held:
+            held[owner] = _counted(conn, HELD, agents.c.owner == owner)
+        if held[owner] >= max_per_owner:
+            raise _owner_full(owner, max_per_owner)
+        held[owner] += 1
+        if uid is not None and uid in uids:
+            raise _uid_taken(uid)
+        uids.add(uid)
+    conn.execute(sa.insert(agents), [{**row, "status": MAKING} for row in rows])
+    return retired
 
 
 def mark_all(conn: sa.Connection, agent_ids: Sequence[str], status: str) -> int:
