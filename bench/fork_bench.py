@@ -2,7 +2,7 @@
 repository, to each child's first call, against `cp -a` of the same tree in the same run.
 
 Run (as root, bubblewrap and overlayfs here):
-    .venv/bin/python bench/fork_bench.py [--rounds 3] [--mb 100] [--sizes 10,100]
+    .venv/bin/python bench/fork_bench.py [--rounds 3] [--mb 100] [--sizes 10,100] [--steps 20]
 
 The tree: whole packages of this venv's site-packages until --mb megabytes, made a git
 repository (untimed), the starting home of a template on bwrap. One agent is made of it
@@ -18,12 +18,19 @@ in a new shuffled order so the machine's load falls on all alike, times:
   and, for n = 10, n copies one after another.
 
 The children are removed after each round (untimed). Prints Markdown tables.
+
+--steps N: where a fork's time goes, per child. One fork(N) whose children are
+started one at a time, then their first calls one at a time, so no step waits
+for another's CPU: each step's wall time, summed over the fork, divided by N
+(the freeze once). Steps that run at once in a real fork share the two cores
+as these figures add up.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import random
 import shutil
@@ -41,8 +48,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 from checkpoint_bench import make_repo  # noqa: E402
 
 import guilds  # noqa: E402
-from guilds.agents import fork_layers  # noqa: E402
+from guilds.agents import fork, fork_layers, mounts  # noqa: E402
 from guilds.agents.homes import overlay_dir  # noqa: E402
+from guilds.record.store import Store  # noqa: E402
+from guilds.sandbox.bwrap import bwrap_sandbox  # noqa: E402
+from guilds.toolbox.resident_channel import ResidentChannel  # noqa: E402
 
 SETTINGS = '''
 [agent]
@@ -99,7 +109,72 @@ def freeze_round(data: Path, home: Path, times: dict[str, list[float]]) -> None:
     fork_layers.prune(data, [name])
 
 
-async def run(root: Path, repo: Path, sizes: list[int], rounds: int) -> dict[str, list[float]]:
+ONCE = "the source's upper frozen as a layer (once, under its call gate; not per child)"
+STEPS = (
+    ("rows admitted (one transaction)", Store, "admit_agents"),
+    (ONCE, fork, "_freeze_live"),
+    ("the children's overlay folders made", fork, "_plan"),
+    ("home mounted (its layers idmapped, the overlay)", fork, "_home"),
+    ("  of which the user namespace of the idmaps", mounts, "_user_namespace"),
+    ("sandbox started", bwrap_sandbox.BwrapSandbox, "_start"),
+    ("  of which bwrap launched to its init's ready", bwrap_sandbox.BwrapSandbox, "_launch"),
+    ("rows made live (one transaction)", Store, "mark_agents"),
+    ("first call: the resident helper opened", ResidentChannel, "open"),
+)
+
+
+def timing(owner, name: str, spent: list[float]) -> None:
+    """owner.name (a coroutine function or a function) made to add its wall time to spent."""
+    inner = getattr(owner, name)
+    if asyncio.iscoroutinefunction(inner):
+        async def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return await inner(*args, **kwargs)
+            finally:
+                spent.append(ms(start))
+    else:
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                spent.append(ms(start))
+    setattr(owner, name, functools.wraps(inner)(timed))
+
+
+async def steps_round(server, source, n: int) -> list[tuple[str, float]]:
+    """fork(n), its children started one at a time, then their first calls one at a time:
+    each step's wall time summed over the fork, per child (ms)."""
+    spent: dict[str, list[float]] = {label: [] for label, _, _ in STEPS}
+    kept = [(owner, name, getattr(owner, name)) for _, owner, name in STEPS]
+    for label, owner, name in STEPS:
+        timing(owner, name, spent[label])
+    at_once, fork.FORK_STARTS_AT_ONCE = fork.FORK_STARTS_AT_ONCE, 1
+    try:
+        start = time.perf_counter()
+        done = await server.fork(source.id, n)
+        forked = ms(start)
+        calls = []
+        for child in done.agents:
+            start = time.perf_counter()
+            answer = await child.call(f"first-{child.id}", "shell", {"command": "true"})
+            calls.append(ms(start))
+            assert "exit_code" not in answer.text, answer.text
+    finally:
+        fork.FORK_STARTS_AT_ONCE = at_once
+        for owner, name, inner in kept:
+            setattr(owner, name, inner)
+    for child in done.agents:
+        await server.remove_agent(child.id)
+    rows = [(label, sum(spent[label]) / (1 if label == ONCE else n)) for label, _, _ in STEPS]
+    rows.append(("first call (`shell` `true`), the helper's opening included", statistics.mean(calls)))
+    rows.append((f"the whole fork({n}), its children one at a time, per child", forked / n))
+    return rows
+
+
+async def run(root: Path, repo: Path, sizes: list[int], rounds: int,
+              steps: int = 0) -> dict[str, list[float]] | list[tuple[str, float]]:
     (root / "own-home").mkdir()
     settings = root / "settings.toml"
     settings.write_text(SETTINGS.format(repo=repo, cap=max(sizes) + 1))
@@ -114,6 +189,10 @@ async def run(root: Path, repo: Path, sizes: list[int], rounds: int) -> dict[str
         upper = overlay_dir(data, home) / "upper"
         print(f"the source's upper: {sum(1 for _ in upper.rglob('*'))} paths; "
               f"`du -sh`: {subprocess.run(['du', '-sh', str(upper)], capture_output=True, text=True).stdout.split()[0]}")
+        if steps:
+            per_child = await steps_round(server, source, steps)
+            await server.remove_agent(source.id)
+            return per_child
         scratch = root / "copies"
         scratch.mkdir()
         steps = [("freeze", 0, False), ("cp", 1, False)]
@@ -136,7 +215,8 @@ async def run(root: Path, repo: Path, sizes: list[int], rounds: int) -> dict[str
 def report(times: dict[str, list[float]], files: int, size: int, rounds: int) -> None:
     med = {name: statistics.median(v) for name, v in times.items()}
     cp = med["cp -a of the home x1"]
-    print(f"tree: {files} paths, {size / 1e6:.0f} MB; median of {rounds} rounds\n")
+    print(f"tree: {files} paths, {size / 1e6:.0f} MB; median of {rounds} rounds; load average at the end "
+          f"{os.getloadavg()[0]:.1f}\n")
     print("| step | median ms | min ms | max ms | / one cp -a |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for name, value in sorted(med.items()):
@@ -148,12 +228,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--mb", type=int, default=100)
     parser.add_argument("--sizes", default="10,100")
+    parser.add_argument("--steps", type=int, default=0, help="where fork(STEPS)'s time goes, per child")
     opts = parser.parse_args()
     sizes = [int(n) for n in opts.sizes.split(",")]
     with tempfile.TemporaryDirectory(prefix="forkbench-") as tmp:
         root = Path(tmp)
         repo = root / "repo"
         files, size = make_repo(repo, opts.mb)
+        if opts.steps:
+            per_child = asyncio.run(run(root, repo, [opts.steps], 1, opts.steps))
+            print(f"tree: {files} paths, {size / 1e6:.0f} MB; fork({opts.steps}), load average "
+                  f"{os.getloadavg()[0]:.1f}\n\n| step | ms per child |\n| --- | ---: |")
+            for label, value in per_child:
+                print(f"| {label} | {value:.1f} |")
+            return
         times = asyncio.run(run(root, repo, sizes, opts.rounds))
         report(times, files, size, opts.rounds)
 
