@@ -4,7 +4,7 @@
                 [--agent ID]
     guilds tools [--format anthropic|openai|openai-responses|mcp]
     guilds serve [--home DIR] [--port N] [--host H] [--allow-host NAME] [--no-token] [--sandbox NAME] [--config FILE]
-                 [--e2b [--e2b-key NAME] [--e2b-sleep-idle SECONDS]]
+                 [--e2b [--e2b-key NAME] [--e2b-sleep-idle SECONDS] [--e2b-shared]]
     guilds mcp [--home DIR] [--sandbox NAME] [--config FILE]
     guilds doctor [--config FILE] [--sandbox NAME]
     guilds serve image [--tag T] [--base B] [--rootfs TAR] [--no-install] [--extra NAME]
@@ -95,6 +95,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             server.add_argument("--e2b-sleep-idle", type=_sleep_idle_seconds, default=None, metavar="SECONDS",
                                 help="with --e2b: a sandbox's process service idle this long sleeps "
                                      f"(default {ENVD_SLEEP_IDLE_SECONDS}; 0: never)")
+            server.add_argument("--e2b-shared", action="store_true",
+                                help="with --e2b: the sandboxes are in the run record, served by every server on "
+                                     "it (replicas: docs/deploy.md)")
     doctor = sub.add_parser("doctor", help="what works on this machine and what does not, with the fix")
     settings_options(doctor)
     box = sub.add_parser("sandbox", help="the agents' sandboxes: image, list, stop, rm")
@@ -265,6 +268,8 @@ def _refuse_no_token_off_loopback(opts: argparse.Namespace) -> None:
         raise ConfigError("--e2b-key: only with --e2b")
     if opts.e2b_sleep_idle is not None and not opts.e2b:
         raise ConfigError("--e2b-sleep-idle: only with --e2b")
+    if opts.e2b_shared and not opts.e2b:
+        raise ConfigError("--e2b-shared: only with --e2b")
 
 
 def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -294,7 +299,7 @@ def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
         e2b_keys = tuple(opts.e2b_key) if opts.e2b else None
         signum = asyncio.run(serve(wired, opts.host, opts.port, no_token=opts.no_token,
                                    allow_hosts=tuple(opts.allow_host), e2b_keys=e2b_keys,
-                                   e2b_sleep_idle=opts.e2b_sleep_idle))
+                                   e2b_sleep_idle=opts.e2b_sleep_idle, e2b_shared=opts.e2b_shared))
     except KeyboardInterrupt:  # before the server held its stop signals: nothing opened yet
         return EXIT_OK
     if signum is not None:

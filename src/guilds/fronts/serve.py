@@ -222,11 +222,12 @@ async def agents_reaped(wired: Wired, store: Store, metrics: Metrics | None = No
 
 async def serve(wired: Wired, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, no_token: bool = False,
                 allow_hosts: tuple[str, ...] = (), e2b_keys: tuple[str, ...] | None = None,
-                e2b_sleep_idle: int | None = None) -> int | None:
+                e2b_sleep_idle: int | None = None, e2b_shared: bool = False) -> int | None:
     """Serve until a stop signal; ``wired`` from ``guilds.fronts.wiring.resolve``, as for every front.
     ``allow_hosts``: more Host names to answer (the names this machine is reached by);
     ``e2b_keys``: serve the E2B API too (``guilds.fronts.e2b``), with these key names besides the default;
-    ``e2b_sleep_idle``: its sandboxes' process services sleep after this many idle seconds (None: the default).
+    ``e2b_sleep_idle``: its sandboxes' process services sleep after this many idle seconds (None: the default);
+    ``e2b_shared``: its sandboxes are every server's on the same run record (replicas: docs/deploy.md).
     Returns the stop signal's number once everything it opened is closed (the reaper stopped,
     the resident helpers ended, the record closed and this process's entry in it removed)."""
     import uvicorn
@@ -242,7 +243,7 @@ async def serve(wired: Wired, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
             if e2b_keys is not None:
                 from .e2b import E2BFront  # the E2B front: imported only when served
 
-                e2b = E2BFront(agents, lock, e2b_keys, e2b_sleep_idle)
+                e2b = E2BFront(agents, lock, e2b_keys, e2b_sleep_idle, shared=e2b_shared)
                 await e2b.sandboxes.remove_left()
                 app = e2b.wrap(app)  # type: ignore[assignment]
             app = with_health(app, toolbox.store.answers)  # type: ignore[assignment]

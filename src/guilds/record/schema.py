@@ -43,6 +43,10 @@ Tables:
            for one taken by name), moment (before, after, named), name, at,
            files, bytes, status (kept, pruned); a record made before it gets
            the table, empty, at setup
+    e2b_sandboxes the E2B sandboxes of servers that share them (``guilds serve --e2b
+           --e2b-shared``, docs/deploy.md): id, agent_id, key_name, template,
+           metadata, env_vars, network, lifecycle, started_at, end_at, state
+           (running, paused); deleted when the sandbox is killed
 """
 
 from __future__ import annotations
@@ -186,3 +190,19 @@ checkpoints = sa.Table(
     sa.Index("checkpoints_by_call", "run_id", "seq"),
 )
 """The checkpoints of agents' homes, one row each (``Store.add_checkpoint``)."""
+
+e2b_sandboxes = sa.Table(
+    "e2b_sandboxes", metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("agent_id", sa.String(128), nullable=False),
+    sa.Column("key_name", sa.String(128), nullable=False),
+    sa.Column("template", sa.String(128), nullable=False),
+    sa.Column("metadata", _JSON, nullable=False),
+    sa.Column("env_vars", _JSON, nullable=False),
+    sa.Column("network", _JSON),
+    sa.Column("lifecycle", _JSON, nullable=False),
+    sa.Column("started_at", _TS, nullable=False),
+    sa.Column("end_at", _TS, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+)
+"""The shared E2B sandboxes, one row each while they live (``guilds.fronts.e2b.shared``)."""

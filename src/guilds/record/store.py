@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 import random
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 import sqlalchemy as sa
@@ -56,7 +56,18 @@ from .engine import (
     sqlite_pragmas,
 )
 from .owners import Lease, Owner, is_gone, machine_id
-from .schema import agents, calls, checkpoints, context_marks, egress, owners, run_principals, runs, tasks
+from .schema import (
+    agents,
+    calls,
+    checkpoints,
+    context_marks,
+    e2b_sandboxes,
+    egress,
+    owners,
+    run_principals,
+    runs,
+    tasks,
+)
 from .statements import (
     CALL_WRITES,
     FLOW_COLUMNS,
@@ -153,6 +164,26 @@ class Store:
         entry = sa.insert(owners).values(id=me.id, machine=me.machine, pid=me.pid, pid_start=me.pid_start,
                                          heartbeat_at=utc_now())
         await self._in_transaction("this process's owner entry", lambda conn: conn.execute(entry))
+
+    async def put_e2b_sandbox(self, row: dict[str, Any]) -> None:
+        """A shared E2B sandbox's row (the ``e2b_sandboxes`` columns), made."""
+        await self._in_transaction("an E2B sandbox", lambda conn: conn.execute(sa.insert(e2b_sandboxes).values(row)))
+
+    async def e2b_sandbox(self, sandbox_id: str) -> dict[str, Any] | None:
+        """A shared E2B sandbox's row, None when there is none (never made, or killed)."""
+        query = sa.select(e2b_sandboxes).where(e2b_sandboxes.c.id == sandbox_id)
+        found = await self._reading(lambda conn: conn.execute(query).mappings().first())
+        if found is None:
+            return None
+        return {**found, **{k: _utc(found[k]) for k in ("started_at", "end_at")}}
+
+    async def update_e2b_sandbox(self, sandbox_id: str, **values: Any) -> None:
+        change = sa.update(e2b_sandboxes).where(e2b_sandboxes.c.id == sandbox_id).values(**values)
+        await self._in_transaction("an E2B sandbox's change", lambda conn: conn.execute(change))
+
+    async def forget_e2b_sandbox(self, sandbox_id: str) -> None:
+        gone = sa.delete(e2b_sandboxes).where(e2b_sandboxes.c.id == sandbox_id)
+        await self._in_transaction("an E2B sandbox's end", lambda conn: conn.execute(gone))
 
     async def answers(self) -> bool:
         """Whether the record answers a read now (a server's readiness: ``guilds.web.health``)."""
@@ -539,3 +570,8 @@ class Store:
         task["owner_alive"] = row["owner"] is not None and (row["registered"] is not None
                                                             or row["owner"] == self.owner.id)
         return task
+
+
+def _utc(moment: datetime) -> datetime:
+    """A moment in UTC (SQLite hands it back naive)."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment

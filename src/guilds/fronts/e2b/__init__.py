@@ -12,18 +12,20 @@ every sandbox's in-sandbox API (``in_sandbox``: ``E2b-Sandbox-Id`` and
 credentials (never the endpoint's token: the key is made from it, ``keys``) and
 the Host header as the endpoint lock does; a request to a sandbox's port
 (``<port>-<id>.<domain>``, ``ingress``) is proxied into it; everything else goes to
-the app behind its lock. Each E2B sandbox is an agent made on demand (``sandboxes``).
+the app behind its lock. Each E2B sandbox is an agent made on demand (``sandboxes``);
+with ``shared``, also a row of the run record that every server on it serves (``shared``).
 docs/e2b.md says what is served and how it differs from E2B.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 
-from ...errors import ConfigError
+from ...errors import ConfigError, GuildsError
 from ...limits import SERVE_CANCEL_WAIT_SECONDS
 from ...web.endpoint_lock import Lock
 from . import unserved
@@ -35,6 +37,7 @@ from .ingress import Ingress, Refused, answer_refused, domain_of, target_of
 from .keys import Keys
 from .recording import recorded
 from .sandboxes import Sandboxes
+from .shared import SharedRecord
 from .snapshot_api import SnapshotApi
 from .snapshots import Snapshots
 
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
     from ...agents.registry import Agents
 
 CLIENT_ID = "guilds"
+log = logging.getLogger(__name__)
 _PATHS = ("/sandboxes", "/v2/sandboxes", "/files", "/health", *unserved.PATHS)
 _PREFIXES = ("/sandboxes/", "/v2/sandboxes/", "/process.Process/", "/filesystem.Filesystem/",
              *(path + "/" for path in unserved.PATHS))
@@ -58,16 +62,29 @@ def _host_name(host_header: str) -> str:
     return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
 
 
+def sandbox_named(scope: dict) -> str | None:
+    """The sandbox id an E2B request names: the in-sandbox API's header, else its path's."""
+    named = dict(scope["headers"]).get(b"e2b-sandbox-id")
+    if named:
+        return named.decode("latin-1")
+    parts = scope["path"].split("/")
+    at = 2 if parts[1:2] == ["sandboxes"] else 3 if parts[1:3] == ["v2", "sandboxes"] else 0
+    return parts[at] if at and len(parts) > at and parts[at] else None
+
+
 class E2BFront:
-    def __init__(self, agents: Agents, lock: Lock, key_names: tuple[str, ...] = (), sleep_idle: int | None = None):
+    def __init__(self, agents: Agents, lock: Lock, key_names: tuple[str, ...] = (), sleep_idle: int | None = None,
+                 *, shared: bool = False):
         """agents: the agents made on demand of the settings' templates, one per E2B sandbox
         (their caps are the sandboxes' caps); key_names: the keys besides ``default``;
-        sleep_idle: a process service idle this many seconds sleeps (None: the default; 0: never)."""
+        sleep_idle: a process service idle this many seconds sleeps (None: the default; 0: never);
+        shared: the sandboxes are every server's on this run record (``shared``, docs/deploy.md)."""
         if lock.token is None:
             raise ConfigError("--e2b: the E2B keys are made from the endpoint's token; serve with the token")
         self.keys = Keys(lock.token, key_names)
         self.hosts = lock.hosts
-        self.sandboxes = Sandboxes(agents, CLIENT_ID, sleep_idle)
+        self.sandboxes = Sandboxes(agents, CLIENT_ID, sleep_idle,
+                                   SharedRecord(agents.store, lock.token) if shared else None)
         forks = Forks(self.sandboxes, Snapshots.open(agents.data_dir))
         control = ControlPlane(self.sandboxes, self.keys, forks)
         self.metrics = control.metrics
@@ -93,6 +110,7 @@ class E2BFront:
                             "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
                 await send({"type": "http.response.body", "body": b"Invalid host header"})
                 return
+            await self._refreshed(sandbox_named(scope))
             await self.app({**scope, TRANSPORT: connection_of(send)}, receive, send)
 
         return dispatch
@@ -107,8 +125,18 @@ class E2BFront:
             return True
         if target is None:
             return False
+        await self._refreshed(target.sandbox_id)
         await self.ingress({**scope, TRANSPORT: connection_of(send)}, receive, send, target)
         return True
+
+    async def _refreshed(self, sandbox_id: str | None) -> None:
+        """Shared: the named sandbox as the run record says, before its request (``shared``)."""
+        if sandbox_id is None or self.sandboxes.shared is None:
+            return
+        try:
+            await self.sandboxes.refresh(sandbox_id)
+        except (GuildsError, OSError) as exc:  # the request then says what is wrong
+            log.warning("e2b: sandbox %s not read from the run record: %s", sandbox_id, exc)
 
     def _closing_first(self, receive: Callable) -> Callable:
         """The lifespan's receive: at the server's start, the sandboxes' sampling begins

@@ -53,6 +53,7 @@ from .ingress_options import PUBLIC, Ingress
 from .lifecycle import KILLED_AT_TIMEOUT, Lifecycle
 from .network_options import Entries, narrowing, network_reported
 from .recording import Recorder
+from .shared import SharedRecord, lifecycle_of, network_of
 
 if TYPE_CHECKING:
     from ...agents.registry import Agents
@@ -143,10 +144,13 @@ def _iso(moment: datetime) -> str:
 class Sandboxes:
     """Every E2B sandbox of this server, by id; each request names its key."""
 
-    def __init__(self, agents: Agents, client_id: str, sleep_idle: int | None = None):
+    def __init__(self, agents: Agents, client_id: str, sleep_idle: int | None = None,
+                 shared: SharedRecord | None = None):
         """agents: the agents made on demand of the settings' templates, one per sandbox;
-        sleep_idle: their process services' (``EnvdChannel.open``; None: its default)."""
-        self.agents, self.client_id = agents, client_id
+        sleep_idle: their process services' (``EnvdChannel.open``; None: its default);
+        shared: the sandboxes are in the record for every server on it (``shared``)."""
+        self.agents, self.client_id, self.shared = agents, client_id, shared
+        self._taking_up = asyncio.Lock()
         self.domain: str | None = None
         """Where the sandboxes' ports are served (``ingress``), once the server listens."""
         self.sleep_idle = ENVD_SLEEP_IDLE_SECONDS if sleep_idle is None else sleep_idle
@@ -197,7 +201,10 @@ class Sandboxes:
 
     async def remove_left(self) -> list[str]:
         """The agents of E2B sandboxes that a stopped server left, removed (no server serves
-        them again: their access tokens were its own); their ids."""
+        them again: their access tokens were its own); their ids. Shared, none: the others
+        serve them."""
+        if self.shared is not None:
+            return []
         left = [a.id for a in await self.agents.live() if a.owner.startswith(OWNER_PREFIX)]
         ends = await asyncio.gather(*map(self._remove_agent, left), return_exceptions=True)
         for agent_id, failed in zip(left, ends, strict=True):
@@ -249,14 +256,18 @@ class Sandboxes:
         its process service started, its timer armed. A failure removes the agent."""
         try:
             toolbox = await self.agents.toolbox(made.id)
-            box = E2BSandbox(id="i" + secrets.token_hex(10), key_name=asked.key_name, template=asked.template_id,
-                             metadata=asked.metadata, env_vars=asked.env_vars, access_token=secrets.token_urlsafe(32),
+            box_id = "i" + secrets.token_hex(10)
+            token = secrets.token_urlsafe(32) if self.shared is None else self.shared.access_token(box_id)
+            box = E2BSandbox(id=box_id, key_name=asked.key_name, template=asked.template_id,
+                             metadata=asked.metadata, env_vars=asked.env_vars, access_token=token,
                              started_at=asked.started,
                              end_at=made.expires_at or asked.started + timedelta(seconds=asked.timeout),
                              agent=toolbox, network=asked.network, lifecycle=asked.lifecycle,
                              ingress=asked.ingress.renewed())
             box.recorder = Recorder(toolbox, box.run_id)
             box.envd = await self.open_envd(made.id, toolbox.sandbox)
+            if self.shared is not None:
+                await self.shared.put(box)
         except BaseException:
             with contextlib.suppress(GuildsError, OSError):  # the first failure is the one to tell
                 await asyncio.shield(self._remove_agent(made.id))
@@ -307,6 +318,8 @@ class Sandboxes:
         box.end_at = datetime.now(UTC) + timedelta(seconds=seconds)
         self._arm(box)
         await self.agents.store.expire_agent(box.agent_id, box.end_at)
+        if self.shared is not None:
+            await self.shared.changed(box)
 
     def _arm(self, box: E2BSandbox) -> None:
         """Its timer set to kill it at its end (or pause it, when its lifecycle says so)."""
@@ -316,10 +329,20 @@ class Sandboxes:
         box.timer = asyncio.get_running_loop().call_later(max(delay, 0), self._timed_out, box)
 
     def _timed_out(self, box: E2BSandbox) -> None:
-        ending = asyncio.ensure_future(self._pause_at_timeout(box) if box.lifecycle.pause_at_timeout
-                                       else self.kill(box))
+        ending = asyncio.ensure_future(self._at_end(box))
         self._ending.add(ending)  # held until it ends: the loop keeps only a weak reference
         ending.add_done_callback(self._ending.discard)
+
+    async def _at_end(self, box: E2BSandbox) -> None:
+        """Its timeout: killed, or paused when its lifecycle says so. Shared, its row read
+        first: an end moved elsewhere re-arms the timer, a row gone forgets it here."""
+        if self.shared is not None and not await self.shared.due(box):
+            if box.id in self._all and await self.shared.found(box.id) is not None:
+                self._arm(box)
+            else:
+                await self._forget(box)
+            return
+        await (self._pause_at_timeout(box) if box.lifecycle.pause_at_timeout else self.kill(box))
 
     async def _pause_at_timeout(self, box: E2BSandbox) -> None:
         with contextlib.suppress(ConnectError):  # killed, or paused, meanwhile
@@ -334,6 +357,8 @@ class Sandboxes:
             return
         if box.timer is not None:
             box.timer.cancel()
+        if self.shared is not None:  # not_found on every server from now
+            await self.shared.gone(box.id)
         async with box.changing:  # a pause or resume under way ends first
             if box.sandbox.isolates:  # the sandbox's stop ends the process service and its commands
                 self._drop_envd(box)
@@ -366,6 +391,8 @@ class Sandboxes:
                 await box.sandbox.stop()
             box.state = PAUSED
             await self.agents.store.expire_agent(box.agent_id, None)
+            if self.shared is not None:
+                await self.shared.changed(box)
 
     async def resume(self, box: E2BSandbox, timeout: int) -> bool:
         """Running again, for timeout seconds from now; True when it was paused. Connects that
@@ -399,6 +426,8 @@ class Sandboxes:
         self._closing = True
         if self._creating:
             await asyncio.wait(set(self._creating))
+        if self.shared is not None:  # they live on, served by the other servers
+            await asyncio.gather(*map(self._forget, list(self._all.values())), return_exceptions=True)
         boxes = list(self._all.values())
         ends = await asyncio.gather(*map(self.kill, boxes), return_exceptions=True)
         for box, failed in zip(boxes, ends, strict=True):
@@ -409,3 +438,67 @@ class Sandboxes:
         ahead, self._ahead = list(self._ahead.values()), {}
         await asyncio.gather(*(envd.close() for envd in ahead), return_exceptions=True)
 
+    # --- shared with the other servers of the record (``shared``) ---------------------------
+    async def refresh(self, sandbox_id: str) -> None:
+        """Before a request naming the sandbox: as its row says (``shared``): taken up
+        here, brought up to date, or forgotten here."""
+        if self.shared is None:
+            return
+        found = await self.shared.found(sandbox_id)
+        box = self._all.get(sandbox_id)
+        if found is None:
+            if box is not None:
+                await self._forget(box)
+        elif box is None:
+            async with self._taking_up:
+                if sandbox_id not in self._all and not self._closing:
+                    await self._take_up(found)
+        else:
+            await self._follow(box, found)
+
+    async def _take_up(self, found: dict[str, Any]) -> None:
+        """A sandbox another server made, served here too: its agent's toolbox, a process
+        service of this server's own when it runs, its timer. Its agent gone: its row too."""
+        shared = self.shared
+        if shared is None:
+            return
+        try:
+            toolbox = await self.agents.toolbox(found["agent_id"])
+        except BadInput:
+            await shared.gone(found["id"])
+            return
+        box = E2BSandbox(id=found["id"], key_name=found["key_name"], template=found["template"],
+                         metadata=found["metadata"], env_vars=found["env_vars"],
+                         access_token=shared.access_token(found["id"]), started_at=found["started_at"],
+                         end_at=found["end_at"], agent=toolbox, network=network_of(found),
+                         lifecycle=lifecycle_of(found), state=found["state"])
+        box.recorder = Recorder(toolbox, box.run_id)
+        if box.state == RUNNING:
+            await toolbox.sandbox.start()  # found, or started again, by this process
+            box.envd = await EnvdChannel.open(toolbox.sandbox, self.sleep_idle)
+            self._arm(box)
+        self._all[box.id] = box
+
+    async def _follow(self, box: E2BSandbox, found: dict[str, Any]) -> None:
+        """A sandbox held here, as its row says now: its end, paused or running."""
+        async with box.changing:
+            box.end_at = found["end_at"]
+            if found["state"] == PAUSED and box.state == RUNNING:
+                if box.timer is not None:
+                    box.timer.cancel()
+                await self._stop_envd(box)
+                box.state = PAUSED
+            elif found["state"] == RUNNING and box.state == PAUSED:
+                await box.sandbox.start()
+                box.envd, box.state = await EnvdChannel.open(box.sandbox, self.sleep_idle), RUNNING
+            if box.state == RUNNING:
+                self._arm(box)
+
+    async def _forget(self, box: E2BSandbox) -> None:
+        """No longer held here: its timer and this server's process service ended."""
+        if self._all.pop(box.id, None) is None:
+            return
+        if box.timer is not None:
+            box.timer.cancel()
+        with contextlib.suppress(GuildsError, OSError):
+            await self._stop_envd(box)

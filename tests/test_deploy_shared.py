@@ -1,0 +1,87 @@
+"""Two `guilds serve --e2b --e2b-shared` on one run record and one token, as a deployment's
+replicas are (docs/deploy.md), on this machine: an E2B sandbox made through one is served
+by the other, outlives the stop of the one that made it, and is not removed by a start."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2b_kit import _read_exports
+
+TOKEN = "shared-token-of-the-replicas-0123456789"
+
+
+@pytest.fixture
+def shared(tmp_path: Path) -> dict[str, str]:
+    """What the servers share: their settings file, the record's URL."""
+    config = tmp_path / "agent.toml"
+    config.write_text(f'[agent]\nid = "replicated"\nhome = "{tmp_path / "home"}"\nsandbox = "local"\n')
+    config.chmod(0o600)
+    return {"config": str(config), "url": f"sqlite:///{tmp_path / 'shared.db'}", "folder": str(tmp_path)}
+
+
+@contextlib.contextmanager
+def replica(shared: dict[str, str], name: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A server of its own data folder (the shared token in it): (its process, its URL)."""
+    data = Path(shared["folder"], name)
+    data.mkdir(mode=0o700)
+    (data / "serve.token").write_text(TOKEN + "\n")
+    (data / "serve.token").chmod(0o600)
+    env = {**os.environ, "GUILDS_DATA": str(data), "GUILDS_DATABASE_URL": shared["url"]}
+    proc = subprocess.Popen([sys.executable, "-m", "guilds.fronts.cli", "serve", "--port", "0", "--config",
+                             shared["config"], "--e2b", "--e2b-shared", "--e2b-key", "other"],
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        found = _read_exports(proc)
+        assert "E2B_API_URL" in found, found["printed"]
+        yield proc, found["E2B_API_URL"]
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stderr is not None:
+        proc.stderr.close()
+
+
+def on(url: str) -> dict[str, str]:
+    return {"api_url": url, "sandbox_url": url}
+
+
+def test_a_sandbox_made_through_one_server_is_served_by_the_other(shared, monkeypatch):
+    from e2b import Sandbox
+
+    from guilds.fronts.e2b.keys import api_key
+
+    monkeypatch.setenv("E2B_API_KEY", api_key(TOKEN, "default"))
+    with replica(shared, "a") as (a, url_a):
+        made = Sandbox.create(timeout=300, **on(url_a))
+        made.files.write("note.txt", "made through a\n")
+        with replica(shared, "b") as (_, url_b):  # its start removes nothing of a's
+            there = Sandbox.connect(made.sandbox_id, **on(url_b))
+            assert there.commands.run("cat note.txt").stdout == "made through a\n"
+            before = Sandbox.get_info(made.sandbox_id, **on(url_a)).end_at
+            there.set_timeout(900)
+            assert Sandbox.get_info(made.sandbox_id, **on(url_a)).end_at > before
+            stop(a)  # the server that made it stops: the sandbox lives on
+            assert there.commands.run("cat note.txt").stdout == "made through a\n"
+            there.kill()
+            assert not there.is_running()
+            with pytest.raises(Exception, match="not found"):
+                Sandbox.connect(made.sandbox_id, **on(url_b))
