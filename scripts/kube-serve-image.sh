@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The guilds serve image for the test cluster, built with no registry and put into the
-# cluster's containerd (as scripts/kube-test-env.sh puts the sandbox image there).
+# cluster's containerd (as scripts/kube-test-env.sh puts the sandbox image there), and a
+# sandbox image with this checkout's helpers beside it (the replicas check them).
 #
-#   bash scripts/kube-serve-image.sh PYTHON     # prints the image's name in the cluster
+#   bash scripts/kube-serve-image.sh PYTHON     # prints both images' names in the cluster, one a line
 #
 # PYTHON: an interpreter with guilds and its postgres extra installed (the venv).
 # The base is the Docker engine's guilds-base:local (scripts/docker-test-env.sh) with
@@ -29,15 +30,25 @@ serve_base() {
   rm -rf "$work"
 }
 
+# into_cluster NAME: the Docker engine's NAME into the cluster's containerd, tagged after its id
+# (a changed build gives a new tag, never a stale image); prints the tag.
+into_cluster() {
+  local id image
+  id=$(docker image inspect -f '{{.Id}}' "$1")
+  id=${id#sha256:}
+  image=${1%%:*}:kube-${id:0:13}
+  if ! ctr -a "$CTR_SOCK" -n k8s.io images ls -q | grep -qx "docker.io/library/$image"; then
+    docker tag "$1" "$image"
+    docker save "$image" | ctr -a "$CTR_SOCK" -n k8s.io images import - >/dev/null
+    log "imported $image"
+  fi
+  echo "$image"
+}
+
 serve_base
 PYTHONPATH="$ROOT/src" "$PYTHON" -m guilds.fronts.cli serve image --base "$BASE" --no-install \
   --tag guilds-serve:latest >/dev/null
-id=$(docker image inspect -f '{{.Id}}' guilds-serve:latest)
-image=guilds-serve:kube-${id#sha256:}
-image=${image:0:31}
-if ! ctr -a "$CTR_SOCK" -n k8s.io images ls -q | grep -qx "docker.io/library/$image"; then
-  docker tag guilds-serve:latest "$image"
-  docker save "$image" | ctr -a "$CTR_SOCK" -n k8s.io images import - >/dev/null
-  log "imported $image"
-fi
-echo "$image"
+PYTHONPATH="$ROOT/src" "$PYTHON" -m guilds.fronts.cli sandbox image --base guilds-base:local --no-install \
+  --tag guilds-sandbox-deploy:latest >/dev/null
+into_cluster guilds-serve:latest
+into_cluster guilds-sandbox-deploy:latest

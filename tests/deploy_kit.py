@@ -42,7 +42,8 @@ NODE_POD_ADDRESS = "10.244.0.1"
 """The node's side of the test cluster's pod network (scripts/kube-test-env.sh)."""
 API_NAME = "kubernetes.default.svc"
 """A name the test API server's certificate holds."""
-SANDBOX_IMAGE = os.environ.get("GUILDS_TEST_KUBE_IMAGE", "guilds-sandbox:kube-test")
+PROBE_IMAGE = os.environ.get("GUILDS_TEST_KUBE_IMAGE", "guilds-sandbox:kube-test")
+"""What the policy's probe pods run (any image with python3)."""
 ROLLOUT_SECONDS = 300
 ENDPOINTS_REFRESH_SECONDS = 0.5
 
@@ -158,25 +159,27 @@ class ServiceRoute:
 
 
 # --- the deployment ---------------------------------------------------------------------
-def serve_image() -> str:
-    """The serve image in the cluster's containerd (built and imported when it changed)."""
+def images() -> tuple[str, str]:
+    """The serve image and a sandbox image of this checkout's helpers, in the cluster's
+    containerd (built, and imported when they changed)."""
     done = subprocess.run(["bash", str(ROOT / "scripts" / "kube-serve-image.sh"), sys.executable],
                           capture_output=True, text=True, timeout=900, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"kube-serve-image.sh: {done.stderr.strip()[-3000:]}")
-    return done.stdout.strip().splitlines()[-1]
+    serve, sandbox = done.stdout.split()[-2:]
+    return serve, sandbox
 
 
-def settings_toml() -> str:
+def settings_toml(sandbox_image: str) -> str:
     return (f'[agent]\nid = "serve"\nhome = "/home/agent"\nsandbox = "kubernetes"\n\n'
-            f'[kubernetes]\nnamespace = "{NAMESPACE}"\nimage = "{SANDBOX_IMAGE}"\nmode = "claim"\nwarm = 1\n'
+            f'[kubernetes]\nnamespace = "{NAMESPACE}"\nimage = "{sandbox_image}"\nmode = "claim"\nwarm = 1\n'
             'cpu = "200m"\nmemory = "256Mi"\nhome_size = "1Gi"\n')
 
 
-def overlay(folder: Path, image: str, api_port: int) -> Path:
+def overlay(folder: Path, image: str, settings: str, api_port: int) -> Path:
     """An overlay of deploy/kubernetes for the test cluster, written into folder."""
     name, _, tag = image.partition(":")
-    (folder / "settings.toml").write_text(settings_toml())
+    (folder / "settings.toml").write_text(settings)
     patch = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "guilds-serve"},
              "spec": {"template": {"spec": {
                  "hostAliases": [{"ip": NODE_POD_ADDRESS, "hostnames": [API_NAME]}],
@@ -210,6 +213,8 @@ class Deployment:
     database_url: str
     """The run record's URL as this host reaches it."""
     route: ServiceRoute
+    settings: str
+    """The replicas' settings.toml."""
     relays: list[Relay] = field(default_factory=list)
 
     @property
@@ -228,7 +233,7 @@ class Deployment:
                 if p["status"].get("podIP")}
 
 
-def _rollout() -> None:
+def rollout() -> None:
     kubectl("rollout", "status", "deployment/guilds-serve", f"--timeout={ROLLOUT_SECONDS}s",
             timeout=ROLLOUT_SECONDS + 30)
 
@@ -257,13 +262,15 @@ def deployed(tmp: Path) -> Iterator[Deployment]:
         kubectl("create", "namespace", NAMESPACE)
         kubectl("create", "secret", "generic", "guilds-serve", f"--from-literal=token={token}",
                 f"--from-literal=database-url={in_cluster_url}")
-        kubectl("apply", "-k", str(overlay(tmp, serve_image(), relays[0].port)))
+        serve, sandbox = images()
+        settings = settings_toml(sandbox)
+        kubectl("apply", "-k", str(overlay(tmp, serve, settings, relays[0].port)))
         try:
-            _rollout()
+            rollout()
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}\n{_logs()}") from None
         route = ServiceRoute("guilds-serve")
-        yield Deployment(token, f"{server}/{own}", route, relays)
+        yield Deployment(token, f"{server}/{own}", route, settings, relays)
     finally:
         if route is not None:
             route.close()

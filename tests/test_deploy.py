@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -70,6 +72,57 @@ def test_the_e2b_sdk_through_the_service(deployment, monkeypatch):
         box.kill()
 
 
+def test_an_e2b_sandbox_is_served_by_either_replica(deployment, monkeypatch):
+    """Made through one replica, used, timed and killed through the other (--e2b-shared)."""
+    from e2b import Sandbox
+
+    first, second = sorted(deployment.pod_urls().values())
+    there = {"api_url": second, "sandbox_url": second}
+    e2b_env(monkeypatch, first, deployment.e2b_key)
+    made = Sandbox.create(timeout=300)
+    try:
+        made.files.write("one.txt", "from the first replica\n")
+        other = Sandbox.connect(made.sandbox_id, **there)
+        assert other.commands.run("cat one.txt").stdout == "from the first replica\n"
+        assert other.files.read("one.txt") == "from the first replica\n"
+        before = Sandbox.get_info(made.sandbox_id).end_at
+        other.set_timeout(900)
+        assert Sandbox.get_info(made.sandbox_id).end_at > before  # the first replica reads the second's end
+        other.kill()
+        assert not made.is_running()
+        assert made.sandbox_id not in [box.sandbox_id for box in Sandbox.list().next_items()]
+    finally:
+        made.kill()
+
+
+USE_IN_ITS_OWN_PROCESS = """
+import sys
+from e2b import Sandbox
+box = Sandbox.connect(sys.argv[1])
+box.files.write(f"turn{sys.argv[2]}.txt", sys.argv[2] + "\\n")
+print(box.commands.run("cat turn*.txt").stdout, end="")
+"""
+
+
+def test_one_e2b_sandbox_through_the_service_from_one_process_after_another(deployment, monkeypatch):
+    """Each use a program of its own (its own connections: the Service hands them to either
+    replica in turn), as programs sharing a sandbox would."""
+    from e2b import Sandbox
+
+    e2b_env(monkeypatch, deployment.route.url, deployment.e2b_key)
+    made = Sandbox.create(timeout=300)
+    try:
+        before = len(deployment.route.relay.connections)
+        for turn in range(4):
+            done = subprocess.run([sys.executable, "-c", USE_IN_ITS_OWN_PROCESS, made.sandbox_id, str(turn)],
+                                  capture_output=True, text=True, timeout=120, check=False)
+            assert done.returncode == 0, done.stderr[-2000:]
+            assert done.stdout == "".join(f"{n}\n" for n in range(turn + 1))
+        assert set(deployment.route.relay.connections[before:]) == set(deployment.route.endpoints)
+    finally:
+        made.kill()
+
+
 async def mcp_call(deployment: deploy_kit.Deployment, tool: str, args: dict) -> tuple[str, dict]:
     """One call by a client of its own (its own connections: the Service hands them out in
     turn): the result's text and guilds/meta."""
@@ -125,7 +178,7 @@ def test_guilds_open_shares_the_record_and_the_sandbox_of_the_replicas(deploymen
 
     monkeypatch.setenv("KUBECONFIG", str(deploy_kit.admin_config()))
     settings = tmp_path / "settings.toml"
-    settings.write_text(deploy_kit.settings_toml())
+    settings.write_text(deployment.settings)
     run = asyncio.run(through_the_service())
     text, runs = asyncio.run(here())
     assert "written over MCP" in text
@@ -152,7 +205,7 @@ def test_the_network_policy_lets_only_sandboxes_reach_a_replicas_other_ports(dep
                     "spec": {"restartPolicy": "Never", "enableServiceLinks": False,
                              "automountServiceAccountToken": False,
                              "securityContext": {"runAsUser": 65532, "runAsNonRoot": True},
-                             "containers": [{"name": "probe", "image": deploy_kit.SANDBOX_IMAGE,
+                             "containers": [{"name": "probe", "image": deploy_kit.PROBE_IMAGE,
                                              "command": ["python3", "-c", probe, address, "8765", "20999"]}]}}
         deploy_kit.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
         assert deploy_kit.wait_until(
@@ -164,3 +217,30 @@ def test_the_network_policy_lets_only_sandboxes_reach_a_replicas_other_ports(dep
 
     assert reached("probe-sandbox", {"guilds.network": "probe"}) == {"8765": "open", "20999": "open"}
     assert reached("probe-other", {"app": "other"}) == {"8765": "open", "20999": "closed"}
+
+
+def test_a_rolling_restart_keeps_the_e2b_sandboxes(deployment, monkeypatch):
+    """Every replica replaced, one at a time: a sandbox made before is served after."""
+    from e2b import Sandbox
+
+    e2b_env(monkeypatch, deployment.route.url, deployment.e2b_key)
+    made = Sandbox.create(timeout=600)
+    try:
+        made.files.write("before.txt", "made before the restart\n")
+        before = {p["metadata"]["name"] for p in deployment.pods()}
+        deploy_kit.kubectl("rollout", "restart", "deployment/guilds-serve")
+        deploy_kit.rollout()
+        assert deploy_kit.wait_until(lambda: not before & {p["metadata"]["name"] for p in deployment.pods()}, 120)
+
+        def routed_to_the_new_pods() -> bool:
+            new = {(p["status"].get("podIP"), 8765) for p in deployment.pods()}
+            return len(deployment.route.endpoints) == 2 and set(deployment.route.endpoints) <= new
+
+        assert deploy_kit.wait_until(routed_to_the_new_pods, 60)
+        done = subprocess.run([sys.executable, "-c", USE_IN_ITS_OWN_PROCESS, made.sandbox_id, "9"],
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout == "9\n"
+        assert Sandbox.connect(made.sandbox_id).files.read("before.txt") == "made before the restart\n"
+    finally:
+        made.kill()
