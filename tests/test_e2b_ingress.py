@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import http.server
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -78,7 +79,20 @@ http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_foreve
 """
 """A server inside the sandbox: GET echoes the path and headers (names in lower case), /stream sends two lines two
 seconds apart, /forever a line every 0.2 s for ever, POST answers its body's digest."""
-PORT = 8001
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports no process of this machine listens on now: on local (and bwrap with the host's
+    network) a sandbox's ports are this machine's, shared with whatever else runs here."""
+    held = [socket.create_server(("127.0.0.1", 0)) for _ in range(count)]
+    ports = [sock.getsockname()[1] for sock in held]
+    for sock in held:
+        sock.close()
+    return ports
+
+
+PORT, CLOSED, SECOND, ENDLESS, BIND_ALL, DAEMON = _free_ports(6)
+"""The test server's port, one nothing listens on, and the other servers' ports."""
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +166,7 @@ def test_bodies_stream_both_ways(server, sbx):
 
 
 def test_a_client_gone_ends_the_relay_of_an_endless_answer(server, sbx):
-    port = PORT + 4
+    port = ENDLESS
     _serve(sbx, port)
     marker = f"{RELAY[-16:]}\0{port}\0"  # the relay's code, then its port, on its command line
     with httpx.stream("GET", server.url + "/forever", headers={"Host": sbx.get_host(port)}, timeout=30) as answer:
@@ -183,9 +197,9 @@ def test_past_the_cap_of_requests_at_once_a_sandbox_answers_429(server, sbx):
 
 
 def test_a_closed_port_is_e2bs_502(server, sbx):
-    answer = _get(server, sbx.get_host(8002))
+    answer = _get(server, sbx.get_host(CLOSED))
     assert answer.status_code == 502
-    assert answer.json() == {"sandboxId": sbx.sandbox_id, "message": PORT_NOT_OPEN, "port": "8002"}
+    assert answer.json() == {"sandboxId": sbx.sandbox_id, "message": PORT_NOT_OPEN, "port": str(CLOSED)}
 
 
 def test_a_private_sandbox_needs_its_own_traffic_token(server, sbx, monkeypatch):
@@ -208,8 +222,8 @@ def test_a_private_sandbox_needs_its_own_traffic_token(server, sbx, monkeypatch)
         assert _get(server, host, **{TOKEN_HEADER: token}).status_code == 200
         # this sandbox's token opens no other sandbox's port, private or public
         assert _get(server, other.get_host(PORT), **{TOKEN_HEADER: token}).status_code == 403
-        _serve(sbx, PORT + 3)  # on local, PORT is the host's, taken by private's server
-        seen = _get(server, sbx.get_host(PORT + 3), **{TOKEN_HEADER: token}).json()
+        _serve(sbx, SECOND)  # on local, PORT is the host's, taken by private's server
+        seen = _get(server, sbx.get_host(SECOND), **{TOKEN_HEADER: token}).json()
         assert TOKEN_HEADER not in seen["headers"]  # never passed in
     finally:
         private.kill()
@@ -281,10 +295,10 @@ def test_no_host_reaches_a_port_of_this_machine_or_of_another_sandbox(server, sb
 def test_the_port_of_a_listener_bound_to_every_address_is_reached(server, sbx):
     """A server on 0.0.0.0 (``python3 -m http.server``, as E2B's own tests start one)."""
     sbx.files.write("index.html", "hello from the sandbox")
-    sbx.commands.run("python3 -m http.server 8003 --bind 0.0.0.0", background=True)
+    sbx.commands.run(f"python3 -m http.server {BIND_ALL} --bind 0.0.0.0", background=True)
     deadline, answer = time.monotonic() + 30, None
     while time.monotonic() < deadline:
-        answer = _get(server, sbx.get_host(8003), "/index.html")
+        answer = _get(server, sbx.get_host(BIND_ALL), "/index.html")
         if answer.status_code == 200:
             break
         time.sleep(0.5)
@@ -339,7 +353,7 @@ def test_with_the_hosts_network_only_the_sandboxs_own_listeners_are_reached(host
     try:
         answer = _get(server, box.get_host(port))
         assert answer.status_code == 502 and secret not in answer.content
-        mine = PORT + 5
+        mine = DAEMON
         box.files.write("srv.py", SERVER)
         box.commands.run(f"setsid python3 srv.py {mine} >/dev/null 2>&1 < /dev/null &")  # detached, in its pid ns
         deadline, seen = time.monotonic() + 30, None

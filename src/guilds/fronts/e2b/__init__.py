@@ -33,7 +33,7 @@ from .control import ControlPlane
 from .dropped import TRANSPORT, connection_of
 from .forks import Forks
 from .in_sandbox import InSandboxApi
-from .ingress import Ingress, Refused, answer_refused, domain_of, target_of
+from .ingress import Ingress, Refused, answer_refused, domain_of, host_name, target_of
 from .keys import Keys
 from .recording import recorded
 from .sandboxes import Sandboxes
@@ -54,12 +54,6 @@ _PREFIXES = ("/sandboxes/", "/v2/sandboxes/", "/process.Process/", "/filesystem.
 def is_e2b_path(path: str) -> bool:
     """A path of the E2B APIs (none of them is a path of the app or of /mcp)."""
     return path in _PATHS or path.startswith(_PREFIXES)
-
-
-def _host_name(host_header: str) -> str:
-    if host_header.startswith("["):
-        return host_header[1:].split("]", 1)[0]
-    return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
 
 
 def sandbox_named(scope: dict) -> str | None:
@@ -105,7 +99,7 @@ class E2BFront:
                 await app(scope, receive, send)
                 return
             host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
-            if _host_name(host).lower() not in self.hosts:
+            if host_name(host).lower() not in self.hosts:
                 await send({"type": "http.response.start", "status": 400,
                             "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
                 await send({"type": "http.response.body", "body": b"Invalid host header"})

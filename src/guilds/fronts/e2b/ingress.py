@@ -22,16 +22,12 @@ one of the host's. Answers of E2B's proxy, JSON ``{"sandboxId", "message", ...}`
 - 429 past ``E2B_INGRESS_MAX_PER_SANDBOX`` requests to the sandbox's ports at once;
 - 400 for a port out of 1..65535 or a header form without the sandbox's id.
 
-The request goes in as HTTP/1.1, its body streamed (chunked when it has no length), its
-Host the client's or the sandbox's ``maskRequestHost``, without the traffic token and
-hop-by-hop headers; the answer comes back streamed as it is read. One relay per request
-(``Connection: close`` inside). WebSocket upgrades are not served (the server speaks no
-WebSocket). Ingress requests are not calls of the sandbox's run.
+The request goes in and its answer comes back streamed (``ingress_http``), one relay
+per request. Ingress requests are not calls of the sandbox's run.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import hmac
@@ -39,25 +35,19 @@ import ipaddress
 import json
 import re
 import urllib.parse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import h11
-
-from ...errors import SandboxError
-from ...limits import E2B_INGRESS_HEAD_BYTES, E2B_INGRESS_IDLE_SECONDS, E2B_INGRESS_MAX_PER_SANDBOX
+from ...limits import E2B_INGRESS_MAX_PER_SANDBOX
 from .connect import ConnectError
-from .dropped import reset
+from .ingress_http import TOKEN_HEADER, forward
 from .ingress_reach import PortClosed, PortLink, open_port
 from .sandboxes import PAUSED, E2BSandbox, Sandboxes
 
 ENVD_PORT = 49983
 """The port of a sandbox's process service in E2B (the SDKs' ``envd_port``)."""
-TOKEN_HEADER = "e2b-traffic-access-token"  # noqa: S105 (a header's name)
 _HOST_FORM = re.compile(r"([0-9]{1,5})-([A-Za-z0-9]+)\.(.+)")
-_HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-                         "transfer-encoding", "upgrade", "proxy-connection", "host", TOKEN_HEADER})
 PORT_NOT_OPEN = "The sandbox is running but port is not open"
 
 
@@ -155,8 +145,9 @@ class Ingress:
             await _answer(send, refused.status, refused.body)
             return
         try:
-            await _proxy(scope, receive, send, link, box.ingress.host_for(target.port, target.host), box.id,
-                         target.port)
+            await forward(scope, receive, send, link, box.ingress.host_for(target.port, target.host))
+        except PortClosed:
+            await _answer(send, 502, _not_open(box.id, target.port))
         finally:
             await link.close()
 
@@ -235,89 +226,3 @@ async def _answer(send: Callable, status: int, body: dict[str, Any]) -> None:
                 "headers": [(b"content-type", b"application/json; charset=utf-8"),
                             (b"content-length", str(len(data)).encode())]})
     await send({"type": "http.response.body", "body": data})
-
-
-def _request_head(scope: dict, host: str) -> h11.Request:
-    path = scope.get("raw_path") or scope["path"].encode()
-    if scope.get("query_string"):
-        path += b"?" + scope["query_string"]
-    headers = [(k, v) for k, v in scope["headers"] if k.decode("latin-1").lower() not in _HOP_BY_HOP]
-    names = {k.lower() for k, _ in scope["headers"]}
-    if b"transfer-encoding" in names and b"content-length" not in names:  # a body of no length given
-        headers.append((b"transfer-encoding", b"chunked"))
-    return h11.Request(method=scope["method"], target=path,
-                       headers=[(b"host", host.encode("latin-1")), *headers, (b"connection", b"close")])
-
-
-async def _proxy(scope: dict, receive: Callable, send: Callable, link: PortLink, host: str, sandbox_id: str,
-                 port: int) -> None:
-    """The request written in through link, body streamed; then its answer streamed back. A
-    port that stops reading the request (it answered early, or closed) ends the writing, and
-    its answer is read; an answer cut short after it began resets the client's connection."""
-    client = h11.Connection(h11.CLIENT, max_incomplete_event_size=E2B_INGRESS_HEAD_BYTES)
-    try:
-        if not await _send_request(scope, receive, client, link, host):
-            return  # the client went before its request's end
-    except SandboxError:
-        pass  # the relay ended: whatever the port answered is read below
-    watch = asyncio.create_task(_close_when_gone(receive, link))
-    started = False
-    try:
-        async for message in _answer_back(client, link):
-            started = True
-            await send(message)
-    except (h11.RemoteProtocolError, PortClosed, TimeoutError):
-        if started:
-            reset(scope)
-        else:
-            await _answer(send, 502, _not_open(sandbox_id, port))
-    finally:
-        watch.cancel()
-
-
-async def _send_request(scope: dict, receive: Callable, client: h11.Connection, link: PortLink, host: str) -> bool:
-    """The request's head and body written in as they come; False when the client went first."""
-    await link.write(client.send(_request_head(scope, host)))
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return False
-        if message.get("body"):
-            await link.write(client.send(h11.Data(data=message["body"])))
-        if not message.get("more_body"):
-            break
-    await link.write(client.send(h11.EndOfMessage()))
-    return True
-
-
-async def _close_when_gone(receive: Callable, link: PortLink) -> None:
-    """The link closed once the client is gone (its answer's reading then ends)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    await link.close()
-
-
-async def _answer_back(client: h11.Connection, link: PortLink) -> AsyncIterator[dict[str, Any]]:
-    """The port's answer as ASGI messages, as it is read."""
-    while True:
-        event = await _next_event(client, link)
-        if isinstance(event, h11.Response):
-            yield {"type": "http.response.start", "status": event.status_code,
-                   "headers": [(k, v) for k, v in event.headers if k.decode("latin-1").lower() not in _HOP_BY_HOP]}
-        elif isinstance(event, h11.Data):
-            yield {"type": "http.response.body", "body": bytes(event.data), "more_body": True}
-        else:  # its end (EndOfMessage; ConnectionClosed only before a response, which h11 refuses first)
-            yield {"type": "http.response.body", "body": b"", "more_body": False}
-            return
-
-
-async def _next_event(client: h11.Connection, link: PortLink) -> Any:
-    """The next event of the answer (h11's), reading from link as it needs (its end: h11's
-    ConnectionClosed, or RemoteProtocolError when the answer was cut short)."""
-    while True:
-        event = client.next_event()
-        if event is h11.NEED_DATA:
-            async with asyncio.timeout(E2B_INGRESS_IDLE_SECONDS):
-                client.receive_data(await link.read())
-        elif not isinstance(event, h11.InformationalResponse):
-            return event
