@@ -392,3 +392,32 @@ def test_the_egress_relay_inside_is_not_a_port_of_the_sandbox(listed_network_ser
         assert answer.status_code == 502 and answer.json()["message"] == PORT_NOT_OPEN
     finally:
         box.kill()
+
+
+def test_with_e2b_shared_ingress_options_the_record_would_not_carry_are_refused(tmp_path, monkeypatch):
+    """Two `guilds serve --e2b --e2b-shared` on one record (tests/test_deploy_shared.py): a sandbox
+    made through one is served by the other, which knows of it only what the record keeps, so a
+    private sandbox or a masked Host is refused at create; a public one's port is served."""
+    from e2b.exceptions import SandboxException
+
+    from guilds.fronts.e2b.keys import api_key
+    from test_deploy_shared import TOKEN, on, replica
+
+    config = tmp_path / "agent.toml"
+    config.write_text(f'[agent]\nid = "ingress{secrets.token_hex(3)}"\nhome = "{tmp_path / "home"}"\n'
+                      'sandbox = "local"\n')
+    config.chmod(0o600)
+    shared = {"config": str(config), "url": f"sqlite:///{tmp_path / 'shared.db'}", "folder": str(tmp_path)}
+    monkeypatch.setenv("E2B_API_KEY", api_key(TOKEN, "default"))
+    with replica(shared, "a") as (_, url):
+        for network in ({"allow_public_traffic": False}, {"mask_request_host": "x.example"}):
+            with pytest.raises(SandboxException, match="--e2b-shared"):
+                Sandbox.create(timeout=120, network=network, **on(url))
+        box = Sandbox.create(timeout=120, **on(url))
+        try:
+            assert box.traffic_access_token is None
+            _serve(box)
+            answer = httpx.get(url + "/p", headers={"Host": box.get_host(PORT)}, timeout=30)
+            assert answer.status_code == 200, answer.text
+        finally:
+            box.kill()

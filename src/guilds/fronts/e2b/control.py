@@ -149,13 +149,14 @@ class ControlPlane:
             asked = Made(key_name, snapshot.id, _timeout(body.get("timeout")), _metadata(body.get("metadata")),
                          _strings(body.get("envVars"), "envVars"),
                          network_options.asked(body, forks.settings_of(snapshot)), datetime.now(UTC),
-                         ingress=ingress_options.asked(body))
+                         ingress=ingress_options.asked(body, shared=self.sandboxes.shared is not None))
             return await forks.create_from(snapshot, asked)
         return await self.sandboxes.create(key_name, template, _timeout(body.get("timeout")),
                                            _metadata(body.get("metadata")),
                                            _strings(body.get("envVars"), "envVars"),
                                            network_options.asked(body, self.sandboxes.settings_for(template)),
-                                           lifecycle.asked(body), ingress_options.asked(body))
+                                           lifecycle.asked(body),
+                                           ingress_options.asked(body, shared=self.sandboxes.shared is not None))
 
     async def list(self, request: Request, key_name: str) -> Response:
         found, headers = listing.page(self.sandboxes.of_key(key_name), listing.Query.of_v2(request.query_params),

@@ -9,7 +9,8 @@
   replaced with the port asked for (none: the Host the client sent).
 
 A fork's children and a sandbox made from a snapshot keep the options they were
-made with; a private one gets a token of its own.
+made with; a private one gets a token of its own. With ``--e2b-shared`` (``shared``)
+every sandbox is public with the client's Host: the replicas share no options.
 """
 
 from __future__ import annotations
@@ -51,8 +52,10 @@ def _token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def asked(body: dict[str, Any]) -> Ingress:
-    """The ingress a create body asks for; ``invalid_argument`` (400) naming a bad field."""
+def asked(body: dict[str, Any], *, shared: bool = False) -> Ingress:
+    """The ingress a create body asks for; ``invalid_argument`` (400) naming a bad field.
+    shared (``--e2b-shared``): the replicas keep no ingress options in the run record, so
+    a sandbox there is public with the client's Host, and asking otherwise is refused."""
     network = body.get("network") or {}
     if not isinstance(network, dict):
         return PUBLIC  # network_options refuses it, naming it
@@ -63,6 +66,10 @@ def asked(body: dict[str, Any]) -> Ingress:
     if mask is not None and not _is_host(mask):
         raise ConnectError("invalid_argument", "network.maskRequestHost: a host name, or host:port, at most "
                                                f"{E2B_MASK_HOST_MAX_CHARS} characters (${{PORT}}: the port)")
+    if shared and (not public or mask is not None):
+        raise ConnectError("invalid_argument", "network.allowPublicTraffic false and network.maskRequestHost are "
+                                               "not served with --e2b-shared: every replica serves a sandbox's ports, "
+                                               "and the run record keeps no ingress options")
     return Ingress(None if public else _token(), mask)
 
 
