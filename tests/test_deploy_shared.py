@@ -74,6 +74,7 @@ def test_a_sandbox_made_through_one_server_is_served_by_the_other(shared, monkey
         made = Sandbox.create(timeout=300, **on(url_a))
         made.files.write("note.txt", "made through a\n")
         with replica(shared, "b") as (_, url_b):  # its start removes nothing of a's
+            assert made.sandbox_id in [box.sandbox_id for box in Sandbox.list(**on(url_b)).next_items()]
             there = Sandbox.connect(made.sandbox_id, **on(url_b))
             assert there.commands.run("cat note.txt").stdout == "made through a\n"
             before = Sandbox.get_info(made.sandbox_id, **on(url_a)).end_at
@@ -83,5 +84,6 @@ def test_a_sandbox_made_through_one_server_is_served_by_the_other(shared, monkey
             assert there.commands.run("cat note.txt").stdout == "made through a\n"
             there.kill()
             assert not there.is_running()
+            assert made.sandbox_id not in [box.sandbox_id for box in Sandbox.list(**on(url_b)).next_items()]
             with pytest.raises(Exception, match="not found"):
                 Sandbox.connect(made.sandbox_id, **on(url_b))

@@ -177,6 +177,12 @@ class Store:
             return None
         return {**found, **{k: _utc(found[k]) for k in ("started_at", "end_at")}}
 
+    async def e2b_sandboxes_of(self, key_name: str) -> list[dict[str, Any]]:
+        """The shared E2B sandboxes' rows of one key."""
+        query = sa.select(e2b_sandboxes).where(e2b_sandboxes.c.key_name == key_name)
+        found = await self._reading(lambda conn: conn.execute(query).mappings().all())
+        return [{**row, **{k: _utc(row[k]) for k in ("started_at", "end_at")}} for row in found]
+
     async def update_e2b_sandbox(self, sandbox_id: str, **values: Any) -> None:
         change = sa.update(e2b_sandboxes).where(e2b_sandboxes.c.id == sandbox_id).values(**values)
         await self._in_transaction("an E2B sandbox's change", lambda conn: conn.execute(change))

@@ -159,11 +159,13 @@ class ControlPlane:
                                            ingress_options.asked(body, shared=self.sandboxes.shared is not None))
 
     async def list(self, request: Request, key_name: str) -> Response:
+        await self.sandboxes.refresh_key(key_name)
         found, headers = listing.page(self.sandboxes.of_key(key_name), listing.Query.of_v2(request.query_params),
                                       self.sandboxes.template_of, self.sandboxes.client_id)
         return JSONResponse(found, headers=headers)
 
     async def list_v1(self, request: Request, key_name: str) -> Response:
+        await self.sandboxes.refresh_key(key_name)
         return JSONResponse(listing.running_v1(self.sandboxes.of_key(key_name), request.query_params,
                                                self.sandboxes.client_id))
 

@@ -456,6 +456,20 @@ class Sandboxes:
         else:
             await self._follow(box, found)
 
+    async def refresh_key(self, key_name: str) -> None:
+        """Before a listing (``shared``): every sandbox of the key its rows hold, taken up
+        here, and none that no row holds any more."""
+        if self.shared is None:
+            return
+        rows = {found["id"]: found for found in await self.shared.of_key(key_name)}
+        for box in self.of_key(key_name):
+            if box.id not in rows:
+                await self._forget(box)
+        for sandbox_id, found in rows.items():
+            async with self._taking_up:
+                if sandbox_id not in self._all and not self._closing:
+                    await self._take_up(found)
+
     async def _take_up(self, found: dict[str, Any]) -> None:
         """A sandbox another server made, served here too: its agent's toolbox, a process
         service of this server's own when it runs, its timer. Its agent gone: its row too."""

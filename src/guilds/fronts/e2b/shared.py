@@ -79,6 +79,9 @@ class SharedRecord:
     async def found(self, sandbox_id: str) -> dict[str, Any] | None:
         return await self.store.e2b_sandbox(sandbox_id)
 
+    async def of_key(self, key_name: str) -> list[dict[str, Any]]:
+        return await self.store.e2b_sandboxes_of(key_name)
+
     async def due(self, box: E2BSandbox) -> bool:
         """Whether the sandbox's end has come by its row (a later end, set elsewhere, taken
         into box.end_at); False when its row is gone (killed elsewhere)."""
