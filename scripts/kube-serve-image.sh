@@ -45,10 +45,13 @@ into_cluster() {
   echo "$image"
 }
 
+# Built under tags of this run's own (runs at once on one engine would take each other's), then
+# tagged after their ids.
 serve_base
+trap 'docker rmi -f "guilds-serve:build-$$" "guilds-sandbox-deploy:build-$$" >/dev/null 2>&1 || true' EXIT
 PYTHONPATH="$ROOT/src" "$PYTHON" -m guilds.fronts.cli serve image --base "$BASE" --no-install \
-  --tag guilds-serve:latest >/dev/null
+  --tag "guilds-serve:build-$$" >/dev/null
 PYTHONPATH="$ROOT/src" "$PYTHON" -m guilds.fronts.cli sandbox image --base guilds-base:local --no-install \
-  --tag guilds-sandbox-deploy:latest >/dev/null
-into_cluster guilds-serve:latest
-into_cluster guilds-sandbox-deploy:latest
+  --tag "guilds-sandbox-deploy:build-$$" >/dev/null
+into_cluster "guilds-serve:build-$$"
+into_cluster "guilds-sandbox-deploy:build-$$"

@@ -12,7 +12,7 @@ out). So, for the deployment's life:
 - ``ServiceRoute``: what a service proxy does for the Service, on the host: a
   listener on 127.0.0.1 that hands each new connection to the next ready endpoint
   of the Service's EndpointSlices in turn (no affinity of any kind);
-- ``Deployment``: the namespace NAMESPACE made anew, a database of its own, the
+- ``Deployment``: the namespace NAMESPACE (this process's) made anew, a database of its own, the
   serve image built and imported (scripts/kube-serve-image.sh), the overlay
   applied with ``kubectl apply -k``, the rollout waited for; all removed at the end.
 """
@@ -37,7 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = ROOT / "deploy" / "kubernetes"
-NAMESPACE = "guilds-deploy-test"
+NAMESPACE = f"guilds-deploy-{os.getpid()}"
+"""Its own for each test process: runs at once on one cluster keep apart."""
 NODE_POD_ADDRESS = "10.244.0.1"
 """The node's side of the test cluster's pod network (scripts/kube-test-env.sh)."""
 API_NAME = "kubernetes.default.svc"
