@@ -41,7 +41,7 @@ from typing import Any
 
 from ...limits import E2B_INGRESS_MAX_PER_SANDBOX
 from .connect import ConnectError
-from .ingress_http import TOKEN_HEADER, forward
+from .ingress_http import TOKEN_HEADER, NotPassedOn, forward
 from .ingress_reach import PortClosed, PortLink, open_port
 from .sandboxes import PAUSED, E2BSandbox, Sandboxes
 
@@ -148,6 +148,9 @@ class Ingress:
             await forward(scope, receive, send, link, box.ingress.host_for(target.port, target.host))
         except PortClosed:
             await _answer(send, 502, _not_open(box.id, target.port))
+        except NotPassedOn as exc:
+            await _answer(send, 400, {"sandboxId": box.id, "code": 400,
+                                      "message": f"the request cannot be passed on: {exc}"})
         finally:
             await link.close()
 

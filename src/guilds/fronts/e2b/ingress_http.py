@@ -26,6 +26,12 @@ from .ingress_reach import PortClosed, PortLink
 
 TOKEN_HEADER = "e2b-traffic-access-token"  # noqa: S105 (a header's name)
 """The header of a private sandbox's traffic token: never passed in."""
+
+
+class NotPassedOn(Exception):
+    """The request cannot be written as HTTP/1.1 (the caller answers 400)."""
+
+
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                          "transfer-encoding", "upgrade", "proxy-connection", "host", TOKEN_HEADER})
 
@@ -45,14 +51,17 @@ def _request_head(scope: dict, host: str) -> h11.Request:
 async def forward(scope: dict, receive: Callable, send: Callable, link: PortLink, host: str) -> None:
     """The request written in through link (its Host: host), body streamed; then its answer
     streamed back. A port that stops reading the request (it answered early, or closed) ends
-    the writing, and its answer is read. PortClosed when the answer fails before it began (the
-    caller answers); an answer cut short after it began resets the client's connection."""
+    the writing, and its answer is read. PortClosed when the answer fails before it began,
+    NotPassedOn when the request cannot be written (the caller answers); an answer cut short
+    after it began resets the client's connection."""
     client = h11.Connection(h11.CLIENT, max_incomplete_event_size=E2B_INGRESS_HEAD_BYTES)
     try:
         if not await _send_request(scope, receive, client, link, host):
             return  # the client went before its request's end
     except SandboxError:
         pass  # the relay ended: whatever the port answered is read below
+    except h11.LocalProtocolError as exc:  # what the server took, HTTP/1.1 cannot say again
+        raise NotPassedOn(str(exc)) from None
     watch = asyncio.create_task(_close_when_gone(receive, link))
     started = False
     try:
