@@ -8,8 +8,8 @@
 - ``maskRequestHost``: the Host header the server in the sandbox sees, ``${PORT}``
   replaced with the port asked for (none: the Host the client sent).
 
-A fork's children and a sandbox made from a snapshot keep the options they were
-made with; a private one gets a token of its own. With ``--e2b-shared`` (``shared``)
+A fork's children keep their source's options, each child of a private one with a
+token of its own; a sandbox made from a snapshot has its own create's. With ``--e2b-shared`` (``shared``)
 every sandbox is public with the client's Host: the replicas share no options.
 """
 
