@@ -87,3 +87,35 @@ def test_a_sandbox_made_through_one_server_is_served_by_the_other(shared, monkey
             assert made.sandbox_id not in [box.sandbox_id for box in Sandbox.list(**on(url_b)).next_items()]
             with pytest.raises(Exception, match="not found"):
                 Sandbox.connect(made.sandbox_id, **on(url_b))
+
+
+def test_a_create_repeated_through_the_other_server_answers_the_same_sandbox(shared):
+    """An Idempotency-Key is the record's: the repeat, sent together or after, to the other
+    server, answers the one sandbox; another body under the key is refused there too."""
+    import concurrent.futures
+
+    import httpx
+
+    from guilds.fronts.e2b.keys import api_key
+
+    headers = {"X-API-KEY": api_key(TOKEN, "default"), "Idempotency-Key": "job-42"}
+
+    def create(url: str, body: dict) -> httpx.Response:
+        return httpx.post(f"{url}/sandboxes", json=body, headers=headers, timeout=120)
+
+    with replica(shared, "a") as (_, url_a), replica(shared, "b") as (_, url_b):
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            together = list(pool.map(create, (url_a, url_b), ({"timeout": 120},) * 2))
+        assert sorted(answer.status_code for answer in together) == [201, 201]
+        assert len({answer.json()["sandboxID"] for answer in together}) == 1
+        assert sorted(answer.headers.get("Idempotent-Replayed", "") for answer in together) == ["", "true"]
+        after = create(url_a, {"timeout": 120})
+        assert after.json()["sandboxID"] == together[0].json()["sandboxID"]
+        assert after.json()["envdAccessToken"] == together[0].json()["envdAccessToken"]
+        assert create(url_b, {"timeout": 60}).status_code == 422
+        sandbox_id = after.json()["sandboxID"]
+        killed = httpx.delete(f"{url_b}/sandboxes/{sandbox_id}", headers=headers, timeout=60)
+        assert killed.status_code == 204
+        anew = create(url_a, {"timeout": 120})  # its sandbox ended: the key makes another
+        assert anew.status_code == 201 and anew.json()["sandboxID"] != sandbox_id
+        httpx.delete(f"{url_a}/sandboxes/{anew.json()['sandboxID']}", headers=headers, timeout=60)

@@ -340,6 +340,11 @@ sandbox's ``timeout`` may be): a repeat after it makes a new sandbox."""
 E2B_CREATE_KEYS = 10_000
 """The most idempotency keys one server keeps (each a few hundred bytes): past it the oldest
 is forgotten."""
+E2B_SHARED_KEY_WAIT_SECONDS = 120.0
+"""--e2b-shared: how long a repeat of a create waits for the sandbox another server is making
+under the same idempotency key (a create's longest start), then 503."""
+E2B_SHARED_KEY_POLL_SECONDS = 0.2
+"""--e2b-shared: how often that repeat reads the key's row again."""
 E2B_MASK_HOST_MAX_CHARS = 260
 """The longest ``maskRequestHost`` a create may give (a DNS name, 253, and a port): 400 past it."""
 E2B_INGRESS_HEAD_BYTES = 64 * 1024

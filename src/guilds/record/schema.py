@@ -47,6 +47,8 @@ Tables:
            --e2b-shared``, docs/deploy.md): id, agent_id, key_name, template,
            metadata, env_vars, network, lifecycle, started_at, end_at, state
            (running, paused); deleted when the sandbox is killed
+    e2b_create_keys the idempotency keys of those servers' creates: key_name and key,
+           digest (of the create's body), sandbox_id (none while it is made), at
 """
 
 from __future__ import annotations
@@ -206,3 +208,13 @@ e2b_sandboxes = sa.Table(
     sa.Column("state", sa.String(16), nullable=False),
 )
 """The shared E2B sandboxes, one row each while they live (``guilds.fronts.e2b.shared``)."""
+
+e2b_create_keys = sa.Table(
+    "e2b_create_keys", metadata,
+    sa.Column("key_name", sa.String(128), primary_key=True),
+    sa.Column("key", sa.String(255), primary_key=True),
+    sa.Column("digest", sa.String(64), nullable=False),
+    sa.Column("sandbox_id", sa.String(64)),
+    sa.Column("at", _TS, nullable=False),
+)
+"""The shared creates' idempotency keys, one row each (``guilds.fronts.e2b.create_keys``)."""

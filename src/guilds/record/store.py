@@ -61,6 +61,7 @@ from .schema import (
     calls,
     checkpoints,
     context_marks,
+    e2b_create_keys,
     e2b_sandboxes,
     egress,
     owners,
@@ -190,6 +191,29 @@ class Store:
     async def forget_e2b_sandbox(self, sandbox_id: str) -> None:
         gone = sa.delete(e2b_sandboxes).where(e2b_sandboxes.c.id == sandbox_id)
         await self._in_transaction("an E2B sandbox's end", lambda conn: conn.execute(gone))
+
+    async def claim_create_key(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        """The key's row made (None), or the row already there (another create came first)."""
+        where = sa.and_(e2b_create_keys.c.key_name == row["key_name"], e2b_create_keys.c.key == row["key"])
+
+        def claim(conn: sa.Connection) -> dict[str, Any] | None:
+            found = conn.execute(sa.select(e2b_create_keys).where(where)).mappings().first()
+            if found is not None:
+                return {**found, "at": _utc(found["at"])}
+            conn.execute(sa.insert(e2b_create_keys).values(row))
+            return None
+
+        try:
+            return await self._in_transaction("an idempotency key", claim)
+        except RecordError:  # the same key made at once elsewhere: its row is there now
+            return await self._in_transaction("an idempotency key", claim)
+
+    async def keyed_create(self, key_name: str, key: str, sandbox_id: str | None) -> None:
+        """The key's sandbox noted (sandbox_id), or the key forgotten (None)."""
+        where = sa.and_(e2b_create_keys.c.key_name == key_name, e2b_create_keys.c.key == key)
+        change = (sa.delete(e2b_create_keys).where(where) if sandbox_id is None
+                  else sa.update(e2b_create_keys).where(where).values(sandbox_id=sandbox_id))
+        await self._in_transaction("an idempotency key", lambda conn: conn.execute(change))
 
     async def answers(self) -> bool:
         """Whether the record answers a read now (a server's readiness: ``guilds.web.health``)."""

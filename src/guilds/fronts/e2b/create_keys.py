@@ -17,6 +17,13 @@ its create failed (a repeat tries again: nothing was made), E2B_CREATE_KEY_SECON
 after its first create, and oldest first past E2B_CREATE_KEYS kept. Keys are held in
 this process only: a restart removes every sandbox a stopped server left
 (``Sandboxes.remove_left``), so a key kept across it would name a sandbox that is gone.
+
+With shared sandboxes (``shared``, ``--e2b-shared``) the keys are rows of the run record
+instead (``e2b_create_keys``), so a repeat sent to another server answers the same
+sandbox: the first create makes the key's row and then the sandbox; a repeat finds the
+row and answers its sandbox (taken up as any request's), waits for it while the row
+names none yet (E2B_SHARED_KEY_WAIT_SECONDS, then ``unavailable``), or, when that sandbox
+has ended, its create failed or the key is older than E2B_CREATE_KEY_SECONDS, makes it anew.
 """
 
 from __future__ import annotations
@@ -28,9 +35,16 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ...limits import E2B_CREATE_KEY_BYTES, E2B_CREATE_KEY_SECONDS, E2B_CREATE_KEYS
+from ...limits import (
+    E2B_CREATE_KEY_BYTES,
+    E2B_CREATE_KEY_SECONDS,
+    E2B_CREATE_KEYS,
+    E2B_SHARED_KEY_POLL_SECONDS,
+    E2B_SHARED_KEY_WAIT_SECONDS,
+)
 from .connect import ConnectError
 
 if TYPE_CHECKING:
@@ -79,6 +93,8 @@ class CreateKeys:
             return await make(), False
         name = (key_name, checked_key(key))
         digest = body_digest(body)
+        if self.sandboxes.shared is not None:
+            return await self._once_shared(key_name, name[1], digest, make)
         self._forget_old(time.monotonic())
         kept = self._kept.get(name)
         if kept is not None and not self._lives(kept):
@@ -92,9 +108,54 @@ class CreateKeys:
                 self._kept.popitem(last=False)
             return await asyncio.shield(kept.made), False
         if kept.digest != digest:
-            raise ConnectError("invalid_argument", "Idempotency-Key: already used for a create with another body; "
-                                                   "use a new key for another request", status=REUSED_STATUS)
+            raise _reused()
         return await asyncio.shield(kept.made), True
+
+    async def _once_shared(self, key_name: str, key: str, digest: str,
+                           make: Callable[[], Awaitable[E2BSandbox]]) -> tuple[E2BSandbox, bool]:
+        """``once`` with the key a row of the run record (the module docstring)."""
+        store = self.sandboxes.agents.store
+        deadline = time.monotonic() + E2B_SHARED_KEY_WAIT_SECONDS
+        while True:
+            now = datetime.now(UTC)
+            found = await store.claim_create_key({"key_name": key_name, "key": key, "digest": digest,
+                                                  "sandbox_id": None, "at": now})
+            if found is None:
+                return await self._make_keyed(key_name, key, make), False
+            if found["digest"] != digest:
+                raise _reused()
+            if (now - found["at"]).total_seconds() > E2B_CREATE_KEY_SECONDS:
+                await store.keyed_create(key_name, key, None)
+                continue
+            if found["sandbox_id"] is not None:
+                box = await self._alive(key_name, found["sandbox_id"])
+                if box is not None:
+                    return box, True
+                await store.keyed_create(key_name, key, None)
+                continue
+            if time.monotonic() > deadline:
+                raise ConnectError("unavailable", "Idempotency-Key: its sandbox is still being made by another "
+                                                  "server; try again")
+            await asyncio.sleep(E2B_SHARED_KEY_POLL_SECONDS)
+
+    async def _make_keyed(self, key_name: str, key: str,
+                          make: Callable[[], Awaitable[E2BSandbox]]) -> E2BSandbox:
+        store = self.sandboxes.agents.store
+        try:
+            box = await make()
+        except BaseException:  # a repeat tries again: nothing was made
+            await asyncio.shield(store.keyed_create(key_name, key, None))
+            raise
+        await store.keyed_create(key_name, key, box.id)
+        return box
+
+    async def _alive(self, key_name: str, sandbox_id: str) -> E2BSandbox | None:
+        """The key's sandbox while it lives (taken up here when another server holds it)."""
+        await self.sandboxes.refresh(sandbox_id)
+        try:
+            return self.sandboxes.get(key_name, sandbox_id)
+        except ConnectError:
+            return None
 
     def _lives(self, kept: _Kept) -> bool:
         """Its create is under way, or made a sandbox not ended yet."""
@@ -118,3 +179,8 @@ class CreateKeys:
             if now - oldest.at < E2B_CREATE_KEY_SECONDS:
                 return
             self._kept.popitem(last=False)
+
+
+def _reused() -> ConnectError:
+    return ConnectError("invalid_argument", "Idempotency-Key: already used for a create with another body; "
+                                            "use a new key for another request", status=REUSED_STATUS)
