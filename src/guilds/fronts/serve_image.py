@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..errors import BadInput, GuildsError, SandboxError
-from ..sandbox.image import DEFAULT_BASE
+from ..sandbox.image import DEFAULT_BASE, built_image
 
 DEFAULT_TAG = "guilds-serve:latest"
 DEFAULT_EXTRAS = ("postgres",)
@@ -182,31 +182,12 @@ def _files(extras: Sequence[str]) -> Iterator[tuple[str, Path]]:
 def build_serve_image(*, tag: str = DEFAULT_TAG, base: str = DEFAULT_BASE, install: bool = True,
                       rootfs: str | None = None, extras: Sequence[str] = DEFAULT_EXTRAS) -> str:
     """Build the image and return its id; SandboxError when the engine cannot (its reason)."""
-    import docker
-
     python = (sys.version_info[0], sys.version_info[1])
     with tempfile.TemporaryDirectory(prefix="guilds-serve-image-") as work:
         context = Path(work, "context.tar")
         write_context(context, dockerfile(base, install=install, python=python, extras=extras), _files(extras))
-        client = None
-        try:
-            client = docker.from_env()
-            if rootfs:
-                repo, _, version = base.partition(":")
-                client.api.import_image_from_file(rootfs, repository=repo, tag=version or "latest")
-            with context.open("rb") as fileobj:
-                image, _ = client.images.build(fileobj=fileobj, custom_context=True, tag=tag, rm=True,
-                                               forcerm=True, pull=False)
-        except docker.errors.BuildError as exc:
-            said = " ".join(str(step.get("stream", step.get("error", ""))).strip()
-                            for step in list(exc.build_log)[-3:])
-            raise SandboxError(f"docker: building {tag} failed: {exc.msg}: {said}") from exc
-        except docker.errors.DockerException as exc:
-            raise SandboxError(f"docker: building {tag}: {exc}") from exc
-        finally:
-            if client is not None:
-                client.close()
-    return str(image.id)
+        with context.open("rb") as fileobj:
+            return built_image(fileobj, tag=tag, base=base, rootfs=rootfs)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import io
 import sys
-from typing import Sequence
+from typing import IO, Sequence
 
 from ._container import CONTAINER_UID, tar_bytes
 
@@ -67,10 +67,22 @@ def build_sandbox_image(
     a name, e.g. ``guilds-base:local``). base_url: the engine (default DOCKER_HOST).
     Raises SandboxError when the engine is not reachable or the build fails.
     """
+    from ._container import helper_files
+
+    files = helper_files()
+    context = build_context(dockerfile(base, [n for n, _ in files], install=install), files)
+    return built_image(io.BytesIO(context), tag=tag, base=base, rootfs=rootfs, base_url=base_url)
+
+
+def built_image(context: IO[bytes], *, tag: str, base: str, rootfs: str | None = None,
+                base_url: str | None = None) -> str:
+    """context (a tar holding a Dockerfile and its files) built as tag, with no pull, and
+    its id; rootfs: a root filesystem tar imported as ``base`` first. base_url: the engine
+    (default DOCKER_HOST). SandboxError naming the build's last steps when it fails, or
+    the engine's reason when it cannot build."""
     import docker
 
     from ..errors import SandboxError
-    from ._container import helper_files
 
     client = None
     try:
@@ -78,9 +90,7 @@ def build_sandbox_image(
         if rootfs:
             repo, _, version = base.partition(":")
             client.api.import_image_from_file(rootfs, repository=repo, tag=version or "latest")
-        files = helper_files()
-        context = build_context(dockerfile(base, [n for n, _ in files], install=install), files)
-        image, _ = client.images.build(fileobj=io.BytesIO(context), custom_context=True, tag=tag,
+        image, _ = client.images.build(fileobj=context, custom_context=True, tag=tag,
                                        rm=True, forcerm=True, pull=False)
     except docker.errors.BuildError as exc:
         tail = " ".join(str(step.get("stream", step.get("error", ""))).strip()
@@ -91,7 +101,7 @@ def build_sandbox_image(
     finally:
         if client is not None:
             client.close()
-    return image.id
+    return str(image.id)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
