@@ -55,6 +55,9 @@ def test_the_deployment_runs_replicas_with_probes_and_the_record_from_the_secret
     url = next(e for e in serve["env"] if e["name"] == "GUILDS_DATABASE_URL")
     assert url["valueFrom"]["secretKeyRef"] == {"name": "guilds-serve", "key": "database-url"}
     assert "--e2b" in serve["args"]
+    names = [e["name"] for e in serve["env"]]  # $(POD_IP) is expanded only when defined before
+    advertised = next(e for e in serve["env"] if e["name"] == "GUILDS_ADVERTISE_URL")
+    assert advertised["value"] == "http://$(POD_IP):8765" and names.index("POD_IP") < names.index(advertised["name"])
 
 
 def test_the_service_the_budget_and_the_policy_select_the_replicas():

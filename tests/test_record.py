@@ -17,7 +17,7 @@ from guilds.record import migration
 from guilds.record.engine import normalize_url
 from guilds.record.migration import split_trailer
 from guilds.record.owners import LOST
-from guilds.record.schema import SAVINGS_COLUMNS, calls, metadata, runs, tasks
+from guilds.record.schema import SAVINGS_COLUMNS, calls, metadata, owners, runs, tasks
 from guilds.record.store import RUN_IDS_PAGE, Store
 from guilds.record.values import Savings, decision_rows
 from guilds.web.savings_view import run_savings
@@ -218,6 +218,28 @@ async def test_an_older_records_tasks_get_the_starting_call_column_empty(tmp_pat
             if n == 0:
                 await store.create_task(**{**row, "id": "task-new", "background_call": "c0123456789ab"})
             assert (await store.get_task("task-new"))["background_call"] == "c0123456789ab"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+async def test_an_older_records_owners_get_the_address_column_empty(tmp_path, backend):
+    """Owners registered before a server said where it answers: the column is added, empty
+    (found gone by their heartbeat alone); a server opening it says its own."""
+    url, old = _url(backend, tmp_path), sa.MetaData()
+    for table in (runs, calls, owners):
+        table.to_metadata(old)
+    old.tables["owners"]._columns.remove(old.tables["owners"].c.address)
+    engine = create_async_engine(url)
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.drop_all)
+        await conn.run_sync(old.create_all)
+        await conn.execute(sa.insert(old.tables["owners"]).values(
+            id="old-owner", machine="elsewhere", pid=1, pid_start=1, heartbeat_at=datetime.now(UTC)))
+    await engine.dispose()
+    async with Store(url) as store:
+        await store.advertise("http://10.0.0.9:8765")
+        async with store.engine.connect() as conn:
+            found = dict((await conn.execute(sa.select(owners.c.id, owners.c.address))).all())
+    assert found == {"old-owner": None, store.owner.id: "http://10.0.0.9:8765"}
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

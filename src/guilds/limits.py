@@ -167,6 +167,20 @@ OWNER_HEARTBEAT_SECONDS = 5.0
 OWNER_LEASE_SECONDS = 60.0
 """An owner on another machine whose heartbeat is older than this is gone: twelve missed
 beats, room for a loaded machine and some clock skew between machines."""
+OWNER_PROBE_AFTER_SECONDS = 1.5 * OWNER_HEARTBEAT_SECONDS
+"""A sweep asks an owner that said where it answers (a server's address) whether it still
+runs once its heartbeat is older than this (``record.liveness``): a beat missed."""
+OWNER_SILENT_SECONDS = 2 * OWNER_HEARTBEAT_SECONDS + 1
+"""An owner whose address cannot be reached (no answer, no route: its pod is gone) and
+whose heartbeat is older than this is gone: two beats missed while nothing answers."""
+OWNER_PROBE_SECONDS = 0.5
+"""How long the question "are you still running?" waits for its answer (``record.liveness``)."""
+CALL_KEY_POLL_SECONDS = 0.1
+"""A call named again by its key while it runs elsewhere: how often its row is read."""
+CALL_KEY_PROBE_SECONDS = 1.0
+"""...and how often the process running it is asked whether it still runs."""
+CALL_KEY_MAX_CHARS = 255
+"""A call key (``_meta["guilds/call-key"]``): at most this many characters."""
 
 # --- the adapters ----------------------------------------------------------------
 MINISWEAGENT_TIMEOUT_SECONDS_DEFAULT = 120

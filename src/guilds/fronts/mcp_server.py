@@ -59,6 +59,12 @@ Contract:
   agent's files back to before a call of one of the caller's runs.
 - Traces (``guilds.observe.traces``): a call's span takes ``_meta``'s ``traceparent``
   and ``tracestate`` as its parent, else the HTTP request's headers of those names.
+- Call keys: ``_meta["guilds/call-key"]`` (a string of the client's choosing, unique per
+  call, at most limits.CALL_KEY_MAX_CHARS) names the call, for the token and the agent: a
+  call whose key the run record already holds runs nothing and is answered that call's
+  answer (``guilds.toolbox.call_keys``): a client whose connection broke mid-call sends it
+  again, to any server on the record, and the call has run once. A key of a call of
+  another run is refused, unless the server chose the run (then the answer is that run's).
 - Context resets: ``_meta["guilds/context_reset"]: true`` on a call says the
   model's context was compacted or rewound before it (``Toolbox.context_reset``):
   no file_read points to a result from before that call.
@@ -95,16 +101,18 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
 from .. import limits
-from ..errors import GuildsError
+from ..errors import BadInput, GuildsError
 from ..observe.trace_context import Carrier, carried, carrier_of
+from ..record.call_keys import CallKey
 from ..toolbox import CallResult, Toolbox
+from ..toolbox.call_keys import KeyOfAnotherRun
 from ..toolbox.tools import TOOLS, tool_named
 from ..toolbox.tools import Tool as GuildsTool
 from ..toolbox.tools.formats import to_mcp
 from .mcp_checkpoints import CheckpointsExtension
 from .mcp_quick import INSTRUCTIONS, SERVER_EXTENSIONS, SERVER_NAME
 from .mcp_quick import server_version as _version
-from .mcp_runs import META_KEY, RunChoice, Runs, new_run_id, with_run_line
+from .mcp_runs import META_KEY, RunChoice, Runs, new_run_id, principal_of, with_run_line
 from .mcp_runs import RUN_KEY as RUN_KEY  # the tests and embedders name it from here
 from .mcp_tasks import TasksExtension
 from .wiring import Wired, open_toolbox
@@ -114,6 +122,8 @@ log = logging.getLogger(__name__)
 CONTEXT_RESET_KEY = "guilds/context_reset"
 """A request ``_meta`` key: true when the model's context was compacted or
 rewound before this call (Toolbox.context_reset): no read points before it."""
+CALL_KEY = "guilds/call-key"
+"""A request ``_meta`` key: the call's key of the client's choosing (``guilds.toolbox.call_keys``)."""
 CODING_OFF = "tool {name!r} is not offered: the agent's coding capability is off (agent.coding)"
 
 
@@ -169,6 +179,7 @@ class Prepared:
     choice: RunChoice
     arguments: dict[str, Any]
     context_reset: bool
+    key: CallKey | None = None
 
 
 async def _quiet(elapsed: float) -> None:
@@ -221,9 +232,10 @@ class _Front:
 
     async def prepare(self, request: ServerRequestContext | None, arguments: dict[str, Any]) -> Prepared:
         """The call's run (``mcp_runs``) and arguments; GuildsError naming what was wrong."""
+        key = _call_key(request)
         choice, rest = await self.runs.choose(request, arguments)
         reset = (request.meta or {}).get(CONTEXT_RESET_KEY) is True if request is not None else False
-        return Prepared(choice, rest, reset)
+        return Prepared(choice, rest, reset, key)
 
     async def run_prepared(self, request: ServerRequestContext | None, name: str, prepared: Prepared,
                            report: Report) -> types.CallToolResult:
@@ -232,14 +244,23 @@ class _Front:
 
     async def _run_prepared(self, request: ServerRequestContext | None, name: str, prepared: Prepared,
                             report: Report) -> types.CallToolResult:
-        run_id = prepared.choice.run_id
+        choice = prepared.choice
         try:
             with carried(_trace_carrier(request)):
-                result = await run_call(self.toolbox.call(run_id, name, prepared.arguments,
-                                                          context_reset=prepared.context_reset), report)
+                try:
+                    result = await run_call(self._toolbox_call(choice.run_id, name, prepared), report)
+                except KeyOfAnotherRun as other:
+                    if not choice.chosen:
+                        raise
+                    choice = RunChoice(other.held_run, True)  # the server chose the run: the key's is the one
+                    result = await run_call(self._toolbox_call(choice.run_id, name, prepared), report)
         finally:
-            self.runs.ended(request, run_id)
-        return to_result(result, prepared.choice)
+            self.runs.ended(request, prepared.choice.run_id)
+        return to_result(result, choice)
+
+    def _toolbox_call(self, run_id: str, name: str, prepared: Prepared) -> Awaitable[CallResult]:
+        return self.toolbox.call(run_id, name, prepared.arguments, context_reset=prepared.context_reset,
+                                 key=prepared.key)
 
 
 async def _as_result(name: str, call: Awaitable[types.CallToolResult]) -> types.CallToolResult:
@@ -252,6 +273,17 @@ async def _as_result(name: str, call: Awaitable[types.CallToolResult]) -> types.
     except Exception as exc:
         log.exception("tool %s failed", name)
         return error_result(f"internal error: {type(exc).__name__}")
+
+
+def _call_key(request: ServerRequestContext | None) -> CallKey | None:
+    """The call's key (``CALL_KEY``) for its principal; None without one; BadInput when it is not a key."""
+    value = (request.meta or {}).get(CALL_KEY) if request is not None else None
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= limits.CALL_KEY_MAX_CHARS:
+        raise BadInput(f"_meta[{CALL_KEY!r}]: must be a string of 1 to {limits.CALL_KEY_MAX_CHARS} characters, "
+                       f"unique per call, got {str(value)[:60]!r}")
+    return CallKey(principal_of(request), value)
 
 
 def _trace_carrier(request: ServerRequestContext | None) -> Carrier | None:

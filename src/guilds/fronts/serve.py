@@ -11,7 +11,9 @@ The MCP endpoint is ``guilds.fronts.mcp_server.http_endpoint``: its route goes f
 and its lifespan (the SDK's session manager) runs inside this app's.
 
 ``/healthz`` and ``/readyz`` answer an orchestrator's probes before the lock
-(``guilds.web.health``; ready: the run record answers). ``/metrics`` holds the server's
+(``guilds.web.health``; ready: the run record answers); with ``$GUILDS_ADVERTISE_URL``
+the server says in the record where it answers ``/healthz?owner=``, so the other
+servers find a call of it lost as soon as it ended (``guilds.record.liveness``). ``/metrics`` holds the server's
 Prometheus metrics (``guilds.observe.metrics``, one registry
 per server); every call and sandbox start is a line on the ``guilds.calls`` logger.
 
@@ -72,6 +74,10 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 log = logging.getLogger(__name__)
+ADVERTISE_ENV = "GUILDS_ADVERTISE_URL"
+"""Where the other servers on the run record reach this one (a replica's ``http://POD_IP:port``):
+they ask it whether it still runs (``guilds.record.liveness``) and find its calls lost at once
+once it ended."""
 
 
 def _lifespan(mcp_lifespan: Callable[[], contextlib.AbstractAsyncContextManager[None]], store: Store,
@@ -246,7 +252,9 @@ async def serve(wired: Wired, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
                 e2b = E2BFront(agents, lock, e2b_keys, e2b_sleep_idle, shared=e2b_shared)
                 await e2b.sandboxes.remove_left()
                 app = e2b.wrap(app)  # type: ignore[assignment]
-            app = with_health(app, toolbox.store.answers)  # type: ignore[assignment]
+            app = with_health(app, toolbox.store.answers, toolbox.store.owner.id)  # type: ignore[assignment]
+            if address := wired.env.get(ADVERTISE_ENV):
+                await toolbox.store.advertise(address)
             if metrics.traces is not None:  # each request's traceparent header, to the calls it makes
                 app = http_carried(app)  # type: ignore[assignment]
             await agents.pools.start()  # after the fronts set their hooks (``Pools.prepare_with``)

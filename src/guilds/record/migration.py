@@ -23,6 +23,9 @@ Agents made on demand before their uid was recorded get the ``uid`` column,
 filled for those not removed with the uid derived from their id (the one
 their sandbox runs as), so a new agent is checked against them too.
 
+Owners registered before a server said where it answers get the ``address``
+column, empty: they are found gone by their heartbeat alone.
+
 A PostgreSQL record whose ``calls.duration_ms`` is a 32-bit integer gets a
 64-bit one: a call lost after running more than 24.8 days is recorded with its
 whole duration (SQLite's integers are 64-bit already).
@@ -80,6 +83,8 @@ def migrate(conn: sa.Connection) -> None:
     if "uid" not in _columns(conn, "agents"):
         conn.execute(sa.text("ALTER TABLE agents ADD COLUMN uid BIGINT"))
         _fill_agent_uids(conn)
+    if "address" not in _columns(conn, "owners"):
+        conn.execute(sa.text("ALTER TABLE owners ADD COLUMN address VARCHAR(255)"))
     _widen_durations(conn)
 
 

@@ -2,6 +2,7 @@
 
     Owner.of_this_process()        who records a call: this process, on this machine
     is_gone(owner, now, here)      whether a recorded owner is known to have ended
+    await is_gone_now(owner, now, here, asked)   the same, asking a server that said where it answers
     Lease(store).start()/stop()    the heartbeat and sweep task of an open Store
 
 **Lost calls.** Every process that opens the run record registers itself as an
@@ -9,7 +10,12 @@ owner (a random id, the machine, its pid and the pid's start time) and refreshes
 its ``heartbeat_at`` every OWNER_HEARTBEAT_SECONDS; every call it begins names it. An
 owner is gone when, on this machine (same boot and pid namespace), its pid is no
 longer the process that started at ``pid_start``; from elsewhere, when its
-heartbeat is older than OWNER_LEASE_SECONDS (a crash, a power loss). At every open and
+heartbeat is older than OWNER_LEASE_SECONDS (a crash, a power loss), or, for a
+server that said where it answers (``address``: a replica's pod), when asking it
+(``record.liveness``) finds another process there or none, or no answer comes and
+its heartbeat is older than OWNER_SILENT_SECONDS (``is_gone_now``): a replica
+killed is found gone within a beat by the sweep, at once by a call that names a
+call of it again (``guilds.toolbox.call_keys``). At every open and
 every heartbeat, the calls still ``running`` under a gone owner are recorded
 ``lost`` (an error, "· lost" on their row) and the owner is forgotten. Their
 commands do not outlive the owner: its helpers get SIGTERM when it dies
@@ -28,8 +34,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from ..limits import OWNER_HEARTBEAT_SECONDS, OWNER_LEASE_SECONDS
+from ..limits import OWNER_HEARTBEAT_SECONDS, OWNER_LEASE_SECONDS, OWNER_PROBE_AFTER_SECONDS, OWNER_SILENT_SECONDS
 from ..procfs import start_time
+from .liveness import GONE, UNKNOWN, probe
 
 LOST = "the process running this call ended before the call finished (it was killed or its machine stopped)"
 """The result text of a lost call."""
@@ -60,6 +67,8 @@ class Owner:
     pid: int
     pid_start: int
     heartbeat_at: datetime | None = None
+    address: str | None = None
+    """Where the process answers whether it still runs (``record.liveness``); None: not asked."""
 
     @classmethod
     def of_this_process(cls) -> "Owner":
@@ -72,6 +81,20 @@ def is_gone(owner: Owner, now: datetime, here: str) -> bool:
     if owner.machine == here:
         return start_time(owner.pid) != owner.pid_start
     return owner.heartbeat_at is None or now - owner.heartbeat_at > timedelta(seconds=OWNER_LEASE_SECONDS)
+
+
+async def is_gone_now(owner: Owner, now: datetime, here: str, asked: bool = False) -> bool:
+    """is_gone, or an owner with an address that says it ended (asked always when ``asked``, else
+    once its heartbeat is older than OWNER_PROBE_AFTER_SECONDS), or does not answer and beats no more."""
+    if is_gone(owner, now, here):
+        return True
+    if owner.machine == here or not owner.address or owner.heartbeat_at is None:
+        return False
+    silent = now - owner.heartbeat_at
+    if not asked and silent <= timedelta(seconds=OWNER_PROBE_AFTER_SECONDS):
+        return False
+    said = await probe(owner.address, owner.id)
+    return said is GONE or (said is UNKNOWN and silent > timedelta(seconds=OWNER_SILENT_SECONDS))
 
 
 class Beating(Protocol):

@@ -14,7 +14,12 @@ Tables:
            finished_at, duration_ms, row, owner (the process running it; none
            once it has ended)
     owners the processes that have the record open (``guilds.record.owners``): id,
-           machine, pid, pid_start, heartbeat_at
+           machine, pid, pid_start, heartbeat_at, address (where the process
+           answers whether it is alive: a server's own URL; none for others)
+    call_keys the client-chosen keys of calls (the MCP front's ``_meta``
+           ``guilds/call-key``, ``guilds.toolbox.call_keys``): agent_id,
+           principal and key, the run_id and seq of the call it names, sent (its
+           request may have reached the sandbox), at
     context_marks  run_id, after_seq, at, from_seq: the run's model context was
            compacted or rewound after its call after_seq (from_seq none); or its
            files were rewound to before call from_seq, so the reads of calls
@@ -114,6 +119,7 @@ owners = sa.Table(
     sa.Column("pid", sa.Integer, nullable=False),
     sa.Column("pid_start", sa.BigInteger, nullable=False),
     sa.Column("heartbeat_at", _TS, nullable=False),
+    sa.Column("address", sa.String(255)),
 )
 context_marks = sa.Table(
     "context_marks", metadata,
@@ -218,3 +224,15 @@ e2b_create_keys = sa.Table(
     sa.Column("at", _TS, nullable=False),
 )
 """The shared creates' idempotency keys, one row each (``guilds.fronts.e2b.create_keys``)."""
+
+call_keys = sa.Table(
+    "call_keys", metadata,
+    sa.Column("agent_id", sa.String(128), primary_key=True),
+    sa.Column("principal", sa.String(64), primary_key=True),
+    sa.Column("key", sa.String(255), primary_key=True),
+    sa.Column("run_id", sa.String(128), nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("sent", sa.Boolean, nullable=False),
+    sa.Column("at", _TS, nullable=False),
+)
+"""The calls' keys, one row each, made in the transaction that begins the call (``record.call_keys``)."""

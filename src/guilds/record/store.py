@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import time
 from datetime import UTC, datetime
@@ -45,6 +46,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from ..errors import BadInput, RecordError
 from ..limits import RECORD_BUSY_RETRY_SECONDS, RECORD_BUSY_WAIT_SECONDS
 from . import agent_listing, agent_rows
+from . import call_keys as keys
+from .call_keys import CallKey, Keyed
 from .engine import (
     RecordThread,
     create_schema,
@@ -55,7 +58,7 @@ from .engine import (
     reason,
     sqlite_pragmas,
 )
-from .owners import Lease, Owner, is_gone, machine_id
+from .owners import Lease, Owner, is_gone_now, machine_id
 from .schema import (
     agents,
     calls,
@@ -119,6 +122,7 @@ class Store:
         where = self.engine.url
         self.where = where.database if self.sqlite else f"{where.host}/{where.database}"
         """The record's place for messages: the SQLite file, or host/database (no password)."""
+        self._insert = dialect_module(self.sqlite).insert
         self._allocate = allocate_statement(dialect_module(self.sqlite))
         on_file = self.sqlite and where.database not in (None, "", ":memory:")
         self._record_thread = RecordThread(where, prepared=(self._allocate, *CALL_WRITES)) if on_file else None
@@ -163,8 +167,15 @@ class Store:
     async def _register(self) -> None:
         me = self.owner
         entry = sa.insert(owners).values(id=me.id, machine=me.machine, pid=me.pid, pid_start=me.pid_start,
-                                         heartbeat_at=utc_now())
+                                         heartbeat_at=utc_now(), address=me.address)
         await self._in_transaction("this process's owner entry", lambda conn: conn.execute(entry))
+
+    async def advertise(self, address: str) -> None:
+        """Say where this process answers whether it still runs (a server's own URL,
+        ``record.liveness``): the other processes on the record find it gone at once once it ended."""
+        self.owner = dataclasses.replace(self.owner, address=address)
+        said = sa.update(owners).where(owners.c.id == self.owner.id).values(address=address)
+        await self._in_transaction("this process's address", lambda conn: conn.execute(said))
 
     async def put_e2b_sandbox(self, row: dict[str, Any]) -> None:
         """A shared E2B sandbox's row (the ``e2b_sandboxes`` columns), made."""
@@ -229,18 +240,25 @@ class Store:
 
     async def sweep_lost(self) -> list[tuple[str, int]]:
         """Record as ``lost`` the running calls of every owner known to be gone (or no longer
-        registered); their (run, seq)."""
+        registered, or found gone when asked: ``owners.is_gone_now``); their (run, seq)."""
         async with self.engine.connect() as conn:
             rows = (await conn.execute(sa.select(owners).where(owners.c.id != self.owner.id))).mappings().all()
             orphaned = (await conn.execute(ORPHANED)).scalars().all()
         now, here = utc_now(), machine_id()
-        gone = [r["id"] for r in rows if is_gone(Owner(**utc_row(r)), now, here)]
-        gone += orphaned
+        found = [Owner(**utc_row(r)) for r in rows]
+        gone = [o.id for o, ended in zip(found, await asyncio.gather(*(is_gone_now(o, now, here) for o in found)),
+                                         strict=True) if ended]
+        return await self.sweep_owners([*gone, *orphaned], now)
+
+    async def sweep_owners(self, gone: Sequence[str], now: datetime | None = None) -> list[tuple[str, int]]:
+        """Record as ``lost`` the running calls of these owners, known to have ended, and forget them."""
         if not gone:
             return []
+        at = now or utc_now()
+
         def sweep(conn: sa.Connection) -> list[tuple[str, int]]:
             running = conn.execute(RUNNING.where(calls.c.owner.in_(gone), calls.c.status == "running")).all()
-            lost = finish_lost(conn, running, now)
+            lost = finish_lost(conn, running, at)
             conn.execute(sa.delete(owners).where(owners.c.id.in_(gone)))
             return lost
         return await self._in_transaction("the lost calls", sweep)
@@ -283,10 +301,12 @@ class Store:
         return await self._record_thread.run(work, write=False)
 
     async def begin_call(self, *, run_id: str, agent_id: str, tool: str, args: Any, call_id: str,
-                         started_at: datetime, budget: int) -> Slot:
+                         started_at: datetime, budget: int, key: CallKey | None = None) -> Slot:
         """Give the call its seq and a slot within the run's budget; record it as running.
 
         A call past the budget gets ``admitted=False``: it is recorded, not counted.
+        ``key``: the call's key, made in the same transaction; ``call_keys.KeyHeld`` (nothing
+        recorded) when it names a call already.
         """
         def begin(conn: sa.Connection) -> tuple[int, int, bool]:
             allocated = conn.execute(self._allocate, {
@@ -300,12 +320,23 @@ class Store:
                 "counted": admitted_seq == seq, "status": "running", "started_at": started_at,
                 "is_error": False, "cut": False, "owner": self.owner.id,
             })
+            if key is not None:
+                keys.claim(conn, self._insert, agent_id, key, run_id, seq, started_at)
             return seq, used, admitted_seq == seq
 
-        seq, used, admitted = await self._in_transaction(f"the start of a {tool[:40]!r} call", begin, prepared=True)
+        seq, used, admitted = await self._in_transaction(f"the start of a {tool[:40]!r} call", begin,
+                                                         prepared=key is None)
         self._in_flight += 1
         self._idle.clear()
         return Slot(seq=seq, used=used, admitted=admitted)
+
+    async def mark_key_sent(self, agent_id: str, key: CallKey) -> None:
+        """The keyed call's request is about to be sent to the sandbox: from now on it may have run."""
+        await self._in_transaction("a call key", lambda conn: keys.mark_sent(conn, agent_id, key))
+
+    async def keyed_call(self, agent_id: str, key: CallKey) -> Keyed | None:
+        """The call a key names, with its owner's entry; None when the key names none."""
+        return await self._reading(lambda conn: keys.keyed(conn, agent_id, key))
 
     async def finish_call(self, *, run_id: str, seq: int, text: str, is_error: bool, meta: dict,
                           cut: bool, finished_at: datetime, duration_ms: int, row: str,

@@ -47,6 +47,7 @@ from ..checkpoints.point_store import CheckpointError
 from ..config.checks import is_safe_name
 from ..config.settings import AgentSettings
 from ..errors import BadInput, HelperFailed, NoAnswer, RecordError, SandboxError
+from ..record.call_keys import CallKey, KeyHeld
 from ..record.redaction import redact_meta
 from ..record.rows import row_text
 from ..record.store import Store
@@ -54,9 +55,11 @@ from ..record.values import call_fields, decision_rows, tagged_runs
 from ..sandbox.base import Sandbox, keep_egress
 from ..sandbox.helpers import CODE_HELPER
 from . import transport
+from .call_keys import KeyOfAnotherRun, held_answer
 from .observer import CANCELLED as CANCELLED_OUTCOME
 from .observer import ERROR, HELPER, NO_OBSERVER, OK, RECORD, SANDBOX_START, CallEnded, Observer
 from .pipeline import run_pipeline
+from .results import CallResult
 from .savings import savings_meta
 from .tools import TOOL_NAMES, TOOLS, CallSite, Tool, tool_named
 
@@ -70,13 +73,6 @@ BUDGET_REFUSED = (
 CANCELLED = "the call was cancelled before it finished"
 NOT_RECORDED = "not_recorded"
 """Metadata key, only when the record could not take the result (a full disk): what failed."""
-
-
-@dataclass(frozen=True)
-class CallResult:
-    text: str
-    is_error: bool
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -106,6 +102,8 @@ class _Call:
     """The run's calls left after this one: the trailer's N."""
     recorded_tool: str = ""
     """The tool's name as recorded: redacted once, at the call's start."""
+    key: CallKey | None = None
+    """The call's key (``call_keys``), marked sent just before its request goes to the sandbox."""
 
 
 def _error(text: str) -> Outcome:
@@ -207,21 +205,32 @@ class Toolbox:
         check_run_id(run_id)
         return await self.store.mark_context_reset(run_id, datetime.now(timezone.utc))
 
-    async def call(self, run_id: str, tool: str, args: Any, *, context_reset: bool = False) -> CallResult:
+    async def call(self, run_id: str, tool: str, args: Any, *, context_reset: bool = False,
+                   key: CallKey | None = None) -> CallResult:
         """Run one tool call of a run through the whole pipeline, and record it.
 
         context_reset: the model's context was compacted or rewound just
         before this call (``context_reset`` first). A call cancelled while it
         runs is recorded as ``cancelled`` (an error), then the cancellation
         goes on; any other surprise is recorded as ``internal error: <type>``
-        and raised.
+        and raised. ``key``: a key naming the call (``call_keys``): a key that names
+        a call already runs nothing, and is answered that call's answer once it has
+        one (or the error saying it was lost); KeyOfAnotherRun when that call is of
+        another run.
         """
         check_run_id(run_id)
         if context_reset:
             await self.context_reset(run_id)
         if not isinstance(tool, str):
             raise BadInput(f"tool: must be a string, got {tool!r}")
-        return await self._recorded(run_id, tool, args, self._run)
+        try:
+            return await self._recorded(run_id, tool, args, self._run, key)
+        except KeyHeld as held:
+            if key is None:
+                raise
+            if held.run_id != run_id:
+                raise KeyOfAnotherRun(key.key, held.run_id, run_id) from None
+            return await held_answer(self.store, self.settings.id, key)
 
     async def call_outside(self, run_id: str, tool: str, args: Any,
                            run: Callable[[str], Awaitable[Outcome]]) -> CallResult:
@@ -234,7 +243,7 @@ class Toolbox:
         return await self._recorded(run_id, tool, args, lambda call: run(call.call_id))
 
     async def _recorded(self, run_id: str, tool: str, args: Any,
-                        run: Callable[[_Call], Awaitable[Outcome]]) -> CallResult:
+                        run: Callable[[_Call], Awaitable[Outcome]], key: CallKey | None = None) -> CallResult:
         started_at, t0 = datetime.now(timezone.utc), time.monotonic()
         call_id = new_call_id()
         recorded_tool, recorded_args = redact_meta(self._redactor, [tool, args])
@@ -242,7 +251,7 @@ class Toolbox:
             budget = self.settings.max_tool_calls
             beginning = asyncio.ensure_future(self.store.begin_call(
                 run_id=run_id, agent_id=self.settings.id, tool=recorded_tool, args=recorded_args,
-                call_id=call_id, started_at=started_at, budget=budget))
+                call_id=call_id, started_at=started_at, budget=budget, key=key))
             try:
                 slot = await asyncio.shield(beginning)
             except asyncio.CancelledError:  # its transaction goes on: the call it records is ended as cancelled
@@ -251,7 +260,7 @@ class Toolbox:
             else:
                 cancelled = False
             call = _Call(run_id, tool, args, slot.seq, call_id, started_at, t0, max(0, budget - slot.used),
-                         recorded_tool)
+                         recorded_tool, key)
             try:
                 if cancelled:
                     raise asyncio.CancelledError
@@ -280,6 +289,8 @@ class Toolbox:
         request = self.request(tool.name, call.args, run_id=call.run_id, call_id=call.call_id, seq=call.seq,
                                cwd=self.default_cwd(), max_bytes=self.settings.result_max_bytes,
                                kind=tool.request_type, **extra.fields)
+        if call.key is not None:
+            await self.store.mark_key_sent(self.settings.id, call.key)
         try:
             async with self._checkpointed(call, tool) as kept:
                 envelope = await self.send(request, wait=tool.wait(valid), helper=tool.helper,
