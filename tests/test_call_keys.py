@@ -150,11 +150,16 @@ async def test_the_probe_tells_the_owner_another_process_and_none_apart():
         assert await probe(f"http://127.0.0.1:{silent.getsockname()[1]}", "owner-1", timeout=0.3) is UNKNOWN
 
 
-@contextlib.asynccontextmanager
-async def elsewhere(url: str, address: str) -> AsyncIterator[Store]:
-    """A Store as a server on another machine opens it, saying it answers at address."""
+def elsewhere(url: str) -> Store:
+    """A Store as a server on another machine opens it."""
     store = Store(url)
     store.owner = dataclasses.replace(store.owner, machine="another-machine")
+    return store
+
+
+@contextlib.asynccontextmanager
+async def opened(store: Store, address: str) -> AsyncIterator[Store]:
+    """store open, saying it answers at address."""
     async with store:
         await store.advertise(address)
         yield store
@@ -176,7 +181,7 @@ async def test_a_key_whose_process_died_is_answered_lost_at_once(tmp_path, backe
 
     url, run, key, agent = record_url(tmp_path, backend), f"mcp-{uuid.uuid4().hex}", uuid.uuid4().hex, "died"
     async with Store(url) as store, local_toolbox(tmp_path / "a", store, agent={"id": agent}) as toolbox:
-        async with elsewhere(url, closed_address()) as dead:
+        async with opened(elsewhere(url), closed_address()) as dead:
             seq = await begin_keyed(dead, agent, run, key, sent)
             started = asyncio.get_running_loop().time()
             answer = await toolbox.call(run, "shell", {"command": f"echo again >> {tmp_path}/ran"},
@@ -197,9 +202,8 @@ async def test_a_key_whose_call_runs_on_elsewhere_waits_for_its_answer(tmp_path)
 
     run, key, agent = f"mcp-{uuid.uuid4().hex}", uuid.uuid4().hex, "lives"
     async with Store(str(PG_URL)) as store, local_toolbox(tmp_path / "a", store, agent={"id": agent}) as toolbox:
-        other = Store(str(PG_URL))
-        other.owner = dataclasses.replace(other.owner, machine="another-machine")
-        async with health_server(other.owner.id) as address, elsewhere_opened(other, address):
+        other = elsewhere(str(PG_URL))
+        async with health_server(other.owner.id) as address, opened(other, address):
             seq = await begin_keyed(other, agent, run, key, sent=True)
             waiting = asyncio.ensure_future(toolbox.call(run, "shell", {"command": "true"}, key=CallKey("", key)))
             await asyncio.sleep(1.5)  # asked, alive: it waits
@@ -211,9 +215,3 @@ async def test_a_key_whose_call_runs_on_elsewhere_waits_for_its_answer(tmp_path)
     assert not answer.is_error and answer.text == "finished elsewhere\nremaining_tool_calls: 99"
     assert answer.meta["seq"] == seq and answer.meta["run"] == run
 
-
-@contextlib.asynccontextmanager
-async def elsewhere_opened(store: Store, address: str) -> AsyncIterator[Store]:
-    async with store:
-        await store.advertise(address)
-        yield store
