@@ -426,3 +426,21 @@ KUBERNETES_POD_GONE_ATTEMPTS = 4
 KUBERNETES_POD_GONE_PAUSE_SECONDS = 1.0
 """The pause before each such try past the second (a pod made anew under the same name
 may refuse an exec until its container is listed)."""
+E2B_TEMPLATE_MAX_STEPS = 100
+"""The most steps one template build may have (``Template`` instructions): 400 past it."""
+E2B_TEMPLATE_UPLOAD_BYTES = 64 * 1024 * 1024
+"""The largest file archive one ``COPY`` of a template build may upload (it is held whole
+once, as it is written into the build's sandbox): 413 past it, nothing kept."""
+E2B_TEMPLATE_BUILD_SECONDS = 600.0
+"""The longest one template build runs, its steps together: past it, the build fails."""
+E2B_TEMPLATE_BUILDS_PER_KEY = 2
+"""Template builds one key may run at once: 429 past it (each build is a sandbox and a
+machine's work)."""
+E2B_MAX_TEMPLATES = 100
+"""The most templates one key keeps, built or requested: 429 past it, until one is deleted."""
+E2B_TEMPLATE_LOG_ENTRIES = 2000
+"""The most log entries one build keeps: a step's output past it is dropped, said once."""
+E2B_TEMPLATE_LOG_LINE_CHARS = 4096
+"""The longest log entry's message: a longer line is cut."""
+E2B_TEMPLATE_STATUS_LOGS = 100
+"""The most log entries one build status answer holds (E2B's ``limit``, 0 to this)."""

@@ -40,6 +40,8 @@ from .sandboxes import Sandboxes
 from .shared import SharedRecord
 from .snapshot_api import SnapshotApi
 from .snapshots import Snapshots
+from .template_service import Templates
+from .templates_api import TemplatesApi
 
 if TYPE_CHECKING:
     from ...agents.registry import Agents
@@ -80,10 +82,13 @@ class E2BFront:
         self.sandboxes = Sandboxes(agents, CLIENT_ID, sleep_idle,
                                    SharedRecord(agents.store, lock.token) if shared else None)
         forks = Forks(self.sandboxes, Snapshots.open(agents.data_dir))
-        control = ControlPlane(self.sandboxes, self.keys, forks)
+        self.templates = Templates(self.sandboxes)
+        control = ControlPlane(self.sandboxes, self.keys, forks, self.templates.built)
         self.metrics = control.metrics
-        routes = [*control.routes(), *SnapshotApi(control, forks).routes(), *InSandboxApi(self.sandboxes).routes(),
-                  *unserved.routes()]
+        snapshot_api = SnapshotApi(control, forks)
+        templates_api = TemplatesApi(control, self.templates, control._keyed(snapshot_api.delete))
+        routes = [*control.routes(), *templates_api.routes(), *snapshot_api.routes(),
+                  *InSandboxApi(self.sandboxes).routes(), *unserved.routes()]
         self.app = Starlette(routes=routes)
         self.ingress = Ingress(self.sandboxes, self.app)
 
@@ -159,5 +164,6 @@ class E2BFront:
     async def close(self) -> None:
         """Every E2B sandbox killed, and its commands' ends recorded."""
         await self.metrics.close()
+        await self.templates.close()
         await self.sandboxes.close()
         await recorded(SERVE_CANCEL_WAIT_SECONDS)

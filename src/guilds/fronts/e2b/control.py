@@ -90,9 +90,10 @@ def _unix_time(value: str | None, name: str) -> int | None:
 
 
 class ControlPlane:
-    def __init__(self, sandboxes: Sandboxes, keys: Keys, forks: Forks | None = None):
-        """forks: snapshots and fork, and sandboxes made from snapshots (none: not served)."""
-        self.sandboxes, self.keys, self.forks = sandboxes, keys, forks
+    def __init__(self, sandboxes: Sandboxes, keys: Keys, forks: Forks | None = None, built: Forks | None = None):
+        """forks: snapshots and fork, and sandboxes made from snapshots (none: not served);
+        built: sandboxes made from built templates (``template_service``; none: not served)."""
+        self.sandboxes, self.keys, self.forks, self.built = sandboxes, keys, forks, built
         self.metrics = Metrics(sandboxes)
         self.create_keys = create_keys.CreateKeys(sandboxes)
 
@@ -143,10 +144,12 @@ class ControlPlane:
         template = body.get("templateID", "base")
         if not isinstance(template, str):
             raise BadBody("templateID: a template name")
-        forks = self.forks
-        snapshot = None if forks is None else forks.named(key_name, template)
-        if forks is not None and snapshot is not None:  # a sandbox made from a snapshot (forks)
-            asked = Made(key_name, snapshot.id, _timeout(body.get("timeout")), _metadata(body.get("metadata")),
+        for forks in (self.forks, self.built):  # a sandbox made from a snapshot, or from a built template
+            snapshot = None if forks is None else forks.named(key_name, template)
+            if forks is None or snapshot is None:
+                continue
+            named = snapshot.id if forks is self.forks else template
+            asked = Made(key_name, named, _timeout(body.get("timeout")), _metadata(body.get("metadata")),
                          _strings(body.get("envVars"), "envVars"),
                          network_options.asked(body, forks.settings_of(snapshot)), datetime.now(UTC),
                          ingress=ingress_options.asked(body, shared=self.sandboxes.shared is not None))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -107,22 +108,43 @@ class Forks:
     def _adjust(self, settings: AgentSettings, network: Entries) -> Adjust | None:
         return narrowing(network, settings, backend_of(settings))
 
+    def adjust_of(self, snapshot: Snapshot, network: Entries) -> Adjust | None:
+        """How an agent made from the snapshot is made: as its template's, its network narrowed
+        as asked; a built template's on the image its build made (``template_homes``)."""
+        narrow = self._adjust(self.settings_of(snapshot), network)
+        image = snapshot.built.get("image")
+        if not image:
+            return narrow
+
+        def on_image(settings: AgentSettings) -> AgentSettings:
+            settings = dataclasses.replace(settings, docker=dataclasses.replace(settings.docker, image=image))
+            return settings if narrow is None else narrow(settings)
+
+        return on_image
+
     async def create_from(self, snapshot: Snapshot, asked: Made) -> E2BSandbox:
-        """A new sandbox, an agent forked from the snapshot's checkpoint, its network as asked."""
-        adjust = self._adjust(self.settings_of(snapshot), asked.network)
+        """A new sandbox, an agent forked from the snapshot's checkpoint, its network as asked
+        (a built template's environment under the create's own ``envVars``)."""
+        adjust = self.adjust_of(snapshot, asked.network)
+        asked = dataclasses.replace(asked, env_vars={**snapshot.built.get("envs", {}), **asked.env_vars})
         return await self.sandboxes.under_way(self._create_from(snapshot, asked, adjust))
 
     async def _create_from(self, snapshot: Snapshot, asked: Made, adjust: Adjust | None) -> E2BSandbox:
+        made = await self.agent_from(snapshot, asked.key_name, asked.timeout, adjust)
+        return await self.sandboxes.adopt(made, asked)
+
+    async def agent_from(self, snapshot: Snapshot, key_name: str, timeout: int,
+                         adjust: Adjust | None = None) -> AgentRecord:
+        """An agent of the key whose home starts as the snapshot's (``resource_exhausted`` past a cap)."""
         async with self.snapshots.using(snapshot) as points:
             if snapshot.layered:
-                source = Source(snapshot.agent_id, snapshot.template, _owner(asked.key_name), Path(),
+                source = Source(snapshot.agent_id, snapshot.template, _owner(key_name), Path(),
                                 layers=snapshot.layers, lower=snapshot.lower)
-                made = await _forked(self.agents, source, 1, asked.timeout, adjust=adjust)
+                made = await _forked(self.agents, source, 1, timeout, adjust=adjust)
             else:
-                source = Source(snapshot.agent_id, snapshot.template, _owner(asked.key_name), Path(), points=points)
-                made = await _forked(self.agents, source, 1, asked.timeout, checkpoint=snapshot.point,
-                                     adjust=adjust)
-        return await self.sandboxes.adopt(made[0], asked)
+                source = Source(snapshot.agent_id, snapshot.template, _owner(key_name), Path(), points=points)
+                made = await _forked(self.agents, source, 1, timeout, checkpoint=snapshot.point, adjust=adjust)
+        return made[0]
 
     async def fork(self, box: E2BSandbox, count: int, timeout: int) -> list[E2BSandbox | ConnectError]:
         """count new sandboxes whose files start as box's now; each one's sandbox, or the error

@@ -46,8 +46,9 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from guilds_code.limits import NAME_MAX_CHARS
 
@@ -85,6 +86,8 @@ class Snapshot:
     """An overlay home's snapshot: its fork layers, top first (the first one its own)."""
     lower: str | None = None
     """An overlay home's snapshot: the template's layer below those, if any."""
+    built: dict[str, Any] = field(default_factory=dict)
+    """A built template's (``template_homes``): its image, environment and start command."""
 
     @property
     def layered(self) -> bool:
@@ -147,14 +150,20 @@ class Taken:
     home: Path
     overlay: Path | None = None
     """The home's own overlay folders (``guilds.agents.homes.overlay_dir``), when it may be one."""
+    built: dict[str, Any] = field(default_factory=dict)
+    """A built template's (``Snapshot.built``)."""
 
 
 class Snapshots:
     """Every snapshot kept in one data folder, by raw id."""
 
+    FOLDER, HOLDER_PREFIX, KIND, MAX_KEPT = FOLDER, HOLDER_PREFIX, "snapshot", E2B_MAX_SNAPSHOTS
+    """Its folder under the data folder, its holds' prefix, what it keeps, and how many per key
+    (a store of another kind: ``template_homes``)."""
+
     def __init__(self, data_dir: Path, kept: dict[str, Snapshot]):
         self.data_dir = Path(data_dir)
-        self.folder = self.data_dir / FOLDER
+        self.folder = self.data_dir / self.FOLDER
         self._kept = kept
         self._taking: dict[str, asyncio.Lock] = {}
         self._users: Counter[str] = Counter()
@@ -164,7 +173,7 @@ class Snapshots:
     @classmethod
     def open(cls, data_dir: Path) -> Snapshots:
         """The snapshots kept; the folders of takes cut short removed."""
-        folder, kept = Path(data_dir) / FOLDER, {}
+        folder, kept = Path(data_dir) / cls.FOLDER, {}
         for entry in sorted(folder.iterdir()) if folder.is_dir() else ():
             try:
                 about = json.loads((entry / ABOUT).read_text())
@@ -174,7 +183,7 @@ class Snapshots:
                 continue
             kept[snapshot.raw] = snapshot
         for holder in fork_layers.holders(Path(data_dir)):
-            if holder.startswith(HOLDER_PREFIX) and holder[len(HOLDER_PREFIX):] not in kept:
+            if holder.startswith(cls.HOLDER_PREFIX) and holder[len(cls.HOLDER_PREFIX):] not in kept:
                 fork_layers.release(Path(data_dir), holder)  # a take cut short, or a removal
         return cls(data_dir, kept)
 
@@ -207,9 +216,9 @@ class Snapshots:
         nothing of itself and every other snapshot whole."""
         async with self._taking.setdefault(taken.key_name, asyncio.Lock()):
             former = None if taken.name is None else self.find(taken.key_name, taken.name)
-            if former is None and len(self.of_key(taken.key_name)) >= E2B_MAX_SNAPSHOTS:
-                raise ConnectError("resource_exhausted", f"snapshot limit reached: key {taken.key_name!r} holds "
-                                                         f"{E2B_MAX_SNAPSHOTS} snapshots; delete one first")
+            if former is None and len(self.of_key(taken.key_name)) >= self.MAX_KEPT:
+                raise ConnectError("resource_exhausted", f"{self.KIND} limit reached: key {taken.key_name!r} holds "
+                                                         f"{self.MAX_KEPT} {self.KIND}s; delete one first")
             snapshot = await asyncio.to_thread(self._write, taken)
             self._kept[snapshot.raw] = snapshot
             if former is not None:
@@ -221,7 +230,7 @@ class Snapshots:
         self.folder.mkdir(mode=0o700, exist_ok=True)
         own = self.folder / raw
         os.mkdir(own, 0o700)
-        holder = f"{HOLDER_PREFIX}{raw}"
+        holder = f"{self.HOLDER_PREFIX}{raw}"
         layers: tuple[str, ...]
         try:
             frozen = self._frozen(taken, holder)
@@ -233,7 +242,7 @@ class Snapshots:
                 point, layers, lower = "", tuple(frozen.above), frozen.lower
             snapshot = Snapshot(raw=raw, key_name=taken.key_name, name=taken.name, sandbox_id=taken.sandbox_id,
                                 agent_id=taken.agent_id, template=taken.template, point=point, at=time.time(),
-                                layers=layers, lower=lower)
+                                layers=layers, lower=lower, built=taken.built)
             part = own / f".{ABOUT}"
             part.write_text(json.dumps(asdict(snapshot)))
             os.replace(part, own / ABOUT)
@@ -274,4 +283,4 @@ class Snapshots:
 
     def _drop(self, snapshot: Snapshot) -> None:
         shutil.rmtree(self.folder / snapshot.raw, ignore_errors=True)
-        fork_layers.release(self.data_dir, snapshot.holder)
+        fork_layers.release(self.data_dir, f"{self.HOLDER_PREFIX}{snapshot.raw}")

@@ -9,7 +9,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 FEATURES = {
-    "templates": "template builds", "snapshots": "snapshots", "volumes": "volumes", "secrets": "secrets",
+    "templates": "this template request", "snapshots": "snapshots", "volumes": "volumes", "secrets": "secrets",
     "metrics": "metrics", "logs": "logs", "fork": "fork", "network": "network updates (update_network)",
     "refreshes": "refreshes",
 }
