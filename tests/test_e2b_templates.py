@@ -1,0 +1,203 @@
+"""E2B template builds (guilds.fronts.e2b.template_service), through the unmodified E2B Python
+SDK's ``Template`` against a real `guilds serve --e2b`: a build's steps (COPY of uploaded
+files, RUN, ENV, WORKDIR, USER) make a template whose sandboxes start with what they left;
+its status and logs as the SDK polls them; a step that cannot be served or fails is the
+build's error, naming it; the bounds refuse at their edge; one key never sees another's."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from e2b import Sandbox, Template
+from e2b.exceptions import BuildException, SandboxException
+
+from e2b_kit import E2BServer, e2b_server
+from guilds.limits import E2B_TEMPLATE_MAX_STEPS, E2B_TEMPLATE_UPLOAD_BYTES
+
+pytestmark = [pytest.mark.slow, pytest.mark.backends("bwrap", "docker")]
+
+
+@pytest.fixture(scope="module")
+def server(backend, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(f"e2b-tpl-{backend}")
+    (folder / "home").mkdir()
+    (folder / "home" / "from-template.txt").write_text("template\n")
+    with e2b_server(folder, backend, "[agents]\nmax_per_owner = 6\n") as served:
+        yield served
+
+
+@pytest.fixture
+def env(server: E2BServer, monkeypatch):
+    server.export(monkeypatch)
+
+
+@pytest.fixture
+def context(tmp_path: Path) -> Path:
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "test.txt").write_text("This is a test file.")
+    (folder / "symlink.txt").symlink_to("test.txt")
+    (folder / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (folder / "run.sh").chmod(0o755)
+    return tmp_path
+
+
+def _name() -> str:
+    return f"tpl-{secrets.token_hex(4)}"
+
+
+def test_a_built_template_starts_its_sandboxes_with_what_its_steps_left(server, env, context):
+    logs: list[str] = []
+    template = (Template(file_context_path=str(context)).from_base_image()
+                .copy("folder/*", "folder")
+                .copy("folder/test.txt", "single/renamed.txt", mode=0o600)
+                .set_envs({"GREETING": "hello there"})
+                .run_cmd('cat folder/test.txt && echo "$GREETING" > made.txt')
+                .set_workdir("/home/user/app")
+                .run_cmd("pwd > where.txt")
+                .make_symlink("../made.txt", "made-link"))
+    name = _name()
+    info = Template.build(template, name, on_build_logs=lambda entry: logs.append(entry.message))
+    assert info.name == name and info.template_id
+    assert any("This is a test file." in line for line in logs)  # a step's output, polled as it came
+    assert any(line.startswith("Step 4/7: RUN") for line in logs)
+    for ref in (name, info.template_id):
+        box = Sandbox.create(ref, timeout=60)
+        try:
+            found = box.commands.run("cat made.txt app/where.txt folder/test.txt; readlink folder/symlink.txt; "
+                                     "./folder/run.sh; stat -c %a single/renamed.txt; readlink app/made-link; "
+                                     "cat from-template.txt; echo \"$GREETING\"").stdout
+            assert found.split("\n") == ["hello there", "/home/user/app", "This is a test file.test.txt", "ran",
+                                         "600", "../made.txt", "template", "hello there", ""]
+        finally:
+            box.kill()
+    assert Template.exists(name) and Template.exists("base") and not Template.exists(_name())
+
+
+def test_a_template_built_from_another_starts_with_its_home(server, env):
+    first = _name()
+    Template.build(Template().from_base_image().run_cmd("echo one > one.txt").set_envs({"FIRST": "1"}), first)
+    second = _name()
+    Template.build(Template().from_template(first).run_cmd("cat one.txt > two.txt"), second)
+    box = Sandbox.create(second, timeout=60)
+    try:
+        assert box.commands.run('cat two.txt; echo "$FIRST"').stdout == "one\n1\n"
+    finally:
+        box.kill()
+
+
+def test_a_new_build_of_a_name_replaces_the_former_one(server, env):
+    name = _name()
+    first = Template.build(Template().from_base_image().run_cmd("echo 1 > v.txt"), name)
+    second = Template.build(Template().from_base_image().run_cmd("echo 2 > v.txt"), name)
+    assert first.template_id == second.template_id and first.build_id != second.build_id
+    box = Sandbox.create(name, timeout=60)
+    try:
+        assert box.files.read("v.txt") == "2\n"
+    finally:
+        box.kill()
+
+
+def test_a_failing_step_is_the_builds_error_naming_it(server, env):
+    with pytest.raises(BuildException, match=r"failed to run command 'echo out && false': exit status 1"):
+        Template.build(Template().from_base_image().run_cmd("true").run_cmd("echo out && false"), _name())
+    with pytest.raises(BuildException, match="invalid username: 'root123'"):
+        Template.build(Template().from_base_image().run_cmd("whoami", user="root123"), _name())
+
+
+def test_a_build_in_the_background_is_followed_by_its_status(server, env):
+    template = Template().from_base_image().run_cmd("sleep 2 && echo slept")
+    info = Template.build_in_background(template, _name())
+    first = Template.get_build_status(info)
+    assert first.status.value == "building"
+    deadline = time.monotonic() + 120
+    status = first
+    while status.status.value == "building" and time.monotonic() < deadline:
+        time.sleep(0.3)
+        status = Template.get_build_status(info)
+    assert status.status.value == "ready"
+    later = Template.get_build_status(info, logs_offset=len(status.log_entries) - 1)
+    assert [e.message for e in later.log_entries] == [status.log_entries[-1].message]
+
+
+def test_builds_are_bounded_at_their_edge(server, env):
+    steps = Template().from_base_image()
+    for _ in range(E2B_TEMPLATE_MAX_STEPS - 1):
+        steps = steps.set_envs({"A": "1"})
+    Template.build(steps.run_cmd('test "$A" = 1'), _name())  # exactly the most steps
+    with pytest.raises(BuildException, match=f"at most {E2B_TEMPLATE_MAX_STEPS} steps"):
+        Template.build(steps.set_envs({"A": "1"}).set_envs({"B": "2"}), _name())
+
+
+def test_an_upload_is_bounded_at_its_edge(server, env):
+    headers = {"X-API-KEY": server.key}
+    made = httpx.post(f"{server.url}/v3/templates", json={"name": _name()}, headers=headers).json()
+    link = httpx.get(f"{server.url}/templates/{made['templateID']}/files/{'a' * 64}", headers=headers)
+    assert link.status_code == 201 and link.json()["present"] is False
+    url = link.json()["url"]
+    assert httpx.put(url, content=b"\0" * (E2B_TEMPLATE_UPLOAD_BYTES + 1), timeout=120).status_code == 413
+    assert httpx.put(url, content=b"\0" * E2B_TEMPLATE_UPLOAD_BYTES, timeout=120).status_code == 200
+    assert httpx.get(f"{server.url}/templates/{made['templateID']}/files/{'a' * 64}",
+                     headers=headers).json()["present"] is True
+    unsigned = url.split("?")[0] + "?signature=" + "0" * 64
+    refused = httpx.put(unsigned, content=b"x")
+    assert refused.status_code == 401 and "invalid signature" in refused.json()["message"]
+
+
+def test_builds_of_one_key_at_once_are_bounded(server, env):
+    headers = {"X-API-KEY": server.key}
+    started, made = [], []
+    for _ in range(3):
+        made.append(httpx.post(f"{server.url}/v3/templates", json={"name": _name()}, headers=headers).json())
+        build = f"{server.url}/v2/templates/{made[-1]['templateID']}/builds/{made[-1]['buildID']}"
+        started.append(httpx.post(build, json={"fromImage": "e2bdev/base", "steps": [
+            {"type": "RUN", "args": ["sleep 3"]}]}, headers=headers))
+    assert [a.status_code for a in started[:2]] == [202, 202]
+    assert started[2].status_code == 429 and "E2B_TEMPLATE_BUILDS_PER_KEY" in started[2].json()["message"]
+    for one in made[:2]:  # both end; then a build of the key starts again
+        status = f"{server.url}/templates/{one['templateID']}/builds/{one['buildID']}/status"
+        deadline = time.monotonic() + 120
+        while httpx.get(status, headers=headers).json()["status"] == "building" and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert httpx.get(status, headers=headers).json()["status"] == "ready"
+    again = f"{server.url}/v2/templates/{made[2]['templateID']}/builds/{made[2]['buildID']}"
+    assert httpx.post(again, json={"fromImage": "e2bdev/base"}, headers=headers).status_code == 202
+
+
+def test_a_key_never_sees_anothers_template_and_a_deleted_one_is_gone(server, env, monkeypatch):
+    name = _name()
+    info = Template.build(Template().from_base_image().run_cmd("echo mine > mine.txt"), name)
+    monkeypatch.setenv("E2B_API_KEY", server.other_key)
+    assert not Template.exists(name)
+    with pytest.raises(SandboxException, match=f"template '{name}' not found"):
+        Sandbox.create(name, timeout=30)
+    monkeypatch.setenv("E2B_API_KEY", server.key)
+    headers = {"X-API-KEY": server.key}
+    assert httpx.delete(f"{server.url}/templates/{info.template_id}", headers=headers).status_code == 204
+    assert not Template.exists(name)
+    with pytest.raises(SandboxException, match=f"template '{name}' not found"):
+        Sandbox.create(name, timeout=30)
+
+
+def test_what_is_not_served_is_refused_naming_it(server, env):
+    with pytest.raises(BuildException, match="template tags are not supported"):
+        Template.build(Template().from_base_image(), f"{_name()}:v1")
+    headers = {"X-API-KEY": server.key}
+    listed = httpx.get(f"{server.url}/templates", headers=headers)
+    assert listed.status_code == 501 and "not supported by this server" in listed.json()["message"]
+    with pytest.raises(SandboxException):
+        Template.get_tags(_name())
+
+
+@pytest.mark.backends("bwrap")
+def test_on_bwrap_a_build_from_another_image_fails_at_its_base(server, env):
+    with pytest.raises(BuildException, match=r"FROM ubuntu:22.04: a build on bwrap cannot start from an image"):
+        Template.build(Template().from_image("ubuntu:22.04").run_cmd("true"), _name())
+    with pytest.raises(BuildException, match=r"failed to run command 'touch /usr/x'"):
+        Template.build(Template().from_base_image().run_cmd("touch /usr/x", user="root"), _name())
+    assert os.path.exists("/usr") and not os.path.exists("/usr/x")
