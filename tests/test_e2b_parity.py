@@ -104,8 +104,9 @@ def test_a_killed_sandbox_resets_its_streams_connection(sbx, sdk):
 
 
 @pytest.mark.parametrize(("method", "path", "feature"), [
-    ("GET", "/templates", "template builds"),
-    ("POST", "/v3/templates", "template builds"),
+    ("GET", "/templates", "this template request"),
+    ("POST", "/templates/tags", "this template request"),
+    ("GET", "/templates/{id}/builds/{id}/logs", "this template request"),
     ("POST", "/snapshots", "snapshots"),
     ("GET", "/sandboxes/{id}/snapshots", "snapshots"),
     ("GET", "/sandboxes/metrics", "metrics"),

@@ -131,7 +131,7 @@ def test_a_named_snapshot_is_named_by_its_name_and_a_new_one_of_that_name_replac
     assert Sandbox.delete_snapshot(name) is True
     assert Sandbox.delete_snapshot(name) is False
     templates = httpx.delete(f"{server.url}/templates/base", headers={"X-API-KEY": server.key})
-    assert templates.status_code == 501 and "template builds is not supported" in templates.json()["message"]
+    assert templates.status_code == 501 and "this template request is not supported" in templates.json()["message"]
 
 
 @pytest.mark.slow
