@@ -444,3 +444,6 @@ E2B_TEMPLATE_LOG_LINE_CHARS = 4096
 """The longest log entry's message: a longer line is cut."""
 E2B_TEMPLATE_STATUS_LOGS = 100
 """The most log entries one build status answer holds (E2B's ``limit``, 0 to this)."""
+E2B_TEMPLATE_HOME_BYTES = 4 * 1024 * 1024 * 1024
+"""The largest home a docker template build may leave in its image's /home/user (copied out
+as the template's starting home): past it, the build fails."""

@@ -44,11 +44,14 @@ def dockerfile(base: str, helpers: Sequence[str], *, install: bool = True) -> st
     if install:
         lines.append("RUN apt-get update && apt-get install -y --no-install-recommends "
                      f"{' '.join(PACKAGES)} && rm -rf /var/lib/apt/lists/*")
-    lines.append(f"COPY {' '.join(helpers)} /usr/local/bin/")
-    lines.append(USER_LINE)
-    lines.append(f"USER {CONTAINER_UID}:{CONTAINER_UID}")
-    lines.append('CMD ["sleep", "infinity"]')
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *helper_lines(helpers)]) + "\n"
+
+
+def helper_lines(helpers: Sequence[str]) -> list[str]:
+    """The image's last lines, as root: the helpers at /usr/local/bin, the agent's user, and
+    that user's sleep (a template build's image ends with them too: ``guilds.fronts.e2b``)."""
+    return [f"COPY {' '.join(helpers)} /usr/local/bin/", USER_LINE, f"USER {CONTAINER_UID}:{CONTAINER_UID}",
+            'CMD ["sleep", "infinity"]']
 
 
 def build_context(text: str, helpers: Sequence[tuple[str, bytes]]) -> bytes:

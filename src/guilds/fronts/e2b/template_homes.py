@@ -52,6 +52,8 @@ def remove_image(image: str) -> None:
         client = docker.from_env()
         try:
             client.images.remove(image, noprune=False)
+        except docker.errors.ImageNotFound:
+            pass
         except docker.errors.DockerException as exc:
             log.warning("e2b: the image %s of a removed template stays: %s", image, exc)
         finally:

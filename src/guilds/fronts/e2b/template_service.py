@@ -32,9 +32,11 @@ from ...limits import E2B_MAX_TEMPLATES, E2B_TEMPLATE_BUILD_SECONDS, E2B_TEMPLAT
 from .connect import ConnectError
 from .forks import Forks
 from .sandboxes import Sandboxes
-from .template_build import BUILDING, WAITING, Build, StepFailed
+from .snapshots import Taken
+from .template_build import BUILDING, READY, WAITING, Build, StepFailed
 from .template_home_build import Base, HomeBuild
 from .template_homes import TemplateHomes, template_id
+from .template_image_build import ImageBuild
 from .template_steps import BASE_IMAGES, Plan, plan_of
 from .template_uploads import Uploads
 
@@ -168,11 +170,16 @@ class Templates:
 
     async def _run(self, build: Build, plan: Plan, base: Base, backend: str) -> None:
         deadline = time.monotonic() + E2B_TEMPLATE_BUILD_SECONDS
-        runner = HomeBuild(self.sandboxes, self.built, self.uploads, build, plan, deadline)
+        runner: HomeBuild | ImageBuild
+        if backend == "docker":
+            runner = ImageBuild(self.uploads, build, plan, deadline)
+        else:
+            runner = HomeBuild(self.sandboxes, self.built, self.uploads, build, plan, deadline)
         build.log(f"Building template {build.name} on {backend}: {plan.base_line}")
         try:
             async with asyncio.timeout(E2B_TEMPLATE_BUILD_SECONDS):
-                taken = await runner.run(base, backend)
+                taken = await (self._image(runner, base) if isinstance(runner, ImageBuild)
+                               else runner.run(base, backend))
                 await self.homes.take(taken)
             build.done()
         except StepFailed as exc:
@@ -184,10 +191,20 @@ class Templates:
         except (GuildsError, OSError) as exc:
             build.fail(f"the build could not go on: {exc}")
         finally:
-            await asyncio.shield(self._ended(build, plan, runner.agent_id))
+            await asyncio.shield(self._ended(build, plan, runner))
 
-    async def _ended(self, build: Build, plan: Plan, agent_id: str | None) -> None:
-        """The build's sandbox removed, its uploads let go."""
+    async def _image(self, runner: ImageBuild, base: Base) -> Taken:
+        """A docker build's run: on its base template's image, or its base built template's."""
+        template = base.built.template if base.built is not None else str(base.template)
+        image = (base.built.built.get("image") if base.built is not None else None) or \
+            self.sandboxes.agents.served.template(template).settings.docker.image
+        return await runner.run(base, image, template, self.sandboxes.agents.data_dir)
+
+    async def _ended(self, build: Build, plan: Plan, runner: HomeBuild | ImageBuild) -> None:
+        """The build's sandbox removed (a failed image build's image too), its uploads let go."""
+        if isinstance(runner, ImageBuild):
+            await asyncio.to_thread(runner.ended, build.status != READY)
+        agent_id = runner.agent_id if isinstance(runner, HomeBuild) else None
         for step in plan.steps:
             if step.files_hash is not None:
                 found = self.uploads.path(build.template_id, step.files_hash)
