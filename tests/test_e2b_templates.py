@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2b import Sandbox, Template
+from e2b import CommandExitException, Sandbox, Template
 from e2b.exceptions import BuildException, SandboxException
 
 from e2b_kit import E2BServer, e2b_server
@@ -62,7 +62,7 @@ def test_a_built_template_starts_its_sandboxes_with_what_its_steps_left(server, 
                 .run_cmd("pwd > where.txt")
                 .make_symlink("../made.txt", "made-link"))
     name = _name()
-    info = Template.build(template, name, on_build_logs=lambda entry: logs.append(entry.message))
+    info = Template.build(template, name, skip_cache=True, on_build_logs=lambda entry: logs.append(entry.message))
     assert info.name == name and info.template_id
     assert any("This is a test file." in line for line in logs)  # a step's output, polled as it came
     assert any(line.startswith("Step 4/7: RUN") for line in logs)
@@ -201,3 +201,34 @@ def test_on_bwrap_a_build_from_another_image_fails_at_its_base(server, env):
     with pytest.raises(BuildException, match=r"failed to run command 'touch /usr/x'"):
         Template.build(Template().from_base_image().run_cmd("touch /usr/x", user="root"), _name())
     assert os.path.exists("/usr") and not os.path.exists("/usr/x")
+
+
+@pytest.mark.backends("docker")
+def test_on_docker_a_build_is_an_image_its_root_steps_included(server, env):
+    import docker
+
+    client = docker.from_env()
+    base = f"guilds-e2b-test-base:{secrets.token_hex(4)}"
+    client.images.build(fileobj=__import__("io").BytesIO(
+        b"FROM guilds-sandbox:latest\nUSER root\nRUN echo local > /etc/e2b-test-marker\n"), tag=base, pull=False)
+    name = _name()
+    try:
+        with pytest.raises(BuildException, match=r"FROM ubuntu:22.04: the image is not on this machine's docker"):
+            Template.build(Template().from_image("ubuntu:22.04").run_cmd("true"), _name())
+        info = Template.build(Template().from_image(base)
+                              .run_cmd('test "$(whoami)" = root && echo root-made > /usr/local/made', user="root")
+                              .run_cmd("whoami > who.txt")
+                              .set_workdir("/srv/app").run_cmd("touch here"), name)
+        image = f"guilds-e2b-template:{info.template_id}-"
+        assert any(tag.startswith(image) for found in client.images.list() for tag in found.tags)
+        box = Sandbox.create(name, timeout=60)
+        try:
+            found = box.commands.run("cat /etc/e2b-test-marker /usr/local/made who.txt; ls /srv/app; whoami").stdout
+            assert found == "local\nroot-made\nuser\nhere\nuser\n"
+            with pytest.raises(CommandExitException, match="Permission denied"):  # the sandbox: no root
+                box.commands.run("touch /usr/local/x", timeout=30)
+        finally:
+            box.kill()
+    finally:
+        client.images.remove(base, force=True)
+        client.close()

@@ -57,11 +57,15 @@ def _literal(value: str, what: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
 
 
-def dockerfile(base_image: str, plan: Plan, helpers: list[str]) -> tuple[str, list[str], dict[str, str]]:
-    """The Dockerfile (pure), the step each of its instructions is of, and the ENV set."""
+def dockerfile(base_image: str, plan: Plan, helpers: list[str], *,
+               home: bool = False) -> tuple[str, list[str], dict[str, str]]:
+    """The Dockerfile (pure), the step each of its instructions is of, and the ENV set;
+    home: the context's ``home/`` (the base template's starting home) copied to /home/user."""
     lines: list[tuple[str, str]] = [(f"FROM {base_image}", BASE_STEP), ("USER root", BASE_STEP),
                                     (f"RUN {json.dumps(['/bin/sh', '-c', _PRELUDE])}", BASE_STEP),
                                     (f"ENV HOME={HOME}", BASE_STEP), (f"WORKDIR {HOME}", BASE_STEP)]
+    if home:
+        lines.append((f"COPY --chown={CONTAINER_UID}:{CONTAINER_UID} home/ {HOME}/", BASE_STEP))
     state = State(HOME)
     for step in plan.steps:
         lines += [(line, step.name) for line in _lines(step, state)]
@@ -102,7 +106,9 @@ class ImageBuild:
         self.tag = f"{IMAGE_REPO}:{build.template_id}-{build.id.replace('-', '')[:12]}"
         self._scratch: Path | None = None
 
-    async def run(self, base: Base, base_image: str, template: str, data_dir: Path) -> Taken:
+    async def run(self, base: Base, base_image: str, template: str, data_dir: Path, home: Path | None) -> Taken:
+        """The image built and its home copied out; home: the base template's starting home,
+        copied to /home/user first (None: the base image's own)."""
         import docker
 
         from ...sandbox.docker import docker_engine
@@ -113,28 +119,31 @@ class ImageBuild:
             if base.image is not None:
                 await asyncio.to_thread(_held, client, base.image)
             self.build.log(f"Building image {self.tag} on {image}")
-            text, steps, envs = dockerfile(image, self.plan, [name for name, _ in helper_files()])
+            text, steps, envs = dockerfile(image, self.plan, [name for name, _ in helper_files()],
+                                           home=home is not None)
             with tempfile.TemporaryFile() as context:
-                await asyncio.to_thread(self._context, text, context)
+                await asyncio.to_thread(self._context, text, context, home)
                 await asyncio.wait_for(asyncio.to_thread(self._built, client, context, steps),
                                        max(1, self.deadline - time.monotonic()))
             self.build.step = FINALIZE_STEP
             self._scratch = Path(tempfile.mkdtemp(prefix=".e2b-template-", dir=data_dir))
-            home = await asyncio.to_thread(_home_of, client, self.tag, self._scratch)
+            made = await asyncio.to_thread(_home_of, client, self.tag, self._scratch)
         except docker.errors.DockerException as exc:
             raise StepFailed(f"docker: {exc}") from None
         finally:
             client.close()
         inherited = dict(base.built.built.get("envs", {})) if base.built else {}
         return Taken(self.build.key_name, self.build.name, f"build-{self.build.id}", f"build-{self.build.id}",
-                     template, home, None, built={"image": self.tag, "envs": {**inherited, **envs},
+                     template, made, None, built={"image": self.tag, "envs": {**inherited, **envs},
                                                   "start_cmd": self.plan.start_cmd,
                                                   "ready_cmd": self.plan.ready_cmd})
 
-    def _context(self, text: str, out: Any) -> None:
-        """The build context written to out: the Dockerfile, the helpers, the copy script and
-        each COPY's archive."""
+    def _context(self, text: str, out: Any, home: Path | None) -> None:
+        """The build context written to out: the Dockerfile, the helpers, the copy script,
+        the starting home (its links kept as links) and each COPY's archive."""
         with tarfile.open(fileobj=out, mode="w") as tar:
+            if home is not None:
+                tar.add(home, arcname="home")
             files = [("Dockerfile", text.encode(), 0o644), ("copy.py", COPY_SCRIPT.encode(), 0o644),
                      *((name, data, 0o755) for name, data in helper_files())]
             for name, data, mode in files:
@@ -154,15 +163,22 @@ class ImageBuild:
     def _built(self, client: Any, context: Any, steps: list[str]) -> None:
         """The engine's build, its lines logged as they come; StepFailed naming the step."""
         for chunk in client.api.build(fileobj=context, custom_context=True, tag=self.tag, rm=True, forcerm=True,
-                                      pull=False, decode=True):
+                                      pull=False, decode=True, nocache=self.plan.force):
             if "error" in chunk:
                 raise StepFailed(self._failure(str(chunk["error"]).strip()))
             for line in str(chunk.get("stream", "")).splitlines():
                 found = _STEP_LINE.match(line)
                 if found and int(found.group(1)) <= len(steps):
-                    self.build.step = steps[int(found.group(1)) - 1]
+                    self._begun(steps[int(found.group(1)) - 1])
                 elif line.strip() and not line.startswith((" --->", "Removing intermediate", "Successfully")):
                     self.build.log(line)
+
+    def _begun(self, name: str) -> None:
+        """The step a Dockerfile line is of, under way: its entry in the logs when it begins."""
+        if name != self.build.step and name.isdigit():
+            step = self.plan.steps[int(name) - 1]
+            self.build.log(f"Step {name}/{len(self.plan.steps)}: {step.line()}")
+        self.build.step = name
 
     def _failure(self, error: str) -> str:
         step = next((s for s in self.plan.steps if s.name == self.build.step), None)

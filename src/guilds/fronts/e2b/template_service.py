@@ -196,9 +196,10 @@ class Templates:
     async def _image(self, runner: ImageBuild, base: Base) -> Taken:
         """A docker build's run: on its base template's image, or its base built template's."""
         template = base.built.template if base.built is not None else str(base.template)
-        image = (base.built.built.get("image") if base.built is not None else None) or \
-            self.sandboxes.agents.served.template(template).settings.docker.image
-        return await runner.run(base, image, template, self.sandboxes.agents.data_dir)
+        settings = self.sandboxes.agents.served.template(template).settings
+        image = (base.built.built.get("image") if base.built is not None else None) or settings.docker.image
+        home = settings.home if base.built is None and base.image is None else None
+        return await runner.run(base, image, template, self.sandboxes.agents.data_dir, home)
 
     async def _ended(self, build: Build, plan: Plan, runner: HomeBuild | ImageBuild) -> None:
         """The build's sandbox removed (a failed image build's image too), its uploads let go."""

@@ -66,6 +66,8 @@ class Plan:
     steps: tuple[Step, ...]
     start_cmd: str | None = None
     ready_cmd: str | None = None
+    force: bool = False
+    """Every step run again, none taken from a cache (``skip_cache``)."""
 
     @property
     def base_line(self) -> str:
@@ -102,8 +104,9 @@ def plan_of(body: dict[str, Any]) -> Plan:
     from_image, from_template = _optional(body, "fromImage"), _optional(body, "fromTemplate")
     if from_image and from_template:
         raise bad("fromImage and fromTemplate: a build has one base")
+    force = body.get("force") is True or any(isinstance(s, dict) and s.get("force") is True for s in steps)
     return Plan(from_image, from_template, tuple(_step(i, s) for i, s in enumerate(steps, 1)),
-                _optional(body, "startCmd"), _optional(body, "readyCmd"))
+                _optional(body, "startCmd"), _optional(body, "readyCmd"), force)
 
 
 _ARITY = {"RUN": (1, 2), "COPY": (2, 4), "WORKDIR": (1, 1), "USER": (1, 1), "ENV": (2, MAX_ARG_CHARS)}
