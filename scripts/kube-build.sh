@@ -20,7 +20,8 @@
 # (it needs only go: CI starts it first, beside the other setup).
 #
 # The binaries are kept in $GUILDS_KUBE_CACHE (default /var/cache/guilds-kube)
-# under their versions, so a later run on the same machine builds nothing.
+# under their versions, so a later run on the same machine builds nothing; runs at
+# once take turns (a lock in the cache).
 set -euo pipefail
 version=${GUILDS_KUBE_VERSION:-1.36.3}
 router_version=${GUILDS_KUBE_ROUTER_VERSION:-2.1.0}
@@ -37,6 +38,13 @@ have_router() { [ -x "$router" ] && [ "$(readlink "$out/kube-router")" = "$route
 sandbox_dir="$cache/agent-sandbox-v$sandbox_version"
 have_sandbox() { [ -x "$sandbox_dir/agent-sandbox-controller" ] && [ -f "$sandbox_dir/k8s/crds/extensions.agents.x-k8s.io_sandboxclaims.yaml" ]; }
 link_sandbox() { mkdir -p "$out" && ln -sfn "$sandbox_dir" "$out/agent-sandbox"; }
+if have_all && have_router && have_sandbox; then link_sandbox; echo "$out"; exit 0; fi
+
+# One build at a time in the cache: a second run waits for the first (which removes
+# and remakes the build folder), then finds what it built.
+mkdir -p "$cache"
+exec 9>"$cache/.build.lock"
+flock 9
 if have_all && have_router && have_sandbox; then link_sandbox; echo "$out"; exit 0; fi
 
 command -v go >/dev/null || PATH=$PATH:/usr/local/go/bin

@@ -36,6 +36,10 @@ build() {  # in a folder of its own, then renamed: a build cut off leaves nothin
   command -v go >/dev/null || PATH=$PATH:/usr/local/go/bin
   command -v go >/dev/null || { log "no go on PATH (Go 1.26 builds the collector)"; exit 1; }
   export GOWORK=off CGO_ENABLED=0 GOFLAGS=-mod=readonly
+  mkdir -p "$cache"
+  exec 8>"$cache/.build.lock"  # one build at a time: a second waits, then finds the first's
+  flock 8
+  [ -x "$bin" ] && return 0
   local part="$cache/v$version.part" began=$SECONDS
   rm -rf "$part" && mkdir -p "$part/module"
   cp "$MODULE/main.go" "$MODULE/go.mod" "$MODULE/go.sum" "$part/module/"
