@@ -39,13 +39,14 @@ build() {  # in a folder of its own, then renamed: a build cut off leaves nothin
   mkdir -p "$cache"
   exec 8>"$cache/.build.lock"  # one build at a time: a second waits, then finds the first's
   flock 8
-  [ -x "$bin" ] && return 0
+  if [ -x "$bin" ]; then exec 8>&-; return 0; fi
   local part="$cache/v$version.part" began=$SECONDS
   rm -rf "$part" && mkdir -p "$part/module"
   cp "$MODULE/main.go" "$MODULE/go.mod" "$MODULE/go.sum" "$part/module/"
   log "building the collector v$version"
   (cd "$part/module" && go build -trimpath -ldflags "-s -w" -o "$part/otelcol" . >&2)
   mkdir -p "$cache" && rm -rf "$cache/v$version" && mv "$part" "$cache/v$version"
+  exec 8>&-
   log "built in $((SECONDS - began)) s"
 }
 
