@@ -23,7 +23,9 @@ SDK_VERSION=2.45.1
 VENV=${E2B_SUITE_VENV:-/tmp/guilds-e2b-suite-venv}
 BACKEND=${E2B_SUITE_BACKEND:-bwrap}
 FLOOR=${E2B_SUITE_FLOOR:-320}  # the count on bwrap that a change may only raise (docs/e2b.md)
-AREAS=(sync/sandbox_sync async/sandbox_async sync/api_sync async/api_async)
+read -r -a AREAS <<<"${E2B_SUITE_AREAS:-sync/sandbox_sync async/sandbox_async sync/api_sync async/api_async}"
+# E2B_SUITE_AREAS: other folders of the suite instead (the template builds':
+#   "sync/template_sync async/template_async shared/template", with E2B_SUITE_FLOOR of their own)
 WORK=$(mktemp -d /tmp/guilds-e2b-suite.XXXXXX)
 SERVER=
 
