@@ -184,14 +184,48 @@ def test_a_key_never_sees_anothers_template_and_a_deleted_one_is_gone(server, en
         Sandbox.create(name, timeout=30)
 
 
+def _read(ref: str) -> str:
+    box = Sandbox.create(ref, timeout=60)
+    try:
+        return box.files.read("v.txt")
+    finally:
+        box.kill()
+
+
+def test_a_tag_names_one_build_of_a_template_at_a_time(server, env):
+    name = _name()
+    one = Template.build(Template().from_base_image().run_cmd("echo 1 > v.txt"), f"{name}:v1")
+    two = Template.build(Template().from_base_image().run_cmd("echo 2 > v.txt"), name, tags=["v2", "stable"])
+    assert one.tags == ["v1"] and two.tags == ["v2", "stable"] and one.template_id == two.template_id
+    assert (_read(f"{name}:v1"), _read(f"{name}:stable"), _read(f"{one.template_id}:v2")) == ("1\n", "2\n", "2\n")
+    with pytest.raises(SandboxException, match="not found"):
+        Sandbox.create(name, timeout=30)  # no build has the tag default
+    assigned = Template.assign_tags(f"{name}:v1", ["stable", "default"])
+    assert assigned.tags == ["stable", "default"]
+    assert (_read(name), _read(f"{name}:stable"), _read(f"{name}:v2")) == ("1\n", "1\n", "2\n")
+    listed = {(t.tag, t.build_id) for t in Template.get_tags(name)}
+    assert {tag for tag, _ in listed} == {"v1", "stable", "default", "v2"}
+    assert len({build for _, build in listed}) == 2
+    Template.remove_tags(name, "v2")  # its build had no other tag: removed
+    assert {t.tag for t in Template.get_tags(one.template_id)} == {"v1", "stable", "default"}
+    with pytest.raises(SandboxException, match="not found"):
+        Sandbox.create(f"{name}:v2", timeout=30)
+    for wrong in (":invalid", f"{name}:", "a:b"):
+        with pytest.raises(Exception, match="400"):
+            Template.assign_tags(f"{name}:v1", wrong)
+
+
 def test_what_is_not_served_is_refused_naming_it(server, env):
-    with pytest.raises(BuildException, match="template tags are not supported"):
-        Template.build(Template().from_base_image(), f"{_name()}:v1")
     headers = {"X-API-KEY": server.key}
     listed = httpx.get(f"{server.url}/templates", headers=headers)
     assert listed.status_code == 501 and "not supported by this server" in listed.json()["message"]
-    with pytest.raises(SandboxException):
+    with pytest.raises(SandboxException, match="404"):
         Template.get_tags(_name())
+    registry = {"fromImage": "private/x", "fromImageRegistry": {"type": "registry", "username": "u", "password": "p"}}
+    made = httpx.post(f"{server.url}/v3/templates", json={"name": _name()}, headers=headers).json()
+    refused = httpx.post(f"{server.url}/v2/templates/{made['templateID']}/builds/{made['buildID']}", json=registry,
+                         headers=headers)
+    assert refused.status_code == 501 and "private registries" in refused.json()["message"]
 
 
 @pytest.mark.backends("bwrap")

@@ -48,7 +48,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from guilds_code.limits import NAME_MAX_CHARS
 
@@ -171,7 +171,7 @@ class Snapshots:
         self._removed: set[str] = set()
 
     @classmethod
-    def open(cls, data_dir: Path) -> Snapshots:
+    def open(cls, data_dir: Path) -> Self:
         """The snapshots kept; the folders of takes cut short removed."""
         folder, kept = Path(data_dir) / cls.FOLDER, {}
         for entry in sorted(folder.iterdir()) if folder.is_dir() else ():
@@ -215,15 +215,20 @@ class Snapshots:
         ``E2B_MAX_SNAPSHOTS``, ``resource_exhausted``. A take that fails (a full disk) leaves
         nothing of itself and every other snapshot whole."""
         async with self._taking.setdefault(taken.key_name, asyncio.Lock()):
-            former = None if taken.name is None else self.find(taken.key_name, taken.name)
-            if former is None and len(self.of_key(taken.key_name)) >= self.MAX_KEPT:
+            replaced = self._replaced(taken)
+            if not replaced and len(self.of_key(taken.key_name)) >= self.MAX_KEPT:
                 raise ConnectError("resource_exhausted", f"{self.KIND} limit reached: key {taken.key_name!r} holds "
                                                          f"{self.MAX_KEPT} {self.KIND}s; delete one first")
             snapshot = await asyncio.to_thread(self._write, taken)
             self._kept[snapshot.raw] = snapshot
-            if former is not None:
+            for former in replaced:
                 await self.remove(former)
             return snapshot
+
+    def _replaced(self, taken: Taken) -> list[Snapshot]:
+        """What a new one replaces: its name's former one."""
+        former = None if taken.name is None else self.find(taken.key_name, taken.name)
+        return [] if former is None else [former]
 
     def _write(self, taken: Taken) -> Snapshot:
         raw = secrets.token_hex(10)

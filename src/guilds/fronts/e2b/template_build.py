@@ -42,6 +42,7 @@ class Build:
     status: str = WAITING
     step: str = BASE_STEP
     """The step under way: the one an error names."""
+    tags: list[str] = field(default_factory=list)
     entries: list[dict[str, Any]] = field(default_factory=list)
     reason: dict[str, Any] | None = None
     _dropped: bool = False

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from ...config.checks import is_safe_name
@@ -35,16 +37,32 @@ from .sandboxes import Sandboxes
 from .snapshots import Taken
 from .template_build import BUILDING, READY, WAITING, Build, StepFailed
 from .template_home_build import Base, HomeBuild
-from .template_homes import TemplateHomes, template_id
+from .template_homes import DEFAULT_TAG, TemplateHomes, tags_of, template_id
 from .template_image_build import ImageBuild
 from .template_steps import BASE_IMAGES, Plan, plan_of
 from .template_uploads import Uploads
 
-TAG = "default"
-"""The one tag a built template has here (E2B's tag of a template's newest build)."""
 SERVED_ON = ("bwrap", "docker")
 BUILDS_KEPT = 100
 """Ended builds one key's status answers stay for: past it, the oldest are forgotten."""
+
+
+def _listed(value: Any, name: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+        raise ConnectError("invalid_argument", f"{name}: a list of strings")
+    return value
+
+
+def checked_tags(tags: list[str]) -> list[str]:
+    """Tags: each letters, digits, '.', '_', '-' (at most 128); ``invalid_argument`` naming one
+    that is not (``:v1``, an empty tag)."""
+    for tag in tags:
+        if not is_safe_name(tag) or len(tag) > 128:
+            raise ConnectError("invalid_argument", f"tag {tag[:40]!r}: letters, digits, '.', '_' or '-' "
+                                                   "(at most 128)")
+    return list(dict.fromkeys(tags))
 
 
 @dataclass
@@ -70,8 +88,8 @@ class Templates:
 
     # --- requests ---------------------------------------------------------------------------
     def request(self, key_name: str, body: dict[str, Any]) -> dict[str, Any]:
-        """A new build of the template the body names (``TemplateBuildRequestV3``)."""
-        name = self._name(body)
+        """A new build of the template the body names (``TemplateBuildRequestV3``), with its tags."""
+        name, tags = self._name(body)
         tid = template_id(key_name, name)
         known = {s.name for s in self.homes.of_key(key_name)} | {
             r.name for r in self._requested.values() if r.key_name == key_name}
@@ -81,29 +99,25 @@ class Templates:
                                                      "delete one first")
         self._forget_ended(key_name)
         self._requested[tid] = Requested(key_name, name)
-        build = Build(str(uuid.uuid4()), tid, key_name, name)
+        build = Build(str(uuid.uuid4()), tid, key_name, name, tags=tags)
         self._builds[build.id] = build
-        return {"templateID": tid, "buildID": build.id, "public": False, "names": [name], "tags": [TAG],
+        return {"templateID": tid, "buildID": build.id, "public": False, "names": [name], "tags": tags,
                 "aliases": [name]}
 
-    def _name(self, body: dict[str, Any]) -> str:
+    def _name(self, body: dict[str, Any]) -> tuple[str, list[str]]:
+        """The template's name and the build's tags (``name:tag`` and ``tags``; none: ``default``)."""
         name = body.get("name") or body.get("alias")
         if not isinstance(name, str) or not name:
             raise ConnectError("invalid_argument", "name: the template's name is needed")
-        name, _, tag = name.partition(":")
-        tags = body.get("tags") or []
-        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-            raise ConnectError("invalid_argument", "tags: a list of tags")
-        if any(t != TAG for t in [*([tag] if tag else []), *tags]):
-            raise unimplemented(f"template tags are not supported by this server: each build of a name replaces "
-                                f"its former one, tagged {TAG!r}")
+        name, colon, tag = name.partition(":")
+        tags = checked_tags([*([tag] if colon else []), *_listed(body.get("tags"), "tags")]) or [DEFAULT_TAG]
         if not is_safe_name(name) or len(name) > 128:
             raise ConnectError("invalid_argument", f"name: letters, digits, '.', '_' or '-' (at most 128), "
                                                    f"got {name[:40]!r}")
         if name in self.sandboxes.templates():
             raise ConnectError("invalid_argument", f"name: {name!r} is a template this server serves from its "
                                                    "settings; build under another name")
-        return name
+        return name, tags
 
     def _forget_ended(self, key_name: str) -> None:
         ended = [b for b in self._builds.values() if b.key_name == key_name and b.status not in (WAITING, BUILDING)]
@@ -180,7 +194,8 @@ class Templates:
             async with asyncio.timeout(E2B_TEMPLATE_BUILD_SECONDS):
                 taken = await (self._image(runner, base) if isinstance(runner, ImageBuild)
                                else runner.run(base, backend))
-                await self.homes.take(taken)
+                await self.homes.take(dataclasses.replace(taken, built={**taken.built, "tags": build.tags,
+                                                                        "build_id": build.id}))
             build.done()
         except StepFailed as exc:
             build.fail(str(exc))
@@ -216,14 +231,51 @@ class Templates:
                 await self.sandboxes.agents.remove(agent_id)
 
     async def delete(self, key_name: str, ref: str) -> bool:
-        """The key's built template ref names removed; False when there is none."""
-        found = self.homes.find(key_name, ref)
-        if found is None:
-            return False
-        await self.homes.remove(found)
-        if found.name is not None:
-            self._requested.pop(template_id(key_name, found.name), None)
-        return True
+        """The key's built template ref names (a name or an id), every build of it, removed;
+        False when there is none."""
+        found = self.homes.builds_of(key_name, ref.partition(":")[0])
+        for build in found:
+            await self.homes.remove(build)
+            self._requested.pop(template_id(key_name, str(build.name)), None)
+        return bool(found)
+
+    # --- tags -------------------------------------------------------------------------------
+    async def assign(self, key_name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /templates/tags``: the tags given to the build ``target`` (``name:tag``) names."""
+        target = body.get("target")
+        if not isinstance(target, str) or not target:
+            raise ConnectError("invalid_argument", "target: the template build, as name:tag")
+        tags = checked_tags(_listed(body.get("tags"), "tags"))
+        if not tags:
+            raise ConnectError("invalid_argument", "tags: at least one tag")
+        build = self.homes.find(key_name, target)
+        if build is None:
+            raise ConnectError("not_found", f"template '{target}' not found")
+        await self.homes.retag(build, add=tags, remove=())
+        return {"tags": tags, "buildID": build.built.get("build_id", build.raw)}
+
+    async def untag(self, key_name: str, body: dict[str, Any]) -> None:
+        """``DELETE /templates/tags``: the tags taken from the template ``name``'s builds (a
+        build left with none removed)."""
+        name = body.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConnectError("invalid_argument", "name: the template's name")
+        tags = checked_tags(_listed(body.get("tags"), "tags"))
+        builds = self.homes.builds_of(key_name, name.partition(":")[0])
+        if not builds:
+            raise ConnectError("not_found", f"template '{name}' not found")
+        for build in builds:
+            if set(tags) & set(tags_of(build)):
+                await self.homes.retag(build, add=(), remove=tags)
+
+    def tags(self, key_name: str, ref: str) -> list[dict[str, Any]]:
+        """``GET /templates/{id}/tags``: each tag of the template's builds, with its build."""
+        builds = self.homes.builds_of(key_name, ref.partition(":")[0])
+        if not builds:
+            raise ConnectError("not_found", f"template '{ref}' not found")
+        return [{"tag": tag, "buildID": b.built.get("build_id", b.raw),
+                 "createdAt": datetime.fromtimestamp(b.at, UTC).isoformat().replace("+00:00", "Z")}
+                for b in builds for tag in tags_of(b)]
 
     async def close(self) -> None:
         """The builds under way cancelled, each one's sandbox removed."""

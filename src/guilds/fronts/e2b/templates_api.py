@@ -8,9 +8,12 @@
     POST   /v2/templates/{tid}/builds/{bid} {fromImage, steps, ...}   202: the build runs
     GET    /templates/{tid}/builds/{bid}/status?logsOffset=&limit=    200 TemplateBuildInfo
     GET    /templates/aliases/{alias}                           200 {templateID, public}; 404
+    POST   /templates/tags {target, tags}                       201 {tags, buildID}: tags given to a build
+    DELETE /templates/tags {name, tags}                         204: tags taken away
+    GET    /templates/{tid}/tags                                200 [{tag, buildID, createdAt}]
     DELETE /templates/{id}                                      204: a built template removed (else a snapshot's)
 
-Every other template request (tags, listing, logs, the older build API) is answered 501 by
+Every other template request (listing, logs, the older build API) is answered 501 by
 ``unserved``. A sandbox is made of a built template by ``POST /sandboxes`` with its name or id
 (``control``).
 """
@@ -46,6 +49,9 @@ class TemplatesApi:
             Route("/templates/{tid}/files/{hash}", self.upload, methods=["PUT"]),
             Route("/v2/templates/{tid}/builds/{bid}", keyed(self.start), methods=["POST"]),
             Route("/templates/{tid}/builds/{bid}/status", keyed(self.status), methods=["GET"]),
+            Route("/templates/tags", keyed(self.assign), methods=["POST"]),
+            Route("/templates/tags", keyed(self.untag), methods=["DELETE"]),
+            Route("/templates/{tid}/tags", keyed(self.tags), methods=["GET"]),
             Route("/templates/{id:path}", self.delete, methods=["DELETE"]),
         ]
 
@@ -73,6 +79,16 @@ class TemplatesApi:
         offset = _whole(request.query_params.get("logsOffset"), "logsOffset", 0, 1 << 31)
         limit = _whole(request.query_params.get("limit"), "limit", E2B_TEMPLATE_STATUS_LOGS, E2B_TEMPLATE_STATUS_LOGS)
         return JSONResponse(build.info(offset, limit))
+
+    async def assign(self, request: Request, key_name: str) -> Response:
+        return JSONResponse(await self.templates.assign(key_name, await _body(request)), status_code=201)
+
+    async def untag(self, request: Request, key_name: str) -> Response:
+        await self.templates.untag(key_name, await _body(request))
+        return Response(status_code=204)
+
+    async def tags(self, request: Request, key_name: str) -> Response:
+        return JSONResponse(self.templates.tags(key_name, request.path_params["tid"]))
 
     async def alias(self, request: Request, key_name: str) -> Response:
         alias = request.path_params["alias"]
