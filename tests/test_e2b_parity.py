@@ -105,7 +105,7 @@ def test_a_killed_sandbox_resets_its_streams_connection(sbx, sdk):
 
 @pytest.mark.parametrize(("method", "path", "feature"), [
     ("GET", "/templates", "this template request"),
-    ("POST", "/templates/tags", "this template request"),
+    ("PATCH", "/v2/templates/{id}", "this template request"),
     ("GET", "/templates/{id}/builds/{id}/logs", "this template request"),
     ("POST", "/snapshots", "snapshots"),
     ("GET", "/sandboxes/{id}/snapshots", "snapshots"),
