@@ -235,6 +235,8 @@ def test_on_bwrap_a_build_from_another_image_fails_at_its_base(server, env):
     with pytest.raises(BuildException, match=r"failed to run command 'touch /usr/x'"):
         Template.build(Template().from_base_image().run_cmd("touch /usr/x", user="root"), _name())
     assert os.path.exists("/usr") and not os.path.exists("/usr/x")
+    with pytest.raises(BuildException, match=r"WORKDIR /app: /app cannot be made: a build here keeps only the home"):
+        Template.build(Template().from_base_image().set_workdir("/app"), _name())
 
 
 @pytest.mark.backends("docker")

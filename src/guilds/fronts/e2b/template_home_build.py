@@ -126,7 +126,14 @@ class HomeBuild:
             state.user = step.args[0]
         elif step.kind == "WORKDIR":
             folder = posixpath.normpath(posixpath.join(state.workdir, step.args[0]))
-            await self._run(sandbox, state, ["mkdir", "-p", "--", folder], step.line())
+            try:
+                await self._run(sandbox, state, ["mkdir", "-p", "--", folder], step.line())
+            except StepFailed as exc:
+                if folder == sandbox.home or folder.startswith(sandbox.home + "/"):
+                    raise
+                raise StepFailed(f"{step.line()}: {folder} cannot be made: a build here keeps only the home "
+                                 f"({sandbox.home}), the rest of the root filesystem being this machine's, "
+                                 f"read-only ({str(exc).rpartition(': ')[2]})") from None
             state.workdir = folder
         elif step.kind == "RUN":
             command = step.args[0]
