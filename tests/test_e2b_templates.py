@@ -103,6 +103,19 @@ def test_a_new_build_of_a_name_replaces_the_former_one(server, env):
         box.kill()
 
 
+def test_a_templates_start_command_runs_in_each_sandbox_made_of_it_until_it_is_ready(server, env):
+    name = _name()
+    template = (Template().from_base_image().run_cmd("echo built > built.txt")
+                .set_start_cmd("sleep 1 && cat built.txt > started.txt && exec sleep 300", "test -s started.txt"))
+    Template.build(template, name)
+    box = Sandbox.create(name, timeout=60)
+    try:
+        assert box.files.read("started.txt") == "built\n"  # ready when the create answers
+        assert [p.tag for p in box.commands.list()] == ["start_cmd"]
+    finally:
+        box.kill()
+
+
 def test_a_failing_step_is_the_builds_error_naming_it(server, env):
     with pytest.raises(BuildException, match=r"failed to run command 'echo out && false': exit status 1"):
         Template.build(Template().from_base_image().run_cmd("true").run_cmd("echo out && false"), _name())

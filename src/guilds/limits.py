@@ -447,3 +447,6 @@ E2B_TEMPLATE_STATUS_LOGS = 100
 E2B_TEMPLATE_HOME_BYTES = 4 * 1024 * 1024 * 1024
 """The largest home a docker template build may leave in its image's /home/user (copied out
 as the template's starting home): past it, the build fails."""
+E2B_TEMPLATE_READY_SECONDS = 120.0
+"""How long a create of a built template waits for its ready command to succeed (run again
+every fraction of a second): past it, the create fails and the sandbox is killed."""

@@ -22,7 +22,16 @@ from starlette.routing import Route
 
 from ...errors import GuildsError
 from ...limits import E2B_DEFAULT_TIMEOUT_SECONDS, E2B_MAX_BODY_BYTES, E2B_MAX_METADATA_BYTES, E2B_MAX_TIMEOUT_SECONDS
-from . import create_keys, ingress_options, lifecycle, listing, network_options, network_update, unserved
+from . import (
+    create_keys,
+    ingress_options,
+    lifecycle,
+    listing,
+    network_options,
+    network_update,
+    template_start,
+    unserved,
+)
 from .connect import ConnectError, bounded_body, json_object
 from .keys import Keys
 from .sandbox_metrics import Metrics, NoCgroup
@@ -153,7 +162,14 @@ class ControlPlane:
                          _strings(body.get("envVars"), "envVars"),
                          network_options.asked(body, forks.settings_of(snapshot)), datetime.now(UTC),
                          ingress=ingress_options.asked(body, shared=self.sandboxes.shared is not None))
-            return await forks.create_from(snapshot, asked)
+            made = await forks.create_from(snapshot, asked)
+            if forks is self.built:
+                try:
+                    await template_start.started(made, snapshot.built)
+                except BaseException:
+                    await self.sandboxes.kill(made)
+                    raise
+            return made
         return await self.sandboxes.create(key_name, template, _timeout(body.get("timeout")),
                                            _metadata(body.get("metadata")),
                                            _strings(body.get("envVars"), "envVars"),
