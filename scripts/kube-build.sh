@@ -19,6 +19,12 @@
 # scripts/kube-test-env.sh applies. Build only those with `--agent-sandbox`
 # (it needs only go: CI starts it first, beside the other setup).
 #
+# `--snapshot-crds` fetches only kubernetes-csi's external-snapshotter client module
+# (github.com/kubernetes-csi/external-snapshotter/client/v8) and keeps its
+# config/crd folder: the VolumeSnapshot API's CRDs, which scripts/kube-test-env.sh
+# --snapshots applies (no program is built: the test cluster has no CSI driver that
+# takes snapshots, and serves only the API).
+#
 # The binaries are kept in $GUILDS_KUBE_CACHE (default /var/cache/guilds-kube)
 # under their versions, so a later run on the same machine builds nothing; runs at
 # once take turns (a lock in the cache).
@@ -26,6 +32,7 @@ set -euo pipefail
 version=${GUILDS_KUBE_VERSION:-1.36.3}
 router_version=${GUILDS_KUBE_ROUTER_VERSION:-2.1.0}
 sandbox_version=${GUILDS_AGENT_SANDBOX_VERSION:-1.0.1}
+snapshotter_version=${GUILDS_SNAPSHOTTER_VERSION:-8.7.0}
 cache=${GUILDS_KUBE_CACHE:-/var/cache/guilds-kube}
 out="$cache/v$version/bin"
 router="$cache/kube-router-v$router_version/kube-router"
@@ -38,6 +45,20 @@ have_router() { [ -x "$router" ] && [ "$(readlink "$out/kube-router")" = "$route
 sandbox_dir="$cache/agent-sandbox-v$sandbox_version"
 have_sandbox() { [ -x "$sandbox_dir/agent-sandbox-controller" ] && [ -f "$sandbox_dir/k8s/crds/extensions.agents.x-k8s.io_sandboxclaims.yaml" ]; }
 link_sandbox() { mkdir -p "$out" && ln -sfn "$sandbox_dir" "$out/agent-sandbox"; }
+
+# The VolumeSnapshot CRDs, in $crds_dir/crd: copied into a folder of this run's own, then
+# renamed into place (a run that finds it there already drops its copy).
+crds_dir="$cache/external-snapshotter-v$snapshotter_version"
+fetch_snapshot_crds() {
+  [ -f "$crds_dir/crd/snapshot.storage.k8s.io_volumesnapshotclasses.yaml" ] && return 0
+  command -v go >/dev/null || PATH=$PATH:/usr/local/go/bin
+  local module="github.com/kubernetes-csi/external-snapshotter/client/v8" part src
+  src=$(GOFLAGS= go mod download -json "$module@v$snapshotter_version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  mkdir -p "$cache" && part=$(mktemp -d "$crds_dir.part.XXXXXX") && mkdir "$part/crd"
+  cp "$src"/config/crd/snapshot.storage.k8s.io_*.yaml "$part/crd/" && chmod -R u+w,go+rX "$part"
+  mv -T "$part" "$crds_dir" 2>/dev/null || rm -rf "$part"
+}
+if [ "${1:-}" = "--snapshot-crds" ]; then fetch_snapshot_crds; echo "$crds_dir/crd"; exit 0; fi
 if have_all && have_router && have_sandbox; then link_sandbox; echo "$out"; exit 0; fi
 
 # One build at a time in the cache: a second run waits for the first (which removes
@@ -65,6 +86,7 @@ build_sandbox() {
   rm -rf "$sandbox_dir" && mv "$part" "$sandbox_dir"
 }
 if [ "${1:-}" = "--agent-sandbox" ]; then build_sandbox; echo "$sandbox_dir"; exit 0; fi
+
 if have_all && have_router; then build_sandbox; link_sandbox; echo "$out"; exit 0; fi
 
 build_router() {  # only its network-policy controller runs here, but the cmd is one binary

@@ -39,6 +39,11 @@
 # --extensions as a host daemon on that user's kubeconfig; the orchestrator's
 # user also gets docs/kubernetes-claims-role.yaml. `--agent-sandbox` adds these
 # to a cluster already running.
+#
+# Checkpoints (docs/checkpoints.md): the orchestrator's user reads StorageClasses and
+# VolumeSnapshotClasses (docs/kubernetes-checkpoints-role.yaml); `--snapshots` adds
+# the VolumeSnapshot API (external-snapshotter's CRDs, no CSI driver) to a cluster
+# running.
 set -euo pipefail
 
 DIR=${GUILDS_KUBE_DIR:-/tmp/guilds-kube}
@@ -354,6 +359,7 @@ metadata: {name: guilds-orchestrator, namespace: $NS}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: guilds-orchestrator}
 subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: guilds-orchestrator}]
 EOF
+  checkpoints_reader
   for _ in $(seq 100); do admin -n "$NS" get serviceaccount default >/dev/null 2>&1 && break; sleep 0.2; done
 }
 
@@ -383,6 +389,23 @@ start_agent_sandbox() {
     --metrics-bind-address 0 --health-probe-bind-address "$SANDBOX_HEALTH"
   for _ in $(seq 150); do sandbox_ready && return 0; sleep 0.2; done
   log "the agent-sandbox controller did not answer:"; tail -20 "$DIR/agent-sandbox.log" >&2; exit 1
+}
+
+# --- VolumeSnapshots: the API only ------------------------------------------------------
+# The orchestrator's user reads StorageClasses and VolumeSnapshotClasses (cluster-wide:
+# docs/kubernetes-checkpoints-role.yaml) to say what the cluster lacks for a checkpoint of
+# a home. `--snapshots` also serves the VolumeSnapshot API (external-snapshotter's CRDs,
+# scripts/kube-build.sh --snapshot-crds); no CSI driver here takes snapshots.
+checkpoints_reader() {
+  admin apply -f "$ROOT/docs/kubernetes-checkpoints-role.yaml" >/dev/null
+  printf -- 'apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: guilds-checkpoints-reader}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: guilds-checkpoints-reader}\nsubjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: guilds-orchestrator}]\n' \
+    | admin apply -f - >/dev/null
+}
+snapshot_api() {
+  local crds=$1
+  admin apply --server-side --force-conflicts -f "$crds" >/dev/null
+  admin wait --for condition=Established --timeout 60s -f "$crds" >/dev/null
+  checkpoints_reader
 }
 
 pv() {  # pv NAME SIZE PATH
@@ -452,6 +475,10 @@ reset_state() {
 if [ "${1:-}" = "--stop" ]; then stop_all; exit 0; fi
 if [ "${1:-}" = "--packages" ]; then printf '%s\n' "${PACKAGES[@]}"; exit 0; fi
 if [ "${1:-}" = "--recycle" ]; then recycle_loop; exit 0; fi
+if [ "${1:-}" = "--snapshots" ]; then
+  BIN=$(bash "$ROOT/scripts/kube-build.sh"); export PATH="$BIN:$PATH"
+  stage snapshots snapshot_api "$(bash "$ROOT/scripts/kube-build.sh" --snapshot-crds)"; exit 0
+fi
 if [ "${1:-}" = "--agent-sandbox" ]; then
   BIN=$(bash "$ROOT/scripts/kube-build.sh"); export PATH="$BIN:$PATH"
   make_pki; stage agent-sandbox start_agent_sandbox "$BIN"; exit 0

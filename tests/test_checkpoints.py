@@ -214,12 +214,11 @@ async def test_an_agent_cannot_reach_its_own_checkpoints_from_its_sandbox(tmp_pa
         assert (agent.settings.home / "f").read_text() == "mine\n"
 
 
-def test_checkpoints_on_kubernetes_are_refused_in_settings(tmp_path):
+def test_checkpoint_settings_and_their_limits(tmp_path):
+    """Read on every backend (kubernetes refuses them at the agent's start: test_kube_checkpoints.py)."""
     from guilds.config.settings import parse_settings
     from guilds.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"^agent.checkpoints: not served on kubernetes"):
-        parse_settings({"agent": {"sandbox": "kubernetes", "checkpoints": True}}, tmp_path, env={})
     parsed = parse_settings({"agent": {"checkpoints": True, "checkpoints_max_count": 1,
                                        "checkpoints_max_size": "1m"}}, tmp_path, env={})
     assert (parsed.checkpoints, parsed.checkpoints_max_count, parsed.checkpoints_max_size) == (True, 1, 1 << 20)

@@ -268,7 +268,8 @@ def test_auto_picks_bwrap_where_it_works_and_a_named_backend_is_never_asked():
 
 def test_doctor_says_what_each_backend_offers_of_checkpoints(tmp_path):
     """local keeps them and makes new homes as copies (no uid of its own to give a layer);
-    kubernetes serves none and says why; bwrap as root with overlayfs makes layers."""
+    kubernetes serves none and says why (what the cluster lacks: test_kube_checkpoints.py); bwrap as
+    root with overlayfs makes layers."""
     local = lines(guilds(tmp_path, "doctor", "--config", str(settings(tmp_path, "local"))))["checkpoints"]
     assert local == ("ok on local: none per call (agent.checkpoints is off); named checkpoints, rewind and fork "
                      "served; a checkpoint stores each changed file once; new homes of forks and templates are "
@@ -279,8 +280,8 @@ def test_doctor_says_what_each_backend_offers_of_checkpoints(tmp_path):
         "ok on local: one before each shell and code_task call; ")
     kube = lines(guilds(tmp_path, "doctor", "--config", str(settings(tmp_path, "kubernetes")),
                         KUBECONFIG=str(tmp_path / "missing")))["checkpoints"]
-    assert kube == ("-- not served on kubernetes: the agent's home is not a folder on this machine (no volume "
-                    "snapshot is taken); served on local, bwrap, docker (docs/checkpoints.md)")
+    assert kube == ("-- not served on kubernetes here: cannot ask the cluster: no kubeconfig (KUBECONFIG, "
+                    "~/.kube/config); served on local, bwrap, docker (docs/checkpoints.md)")
     if NO_BWRAP is None and os.geteuid() == 0:
         bwrap = lines(guilds(tmp_path, "doctor", "--config", str(settings(tmp_path, "bwrap"))))["checkpoints"]
         assert bwrap.startswith("ok on bwrap: ") and bwrap.endswith(

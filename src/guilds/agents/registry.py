@@ -236,7 +236,10 @@ class Agents:
                      started: bool = True) -> Toolbox:
         """The home made, the agent remembered, its sandbox started (``started``; else the
         caller starts it through the toolbox): its toolbox. In claim mode the home is the pod's:
-        nothing is made here."""
+        nothing is made here. Checkpoints per call where the backend keeps none are refused first."""
+        from ..sandbox import refuse_unkept_checkpoints
+
+        await refuse_unkept_checkpoints(settings)
         if not in_claim_mode(settings):
             (self.data_dir / HOMES_FOLDER).mkdir(mode=0o700, exist_ok=True)
             await asyncio.to_thread(make_home, made_from.home, settings.home, self.data_dir, sandbox.home_owner)

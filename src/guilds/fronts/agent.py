@@ -98,9 +98,14 @@ class Tools:
         return Run(self, run_id or new_run_id())
 
     def _checkpoints(self) -> AgentCheckpoints:
+        """The agent's checkpoints; BadInput naming why where there are none (on kubernetes, what
+        the cluster lacks, asked of it: a refusal's few milliseconds, once per refused request)."""
+        from ..sandbox import checkpoints_refusal
+
         found = self.toolbox.checkpoints
         if found is None:
-            raise BadInput(f"checkpoints: not served on {self.settings.sandbox} (its home is not on this machine)")
+            raise BadInput(checkpoints_refusal(self.settings, "checkpoints")
+                           or f"checkpoints: not served on {self.settings.sandbox}")
         return found
 
     async def checkpoint(self, name: str) -> Checkpoint:

@@ -13,11 +13,12 @@ to be unfiltered), the data folder, each settings file the data folder knows (on
 secrets its group or others may read is named, with ``chmod 600``; every
 front refuses to load it), the run record (SQLite or PostgreSQL, reached), and
 what the agent's backend offers of checkpoints, rewind and fork (and whether new
-homes are overlay layers here, or copies and why), and the harness CLIs
+homes are overlay layers here, or copies and why; on kubernetes, what the cluster
+lacks for a VolumeSnapshot of the home, asked of it), and the harness CLIs
 (``claude``, ``codex``). A line marked ``--`` is not needed by
 the configured agent. Exit status 1 when the configured sandbox cannot run (its
-backend's ``can_run()``), the agent's lines are not all ok, or the record cannot
-be reached, else 0.
+backend's ``can_run()``), the agent's lines are not all ok, the record cannot
+be reached, or ``agent.checkpoints`` is on where they are not served, else 0.
 """
 
 from __future__ import annotations
@@ -118,9 +119,12 @@ def check_checkpoints(wired: Wired, sandbox: str) -> Check:
 
     known = {name for name, _ in backends(wired.settings)}
     served = ", ".join(name for name in CHECKPOINT_SANDBOXES if name in known)
-    if sandbox not in CHECKPOINT_SANDBOXES:
-        return Check("checkpoints", False, f"not served on {sandbox}: the agent's home is not a folder on this "
-                     f"machine (no volume snapshot is taken); served on {served} (docs/checkpoints.md)", needed=False)
+    why = backend(sandbox, wired.settings).checkpoints_refused(wired.settings)
+    if why is not None:
+        needed = wired.settings.checkpoints
+        fix = f"turn agent.checkpoints off, or run the agent on {served}" if needed else ""
+        return Check("checkpoints", False, f"not served on {sandbox} here: {why}; served on {served} "
+                     "(docs/checkpoints.md)", fix, needed)
     taken = ("one before each shell and code_task call" if wired.settings.checkpoints
              else "none per call (agent.checkpoints is off)")
     why = overlay_unavailable(Path(wired.data_dir), get_sandbox(wired.settings, wired.data_dir).home_owner)
@@ -151,8 +155,9 @@ def examine(wired: Wired) -> Report:
     found = [*(c for lines in by_backend.values() for c in lines), *agent, check_network(wired), check_data(wired),
              *check_settings_files(wired)]
     record = check_record(wired)  # after the data folder's line: it makes the folder
-    found += [record, check_checkpoints(wired, kind.name), *check_harnesses(wired)]
-    if kind.can_run(by_backend[kind.name]) and all(c.ok for c in agent) and record.ok:
+    kept = check_checkpoints(wired, kind.name)
+    found += [record, kept, *check_harnesses(wired)]
+    if kind.can_run(by_backend[kind.name]) and all(c.ok for c in agent) and record.ok and (kept.ok or not kept.needed):
         effective = configured if kind.name == configured else kind.name + ("" if kind.isolates else " (no isolation)")
         return Report(found, True, f"agent {settings.id}: sandbox {effective} can run")
     return Report(found, False, f"agent {settings.id}: sandbox {configured} cannot run here (see the lines marked no)")

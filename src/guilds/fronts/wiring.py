@@ -156,10 +156,11 @@ async def open_toolbox(wired: Wired, observer: Observer | None = None) -> AsyncI
     from ..observe.traces import traces_from_env
     from ..record.engine import database_url
     from ..record.store import Store
-    from ..sandbox import get_sandbox
+    from ..sandbox import get_sandbox, refuse_unkept_checkpoints
     from ..toolbox import Toolbox
     from ..toolbox.observer import Observer
 
+    await refuse_unkept_checkpoints(wired.settings)
     data = make_data_dir(wired.data_dir)
     remember(data, wired.settings, wired.settings_file)
     sandbox = get_sandbox(wired.settings, data)

@@ -18,6 +18,7 @@ imported only when asked for.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 import os
@@ -29,7 +30,8 @@ from ..errors import ConfigError, SandboxError
 from .base import Backend, Box, Check, ExecResult, Sandbox
 
 __all__ = ["BACKENDS", "Backend", "Box", "Check", "ExecResult", "Sandbox", "backend", "backend_of", "backends",
-           "candidates", "get_sandbox", "mode_of", "picked", "remove_egress_files"]
+           "candidates", "checkpoints_refusal", "get_sandbox", "mode_of", "picked", "refuse_unkept_checkpoints",
+           "remove_egress_files"]
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,22 @@ def get_sandbox(
     if settings.egress and name in NO_LIST_SANDBOXES:  # settings made in code, past the loader's check
         raise ConfigError(list_refused(name))
     return backend_of(settings).for_agent(settings, data_dir, idle_seconds=idle_seconds)
+
+
+def checkpoints_refusal(settings: AgentSettings, key: str = "agent.checkpoints") -> str | None:
+    """The one-line refusal of the agent's checkpoints on its backend, naming why (on
+    kubernetes, what the cluster lacks, asked of it: blocking); None where they are kept."""
+    if settings.sandbox == AUTO:  # bwrap or local: a folder on this machine either way
+        return None
+    why = backend(settings.sandbox, settings).checkpoints_refused(settings)
+    return None if why is None else f"{key}: not served on {settings.sandbox} here: {why}"
+
+
+async def refuse_unkept_checkpoints(settings: AgentSettings) -> None:
+    """ConfigError naming why, when the settings ask for a checkpoint per call on a backend
+    that keeps none; asked when the agent starts."""
+    if settings.checkpoints and (line := await asyncio.to_thread(checkpoints_refusal, settings)):
+        raise ConfigError(line)
 
 
 def backend_of(settings: AgentSettings) -> type[Backend]:

@@ -194,6 +194,12 @@ class Backend:
         return all(c.ok for c in checked)
 
     @classmethod
+    def checkpoints_refused(cls, settings: AgentSettings) -> str | None:
+        """Why this backend keeps no checkpoint of the agent's home, in a few words; None
+        where it keeps them (the home is a folder on this machine). May ask a cluster."""
+        return None
+
+    @classmethod
     def check_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike) -> list[Check]:
         """Doctor's lines on the agent in this backend's sandbox (asked of the backend the settings pick)."""
         return []

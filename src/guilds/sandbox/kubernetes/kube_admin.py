@@ -29,7 +29,8 @@ KUBE_EGRESS_VERBS = (("create", "networkpolicies", ""),)
 """agent.network a list: what it does besides (each pod's egress policy)."""
 
 
-def _kubeconfig() -> Path | None:
+def kubeconfig_path() -> Path | None:
+    """KUBECONFIG's first file, else ~/.kube/config, when it is there."""
     path = Path(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0]).expanduser()
     return path if path.is_file() else None
 
@@ -53,7 +54,7 @@ def _missing_rights(namespace: str, egress: bool = False) -> list[str]:
 
 def check(settings: AgentSettings, *, needed: bool) -> list[Check]:
     namespace = settings.kubernetes.namespace
-    path = _kubeconfig()
+    path = kubeconfig_path()
     if path is None:
         return [Check(NAME, False, "no kubeconfig (KUBECONFIG, ~/.kube/config)",
                       "point KUBECONFIG at the cluster's config", needed)]

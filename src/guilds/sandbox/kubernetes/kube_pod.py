@@ -63,6 +63,14 @@ class KubePodSandbox(ContainerSandbox):
     """A sandbox whose calls run in one pod (``self.pod``) of ``kubernetes.namespace``."""
 
     name = admin.NAME
+
+    @classmethod
+    def checkpoints_refused(cls, settings: AgentSettings) -> str | None:
+        """What the cluster lacks for a VolumeSnapshot of the home, asked of it
+        (``kube_volsnap``): no checkpoint is kept on kubernetes."""
+        from .kube_volsnap import unserved_why
+
+        return unserved_why(settings)
     state_dir = STATE_INSIDE
     python = spec.PYTHON
 
