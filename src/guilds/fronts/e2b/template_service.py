@@ -35,7 +35,7 @@ from .connect import ConnectError
 from .forks import Forks
 from .sandboxes import Sandboxes
 from .snapshots import Taken
-from .template_build import BUILDING, READY, WAITING, Build, StepFailed
+from .template_build import BUILDING, WAITING, Build, StepFailed
 from .template_home_build import Base, HomeBuild
 from .template_homes import DEFAULT_TAG, TemplateHomes, tags_of, template_id
 from .template_image_build import ImageBuild
@@ -190,23 +190,26 @@ class Templates:
         else:
             runner = HomeBuild(self.sandboxes, self.built, self.uploads, build, plan, deadline)
         build.log(f"Building template {build.name} on {backend}: {plan.base_line}")
+        failure: str | None = "the server stopped"
         try:
             async with asyncio.timeout(E2B_TEMPLATE_BUILD_SECONDS):
                 taken = await (self._image(runner, base) if isinstance(runner, ImageBuild)
                                else runner.run(base, backend))
                 await self.homes.take(dataclasses.replace(taken, built={**taken.built, "tags": build.tags,
                                                                         "build_id": build.id}))
-            build.done()
-        except StepFailed as exc:
-            build.fail(str(exc))
+            failure = None
+        except (StepFailed, ConnectError) as exc:
+            failure = str(exc)
         except TimeoutError:
-            build.fail(f"the build ran past {E2B_TEMPLATE_BUILD_SECONDS:g} s (E2B_TEMPLATE_BUILD_SECONDS)")
-        except ConnectError as exc:
-            build.fail(str(exc))
+            failure = f"the build ran past {E2B_TEMPLATE_BUILD_SECONDS:g} s (E2B_TEMPLATE_BUILD_SECONDS)"
         except (GuildsError, OSError) as exc:
-            build.fail(f"the build could not go on: {exc}")
-        finally:
-            await asyncio.shield(self._ended(build, plan, runner))
+            failure = f"the build could not go on: {exc}"
+        finally:  # its status told once its sandbox is removed
+            await asyncio.shield(self._ended(build, plan, runner, failure is not None))
+            if failure is None:
+                build.done()
+            else:
+                build.fail(failure)
 
     async def _image(self, runner: ImageBuild, base: Base) -> Taken:
         """A docker build's run: on its base template's image, or its base built template's."""
@@ -216,10 +219,10 @@ class Templates:
         home = settings.home if base.built is None and base.image is None else None
         return await runner.run(base, image, template, self.sandboxes.agents.data_dir, home)
 
-    async def _ended(self, build: Build, plan: Plan, runner: HomeBuild | ImageBuild) -> None:
+    async def _ended(self, build: Build, plan: Plan, runner: HomeBuild | ImageBuild, failed: bool) -> None:
         """The build's sandbox removed (a failed image build's image too), its uploads let go."""
         if isinstance(runner, ImageBuild):
-            await asyncio.to_thread(runner.ended, build.status != READY)
+            await asyncio.to_thread(runner.ended, failed)
         agent_id = runner.agent_id if isinstance(runner, HomeBuild) else None
         for step in plan.steps:
             if step.files_hash is not None:
