@@ -213,6 +213,7 @@ def test_a_tag_names_one_build_of_a_template_at_a_time(server, env):
     assert (_read(f"{name}:v1"), _read(f"{name}:stable"), _read(f"{one.template_id}:v2")) == ("1\n", "2\n", "2\n")
     with pytest.raises(SandboxException, match="not found"):
         Sandbox.create(name, timeout=30)  # no build has the tag default
+    assert Template.exists(name)  # the name has builds
     assigned = Template.assign_tags(f"{name}:v1", ["stable", "default"])
     assert assigned.tags == ["stable", "default"]
     assert (_read(name), _read(f"{name}:stable"), _read(f"{name}:v2")) == ("1\n", "1\n", "2\n")
@@ -269,7 +270,8 @@ def test_on_docker_a_build_is_an_image_its_root_steps_included(server, env):
                               .run_cmd("whoami > who.txt")
                               .set_workdir("/srv/app").run_cmd("touch here"), name)
         image = f"guilds-e2b-template:{info.template_id}-"
-        assert any(tag.startswith(image) for found in client.images.list() for tag in found.tags)
+        assert [tag for found in client.images.list() for tag in found.tags if tag.startswith(image)] == [
+            f"{image}{info.build_id.replace('-', '')[:12]}"]
         box = Sandbox.create(name, timeout=60)
         try:
             found = box.commands.run("cat /etc/e2b-test-marker /usr/local/made who.txt; ls /srv/app; whoami").stdout
@@ -278,6 +280,9 @@ def test_on_docker_a_build_is_an_image_its_root_steps_included(server, env):
                 box.commands.run("touch /usr/local/x", timeout=30)
         finally:
             box.kill()
+        again = Template.build(Template().from_image(base).run_cmd("echo again > again.txt"), name)
+        assert [tag for found in client.images.list() for tag in found.tags if tag.startswith(image)] == [
+            f"{image}{again.build_id.replace('-', '')[:12]}"]  # the replaced build's image removed
     finally:
         client.images.remove(base, force=True)
         client.close()

@@ -94,10 +94,10 @@ class TemplatesApi:
         alias = request.path_params["alias"]
         if alias in self.control.sandboxes.templates():
             return JSONResponse({"templateID": alias, "public": True})
-        found = self.templates.homes.find(key_name, alias)
-        if found is None or found.name is None:
+        found = self.templates.homes.builds_of(key_name, alias)  # a name with any build, whatever its tags
+        if not found or found[0].name is None:
             return e2b_error(404, f"template '{alias}' not found")
-        return JSONResponse({"templateID": template_id(key_name, found.name), "public": False})
+        return JSONResponse({"templateID": template_id(key_name, found[0].name), "public": False})
 
     async def delete(self, request: Request) -> Response:
         async def built_or_other(request: Request, key_name: str) -> Response:
