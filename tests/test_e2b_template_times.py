@@ -100,3 +100,13 @@ async def test_a_builds_logs_are_bounded_at_their_edge(served):
     assert messages[-1] == "Build finished: the template is ready"
     assert "1990" not in messages and len(build.info(0, 1000)["logEntries"]) == 1000 and build.info(len(messages) - 1, 100)["logEntries"][0][
         "message"] == messages[-1]
+
+
+async def test_builds_not_running_are_kept_up_to_their_bound(served):
+    _, _, templates = served
+    made = [templates.request("default", {"name": "same"}) for _ in range(template_service.BUILDS_KEPT)]
+    assert all(templates.build("default", m["templateID"], m["buildID"]) for m in made)  # exactly the most
+    templates.request("default", {"name": "same"})
+    with pytest.raises(ConnectError, match="not found"):
+        templates.build("default", made[0]["templateID"], made[0]["buildID"])  # the oldest forgotten
+    assert templates.build("default", made[1]["templateID"], made[1]["buildID"])

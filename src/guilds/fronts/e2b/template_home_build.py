@@ -26,12 +26,14 @@ from ...limits import E2B_TEMPLATE_UPLOAD_BYTES
 from ...record.agent_rows import AgentRefused
 from ...sandbox import Sandbox
 from .connect import ConnectError
+from .sandboxes import OWNER_PREFIX
 from .snapshots import Snapshot, Taken
 from .template_build import STEP_OUTPUT_BYTES, Build, StepFailed
 from .template_steps import COPY_SCRIPT, E2B_USER, FINALIZE_STEP, Plan, Step
 from .template_uploads import Uploads
 
 if TYPE_CHECKING:
+    from ...toolbox import Toolbox
     from .forks import Forks
     from .sandboxes import Sandboxes
 
@@ -96,8 +98,9 @@ class HomeBuild:
                      overlay_dir(self.sandboxes.agents.data_dir, home),
                      built={"envs": state.envs, "start_cmd": self.plan.start_cmd, "ready_cmd": self.plan.ready_cmd})
 
-    async def _agent(self, base: Base):  # -> Toolbox
-        key = f"e2b:{self.build.key_name}"
+    async def _agent(self, base: Base) -> Toolbox:
+        """The build's agent, of the key, made from its base (counted by the agents' caps)."""
+        key = f"{OWNER_PREFIX}{self.build.key_name}"
         timeout = max(1, round(self.deadline - time.monotonic()) + 60)
         try:
             if base.built is not None:

@@ -44,7 +44,8 @@ from .template_uploads import Uploads
 
 SERVED_ON = ("bwrap", "docker")
 BUILDS_KEPT = 100
-"""Ended builds one key's status answers stay for: past it, the oldest are forgotten."""
+"""Builds of one key not running (ended, or requested and never started) kept for their status
+answers: past it, the oldest are forgotten."""
 
 
 def _listed(value: Any, name: str) -> list[str]:
@@ -120,8 +121,9 @@ class Templates:
         return name, tags
 
     def _forget_ended(self, key_name: str) -> None:
-        ended = [b for b in self._builds.values() if b.key_name == key_name and b.status not in (WAITING, BUILDING)]
-        for build in ended[:max(0, len(ended) - BUILDS_KEPT)]:
+        """The key's oldest builds not running (ended, or never started) forgotten past BUILDS_KEPT."""
+        idle = [b for b in self._builds.values() if b.key_name == key_name and b.status != BUILDING]
+        for build in idle[:max(0, len(idle) - BUILDS_KEPT + 1)]:
             del self._builds[build.id]
 
     def build(self, key_name: str, tid: str, bid: str) -> Build:
