@@ -268,6 +268,7 @@ def test_on_docker_a_build_is_an_image_its_root_steps_included(server, env):
         info = Template.build(Template().from_image(base)
                               .run_cmd('test "$(whoami)" = root && echo root-made > /usr/local/made', user="root")
                               .run_cmd("whoami > who.txt")
+                              .run_cmd('test "$(ls /sys/class/net)" = lo')  # no network: the template has none
                               .set_workdir("/srv/app").run_cmd("touch here"), name)
         image = f"guilds-e2b-template:{info.template_id}-"
         assert [tag for found in client.images.list() for tag in found.tags if tag.startswith(image)] == [

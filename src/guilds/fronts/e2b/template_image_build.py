@@ -3,9 +3,10 @@
 
 The steps become a Dockerfile (``dockerfile``) that the engine builds with no pull: ``FROM``
 the base, E2B's user ``user`` (the sandbox's uid) and its home ``/home/user``; ``RUN`` as
-``bash -l -c`` as the step's user (``root`` is root here), ``ENV``, ``WORKDIR``, ``USER`` as
-Docker takes them; ``COPY`` of an uploaded archive by ``COPY_SCRIPT`` (Docker's rules, ``mode``
-and the owner applied); then the helpers and the agent's user as guilds' sandbox image ends
+``bash -l -c`` as the step's user (``root`` is root here), with no network unless the
+template's is the whole network; ``ENV``, ``WORKDIR``, ``USER`` as Docker takes them; ``COPY``
+of an uploaded archive by ``COPY_SCRIPT`` (Docker's rules, ``mode`` and the owner applied);
+then the helpers and the agent's user as guilds' sandbox image ends
 (``guilds.sandbox.image.helper_lines``), so no step replaces them. The engine's log lines
 are the build's log entries as they come, each of a Dockerfile line the step it is of.
 
@@ -105,10 +106,14 @@ class ImageBuild:
         self.uploads, self.build, self.plan, self.deadline = uploads, build, plan, deadline
         self.tag = f"{IMAGE_REPO}:{build.template_id}-{build.id.replace('-', '')[:12]}"
         self._scratch: Path | None = None
+        self.network = False
 
-    async def run(self, base: Base, base_image: str, template: str, data_dir: Path, home: Path | None) -> Taken:
+    async def run(self, base: Base, base_image: str, template: str, data_dir: Path, home: Path | None,
+                  network: bool) -> Taken:
         """The image built and its home copied out; home: the base template's starting home,
-        copied to /home/user first (None: the base image's own)."""
+        copied to /home/user first (None: the base image's own); network: the steps reach the
+        engine's network (the template's ``agent.network = true``), else none at all."""
+        self.network = network
         import docker
 
         from ...sandbox.docker import docker_engine
@@ -163,7 +168,8 @@ class ImageBuild:
     def _built(self, client: Any, context: Any, steps: list[str]) -> None:
         """The engine's build, its lines logged as they come; StepFailed naming the step."""
         for chunk in client.api.build(fileobj=context, custom_context=True, tag=self.tag, rm=True, forcerm=True,
-                                      pull=False, decode=True, nocache=self.plan.force):
+                                      pull=False, decode=True, nocache=self.plan.force,
+                                      network_mode=None if self.network else "none"):
             if "error" in chunk:
                 raise StepFailed(self._failure(str(chunk["error"]).strip()))
             for line in str(chunk.get("stream", "")).splitlines():

@@ -219,7 +219,7 @@ class Templates:
         settings = self.sandboxes.agents.served.template(template).settings
         image = (base.built.built.get("image") if base.built is not None else None) or settings.docker.image
         home = settings.home if base.built is None and base.image is None else None
-        return await runner.run(base, image, template, self.sandboxes.agents.data_dir, home)
+        return await runner.run(base, image, template, self.sandboxes.agents.data_dir, home, settings.network)
 
     async def _ended(self, build: Build, plan: Plan, runner: HomeBuild | ImageBuild, failed: bool) -> None:
         """The build's sandbox removed (a failed image build's image too), its uploads let go."""
