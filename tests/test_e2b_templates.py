@@ -287,3 +287,20 @@ def test_on_docker_a_build_is_an_image_its_root_steps_included(server, env):
     finally:
         client.images.remove(base, force=True)
         client.close()
+
+
+@pytest.mark.backends("bwrap")
+def test_a_built_template_outlives_the_servers_restart(backend, tmp_path, monkeypatch):
+    (tmp_path / "home").mkdir()
+    name = _name()
+    with e2b_server(tmp_path, backend) as first:
+        first.export(monkeypatch)
+        Template.build(Template().from_base_image().run_cmd("echo kept > kept.txt"), f"{name}:v1")
+    with e2b_server(tmp_path, backend) as second:  # the same data folder, a new server and key
+        second.export(monkeypatch)
+        assert Template.exists(name)
+        box = Sandbox.create(f"{name}:v1", timeout=60)
+        try:
+            assert box.files.read("kept.txt") == "kept\n"
+        finally:
+            box.kill()
