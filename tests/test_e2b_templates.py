@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -304,3 +306,17 @@ def test_a_built_template_outlives_the_servers_restart(backend, tmp_path, monkey
             assert box.files.read("kept.txt") == "kept\n"
         finally:
             box.kill()
+
+
+JS_SUITE = Path(__file__).parent / "e2b_js"
+
+
+@pytest.mark.skipif(shutil.which("node") is None or not (JS_SUITE / "node_modules" / "e2b").is_dir(),
+                    reason="node or the JS SDK is not installed: cd tests/e2b_js && npm ci")
+def test_the_js_sdk_builds_a_template(server, context):
+    env = {**server.env(), "E2B_TEST_CONTEXT": str(context), "E2B_TEST_NAME": _name(),
+           "PATH": "/usr/local/bin:/usr/bin:/bin"}
+    done = subprocess.run(["node", "templates.mjs"], cwd=JS_SUITE, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split("\n") == ["ok build", "ok sandbox of the template", "ok exists", "ok a failing step", ""]
