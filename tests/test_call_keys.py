@@ -23,7 +23,7 @@ from guilds.fronts.mcp_server import CALL_KEY, RUN_KEY
 from guilds.record.call_keys import CallKey, KeyHeld
 from guilds.record.liveness import ALIVE, GONE, UNKNOWN, probe
 from guilds.record.store import Store
-from guilds.toolbox.call_keys import NOT_SENT, SENT
+from guilds.toolbox.keyed_calls import NOT_SENT, SENT
 from guilds.web.health import with_health
 from test_mcp_shared_record import PG_URL, RECORDS, agent_server, client, record_url
 

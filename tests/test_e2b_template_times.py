@@ -98,8 +98,8 @@ async def test_a_builds_logs_are_bounded_at_their_edge(served):
     assert len(cut) == E2B_TEMPLATE_LOG_LINE_CHARS and cut.endswith("...")
     assert sum(m.startswith("... more output dropped") for m in messages) == 1
     assert messages[-1] == "Build finished: the template is ready"
-    assert "1990" not in messages and len(build.info(0, 1000)["logEntries"]) == 1000 and build.info(len(messages) - 1, 100)["logEntries"][0][
-        "message"] == messages[-1]
+    assert "1990" not in messages and len(build.info(0, 1000)["logEntries"]) == 1000
+    assert build.info(len(messages) - 1, 100)["logEntries"][0]["message"] == messages[-1]
 
 
 async def test_builds_not_running_are_kept_up_to_their_bound(served):

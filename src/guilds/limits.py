@@ -450,3 +450,5 @@ as the template's starting home): past it, the build fails."""
 E2B_TEMPLATE_READY_SECONDS = 120.0
 """How long a create of a built template waits for its ready command to succeed (run again
 every fraction of a second): past it, the create fails and the sandbox is killed."""
+E2B_TEMPLATE_READY_AGAIN_SECONDS = 0.2
+"""How long after a built template's ready command failed it is run again."""

@@ -62,7 +62,7 @@ Contract:
 - Call keys: ``_meta["guilds/call-key"]`` (a string of the client's choosing, unique per
   call, at most limits.CALL_KEY_MAX_CHARS) names the call, for the token and the agent: a
   call whose key the run record already holds runs nothing and is answered that call's
-  answer (``guilds.toolbox.call_keys``): a client whose connection broke mid-call sends it
+  answer (``guilds.toolbox.keyed_calls``): a client whose connection broke mid-call sends it
   again, to any server on the record, and the call has run once. A key of a call of
   another run is refused, unless the server chose the run (then the answer is that run's).
 - Context resets: ``_meta["guilds/context_reset"]: true`` on a call says the
@@ -105,7 +105,7 @@ from ..errors import BadInput, GuildsError
 from ..observe.trace_context import Carrier, carried, carrier_of
 from ..record.call_keys import CallKey
 from ..toolbox import CallResult, Toolbox
-from ..toolbox.call_keys import KeyOfAnotherRun
+from ..toolbox.keyed_calls import KeyOfAnotherRun
 from ..toolbox.tools import TOOLS, tool_named
 from ..toolbox.tools import Tool as GuildsTool
 from ..toolbox.tools.formats import to_mcp
@@ -123,7 +123,7 @@ CONTEXT_RESET_KEY = "guilds/context_reset"
 """A request ``_meta`` key: true when the model's context was compacted or
 rewound before this call (Toolbox.context_reset): no read points before it."""
 CALL_KEY = "guilds/call-key"
-"""A request ``_meta`` key: the call's key of the client's choosing (``guilds.toolbox.call_keys``)."""
+"""A request ``_meta`` key: the call's key of the client's choosing (``guilds.toolbox.keyed_calls``)."""
 CODING_OFF = "tool {name!r} is not offered: the agent's coding capability is off (agent.coding)"
 
 

@@ -15,7 +15,7 @@ server that said where it answers (``address``: a replica's pod), when asking it
 (``record.liveness``) finds another process there or none, or no answer comes and
 its heartbeat is older than OWNER_SILENT_SECONDS (``is_gone_now``): a replica
 killed is found gone within a beat by the sweep, at once by a call that names a
-call of it again (``guilds.toolbox.call_keys``). At every open and
+call of it again (``guilds.toolbox.keyed_calls``). At every open and
 every heartbeat, the calls still ``running`` under a gone owner are recorded
 ``lost`` (an error, "· lost" on their row) and the owner is forgotten. Their
 commands do not outlive the owner: its helpers get SIGTERM when it dies

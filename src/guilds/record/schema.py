@@ -17,7 +17,7 @@ Tables:
            machine, pid, pid_start, heartbeat_at, address (where the process
            answers whether it is alive: a server's own URL; none for others)
     call_keys the client-chosen keys of calls (the MCP front's ``_meta``
-           ``guilds/call-key``, ``guilds.toolbox.call_keys``): agent_id,
+           ``guilds/call-key``, ``guilds.toolbox.keyed_calls``): agent_id,
            principal and key, the run_id and seq of the call it names, sent (its
            request may have reached the sandbox), at
     context_marks  run_id, after_seq, at, from_seq: the run's model context was

@@ -168,6 +168,10 @@ class Backend:
     own_networks = False
     """True for a backend whose agents' networks are each their own, so one agent's can be
     narrowed alone (the E2B front's ``allow_out``)."""
+    template_builds = ""
+    """What a template build makes on this backend (the E2B front's ``Template``): ``"home"``,
+    a starting home made by running the steps in a sandbox whose root is read-only;
+    ``"image"``, an image built on the engine from the steps; ``""``: none is served."""
     home_owner: tuple[int, int] | None = None
     """The host uid and gid the sandbox gives the agent's host home to and runs its commands
     as, where it has one of its own (bwrap and docker under a root orchestrator); an agent

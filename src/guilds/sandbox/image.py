@@ -21,9 +21,11 @@ from __future__ import annotations
 import argparse
 import io
 import sys
-from typing import IO, Sequence
+from typing import IO, Any, Sequence
 
-from ._container import CONTAINER_UID, tar_bytes
+from ._container import CONTAINER_UID, helper_files, tar_bytes
+
+__all__ = ["CONTAINER_UID", "engine_client", "helper_files", "helper_lines"]
 
 DEFAULT_TAG = "guilds-sandbox:latest"
 DEFAULT_BASE = "debian:bookworm-slim"
@@ -70,8 +72,6 @@ def build_sandbox_image(
     a name, e.g. ``guilds-base:local``). base_url: the engine (default DOCKER_HOST).
     Raises SandboxError when the engine is not reachable or the build fails.
     """
-    from ._container import helper_files
-
     files = helper_files()
     context = build_context(dockerfile(base, [n for n, _ in files], install=install), files)
     return built_image(io.BytesIO(context), tag=tag, base=base, rootfs=rootfs, base_url=base_url)
@@ -105,6 +105,14 @@ def built_image(context: IO[bytes], *, tag: str, base: str, rootfs: str | None =
         if client is not None:
             client.close()
     return str(image.id)
+
+
+def engine_client(timeout: float) -> Any:
+    """A client of the engine at DOCKER_HOST, for a build of an image beside the sandbox
+    image's (an E2B template's); raises what the engine's SDK raises."""
+    from .docker import docker_engine
+
+    return docker_engine.connect(None, timeout=timeout)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -55,7 +55,7 @@ from ..record.values import call_fields, decision_rows, tagged_runs
 from ..sandbox.base import Sandbox, keep_egress
 from ..sandbox.helpers import CODE_HELPER
 from . import transport
-from .call_keys import KeyOfAnotherRun, held_answer
+from .keyed_calls import KeyOfAnotherRun, held_answer
 from .observer import CANCELLED as CANCELLED_OUTCOME
 from .observer import ERROR, HELPER, NO_OBSERVER, OK, RECORD, SANDBOX_START, CallEnded, Observer
 from .pipeline import run_pipeline
@@ -103,7 +103,7 @@ class _Call:
     recorded_tool: str = ""
     """The tool's name as recorded: redacted once, at the call's start."""
     key: CallKey | None = None
-    """The call's key (``call_keys``), marked sent just before its request goes to the sandbox."""
+    """The call's key (``keyed_calls``), marked sent just before its request goes to the sandbox."""
 
 
 def _error(text: str) -> Outcome:
@@ -213,7 +213,7 @@ class Toolbox:
         before this call (``context_reset`` first). A call cancelled while it
         runs is recorded as ``cancelled`` (an error), then the cancellation
         goes on; any other surprise is recorded as ``internal error: <type>``
-        and raised. ``key``: a key naming the call (``call_keys``): a key that names
+        and raised. ``key``: a key naming the call (``keyed_calls``): a key that names
         a call already runs nothing, and is answered that call's answer once it has
         one (or the error saying it was lost); KeyOfAnotherRun when that call is of
         another run.

@@ -30,8 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ...limits import E2B_TEMPLATE_HOME_BYTES
-from ...sandbox._container import CONTAINER_UID, helper_files
-from ...sandbox.image import helper_lines
+from ...sandbox.image import CONTAINER_UID, engine_client, helper_files, helper_lines
 from .snapshots import Taken
 from .template_build import Build, StepFailed
 from .template_home_build import Base, State, invalid_user
@@ -94,9 +93,9 @@ def _lines(step: Step, state: State) -> list[str]:
         return [f"USER {user}", f"RUN {json.dumps(['/bin/bash', '-l', '-c', step.args[0]])}"]
     mode = step.args[3] if len(step.args) > 3 else ""
     archive = f"{COPY_FOLDER}/{step.files_hash}"
-    run = ["/bin/sh", "-c", f'python3 -I {COPY_FOLDER}/copy.py "$@"; s=$?; rm -rf {COPY_FOLDER}; exit $s', "copy",
+    run = ["/bin/sh", "-c", f'python3 -I {COPY_FOLDER}/copy-files "$@"; s=$?; rm -rf {COPY_FOLDER}; exit $s', "copy",
            archive, step.args[0], step.args[1], mode, user]
-    return ["USER root", f"COPY copy.py files/{step.files_hash} {COPY_FOLDER}/", f"RUN {json.dumps(run)}"]
+    return ["USER root", f"COPY copy-files files/{step.files_hash} {COPY_FOLDER}/", f"RUN {json.dumps(run)}"]
 
 
 class ImageBuild:
@@ -116,9 +115,7 @@ class ImageBuild:
         self.network = network
         import docker
 
-        from ...sandbox.docker import docker_engine
-
-        client = await asyncio.to_thread(docker_engine.connect, None, timeout=max(30, self.deadline - time.monotonic()))
+        client = await asyncio.to_thread(engine_client, max(30, self.deadline - time.monotonic()))
         try:
             image = base.image or base_image
             if base.image is not None:
@@ -149,7 +146,7 @@ class ImageBuild:
         with tarfile.open(fileobj=out, mode="w") as tar:
             if home is not None:
                 tar.add(home, arcname="home")
-            files = [("Dockerfile", text.encode(), 0o644), ("copy.py", COPY_SCRIPT.encode(), 0o644),
+            files = [("Dockerfile", text.encode(), 0o644), ("copy-files", COPY_SCRIPT.encode(), 0o644),
                      *((name, data, 0o755) for name, data in helper_files())]
             for name, data, mode in files:
                 info = tarfile.TarInfo(name)

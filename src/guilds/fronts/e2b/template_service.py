@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...config.checks import is_safe_name
 from ...config.templates import DEFAULT_TEMPLATE
@@ -42,7 +42,9 @@ from .template_image_build import ImageBuild
 from .template_steps import BASE_IMAGES, Plan, plan_of
 from .template_uploads import Uploads
 
-SERVED_ON = ("bwrap", "docker")
+if TYPE_CHECKING:
+    from ...sandbox.base import Backend
+
 BUILDS_KEPT = 100
 """Builds of one key not running (ended, or requested and never started) kept for their status
 answers: past it, the oldest are forgotten."""
@@ -154,7 +156,7 @@ class Templates:
         build.status = BUILDING
         self._launch(self._run(build, plan, base, backend))
 
-    def _base(self, key_name: str, plan: Plan) -> tuple[Base, str]:
+    def _base(self, key_name: str, plan: Plan) -> tuple[Base, type[Backend]]:
         """What the build starts from, and the backend it runs on (501 where none is served)."""
         ref = plan.from_template
         if ref is not None and ref not in self.sandboxes.templates():
@@ -173,9 +175,9 @@ class Templates:
         template = base.built.template if base.built is not None else str(base.template)
         if template not in self.sandboxes.agents.served.templates:
             raise ConnectError("not_found", f"template '{template}' is no longer served by this server")
-        backend = self.sandboxes.backend_for(template).name
-        if backend not in SERVED_ON:
-            raise unimplemented(f"template builds are not supported on {backend}: they are served on bwrap "
+        backend = self.sandboxes.backend_for(template)
+        if not backend.template_builds:
+            raise unimplemented(f"template builds are not supported on {backend.name}: they are served on bwrap "
                                 "(a starting home) and docker (an image)")
         return base, backend
 
@@ -184,19 +186,19 @@ class Templates:
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
-    async def _run(self, build: Build, plan: Plan, base: Base, backend: str) -> None:
+    async def _run(self, build: Build, plan: Plan, base: Base, backend: type[Backend]) -> None:
         deadline = time.monotonic() + E2B_TEMPLATE_BUILD_SECONDS
         runner: HomeBuild | ImageBuild
-        if backend == "docker":
+        if backend.template_builds == "image":
             runner = ImageBuild(self.uploads, build, plan, deadline)
         else:
             runner = HomeBuild(self.sandboxes, self.built, self.uploads, build, plan, deadline)
-        build.log(f"Building template {build.name} on {backend}: {plan.base_line}")
+        build.log(f"Building template {build.name} on {backend.name}: {plan.base_line}")
         failure: str | None = "the server stopped"
         try:
             async with asyncio.timeout(E2B_TEMPLATE_BUILD_SECONDS):
                 taken = await (self._image(runner, base) if isinstance(runner, ImageBuild)
-                               else runner.run(base, backend))
+                               else runner.run(base, backend.name))
                 await self.homes.take(dataclasses.replace(taken, built={**taken.built, "tags": build.tags,
                                                                         "build_id": build.id}))
             failure = None

@@ -15,12 +15,11 @@ import asyncio
 import time
 from typing import Any
 
-from ...limits import E2B_TEMPLATE_READY_SECONDS
+from ...limits import E2B_TEMPLATE_READY_AGAIN_SECONDS, E2B_TEMPLATE_READY_SECONDS
 from .connect import ConnectError
 from .sandboxes import E2BSandbox
 
 START_TAG = "start_cmd"
-_AGAIN_SECONDS = 0.2
 
 
 async def started(box: E2BSandbox, built: dict[str, Any]) -> None:
@@ -40,7 +39,7 @@ async def started(box: E2BSandbox, built: dict[str, Any]) -> None:
         done = await box.sandbox.exec(["/bin/bash", "-l", "-c", ready], env=box.env_vars, timeout=max(left, 1))
         if done.exit_code == 0:
             return
-        if time.monotonic() + _AGAIN_SECONDS >= deadline:
+        if time.monotonic() + E2B_TEMPLATE_READY_AGAIN_SECONDS >= deadline:
             raise ConnectError("unavailable", f"the template's ready command did not succeed within "
                                               f"{E2B_TEMPLATE_READY_SECONDS:g} s (E2B_TEMPLATE_READY_SECONDS): {ready}")
-        await asyncio.sleep(_AGAIN_SECONDS)
+        await asyncio.sleep(E2B_TEMPLATE_READY_AGAIN_SECONDS)

@@ -103,6 +103,7 @@ log = logging.getLogger(__name__)
 class BwrapSandbox(Backend):
     name = admin.NAME
     own_networks = True
+    template_builds = "home"
     own_boot_id = True
     network_true_reach = "the host's loopback services"
     state_dir = STATE_INSIDE

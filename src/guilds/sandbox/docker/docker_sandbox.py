@@ -86,6 +86,7 @@ T = TypeVar("T")
 class DockerSandbox(ContainerSandbox):
     name = admin.NAME
     own_networks = True
+    template_builds = "image"
     state_dir = STATE_INSIDE
     python = spec.PYTHON
 
