@@ -177,12 +177,12 @@ def settings_toml(sandbox_image: str) -> str:
             'cpu = "200m"\nmemory = "256Mi"\nhome_size = "1Gi"\n')
 
 
-def overlay(folder: Path, image: str, settings: str, api_port: int) -> Path:
+def overlay(folder: Path, image: str, settings: str, api_port: int, replicas: int = 2) -> Path:
     """An overlay of deploy/kubernetes for the test cluster, written into folder."""
     name, _, tag = image.partition(":")
     (folder / "settings.toml").write_text(settings)
     patch = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "guilds-serve"},
-             "spec": {"template": {"spec": {
+             "spec": {"replicas": replicas, "template": {"spec": {
                  "hostAliases": [{"ip": NODE_POD_ADDRESS, "hostnames": [API_NAME]}],
                  "containers": [{"name": "serve", "env": [
                      {"name": "KUBERNETES_SERVICE_HOST", "value": API_NAME},
@@ -228,6 +228,19 @@ class Deployment:
         listed = json.loads(kubectl("get", "pods", "-l", "app.kubernetes.io/name=guilds-serve", "-o", "json"))
         return [p for p in listed["items"] if not p["metadata"].get("deletionTimestamp")]
 
+    def ready_pods(self) -> list[dict]:
+        """The pods whose serve container is ready, by name."""
+        return sorted((p for p in self.pods() if any(c["name"] == "serve" and c.get("ready")
+                                                     for c in p["status"].get("containerStatuses") or ())),
+                      key=lambda p: p["metadata"]["name"])
+
+    def scale(self, replicas: int, timeout: float = ROLLOUT_SECONDS) -> None:
+        """The Deployment at this many replicas, all ready and behind the route."""
+        kubectl("scale", "deployment/guilds-serve", f"--replicas={replicas}")
+        rollout()
+        if not wait_until(lambda: len(self.ready_pods()) == replicas == len(self.route.endpoints), timeout):
+            raise RuntimeError(f"not {replicas} ready replicas behind the Service: {self.route.endpoints}")
+
     def pod_urls(self) -> dict[str, str]:
         """Each ready replica's own address: its pod name -> http://IP:8765."""
         return {p["metadata"]["name"]: f"http://{p['status']['podIP']}:8765" for p in self.pods()
@@ -245,8 +258,8 @@ def _logs() -> str:
 
 
 @contextlib.contextmanager
-def deployed(tmp: Path) -> Iterator[Deployment]:
-    """deploy/kubernetes in NAMESPACE, behind a ServiceRoute, for the block's life."""
+def deployed(tmp: Path, replicas: int = 2) -> Iterator[Deployment]:
+    """deploy/kubernetes in NAMESPACE with this many replicas, behind a ServiceRoute, for the block's life."""
     base_url = os.environ["GUILDS_TEST_POSTGRES_URL"]
     server, _, name = base_url.rpartition("/")
     own = f"{name}_deploy"
@@ -265,7 +278,7 @@ def deployed(tmp: Path) -> Iterator[Deployment]:
                 f"--from-literal=database-url={in_cluster_url}")
         serve, sandbox = images()
         settings = settings_toml(sandbox)
-        kubectl("apply", "-k", str(overlay(tmp, serve, settings, relays[0].port)))
+        kubectl("apply", "-k", str(overlay(tmp, serve, settings, relays[0].port, replicas)))
         try:
             rollout()
         except RuntimeError as exc:
@@ -281,6 +294,30 @@ def deployed(tmp: Path) -> Iterator[Deployment]:
             relay.close()
         with contextlib.suppress(Exception):
             asyncio.run(_admin_sql(base_url, f'DROP DATABASE IF EXISTS "{own}" WITH (FORCE)'))
+
+
+def host_pid(pod: dict, container: str = "serve") -> int | None:
+    """The host pid of a pod's container's first process (pid 1 in its namespace), found by the
+    container id in /proc/*/cgroup: a SIGKILL from inside the container's namespace is ignored
+    by its pid 1, one from the host is not."""
+    statuses = pod["status"].get("containerStatuses") or ()
+    found = next((c.get("containerID", "") for c in statuses if c["name"] == container), "")
+    container_id = found.rpartition("/")[2]
+    if not container_id:
+        return None
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if container_id not in Path(entry.path, "cgroup").read_text():
+                continue
+            status = Path(entry.path, "status").read_text()
+        except OSError:
+            continue
+        nspid = next((line.split() for line in status.splitlines() if line.startswith("NSpid:")), [])
+        if nspid and nspid[-1] == "1":
+            return int(entry.name)
+    return None
 
 
 def wait_until(predicate, timeout: float, poll: float = 0.5) -> bool:
