@@ -305,19 +305,23 @@ def host_pid(pod: dict, container: str = "serve") -> int | None:
     container_id = found.rpartition("/")[2]
     if not container_id:
         return None
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            if container_id not in Path(entry.path, "cgroup").read_text():
-                continue
-            status = Path(entry.path, "status").read_text()
-        except OSError:
-            continue
-        nspid = next((line.split() for line in status.splitlines() if line.startswith("NSpid:")), [])
-        if nspid and nspid[-1] == "1":
-            return int(entry.name)
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if entry.name.isdigit() and _is_first_of(entry.path, container_id):
+                return int(entry.name)
     return None
+
+
+def _is_first_of(proc: str, container_id: str) -> bool:
+    """/proc/PID is the container's pid 1 (its cgroup names the container)."""
+    try:
+        if container_id not in Path(proc, "cgroup").read_text():
+            return False
+        status = Path(proc, "status").read_text()
+    except OSError:
+        return False
+    nspid = next((line.split() for line in status.splitlines() if line.startswith("NSpid:")), [])
+    return bool(nspid) and nspid[-1] == "1"
 
 
 def wait_until(predicate, timeout: float, poll: float = 0.5) -> bool:

@@ -391,3 +391,19 @@ def test_started_by_another_call_reads_ended_and_nothing_of_that_id(bg):
 ])
 def test_started_by_is_checked(sandbox, op, args, started_by, error):
     assert error_text(sandbox.call(op, args, started_by=started_by)) == error
+
+
+def test_a_background_command_outlives_the_exec_that_started_it(bg):
+    """The kubernetes backends run the resident helper under ``ending_argv``: when its exec
+    ends (the orchestrator that opened it died, or closed it), every process carrying its
+    token is stopped (``kill_argv``). A background command carries none: it lives on in
+    the sandbox, for whichever orchestrator asks next."""
+    from guilds.sandbox._container import EXEC_ENV, kill_argv
+
+    token = f"bg-test-{os.getpid()}-{time.monotonic_ns()}"
+    bg.env[EXEC_ENV] = token
+    bid, pid, _ = start(bg, "sleep 30")
+    subprocess.run(kill_argv(token), timeout=60, check=True, capture_output=True)
+    del bg.env[EXEC_ENV]  # the helper that carried it is gone: the next call opens another
+    assert _state(pid) not in (None, "Z")
+    assert status(bg, id=bid)["meta"]["state"] == "running"

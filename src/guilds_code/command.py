@@ -16,6 +16,11 @@ import os
 from . import limits, proc, protocol, reach, runstate
 from .escaped import CALL_KEY_ENV
 
+EXEC_ENV = "GUILDS_EXEC_ID"
+"""The orchestrator's token on the exec that runs this helper (``guilds.sandbox._container.EXEC_ENV``):
+when that exec ends, every process carrying it is stopped (the kubernetes backends' resident
+helper, ``ending_argv``). A background command drops it (``background_env``): it is the sandbox's."""
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Optional
@@ -96,6 +101,14 @@ def _egress_env(env: Dict[str, str], request: protocol.Request, cwd: str) -> Non
     if host is not None and "GH_TOKEN" in env:
         env["GH_HOST"] = host
         env["GH_ENTERPRISE_TOKEN"] = env["GH_TOKEN"]
+
+
+def background_env(request: protocol.Request, cwd: str, tokens: Dict[str, str]) -> Dict[str, str]:
+    """A background command's environment: command_env without the exec's token, so the end of
+    the exec that started it (its orchestrator gone) does not stop it."""
+    env = command_env(request, cwd, tokens)
+    env.pop(EXEC_ENV, None)
+    return env
 
 
 def name_call_in_proxy(env: Dict[str, str], run_id: str, call_id: str) -> None:

@@ -2,7 +2,8 @@
 
 A command starts as ``bash -c WRAPPER guilds-bg EXIT_FILE COMMAND`` in its own
 session (the wrapper is the session and group leader), stdin /dev/null, output
-appended to <run dir>/<call id>.log (always kept). The wrapper runs
+appended to <run dir>/<call id>.log (always kept), without the orchestrator's exec
+token (``command.background_env``): it outlives the exec that started it. The wrapper runs
 ``bash -c COMMAND`` and, when it ends, writes its exit status atomically to
 EXIT_FILE, so states stay true after the helper has exited.
 
@@ -104,10 +105,10 @@ def start(request: protocol.Request) -> protocol.Reply:
 
 def _launch(request: protocol.Request, folder: str, log: str) -> Dict[str, Any]:
     """Spawn the wrapper; return the command's record (without its id)."""
-    from ..command import command_env, command_script, open_log, start_bash  # a start only
+    from ..command import background_env, command_script, open_log, start_bash  # a start only
 
     cwd = runstate.current_cwd(request)
-    env = command_env(request, cwd, runstate.load_repo_tokens(request))
+    env = background_env(request, cwd, runstate.load_repo_tokens(request))
     exit_file = os.path.join(folder, f".exit-{os.urandom(8).hex()}")
     command = request.args["command"]
     script = command_script(command, log[: -len(".log")] + ".sh")
