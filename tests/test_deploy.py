@@ -193,12 +193,17 @@ def test_the_network_policy_lets_only_sandboxes_reach_a_replicas_other_ports(dep
     deploy_kit.kubectl("exec", pod["metadata"]["name"], "-c", "serve", "--", "sh", "-c",
                        "nohup python3 -c \"import socket; s = socket.create_server(('0.0.0.0', 20999)); "
                        "[s.accept()[0].close() for _ in iter(int, 1)]\" >/dev/null 2>&1 &")
-    probe = ("import socket, sys\n"
+    # Each port tried for up to 8 s: the policy controller lets a new pod's address in a
+    # moment after the pod starts, so a first refusal may be that moment's.
+    probe = ("import socket, sys, time\n"
              "for port in sys.argv[2:]:\n"
-             "    try:\n"
-             "        socket.create_connection((sys.argv[1], int(port)), 3).close(); print(port, 'open')\n"
-             "    except OSError as exc:\n"
-             "        print(port, 'closed')\n")
+             "    deadline, said = time.monotonic() + 8, 'closed'\n"
+             "    while said == 'closed' and time.monotonic() < deadline:\n"
+             "        try:\n"
+             "            socket.create_connection((sys.argv[1], int(port)), 2).close(); said = 'open'\n"
+             "        except OSError:\n"
+             "            time.sleep(0.5)\n"
+             "    print(port, said)\n")
 
     def reached(name: str, labels: dict[str, str]) -> dict[str, str]:
         manifest = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
