@@ -5,6 +5,7 @@ the kernel boot id it reads, on bwrap its own, new after a filesystem-only pause
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -60,6 +61,46 @@ def test_set_timeout_zero_pauses_it_now(env):
         box.set_timeout(0)
         assert _paused_within(box, 10)
         assert box.connect().commands.run("echo back").stdout == "back\n"
+    finally:
+        box.kill()
+
+
+def _seconds_left(box: Sandbox) -> float:
+    return (box.get_info().end_at - datetime.now(UTC)).total_seconds()
+
+
+def test_with_auto_resume_a_request_wakes_it_with_a_fresh_timeout_of_its_creates(env):
+    """The next command, file read or request to one of its ports resumes it (E2B's
+    auto-resume), for its create's timeout from then; it pauses again at that end."""
+    box = Sandbox.create(timeout=5, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        box.files.write("kept.txt", "through the pause")
+        assert _paused_within(box, 20)
+        assert not box.is_running()  # its health wakes nothing
+        assert box.get_info().state == SandboxState.PAUSED
+        assert box.commands.run("cat kept.txt").stdout == "through the pause"
+        assert box.get_info().state == SandboxState.RUNNING
+        assert 0 < _seconds_left(box) <= 5
+        assert _paused_within(box, 20)
+        assert box.files.read("kept.txt") == "through the pause"
+        assert box.get_info().state == SandboxState.RUNNING
+        assert _paused_within(box, 20)
+        port = httpx.get(env.url, headers={"Host": box.get_host(8000)}, timeout=30)
+        assert port.status_code == 502  # woken, and nothing listens there: not the paused 409
+        assert box.get_info().state == SandboxState.RUNNING and box.is_running()
+    finally:
+        box.kill()
+
+
+def test_without_auto_resume_a_request_leaves_it_paused(env):
+    box = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": False})
+    try:
+        assert _paused_within(box, 20)
+        with pytest.raises(Exception):  # noqa: B017,PT011 (the SDK's own error for a paused sandbox)
+            box.commands.run("true", request_timeout=10)
+        port = httpx.get(env.url, headers={"Host": box.get_host(8000)}, timeout=30)
+        assert port.status_code == 409 and port.json()["canAutoResume"] is False
+        assert box.get_info().state == SandboxState.PAUSED
     finally:
         box.kill()
 

@@ -170,11 +170,11 @@ class ControlPlane:
                     await self.sandboxes.kill(made)
                     raise
             return made
-        return await self.sandboxes.create(key_name, template, _timeout(body.get("timeout")),
-                                           _metadata(body.get("metadata")),
+        timeout = _timeout(body.get("timeout"))
+        return await self.sandboxes.create(key_name, template, timeout, _metadata(body.get("metadata")),
                                            _strings(body.get("envVars"), "envVars"),
                                            network_options.asked(body, self.sandboxes.settings_for(template)),
-                                           lifecycle.asked(body),
+                                           lifecycle.asked(body, timeout),
                                            ingress_options.asked(body, shared=self.sandboxes.shared is not None))
 
     async def list(self, request: Request, key_name: str) -> Response:

@@ -99,6 +99,7 @@ class InSandboxApi:
     async def files(self, request: Request) -> Response:
         try:
             box = self.file_sandbox(request)
+            await self.sandboxes.awake(box)
             if request.method == "GET":
                 return await read_file(request, box)
             return await write_files(request, box)
@@ -109,6 +110,7 @@ class InSandboxApi:
         name = request.url.path.lstrip("/")
         try:
             box = self.sandbox(request)
+            await self.sandboxes.awake(box)
             body = await bounded_body(request, E2B_MAX_MESSAGE_BYTES + ENVELOPE_BYTES)
             kind = request.headers.get("content-type", "")
             if name in self.streaming:

@@ -15,7 +15,8 @@ one of the host's. Answers of E2B's proxy, JSON ``{"sandboxId", "message", ...}`
 
 - 403 when the sandbox is private (``ingress_options``) and ``e2b-traffic-access-token``
   is missing or not its token (another sandbox's is not);
-- 502 when the sandbox is unknown, killed or never was, and 409 while it is paused;
+- 502 when the sandbox is unknown, killed or never was, and 409 while it is paused (one
+  whose create asked for auto-resume is resumed instead, and the request served);
 - 502 ``The sandbox is running but port is not open`` when nothing of it listens there,
   when the port is one of guilds' own services in it (its egress relay), or when the
   server there breaks off before a whole response head;
@@ -39,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ...errors import GuildsError
 from ...limits import E2B_INGRESS_MAX_PER_SANDBOX
 from .connect import ConnectError
 from .ingress_http import TOKEN_HEADER, NotPassedOn, forward
@@ -123,7 +125,7 @@ class Ingress:
                                   receive, send)
             return
         try:
-            box = self._allowed(scope, target)
+            box = await self._allowed(scope, target)
         except Refused as refused:
             await _answer(send, refused.status, refused.body)
             return
@@ -154,8 +156,9 @@ class Ingress:
         finally:
             await link.close()
 
-    def _allowed(self, scope: dict, target: Target) -> E2BSandbox:
-        """The sandbox, running and its token (if any) given; Refused otherwise."""
+    async def _allowed(self, scope: dict, target: Target) -> E2BSandbox:
+        """The sandbox, running (woken first when paused with auto-resume) and its token (if any)
+        given; Refused otherwise."""
         try:
             box = self.sandboxes.get(None, target.sandbox_id)
         except ConnectError:
@@ -168,9 +171,14 @@ class Ingress:
                 raise Refused(403, _token_body(box.id, "is missing"))
             if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode()):
                 raise Refused(403, _token_body(box.id, "is invalid"))
-        if box.state == PAUSED:
+        if box.state == PAUSED and not box.lifecycle.auto_resume:
             raise Refused(409, {"sandboxId": box.id, "message": "The sandbox is paused", "code": 409,
                                 "canAutoResume": False})
+        try:
+            await self.sandboxes.awake(box)
+        except (ConnectError, GuildsError) as exc:
+            raise Refused(502, {"sandboxId": box.id, "code": 502,
+                                "message": f"The sandbox could not be resumed: {exc}"}) from None
         return box
 
     async def _link(self, box: E2BSandbox, port: int) -> PortLink:

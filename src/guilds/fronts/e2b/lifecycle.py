@@ -7,8 +7,10 @@ its timeout, as by ``POST /sandboxes/{id}/pause`` (its commands ended, its files
 kept), not killed; a connect resumes it. No sandbox here keeps the memory of its
 processes: a resumed sandbox has no running command, whichever ``autoPauseMemory``
 says; false makes the pause filesystem-only, as ``pause(keep_memory=False)``.
-``autoResume`` is accepted and kept; a paused sandbox is resumed by a connect (its
-traffic reaches no port of it: no sandbox URL is served).
+A paused sandbox is resumed by a connect; with ``autoResume`` enabled, also by the next
+request that reaches it (its process or file API, or one of its ports: ``Sandboxes.awake``),
+with a fresh timeout of its create's (``resume_seconds``), as E2B's. Its ``/health`` wakes
+nothing: it answers that the sandbox is paused.
 """
 
 from __future__ import annotations
@@ -27,10 +29,13 @@ class Lifecycle:
     auto_resume: bool = False
     keep_memory: bool = True
     """False: the pause at its timeout is filesystem-only (``Sandboxes.pause``)."""
+    resume_seconds: int = 300
+    """The timeout an auto-resume gives it, from the resume: its create's."""
 
 
-def asked(body: dict[str, Any]) -> Lifecycle:
-    """The lifecycle a create body asks for; ``invalid_argument`` naming a field of the wrong type."""
+def asked(body: dict[str, Any], timeout: int) -> Lifecycle:
+    """The lifecycle a create body asks for, timeout its create's; ``invalid_argument`` naming a
+    field of the wrong type."""
     pause = _flag(body.get("autoPause"), "autoPause")
     memory = body.get("autoPauseMemory")
     _flag(memory, "autoPauseMemory")
@@ -38,7 +43,8 @@ def asked(body: dict[str, Any]) -> Lifecycle:
     if resume is not None and not (isinstance(resume, dict) and set(resume) <= {"enabled"}):
         raise ConnectError("invalid_argument", 'autoResume: an object {"enabled": true or false}')
     enabled = _flag((resume or {}).get("enabled"), "autoResume.enabled")
-    return Lifecycle(pause_at_timeout=pause, auto_resume=enabled, keep_memory=memory is not False)
+    return Lifecycle(pause_at_timeout=pause, auto_resume=enabled, keep_memory=memory is not False,
+                     resume_seconds=timeout)
 
 
 def _flag(value: Any, name: str) -> bool:

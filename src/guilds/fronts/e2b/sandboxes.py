@@ -407,6 +407,12 @@ class Sandboxes:
                 await self.set_timeout(box, timeout)  # a connect never shortens a running sandbox's life
             return was_paused
 
+    async def awake(self, box: E2BSandbox) -> None:
+        """A request reaches box: paused, and its create asked for auto-resume, it is resumed
+        first, with a fresh timeout of its create's (E2B's); otherwise it stays as it is."""
+        if box.state == PAUSED and box.lifecycle.auto_resume:
+            await self.resume(box, box.lifecycle.resume_seconds)
+
     def _still_there(self, box: E2BSandbox) -> None:
         """not_found for a sandbox killed while a change waited for its turn."""
         if box.id not in self._all:
