@@ -96,7 +96,7 @@ def test_without_auto_resume_a_request_leaves_it_paused(env):
     box = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": False})
     try:
         assert _paused_within(box, 20)
-        with pytest.raises(Exception):  # noqa: B017,PT011 (the SDK's own error for a paused sandbox)
+        with pytest.raises(Exception):  # noqa: B017 (the SDK's own error for a paused sandbox)
             box.commands.run("true", request_timeout=10)
         port = httpx.get(env.url, headers={"Host": box.get_host(8000)}, timeout=30)
         assert port.status_code == 409 and port.json()["canAutoResume"] is False
