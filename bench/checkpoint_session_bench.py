@@ -64,6 +64,24 @@ SESSION = (
     "git show --stat HEAD | tail -2; ls work",
 )
 """The session's commands, in order: what an agent runs on a small task in a repository."""
+LABELS = (
+    'git status and git log',
+    'rg for a definition',
+    'sed -n: the first lines of a file',
+    'sed -i: a line put at the top of a file',
+    'a heredoc: a new module in a new folder',
+    'a heredoc: its unittest',
+    'the unittest run',
+    'git add and commit',
+    'sed -i: a line of the module changed, git diff',
+    'the unittest run again',
+    'a loop appending to three files, git diff',
+    'git commit -a, git diff HEAD~1',
+    'a heredoc: a README',
+    'git add and commit',
+    'git show, ls',
+)
+"""What each command of SESSION does, for the table."""
 
 OWN = """
 [agent]
@@ -154,9 +172,8 @@ def report(times: dict[str, list[list[float]]], files: int, size: int, rounds: i
         print(f"| {kind} | {off:.0f} | {on:.0f} | {on / off:.2f} | {(on - off) / len(SESSION):.1f} |")
     print("\n| command | " + " | ".join(PATHS) + " |")
     print("| --- |" + " ---: |" * len(PATHS))
-    for i, command in enumerate(SESSION):
-        short = command.splitlines()[0][:60].replace("|", "\\|")
-        print(f"| `{short}` | " + " | ".join(f"{per_command[name][i]:.1f}" for name in PATHS) + " |")
+    for i, label in enumerate(LABELS):
+        print(f"| {label} | " + " | ".join(f"{per_command[name][i]:.1f}" for name in PATHS) + " |")
 
 
 def main() -> None:

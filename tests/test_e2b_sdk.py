@@ -126,11 +126,12 @@ def test_the_sandbox_timeout_kills_it_and_its_commands(server, monkeypatch):
     for name, value in server.env().items():
         monkeypatch.setenv(name, value)
     marker = f"e2bend{secrets.token_hex(4)}"
-    box = Sandbox.create(timeout=3, metadata={"marker": marker})
+    box = Sandbox.create(timeout=120, metadata={"marker": marker})
     box.commands.run(f"bash -c 'sleep 300; echo {marker}'", background=True, timeout=0)
     assert [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(metadata={"marker": marker})).next_items()] \
         == [box.sandbox_id]
     assert box.get_info().metadata == {"marker": marker}
+    box.set_timeout(2)  # its end now near (set once its command runs: a loaded machine's create is slow)
     deadline = time.monotonic() + 20
     while box.sandbox_id in [s.sandbox_id for s in Sandbox.list().next_items()] and time.monotonic() < deadline:
         time.sleep(0.3)

@@ -402,7 +402,8 @@ async def test_the_resident_helper_over_pods_exec(tmp_path, built_helper, server
 async def test_the_sandbox_opens_its_process_over_pods_exec(tmp_path, built_helper, server_protocols, kill_execs):
     """KubernetesSandbox.open_process end to end: the pod read (running, same fingerprint),
     the exec websocket under a shell that, once the helper's stdin ends and it exits, ends
-    what is left with its token; closing waits for that (v5), or makes a kill exec (v4)."""
+    what is left with its token; closing waits for that (v5), or makes a kill exec (v4). A
+    background command carries no token: it outlives the exec, as it outlives its server."""
     import sys
 
     from guilds.toolbox.resident_channel import ResidentChannel
@@ -443,8 +444,10 @@ async def test_the_sandbox_opens_its_process_over_pods_exec(tmp_path, built_help
         kills = [s for s in server.seen if s["path"].endswith("/exec")][1:]
         assert len(kills) == kill_execs
         assert await asyncio.to_thread(server.procs[0].wait, 10) == 0
-        assert await _seen(mark, running=False)  # the background command carried the token: ended with its channel
+        await asyncio.sleep(0.5)
+        assert await _seen(mark, running=True)  # a background command is the sandbox's: it outlives the exec
     finally:
+        subprocess.run(["pkill", "-f", f"^{mark}$"], check=False)
         api.close()
         server.close()
 
