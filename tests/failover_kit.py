@@ -30,6 +30,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -54,8 +55,10 @@ class Call:
     key: str = field(default_factory=lambda: uuid.uuid4().hex)
     attempts: int = 0
     broken_at: float | None = None
-    """time.monotonic() of its first broken attempt."""
+    """time.time() of its first broken attempt (the replicas' clock: the same node's)."""
     answered_at: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    """The answer's ``_meta["guilds/meta"]``."""
     given: dict[str, Any] | None = None
     """Its arguments, when not a token's command (a reading call)."""
     text: str = ""
@@ -74,9 +77,25 @@ class Call:
         return self.is_error and LOST_MARK in self.text
 
     @property
+    def in_flight(self) -> bool:
+        """Its connection broke while a replica ran it (the call began before the break), not
+        before it reached one (a connection to a replica already dead)."""
+        started = self.meta.get("started_at")
+        return self.broken_at is not None and isinstance(started, str) and \
+            datetime.fromisoformat(started).timestamp() < self.broken_at
+
+    @property
     def failover(self) -> float | None:
-        """Seconds from its first broken attempt to its answer, for a call that had one."""
-        return None if self.broken_at is None or self.answered_at is None else self.answered_at - self.broken_at
+        """Seconds from its first broken attempt to its answer, for a call in flight then."""
+        return self.answered_at - self.broken_at if self.in_flight and self.answered_at and self.broken_at else None
+
+    @property
+    def rerouted(self) -> float | None:
+        """Seconds from its first broken attempt to its start on a replica, for a call whose
+        first attempts reached none."""
+        if self.broken_at is None or self.in_flight or not self.answered_at:
+            return None
+        return self.answered_at - self.broken_at - self.meta.get("duration_ms", 0) / 1000
 
     def arguments(self) -> dict[str, Any]:
         if self.given is not None:
@@ -115,7 +134,7 @@ async def make_calls(url: str, token: str, calls: list[Call], give_up_at: float)
             if done == len(calls):
                 break
             call = calls[done]
-            call.broken_at = call.broken_at or time.monotonic()
+            call.broken_at = call.broken_at or time.time()
             if time.monotonic() > give_up_at:
                 raise
             await asyncio.sleep(RETRY_PAUSE_SECONDS)
@@ -125,7 +144,8 @@ async def make_calls(url: str, token: str, calls: list[Call], give_up_at: float)
 async def _answered(client: Client, call: Call) -> None:
     call.attempts += 1
     result = await client.call_tool("shell", call.arguments(), meta={CALL_KEY: call.key, RUN_KEY: call.run})
-    call.answered_at = time.monotonic()
+    call.answered_at = time.time()
+    call.meta = (result.meta or {}).get("guilds/meta", {})
     call.text = "".join(getattr(block, "text", "") for block in result.content)
     call.is_error = bool(result.is_error)
 
@@ -241,20 +261,26 @@ class Counts:
     """Calls the record holds otherwise than their answer says."""
     broken: int
     failovers: list[float]
+    """Of the calls in flight on a replica that died: their first broken attempt to their answer."""
+    rerouted: list[float]
+    """Of the calls whose first attempts reached no replica: their first broken attempt to their start."""
     kills: int
 
-    def percentile(self, q: float) -> float:
-        ordered = sorted(self.failovers)
+    @staticmethod
+    def percentile(values: list[float], q: float) -> float:
+        ordered = sorted(values)
         return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
 
     def lines(self) -> list[str]:
         made = (f"calls made {self.made}, answered {self.answered}, lost errors {self.lost}, other errors "
                 f"{len(self.errors)}, run twice {len(self.ran_twice)}, answered but not run {len(self.not_run)}, "
                 f"recorded otherwise {len(self.wrong_status)}")
-        fail = (f"replicas killed {self.kills}; calls with a broken connection {self.broken}; failover "
-                f"(broken connection to answer) p50 {self.percentile(0.5):.3f} s, p99 {self.percentile(0.99):.3f} s, "
-                f"max {max(self.failovers, default=0):.3f} s, mean {statistics.fmean(self.failovers or [0]):.3f} s")
+        fail = (f"replicas killed {self.kills}; calls with a broken connection {self.broken}: "
+                f"{len(self.failovers)} in flight on the replica that died, failover (broken connection to answer) "
+                f"{_spread(self.failovers)}; {len(self.rerouted)} that reached no replica first, to their start "
+                f"elsewhere {_spread(self.rerouted)}")
         return [made, fail]
+
 
 
 async def check(deployment: deploy_kit.Deployment, calls: list[Call], killer: Killer) -> Counts:
@@ -268,7 +294,13 @@ async def check(deployment: deploy_kit.Deployment, calls: list[Call], killer: Ki
     return Counts(made=len(calls), answered=sum(not c.is_error for c in calls), lost=sum(c.lost for c in calls),
                   errors=errors, ran_twice=ran_twice, not_run=not_run, wrong_status=wrong,
                   broken=sum(c.broken_at is not None for c in calls),
-                  failovers=[f for c in calls if (f := c.failover) is not None], kills=len(killer.kills))
+                  failovers=[f for c in calls if (f := c.failover) is not None],
+                  rerouted=[r for c in calls if (r := c.rerouted) is not None], kills=len(killer.kills))
+
+
+def _spread(values: list[float]) -> str:
+    return (f"p50 {Counts.percentile(values, 0.5):.3f} s, p99 {Counts.percentile(values, 0.99):.3f} s, "
+            f"max {max(values, default=0):.3f} s, mean {statistics.fmean(values or [0]):.3f} s")
 
 
 def _status_of(call: Call) -> tuple[str, bool]:
