@@ -80,9 +80,11 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--sandbox-cpu", default="1", help="the sandbox's CPU (requests and limits; default 1)")
     args = parser.parse_args()
     rows = ["| replicas | calls/s | median | p95 |", "| ---: | ---: | ---: | ---: |"]
-    with tempfile.TemporaryDirectory() as tmp, deploy_kit.deployed(Path(tmp), replicas=max(args.replicas)) as d:
+    with tempfile.TemporaryDirectory() as tmp, \
+            deploy_kit.deployed(Path(tmp), replicas=max(args.replicas), sandbox_cpu=args.sandbox_cpu) as d:
         before = load()
         for replicas in args.replicas:
             d.scale(replicas)

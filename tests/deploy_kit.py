@@ -171,10 +171,10 @@ def images() -> tuple[str, str]:
     return serve, sandbox
 
 
-def settings_toml(sandbox_image: str) -> str:
+def settings_toml(sandbox_image: str, sandbox_cpu: str = "200m") -> str:
     return (f'[agent]\nid = "serve"\nhome = "/home/agent"\nsandbox = "kubernetes"\n\n'
             f'[kubernetes]\nnamespace = "{NAMESPACE}"\nimage = "{sandbox_image}"\nmode = "claim"\nwarm = 1\n'
-            'cpu = "200m"\nmemory = "256Mi"\nhome_size = "1Gi"\n')
+            f'cpu = "{sandbox_cpu}"\nmemory = "256Mi"\nhome_size = "1Gi"\n')
 
 
 def overlay(folder: Path, image: str, settings: str, api_port: int, replicas: int = 2) -> Path:
@@ -258,11 +258,12 @@ def _logs() -> str:
 
 
 @contextlib.contextmanager
-def deployed(tmp: Path, replicas: int = 2) -> Iterator[Deployment]:
-    """deploy/kubernetes in NAMESPACE with this many replicas, behind a ServiceRoute, for the block's life."""
+def deployed(tmp: Path, replicas: int = 2, sandbox_cpu: str = "200m") -> Iterator[Deployment]:
+    """deploy/kubernetes in NAMESPACE with this many replicas, behind a ServiceRoute, for the block's
+    life; sandbox_cpu: the agents' sandboxes' CPU (requests and limits)."""
     base_url = os.environ["GUILDS_TEST_POSTGRES_URL"]
     server, _, name = base_url.rpartition("/")
-    own = f"{name}_deploy"
+    own = f"{name}_{NAMESPACE.replace('-', '_')}"  # its own, as the namespace: runs at once keep apart
     asyncio.run(_admin_sql(base_url, f'DROP DATABASE IF EXISTS "{own}" WITH (FORCE)'))
     asyncio.run(_admin_sql(base_url, f'CREATE DATABASE "{own}"'))
     pg_host, _, pg_port = server.rpartition("@")[2].partition(":")
@@ -277,7 +278,7 @@ def deployed(tmp: Path, replicas: int = 2) -> Iterator[Deployment]:
         kubectl("create", "secret", "generic", "guilds-serve", f"--from-literal=token={token}",
                 f"--from-literal=database-url={in_cluster_url}")
         serve, sandbox = images()
-        settings = settings_toml(sandbox)
+        settings = settings_toml(sandbox, sandbox_cpu)
         kubectl("apply", "-k", str(overlay(tmp, serve, settings, relays[0].port, replicas)))
         try:
             rollout()

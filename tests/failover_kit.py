@@ -54,6 +54,8 @@ class Call:
     n: int
     key: str = field(default_factory=lambda: uuid.uuid4().hex)
     attempts: int = 0
+    sent_at: float | None = None
+    """time.time() of its first attempt."""
     broken_at: float | None = None
     """time.time() of its first broken attempt (the replicas' clock: the same node's)."""
     answered_at: float | None = None
@@ -143,6 +145,7 @@ async def make_calls(url: str, token: str, calls: list[Call], give_up_at: float)
 
 async def _answered(client: Client, call: Call) -> None:
     call.attempts += 1
+    call.sent_at = call.sent_at or time.time()
     result = await client.call_tool("shell", call.arguments(), meta={CALL_KEY: call.key, RUN_KEY: call.run})
     call.answered_at = time.time()
     call.meta = (result.meta or {}).get("guilds/meta", {})
@@ -264,6 +267,8 @@ class Counts:
     """Of the calls in flight on a replica that died: their first broken attempt to their answer."""
     rerouted: list[float]
     """Of the calls whose first attempts reached no replica: their first broken attempt to their start."""
+    quick: list[float]
+    """Of the quick calls no break touched: their time, the replicas' load."""
     kills: int
 
     @staticmethod
@@ -279,7 +284,7 @@ class Counts:
                 f"{len(self.failovers)} in flight on the replica that died, failover (broken connection to answer) "
                 f"{_spread(self.failovers)}; {len(self.rerouted)} that reached no replica first, to their start "
                 f"elsewhere {_spread(self.rerouted)}")
-        return [made, fail]
+        return [made, fail, f"the {len(self.quick)} quick calls no break touched, each: {_spread(self.quick)}"]
 
 
 
@@ -295,7 +300,9 @@ async def check(deployment: deploy_kit.Deployment, calls: list[Call], killer: Ki
                   errors=errors, ran_twice=ran_twice, not_run=not_run, wrong_status=wrong,
                   broken=sum(c.broken_at is not None for c in calls),
                   failovers=[f for c in calls if (f := c.failover) is not None],
-                  rerouted=[r for c in calls if (r := c.rerouted) is not None], kills=len(killer.kills))
+                  rerouted=[r for c in calls if (r := c.rerouted) is not None], kills=len(killer.kills),
+                  quick=[c.answered_at - c.sent_at for c in calls
+                         if c.kind == "quick" and c.broken_at is None and c.answered_at and c.sent_at])
 
 
 def _spread(values: list[float]) -> str:
