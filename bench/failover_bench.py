@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--every", type=float, default=10.0)
-    parser.add_argument("--sandbox-cpu", default="1", help="the sandbox's CPU (requests and limits; default 1)")
+    parser.add_argument("--sandbox-cpu", default="200m", help="the sandbox's CPU (requests and limits)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, \
             deploy_kit.deployed(Path(tmp), replicas=3, sandbox_cpu=args.sandbox_cpu) as deployment:

@@ -56,6 +56,8 @@ class Call:
     attempts: int = 0
     sent_at: float | None = None
     """time.time() of its first attempt."""
+    tries: list[float] = field(default_factory=list)
+    """time.time() of each attempt's start, and of each break."""
     broken_at: float | None = None
     """time.time() of its first broken attempt (the replicas' clock: the same node's)."""
     answered_at: float | None = None
@@ -113,22 +115,24 @@ class Call:
 
 
 @contextlib.asynccontextmanager
-async def connected(url: str, token: str) -> AsyncIterator[Client]:
+async def connected(url: str, token: str, mode: str = "auto") -> AsyncIterator[Client]:
     """An MCP SDK client on url's endpoint (a connection of its own: the Service's next replica).
-    A broken connection cancels the block and is raised at its end, an ExceptionGroup."""
+    A broken connection cancels the block and is raised at its end, an ExceptionGroup.
+    mode: the SDK's (a protocol version already negotiated: no discovery round trip)."""
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30) as http, \
-            Client(streamable_http_client(f"{url}/mcp", http_client=http),
+            Client(streamable_http_client(f"{url}/mcp", http_client=http), mode=mode,
                    read_timeout_seconds=READ_TIMEOUT_SECONDS) as client:
         yield client
 
 
 async def make_calls(url: str, token: str, calls: list[Call], give_up_at: float) -> list[Call]:
-    """The calls in order on one client, a new one after a break, a broken call sent again
-    with its key until it is answered."""
-    done = 0
+    """The calls in order on one client, a new one after a break (pinned to the protocol
+    version the first negotiated), a broken call sent again with its key until it is answered."""
+    done, mode = 0, "auto"
     while done < len(calls):
         try:
-            async with connected(url, token) as client:
+            async with connected(url, token, mode) as client:
+                mode = client.protocol_version or mode
                 while done < len(calls):
                     await _answered(client, calls[done])
                     done += 1
@@ -137,6 +141,7 @@ async def make_calls(url: str, token: str, calls: list[Call], give_up_at: float)
                 break
             call = calls[done]
             call.broken_at = call.broken_at or time.time()
+            call.tries.append(-time.time())
             if time.monotonic() > give_up_at:
                 raise
             await asyncio.sleep(RETRY_PAUSE_SECONDS)
@@ -146,6 +151,7 @@ async def make_calls(url: str, token: str, calls: list[Call], give_up_at: float)
 async def _answered(client: Client, call: Call) -> None:
     call.attempts += 1
     call.sent_at = call.sent_at or time.time()
+    call.tries.append(time.time())
     result = await client.call_tool("shell", call.arguments(), meta={CALL_KEY: call.key, RUN_KEY: call.run})
     call.answered_at = time.time()
     call.meta = (result.meta or {}).get("guilds/meta", {})
