@@ -1,8 +1,8 @@
 """Calls a second through the Service with 1, 2 and 3 replicas of ``guilds serve`` on
 the test cluster (tests/deploy_kit.py): --clients MCP SDK clients at once (64), each on
-connections of its own (the Service hands each to the next replica) and a run of its
-own, calling ``shell`` ``true`` one after another for --seconds, after one call each
-to warm up. All the calls go to the servers' one agent and its one sandbox pod.
+connections of its own (the Service hands each to the next replica), its calls in one
+of 8 runs, calling ``shell`` ``true`` one after another for --seconds, after one call
+each to warm up. All the calls go to the servers' one agent and its one sandbox pod.
 
     python bench/deploy_bench.py [--clients 64] [--seconds 20] [--replicas 1 2 3]
 
@@ -29,6 +29,12 @@ from failover_bench import load  # noqa: E402
 import deploy_kit  # noqa: E402 - the tests' kit, beside this bench
 from failover_kit import RUN_KEY, connected  # noqa: E402
 
+RUNS = 8
+"""The clients' runs, each client's calls in one of them (the sandbox keeps the folders of
+its last limits.RUNS_KEPT runs: more at once than that lose theirs)."""
+READ_TIMEOUT_SECONDS = 600
+"""64 first calls at once on a loaded machine may take minutes: the warm-up is not timed."""
+
 
 class Round:
     """The clients' shared clock: warmed up, then started, until stop_at."""
@@ -41,10 +47,9 @@ class Round:
         self.latencies: list[float] = []
 
 
-async def client_loop(deployment: deploy_kit.Deployment, round_: Round) -> int:
+async def client_loop(deployment: deploy_kit.Deployment, round_: Round, run: str) -> int:
     """One client: a warm-up call, then `shell true` until the round's end; the calls answered in it."""
-    run = f"mcp-rate-{uuid.uuid4().hex[:10]}"
-    async with connected(deployment.route.url, deployment.token) as client:
+    async with connected(deployment.route.url, deployment.token, read_timeout=READ_TIMEOUT_SECONDS) as client:
         await client.call_tool("shell", {"command": "true"}, meta={RUN_KEY: run})
         round_.warm += 1
         if round_.warm == round_.clients:
@@ -64,7 +69,8 @@ async def client_loop(deployment: deploy_kit.Deployment, round_: Round) -> int:
 async def rate(deployment: deploy_kit.Deployment, clients: int, seconds: float) -> tuple[float, float, float]:
     """(calls a second, median latency, p95 latency) of clients at once for seconds."""
     round_ = Round(clients)
-    loops = [asyncio.ensure_future(client_loop(deployment, round_)) for _ in range(clients)]
+    runs = [f"mcp-rate-{uuid.uuid4().hex[:10]}" for _ in range(RUNS)]
+    loops = [asyncio.ensure_future(client_loop(deployment, round_, runs[n % RUNS])) for n in range(clients)]
     warmed = asyncio.ensure_future(round_.warmed.wait())
     await asyncio.wait([warmed, *loops], return_when=asyncio.FIRST_COMPLETED)  # a client that failed: at once
     warmed.cancel()

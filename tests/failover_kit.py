@@ -115,13 +115,14 @@ class Call:
 
 
 @contextlib.asynccontextmanager
-async def connected(url: str, token: str, mode: str = "auto") -> AsyncIterator[Client]:
+async def connected(url: str, token: str, mode: str = "auto",
+                    read_timeout: float = READ_TIMEOUT_SECONDS) -> AsyncIterator[Client]:
     """An MCP SDK client on url's endpoint (a connection of its own: the Service's next replica).
     A broken connection cancels the block and is raised at its end, an ExceptionGroup.
     mode: the SDK's (a protocol version already negotiated: no discovery round trip)."""
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30) as http, \
             Client(streamable_http_client(f"{url}/mcp", http_client=http), mode=mode,
-                   read_timeout_seconds=READ_TIMEOUT_SECONDS) as client:
+                   read_timeout_seconds=read_timeout) as client:
         yield client
 
 
@@ -166,8 +167,9 @@ async def agent(url: str, token: str, run: str, calls: int, give_up_at: float) -
 
 
 class Killer:
-    """Every ``every`` seconds, SIGKILL the serve process of the next ready replica (from the
-    host), while at least ``keep`` replicas are ready; ``kills`` holds (time.monotonic(), pod)."""
+    """Every ``every`` seconds (the first after half of it), SIGKILL the serve process of the next
+    ready replica (from the host), while at least ``keep`` replicas are ready; ``kills`` holds
+    (time.monotonic(), pod)."""
 
     def __init__(self, deployment: deploy_kit.Deployment, every: float, keep: int = 2):
         self.deployment, self.every, self.keep = deployment, every, keep
@@ -186,7 +188,9 @@ class Killer:
         self._thread.join(60)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every):
+        wait = self.every / 2  # the first half a period in: a short storm sees one too
+        while not self._stop.wait(wait):
+            wait = self.every
             with contextlib.suppress(Exception):  # a kubectl hiccup: the next turn tries again
                 self._kill_one()
 

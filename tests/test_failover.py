@@ -39,7 +39,7 @@ def test_calls_through_the_service_end_once_while_replicas_are_killed(deployment
 
     counts = asyncio.run(storm_and_check())
     print("\n".join(counts.lines()))
-    assert counts.kills >= 2 and counts.broken >= 1, counts.lines()
+    assert counts.kills >= 1 and counts.broken >= 1, counts.lines()
     assert counts.made == RUNS * CALLS and counts.answered + counts.lost == counts.made
     assert counts.errors == [] and counts.ran_twice == [] and counts.not_run == []
     assert counts.wrong_status == []
