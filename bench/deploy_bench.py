@@ -1,8 +1,9 @@
 """Calls a second through the Service with 1, 2 and 3 replicas of ``guilds serve`` on
 the test cluster (tests/deploy_kit.py): --clients MCP SDK clients at once (64), each on
 connections of its own (the Service hands each to the next replica), its calls in one
-of 8 runs, calling ``shell`` ``true`` one after another for --seconds, after one call
-each to warm up. All the calls go to the servers' one agent and its one sandbox pod.
+of 16 runs (a run takes 200 calls, ``max_tool_calls``), calling ``shell`` ``true`` one
+after another for --seconds, after one call each to warm up. All the calls go to the
+servers' one agent and its one sandbox pod (--sandbox-cpu, 1 CPU by default).
 
     python bench/deploy_bench.py [--clients 64] [--seconds 20] [--replicas 1 2 3]
 
@@ -29,9 +30,9 @@ from failover_bench import load  # noqa: E402
 import deploy_kit  # noqa: E402 - the tests' kit, beside this bench
 from failover_kit import RUN_KEY, connected  # noqa: E402
 
-RUNS = 8
-"""The clients' runs, each client's calls in one of them (the sandbox keeps the folders of
-its last limits.RUNS_KEPT runs: more at once than that lose theirs)."""
+RUNS = 16
+"""The clients' runs, each client's calls in one of them: a run takes max_tool_calls (200),
+and the sandbox keeps the folders of its last RUNS_KEPT (20) runs only."""
 READ_TIMEOUT_SECONDS = 600
 """64 first calls at once on a loaded machine may take minutes: the warm-up is not timed."""
 
