@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 
 import pytest
@@ -96,6 +97,50 @@ def test_new_run_prunes_to_the_most_recent(req, tmp_path):
     assert kept[0] == "old04"
     assert "run1" in os.listdir(runs) and os.path.islink(os.path.join(runs, "alink"))
     assert (outside / "precious").exists()
+
+
+def test_a_folder_a_call_holds_is_not_pruned_however_many_runs_follow(req):
+    """A call holds its run folder (a shared lock) while it runs: more than RUNS_KEPT newer
+    runs made meanwhile prune the others, never it; let go, the next prune takes it."""
+    first = runstate.run_dir(req)
+    held = runstate.hold(first)
+    assert held is not None
+    old = time.time() - 1000
+    os.utime(first, (old, old))
+    other = os.path.join(req.home, ".runs", "other")
+    os.mkdir(other)
+    os.utime(other, (old - 1, old - 1))
+    try:
+        for i in range(limits.RUNS_KEPT + 2):
+            req.run_id = f"later{i:02d}"
+            runstate.run_dir(req)
+        assert os.path.isdir(first) and not os.path.exists(other)
+    finally:
+        os.close(held)
+    req.run_id = "last"
+    runstate.run_dir(req)
+    assert not os.path.exists(first)
+
+
+def test_held_run_dir_makes_a_folder_pruned_before_its_hold_again(req, monkeypatch):
+    """A prune of another run that took the folder between run_dir and the lock: the call
+    gets it made anew, and holds that one."""
+    real_hold, holds = runstate.hold, []
+
+    def pruned_meanwhile(folder):
+        fd = real_hold(folder)
+        holds.append(folder)
+        if len(holds) == 1:
+            shutil.rmtree(folder)
+        return fd
+
+    monkeypatch.setattr(runstate, "hold", pruned_meanwhile)
+    folder, fd = runstate.held_run_dir(req, [])
+    try:
+        assert len(holds) == 2 and fd is not None
+        assert os.path.samestat(os.fstat(fd), os.stat(folder))
+    finally:
+        os.close(fd)
 
 
 def test_cwd_round_trip_and_fallbacks(req, tmp_path):

@@ -22,6 +22,7 @@ file goes) is never followed and never deleted: it is renamed beside itself to
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 
@@ -154,8 +155,58 @@ def log_path(request: protocol.Request, notes: Optional[List[str]] = None, keep_
     return os.path.join(_run_dir(request, [] if notes is None else notes, keep_also), f"{request.call_id}.log")
 
 
+def held_run_dir(request: protocol.Request, notes: List[str], keep_also: KeepAlso = None):
+    """``run_dir`` and ``hold`` of it: (the folder or None, the fd to close or None). A folder
+    pruned between the two (a prune of another run had it already) is made again."""
+    for _ in range(2):
+        folder = run_dir(request, notes, keep_also)
+        fd = hold(folder)
+        if fd is None or os.fstat(fd).st_nlink > 0:
+            return folder, fd
+        os.close(fd)
+    return folder, None
+
+
+def hold(folder: Optional[str]) -> Optional[int]:
+    """A shared lock on a run folder for as long as a call uses it (close the fd it gives to
+    let go; None when there is no folder to hold): ``prune_runs`` removes no folder a call
+    holds, however many newer runs there are."""
+    if folder is None:
+        return None
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _remove_unheld(path: str) -> None:
+    """path removed, unless a call holds it (``hold``): its exclusive lock kept while it goes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return
+    try:
+        import shutil  # only when there is something to prune
+
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        os.close(fd)
+
+
 def prune_runs(runs: str, keep: int, keep_also=None) -> None:
-    """Delete all but the `keep` most recent run folders (by mtime) in runs.
+    """Delete all but the `keep` most recent run folders (by mtime) in runs; a folder a
+    call holds (``hold``) stays.
 
     keep_also() gives the paths of other folders to keep; it is asked only when
     there is something to prune. Links and other non-folders are left alone;
@@ -172,12 +223,10 @@ def prune_runs(runs: str, keep: int, keep_also=None) -> None:
                 entries.append((st.st_mtime, entry.path))
     entries.sort(reverse=True)
     if len(entries) > keep:
-        import shutil  # only when there is something to prune
-
         kept = keep_also() if keep_also is not None else set()
         for _, path in entries[keep:]:
             if path not in kept:
-                shutil.rmtree(path, ignore_errors=True)
+                _remove_unheld(path)
 
 
 def current_cwd(request: protocol.Request) -> str:

@@ -90,7 +90,15 @@ def open_pwd_file(folder: str, call_id: str) -> Optional[int]:
 def run_foreground(request: protocol.Request) -> protocol.Reply:
     notes: List[str] = []  # state that could not be kept, one line each (runstate)
     cwd = runstate.current_cwd(request)
-    folder = runstate.run_dir(request, notes, keep_also=_running_run_dirs)
+    folder, held = runstate.held_run_dir(request, notes, keep_also=_running_run_dirs)
+    try:  # held: no prune of another run removes the folder while this call uses it
+        return _run_in(request, notes, cwd, folder)
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def _run_in(request: protocol.Request, notes: List[str], cwd: str, folder: Optional[str]) -> protocol.Reply:
     log = os.path.join(folder, f"{request.call_id}.log") if folder else None
     pwd_fd = open_pwd_file(folder, request.call_id) if folder else None
     try:
