@@ -48,7 +48,8 @@ def e2b_env(monkeypatch: pytest.MonkeyPatch, url: str, key: str) -> None:
 def test_the_replicas_are_up_behind_the_service_with_their_probes(deployment):
     pods = deployment.pods()
     assert len(pods) == 2 and all(p["status"]["phase"] == "Running" for p in pods)
-    assert len(deployment.route.endpoints) == 2
+    # a running pod joins the Service's endpoints once its readiness probe has passed
+    assert deploy_kit.wait_until(lambda: len(deployment.route.endpoints) == 2, 60), deployment.route.endpoints
     before = len(deployment.route.relay.connections)
     answers = [get(f"{deployment.route.url}/readyz") for _ in range(4)]
     assert answers == [(200, "ready\n")] * 4
