@@ -105,6 +105,23 @@ def test_without_auto_resume_a_request_leaves_it_paused(env):
         box.kill()
 
 
+def test_a_sandbox_made_from_a_snapshot_keeps_its_creates_lifecycle(env):
+    source = Sandbox.create(timeout=120)
+    try:
+        source.files.write("from.txt", "the snapshot's")
+        snapshot = source.create_snapshot()
+    finally:
+        source.kill()
+    made = Sandbox.create(snapshot.snapshot_id, timeout=4, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        assert _paused_within(made, 20)  # paused at its timeout, not killed
+        assert made.files.read("from.txt") == "the snapshot's"  # and woken by the read
+        assert made.get_info().state == SandboxState.RUNNING
+    finally:
+        made.kill()
+        Sandbox.delete_snapshot(snapshot.snapshot_id)
+
+
 def test_without_pause_the_timeout_still_kills(env):
     box = Sandbox.create(timeout=60, lifecycle={"on_timeout": "kill"})
     box.set_timeout(0)

@@ -158,9 +158,11 @@ class ControlPlane:
             if forks is None or snapshot is None:
                 continue
             named = snapshot.id if forks is self.forks else template
-            asked = Made(key_name, named, _timeout(body.get("timeout")), _metadata(body.get("metadata")),
+            timeout = _timeout(body.get("timeout"))
+            asked = Made(key_name, named, timeout, _metadata(body.get("metadata")),
                          _strings(body.get("envVars"), "envVars"),
                          network_options.asked(body, forks.settings_of(snapshot)), datetime.now(UTC),
+                         lifecycle=lifecycle.asked(body, timeout),
                          ingress=ingress_options.asked(body, shared=self.sandboxes.shared is not None))
             made = await forks.create_from(snapshot, asked)
             if forks is self.built:
