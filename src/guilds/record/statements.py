@@ -102,10 +102,14 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def utc_row(row: Mapping[Any, Any]) -> dict[str, Any]:
-    """An owners row, its heartbeat in UTC (SQLite hands it back naive)."""
-    beat = row["heartbeat_at"]
-    return {**row, "heartbeat_at": beat.replace(tzinfo=UTC) if beat.tzinfo is None else beat}
+def as_utc(moment: datetime) -> datetime:
+    """A moment of the record in UTC (SQLite hands it back naive; it was written in UTC)."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+
+
+def utc_row(row: Mapping[Any, Any], *columns: str) -> dict[str, Any]:
+    """A row, its moments in columns (an owners row's heartbeat by default) in UTC."""
+    return {**row, **{name: as_utc(row[name]) for name in columns or ("heartbeat_at",)}}
 
 
 def _lost(call: Any, now: datetime) -> dict[str, Any]:

@@ -37,7 +37,7 @@ import contextlib
 import dataclasses
 import random
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 import sqlalchemy as sa
@@ -187,13 +187,13 @@ class Store:
         found = await self._reading(lambda conn: conn.execute(query).mappings().first())
         if found is None:
             return None
-        return {**found, **{k: _utc(found[k]) for k in ("started_at", "end_at")}}
+        return utc_row(found, "started_at", "end_at")
 
     async def e2b_sandboxes_of(self, key_name: str) -> list[dict[str, Any]]:
         """The shared E2B sandboxes' rows of one key."""
         query = sa.select(e2b_sandboxes).where(e2b_sandboxes.c.key_name == key_name)
         found = await self._reading(lambda conn: conn.execute(query).mappings().all())
-        return [{**row, **{k: _utc(row[k]) for k in ("started_at", "end_at")}} for row in found]
+        return [utc_row(row, "started_at", "end_at") for row in found]
 
     async def update_e2b_sandbox(self, sandbox_id: str, **values: Any) -> None:
         change = sa.update(e2b_sandboxes).where(e2b_sandboxes.c.id == sandbox_id).values(**values)
@@ -210,7 +210,7 @@ class Store:
         def claim(conn: sa.Connection) -> dict[str, Any] | None:
             found = conn.execute(sa.select(e2b_create_keys).where(where)).mappings().first()
             if found is not None:
-                return {**found, "at": _utc(found["at"])}
+                return utc_row(found, "at")
             conn.execute(sa.insert(e2b_create_keys).values(row))
             return None
 
@@ -632,7 +632,3 @@ class Store:
                                                             or row["owner"] == self.owner.id)
         return task
 
-
-def _utc(moment: datetime) -> datetime:
-    """A moment in UTC (SQLite hands it back naive)."""
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
