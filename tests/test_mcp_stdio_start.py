@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import os
+import select
 import subprocess
 import sys
 from collections import deque
@@ -71,12 +72,48 @@ def sdk_loaded(pid: int) -> bool:
     return "pydantic_core" in Path(f"/proc/{pid}/maps").read_text()
 
 
-def start(tmp_path: Path, coding: bool = True) -> subprocess.Popen:
+SDK_GATE = """
+import os, runpy, sys, time
+gate = sys.argv.pop(1)
+class HoldTheSdk:
+    def find_spec(self, name, path=None, target=None):
+        while name == "pydantic_core" and not os.path.exists(gate):
+            time.sleep(0.002)
+        return None
+sys.meta_path.insert(0, HoldTheSdk())
+runpy.run_module("guilds.fronts.mcp_stdio", run_name="__main__", alter_sys=True)
+"""
+"""`python -m guilds.fronts.mcp_stdio` with the MCP SDK's load held until a file (its first
+argument) exists: an answer sent while it is held cannot have waited for the SDK."""
+
+
+def start(tmp_path: Path, coding: bool = True, hold_sdk: bool = True) -> subprocess.Popen:
+    """`guilds mcp` on fresh settings; unless hold_sdk is false, the SDK's load waits for
+    converse to let it go once the first answer is in."""
     settings = kit.write_settings(tmp_path, coding=coding)
     (tmp_path / "home").mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GUILDS_")}
-    return subprocess.Popen([sys.executable, "-m", "guilds.fronts.mcp_stdio", str(settings), str(tmp_path / "data")],
+    launch = ["-c", SDK_GATE, str(tmp_path / "sdk-gate")] if hold_sdk else ["-m", "guilds.fronts.mcp_stdio"]
+    return subprocess.Popen([sys.executable, *launch, str(settings), str(tmp_path / "data")],
                             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def first_answer(proc: subprocess.Popen) -> tuple[dict, bool]:
+    """The first answer, and whether the SDK was loaded when it came (for a process started
+    holding the SDK: false, and the SDK let go; an answer that needed it never comes)."""
+    assert proc.stdout
+    gate = Path(proc.args[3]) if proc.args[1] == "-c" else None  # type: ignore[index]
+    if gate is None:
+        answer = json.loads(proc.stdout.readline())
+        return answer, sdk_loaded(proc.pid)
+    ready, _, _ = select.select([proc.stdout], [], [], ANSWER_SECONDS)
+    if not ready:
+        proc.kill()
+        raise AssertionError("no answer while the SDK was held: the first answer waited for the SDK")
+    answer = json.loads(proc.stdout.readline())
+    loaded = sdk_loaded(proc.pid)
+    gate.touch()
+    return answer, loaded
 
 
 def converse(proc: subprocess.Popen, messages: list[dict], expect: int) -> tuple[list[dict], bool, str]:
@@ -86,9 +123,8 @@ def converse(proc: subprocess.Popen, messages: list[dict], expect: int) -> tuple
     with proc:
         proc.stdin.write(b"".join(json.dumps(m).encode() + b"\n" for m in messages))
         proc.stdin.flush()
-        answers = [json.loads(proc.stdout.readline())]
-        loaded_at_first = sdk_loaded(proc.pid)
-        answers += [json.loads(proc.stdout.readline()) for _ in range(expect - 1)]
+        answer, loaded_at_first = first_answer(proc)
+        answers = [answer, *(json.loads(proc.stdout.readline()) for _ in range(expect - 1))]
         proc.stdin.close()
         assert proc.wait(ANSWER_SECONDS) == 0
         assert proc.stdout.read() == b""  # nothing answered twice
@@ -173,7 +209,7 @@ def test_what_is_not_plainly_valid_is_left_to_the_sdk(case):
 
 def test_a_deferred_request_gets_the_sdks_answer_in_the_process(tmp_path):
     messages = [initialize("2025-06-18", clientInfo={"name": "raw"}), request(2, "tools/list")]
-    answers, loaded, stderr = converse(start(tmp_path), messages, 2)
+    answers, loaded, stderr = converse(start(tmp_path, hold_sdk=False), messages, 2)
     assert answers[0]["id"] == 1 and answers[0]["error"]["code"] == -32602  # the SDK's refusal
     assert answers[1]["id"] == 2 and "error" in answers[1]  # not initialized: the SDK says so too
     assert loaded and "differs" not in stderr
