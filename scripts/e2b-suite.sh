@@ -8,7 +8,10 @@
 # 1. The pinned SDK and the suite's test tools into a venv of their own
 #    ($E2B_SUITE_VENV, default /tmp/guilds-e2b-suite-venv; a second run reuses it).
 # 2. `guilds serve --e2b` on a fresh data folder, its agent on $E2B_SUITE_BACKEND
-#    (default bwrap), and the suite run with the three variables it prints.
+#    (default bwrap), and the suite run with the variables it prints: by default over HTTPS
+#    by E2B's host names (E2B_DOMAIN=guilds.localhost:PORT, a certificate of a test authority
+#    of its own, SSL_CERT_FILE), which needs this machine's resolver to resolve *.localhost
+#    (libnss-myhostname) and openssl; E2B_SUITE_BY=urls: by E2B_API_URL and E2B_SANDBOX_URL.
 # 3. Each area's passed/total and every test that did not pass, with its reason
 #    (scripts/e2b_suite_count.py); fails when fewer pass than the floor
 #    ($E2B_SUITE_FLOOR, default FLOOR below).
@@ -22,6 +25,8 @@ PYTHON=${2:-$ROOT/.venv/bin/python}
 SDK_VERSION=2.45.1
 VENV=${E2B_SUITE_VENV:-/tmp/guilds-e2b-suite-venv}
 BACKEND=${E2B_SUITE_BACKEND:-bwrap}
+BY=${E2B_SUITE_BY:-domain}
+DOMAIN=guilds.localhost
 FLOOR=${E2B_SUITE_FLOOR:-320}  # the count on bwrap that a change may only raise (docs/e2b.md)
 read -r -a AREAS <<<"${E2B_SUITE_AREAS:-sync/sandbox_sync async/sandbox_async sync/api_sync async/api_async}"
 # E2B_SUITE_AREAS: other folders of the suite instead (the template builds':
@@ -37,6 +42,15 @@ cleanup() {
 }
 trap cleanup EXIT
 [ -f "$TESTS/conftest.py" ] && [ -d "$TESTS/sync/sandbox_sync" ] || fail "$TESTS is not E2B's packages/python-sdk/tests"
+case $BY in
+  domain)
+    getent hosts "probe.$DOMAIN" >/dev/null ||
+      fail "this machine does not resolve *.localhost names (install libnss-myhostname), or run with E2B_SUITE_BY=urls"
+    bash scripts/test-tls-cert.sh "$WORK/tls" "$DOMAIN"
+    SERVE_BY=(--tls-cert "$WORK/tls/server.pem" --tls-key "$WORK/tls/server.key" --e2b-domain "$DOMAIN") ;;
+  urls) SERVE_BY=() ;;
+  *) fail "E2B_SUITE_BY=$BY: domain or urls" ;;
+esac
 
 # --- 1. the pinned SDK -----------------------------------------------------------------
 if ! "$VENV/bin/python" -c "import e2b, importlib.metadata as m; assert m.version('e2b') == '$SDK_VERSION'" 2>/dev/null; then
@@ -61,7 +75,7 @@ mkdir -p "$WORK/home"
 printf '[agent]\nid = "e2bsuite%s"\nhome = "%s/home"\nsandbox = "%s"\nmax_tool_calls = 100000\n[agents]\nmax_per_owner = 40\n' \
   "$$" "$WORK" "$BACKEND" >"$WORK/agent.toml"
 GUILDS_DATA=$WORK/data "$PYTHON" -m guilds.fronts.cli serve --port 0 --config "$WORK/agent.toml" --e2b \
-  >/dev/null 2>"$WORK/serve.log" </dev/null &
+  "${SERVE_BY[@]}" >/dev/null 2>"$WORK/serve.log" </dev/null &
 SERVER=$!
 for _ in $(seq 600); do
   grep -q '^export E2B_API_KEY=' "$WORK/serve.log" && break
@@ -69,11 +83,12 @@ for _ in $(seq 600); do
   sleep 0.2
 done
 grep -q '^export E2B_API_KEY=' "$WORK/serve.log" || { cat "$WORK/serve.log" >&2; fail "guilds serve --e2b did not start"; }
+unset E2B_API_URL E2B_SANDBOX_URL E2B_DOMAIN E2B_DEBUG E2B_ACCESS_TOKEN
 eval "$(grep '^export E2B_' "$WORK/serve.log")"
-unset E2B_DOMAIN E2B_DEBUG E2B_ACCESS_TOKEN
+[ "$BY" = urls ] || export SSL_CERT_FILE=$WORK/tls/ca.pem
 
 # --- 3. the suite ----------------------------------------------------------------------
-echo "== E2B SDK $SDK_VERSION suite against guilds serve --e2b ($BACKEND)"
+echo "== E2B SDK $SDK_VERSION suite against guilds serve --e2b ($BACKEND, by $BY)"
 (cd "$TESTS/.." && PYTHONDONTWRITEBYTECODE=1 "$VENV/bin/python" -m pytest -c "$WORK/pytest.ini" \
   --rootdir "$TESTS/.." -p no:cacheprovider -q --junitxml "$WORK/results.xml" \
   "${AREAS[@]/#/$TESTS/}" >"$WORK/pytest.log" 2>&1) || true

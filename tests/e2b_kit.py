@@ -40,6 +40,10 @@ class E2BServer:
     log: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=LOG_LINES_KEPT))
     """Its last stderr lines (a line per call, uvicorn's): read on as it writes, so that its
     writes never fill the pipe and stop the server."""
+    printed: str = ""
+    """The lines it printed up to its E2B variables."""
+    domain: str | None = None
+    """E2B_DOMAIN when the server printed it (``--e2b-domain``) instead of the two URLs."""
 
     def rss_mb(self) -> float:
         """The server process's resident memory now, in MB."""
@@ -50,6 +54,8 @@ class E2BServer:
 
     def env(self, key: str | None = None) -> dict[str, str]:
         """The variables `guilds serve --e2b` printed, as an E2B program exports them."""
+        if self.domain is not None:
+            return {"E2B_DOMAIN": self.domain, "E2B_API_KEY": key or self.key}
         return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url, "E2B_API_KEY": key or self.key}
 
     def export(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -76,14 +82,17 @@ def _settings(folder: Path, backend: str, more: str, max_tool_calls: int = 1000)
 
 
 def _read_exports(proc: subprocess.Popen, timeout: float = 120) -> dict[str, str]:
-    """The variables the server printed (key "OTHER": the key named other); "printed": all its lines."""
+    """The variables the server printed (key "OTHER": the key named other); "printed": all its
+    lines, up to the last of them (the sandboxes' ports)."""
     found: dict[str, str] = {"printed": ""}
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and len(found) < 5:
+    while time.monotonic() < deadline:
         line = proc.stderr.readline()  # type: ignore[union-attr]
         if not line:
             break
         found["printed"] += line
+        if line.startswith("# a sandbox's port"):
+            break
         if line.startswith("# key other: export E2B_API_KEY="):
             found["OTHER"] = line.split("=", 1)[1].strip()
         elif line.startswith("export "):
@@ -108,9 +117,14 @@ def e2b_server(folder: Path, backend: str, settings: str = "", *, max_tool_calls
     reader: threading.Thread | None = None
     try:
         found = _read_exports(proc)
-        assert {"E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "OTHER"} <= found.keys(), found["printed"]
-        assert found["E2B_API_URL"] == found["E2B_SANDBOX_URL"]
-        server = E2BServer(proc, found["E2B_API_URL"], found["E2B_API_KEY"], found["OTHER"], data, proc.pid)
+        assert {"E2B_API_KEY", "OTHER"} <= found.keys(), found["printed"]
+        if "E2B_DOMAIN" in found:
+            url = f"https://api.{found['E2B_DOMAIN']}"
+        else:
+            assert found.get("E2B_API_URL") == found.get("E2B_SANDBOX_URL") is not None, found["printed"]
+            url = found["E2B_API_URL"]
+        server = E2BServer(proc, url, found["E2B_API_KEY"], found["OTHER"], data, proc.pid,
+                           printed=found["printed"], domain=found.get("E2B_DOMAIN"))
         reader = threading.Thread(target=server.log.extend, args=(proc.stderr,), daemon=True)
         reader.start()
         yield server

@@ -4,7 +4,8 @@
                 [--agent ID]
     guilds tools [--format anthropic|openai|openai-responses|mcp]
     guilds serve [--home DIR] [--port N] [--host H] [--allow-host NAME] [--no-token] [--sandbox NAME] [--config FILE]
-                 [--e2b [--e2b-key NAME] [--e2b-sleep-idle SECONDS] [--e2b-shared]]
+                 [--tls-cert FILE --tls-key FILE]
+                 [--e2b [--e2b-key NAME] [--e2b-sleep-idle SECONDS] [--e2b-shared] [--e2b-domain NAME[:PORT]]]
     guilds mcp [--home DIR] [--sandbox NAME] [--config FILE]
     guilds doctor [--config FILE] [--sandbox NAME]
     guilds serve image [--tag T] [--base B] [--rootfs TAR] [--no-install] [--extra NAME]
@@ -42,6 +43,7 @@ from guilds_code.limits import ENVD_SLEEP_IDLE_MAX_SECONDS, ENVD_SLEEP_IDLE_SECO
 from ..errors import BadInput, ConfigError, GuildsError
 
 if TYPE_CHECKING:
+    from .serve_options import E2BServing, Tls
     from .wiring import Wired
 
 SERVERS = ("serve", "mcp")
@@ -84,6 +86,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             server.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1")
             server.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                                 help="also answer this Host name (a name this machine is reached by)")
+            server.add_argument("--tls-cert", metavar="FILE",
+                                help="serve HTTPS with this certificate chain (PEM), with --tls-key")
+            server.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
             server.add_argument("--log-json", action="store_true",
                                 help="log lines (one a call, one a sandbox start) as JSON objects")
             server.add_argument("--no-token", action="store_true",
@@ -98,6 +103,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             server.add_argument("--e2b-shared", action="store_true",
                                 help="with --e2b: the sandboxes are in the run record, served by every server on "
                                      "it (replicas: docs/deploy.md)")
+            server.add_argument("--e2b-domain", metavar="NAME[:PORT]",
+                                help="with --e2b: E2B programs reach the server as E2B_DOMAIN (api.NAME, "
+                                     "<port>-<id>.NAME over HTTPS: --tls-cert or a TLS front)")
     doctor = sub.add_parser("doctor", help="what works on this machine and what does not, with the fix")
     settings_options(doctor)
     box = sub.add_parser("sandbox", help="the agents' sandboxes: image, list, stop, rm")
@@ -270,6 +278,21 @@ def _refuse_no_token_off_loopback(opts: argparse.Namespace) -> None:
         raise ConfigError("--e2b-sleep-idle: only with --e2b")
     if opts.e2b_shared and not opts.e2b:
         raise ConfigError("--e2b-shared: only with --e2b")
+    if opts.e2b_domain is not None and not opts.e2b:
+        raise ConfigError("--e2b-domain: only with --e2b")
+    if (opts.tls_cert is None) != (opts.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key: give both (the certificate and its private key) or neither")
+
+
+def _serve_options(opts: argparse.Namespace) -> tuple[Tls | None, E2BServing | None]:
+    """`guilds serve`'s HTTPS and E2B options, checked (ConfigError) before anything starts."""
+    from .serve_options import E2BServing, Tls, checked_domain
+
+    tls = None if opts.tls_cert is None else Tls.checked(opts.tls_cert, opts.tls_key)
+    e2b = None if not opts.e2b else E2BServing(
+        tuple(opts.e2b_key), opts.e2b_sleep_idle, opts.e2b_shared,
+        None if opts.e2b_domain is None else checked_domain(opts.e2b_domain))
+    return tls, e2b
 
 
 def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -277,8 +300,10 @@ def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
 
     first_run = opts.command == "serve" and _first_run(opts, env)
     wired = _wired(opts, env)
+    tls, e2b = None, None
     if opts.command == "serve":
         _refuse_no_token_off_loopback(opts)
+        tls, e2b = _serve_options(opts)
         print(starting_line(wired, first_run), file=sys.stderr, flush=True)
     gc.enable()  # a server lives long: collections as usual
     # Plain lines on stderr, whatever is installed: the MCP SDK would otherwise
@@ -296,10 +321,8 @@ def _run_server(opts: argparse.Namespace, env: Mapping[str, str]) -> int:
     from .serve import serve
 
     try:
-        e2b_keys = tuple(opts.e2b_key) if opts.e2b else None
         signum = asyncio.run(serve(wired, opts.host, opts.port, no_token=opts.no_token,
-                                   allow_hosts=tuple(opts.allow_host), e2b_keys=e2b_keys,
-                                   e2b_sleep_idle=opts.e2b_sleep_idle, e2b_shared=opts.e2b_shared))
+                                   allow_hosts=tuple(opts.allow_host), e2b=e2b, tls=tls))
     except KeyboardInterrupt:  # before the server held its stop signals: nothing opened yet
         return EXIT_OK
     if signum is not None:

@@ -65,6 +65,7 @@ from ..web.app import create_app
 from ..web.endpoint_lock import Lock, host_names, is_loopback, server_token
 from ..web.health import with_health
 from ..web.logs import HelperLogReader
+from .serve_options import E2BServing, Tls
 from .wiring import Wired, open_toolbox
 
 if TYPE_CHECKING:
@@ -126,15 +127,15 @@ def build_app(settings: AgentSettings, store: Store, toolbox: Toolbox, *, host: 
                       rewind=rewind, lifespan=_lifespan(mcp.lifespan, store, agents))
 
 
-def base_url(host: str, port: int) -> str:
-    """http://HOST:PORT as a client reaches the server (this machine's name for a wildcard bind)."""
+def base_url(host: str, port: int, tls: bool = False) -> str:
+    """http(s)://HOST:PORT as a client reaches the server (this machine's name for a wildcard bind)."""
     name = socket.gethostname() if host in ("0.0.0.0", "::") else host
-    return f"http://{'[' + name + ']' if ':' in name else name}:{port}"
+    return f"{'https' if tls else 'http'}://{'[' + name + ']' if ':' in name else name}:{port}"
 
 
-def served_urls(host: str, port: int, token: str | None) -> list[str]:
+def served_urls(host: str, port: int, token: str | None, tls: bool = False) -> list[str]:
     """The lines printed once the server listens: the app's URL with its one-time token, /mcp's."""
-    base = base_url(host, port)
+    base = base_url(host, port, tls)
     if token is None:
         return [f"guilds serve: the app at {base}/ and MCP at {base}/mcp (no token: loopback only)"]
     return [f"guilds serve: the app at {base}/?token={token}",
@@ -174,9 +175,9 @@ class Stopping:
 
 
 async def _run_server(server, host: str, lock: Lock, stopping: Stopping,
-                      more_lines: Callable[[str], list[str]] | None = None) -> None:
+                      more_lines: Callable[[str, int], list[str]] | None = None, tls: bool = False) -> None:
     """Run uvicorn until a stop signal (none when one came already); print the URLs once it
-    listens (and ``more_lines(base URL)``)."""
+    listens (and ``more_lines(base URL, port)``)."""
     stopping.server = server
     if stopping.signum is not None:
         return
@@ -185,9 +186,9 @@ async def _run_server(server, host: str, lock: Lock, stopping: Stopping,
         await asyncio.sleep(limits.SERVE_START_POLL_SECONDS)
     if server.started:
         port = server.servers[0].sockets[0].getsockname()[1]
-        lines = served_urls(host, port, lock.token)
+        lines = served_urls(host, port, lock.token, tls)
         if more_lines is not None:
-            lines += more_lines(base_url(host, port))
+            lines += more_lines(base_url(host, port, tls), port)
         print("\n".join(lines), file=sys.stderr, flush=True)
     await task
 
@@ -227,31 +228,31 @@ async def agents_reaped(wired: Wired, store: Store, metrics: Metrics | None = No
 
 
 async def serve(wired: Wired, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, no_token: bool = False,
-                allow_hosts: tuple[str, ...] = (), e2b_keys: tuple[str, ...] | None = None,
-                e2b_sleep_idle: int | None = None, e2b_shared: bool = False) -> int | None:
+                allow_hosts: tuple[str, ...] = (), e2b: E2BServing | None = None, tls: Tls | None = None) -> int | None:
     """Serve until a stop signal; ``wired`` from ``guilds.fronts.wiring.resolve``, as for every front.
     ``allow_hosts``: more Host names to answer (the names this machine is reached by);
-    ``e2b_keys``: serve the E2B API too (``guilds.fronts.e2b``), with these key names besides the default;
-    ``e2b_sleep_idle``: its sandboxes' process services sleep after this many idle seconds (None: the default);
-    ``e2b_shared``: its sandboxes are every server's on the same run record (replicas: docs/deploy.md).
+    ``e2b``: serve the E2B API too (``guilds.fronts.e2b``) with these options (``serve_options``);
+    ``tls``: serve HTTPS with this certificate and key.
     Returns the stop signal's number once everything it opened is closed (the reaper stopped,
     the resident helpers ended, the record closed and this process's entry in it removed)."""
     import uvicorn
 
-    lock = endpoint_lock(private_dir(wired.data_dir), host, no_token=no_token, allow_hosts=allow_hosts)
+    answered = allow_hosts if e2b is None else (*allow_hosts, *e2b.host_names())
+    lock = endpoint_lock(private_dir(wired.data_dir), host, no_token=no_token, allow_hosts=answered)
     metrics = Metrics(traces_from_env(wired.env))
     with Stopping().held() as stopping:
         async with open_toolbox(wired, metrics) as opened, helper_closed(opened) as toolbox, \
-                agents_reaped(wired, toolbox.store, metrics, user=None if e2b_keys is None else E2B_USER) as agents:
+                agents_reaped(wired, toolbox.store, metrics, user=None if e2b is None else E2B_USER) as agents:
             app = build_app(wired.settings, toolbox.store, toolbox, host=host, lock=lock, metrics=metrics,
                             agents=agents)
-            e2b = None
-            if e2b_keys is not None:
+            e2b_lines = None
+            if e2b is not None:
                 from .e2b import E2BFront  # the E2B front: imported only when served
 
-                e2b = E2BFront(agents, lock, e2b_keys, e2b_sleep_idle, shared=e2b_shared)
-                await e2b.sandboxes.remove_left()
-                app = e2b.wrap(app)  # type: ignore[assignment]
+                front = E2BFront(agents, lock, e2b.keys, e2b.sleep_idle, shared=e2b.shared)
+                await front.sandboxes.remove_left()
+                app = front.wrap(app)  # type: ignore[assignment]
+                e2b_lines = _e2b_lines(front, e2b, tls is not None)
             app = with_health(app, toolbox.store.answers, toolbox.store.owner.id)  # type: ignore[assignment]
             if address := wired.env.get(ADVERTISE_ENV):
                 await toolbox.store.advertise(address)
@@ -262,7 +263,12 @@ async def serve(wired: Wired, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
                 log.warning("serving on %s: whoever has the token runs commands as the agent and reads every "
                             "run; Host names answered: %s", host, ", ".join(lock.hosts))
             config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info",
-                                    timeout_graceful_shutdown=limits.SERVE_SHUTDOWN_GRACE_SECONDS)
-            await _run_server(uvicorn.Server(config), host, lock, stopping,
-                              None if e2b is None else e2b.export_lines)
+                                    timeout_graceful_shutdown=limits.SERVE_SHUTDOWN_GRACE_SECONDS,
+                                    **({} if tls is None else tls.uvicorn_options()))
+            await _run_server(uvicorn.Server(config), host, lock, stopping, e2b_lines, tls is not None)
     return stopping.signum
+
+
+def _e2b_lines(front, e2b: E2BServing, tls: bool) -> Callable[[str, int], list[str]]:
+    """The E2B front's printed lines once the server listens at (base URL, port)."""
+    return lambda base, port: front.export_lines(base, e2b.domain_at(port, tls))

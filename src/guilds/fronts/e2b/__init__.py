@@ -4,6 +4,7 @@
     front = E2BFront(agents, lock, key_names=("ci",))
     app = front.wrap(app)            # the E2B routes before the locked app
     front.export_lines(base_url)     # the E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL lines; the ports' domain
+    front.export_lines(base_url, "guilds.example:8443")  # E2B_DOMAIN instead of the URLs
     await front.close()              # every E2B sandbox killed (the wrapped app's shutdown does it)
 
 One server answers both APIs: the control plane (``control``: ``X-API-KEY``) and
@@ -151,14 +152,22 @@ class E2BFront:
 
         return receive_closing
 
-    def export_lines(self, base_url: str) -> list[str]:
-        """What ``guilds serve --e2b`` prints: the variables an E2B program needs, one key each."""
-        self.sandboxes.domain = domain_of(base_url)
-        lines = [f"export E2B_API_URL={base_url}", f"export E2B_SANDBOX_URL={base_url}"]
+    def export_lines(self, base_url: str, domain: str | None = None) -> list[str]:
+        """What ``guilds serve --e2b`` prints: the variables an E2B program needs, one key each:
+        the two URLs, or with a domain ``E2B_DOMAIN`` alone (the SDKs then reach ``api.<domain>``
+        and ``49983-<id>.<domain>`` over HTTPS)."""
+        if domain is None:
+            self.sandboxes.domain = domain_of(base_url)
+            lines = [f"export E2B_API_URL={base_url}", f"export E2B_SANDBOX_URL={base_url}"]
+            ports = f"http://<port>-<sandbox id>.{self.sandboxes.domain}/"
+        else:
+            self.sandboxes.domain = domain
+            lines = [f"export E2B_DOMAIN={domain}"]
+            ports = f"https://<port>-<sandbox id>.{domain}/"
         for name, key in self.keys.by_name.items():
             prefix = "" if name == "default" else f"# key {name}: "
             lines.append(f"{prefix}export E2B_API_KEY={key}")
-        lines.append(f"# a sandbox's port (get_host): http://<port>-<sandbox id>.{self.sandboxes.domain}/")
+        lines.append(f"# a sandbox's port (get_host): {ports}")
         return lines
 
     async def close(self) -> None:
