@@ -370,9 +370,14 @@ to start and say whether the port took the connection: past it, 502."""
 E2B_INGRESS_IDLE_SECONDS = 620.0
 """How long a request to a sandbox's port may wait for a byte of its server's answer (E2B's
 proxy idle time): past it the request ends (502 before the answer began)."""
+E2B_INGRESS_WS_MESSAGE_BYTES = 16 * 1024 * 1024
+"""The largest WebSocket message passed either way between a client and a sandbox's port (the
+server's own bound on a client's messages, uvicorn's ``ws_max_size``, is the same): past it
+both sides are closed with 1009."""
 E2B_INGRESS_MAX_PER_SANDBOX = 32
 """The most requests to one sandbox's ports served at once (each a relay process inside it and
-two threads here): past it, 429 with E2B's body, as E2B answers too many connections."""
+two threads here; a WebSocket counts while it is open): past it, 429 with E2B's body, as E2B
+answers too many connections."""
 AGENTS_PER_SERVER = 100
 """Default of ``agents.max``: the agents made on demand live at once on one server."""
 AGENTS_PER_OWNER = 10

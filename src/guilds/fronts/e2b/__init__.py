@@ -99,7 +99,7 @@ class E2BFront:
             if scope["type"] == "lifespan":
                 await app(scope, self._closing_first(receive), send)
                 return
-            if scope["type"] == "http" and await self._ingress(scope, receive, send):
+            if scope["type"] in ("http", "websocket") and await self._ingress(scope, receive, send):
                 return
             if scope["type"] != "http" or not is_e2b_path(scope["path"]):
                 await app(scope, receive, send)

@@ -24,7 +24,9 @@ one of the host's. Answers of E2B's proxy, JSON ``{"sandboxId", "message", ...}`
 - 400 for a port out of 1..65535 or a header form without the sandbox's id.
 
 The request goes in and its answer comes back streamed (``ingress_http``), one relay
-per request. Ingress requests are not calls of the sandbox's run.
+per request; a WebSocket is the upgrade made again to the port and its messages passed
+both ways (``ingress_ws``), on one relay while it is open. Ingress requests are not
+calls of the sandbox's run.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from ...limits import E2B_INGRESS_MAX_PER_SANDBOX
 from .connect import ConnectError
 from .ingress_http import TOKEN_HEADER, NotPassedOn, forward
 from .ingress_reach import PortClosed, PortLink, open_port
+from .ingress_ws import proxy, websocket_answers
 from .sandboxes import PAUSED, E2BSandbox, Sandboxes
 
 ENVD_PORT = 49983
@@ -119,6 +122,13 @@ class Ingress:
         """The requests under way, by sandbox id."""
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable, target: Target) -> None:
+        if scope["type"] == "websocket":
+            if (await receive())["type"] != "websocket.connect":
+                return  # the client went before its upgrade was read
+            send = websocket_answers(scope, send)
+        if target.port == ENVD_PORT and scope["type"] == "websocket":
+            await _answer(send, 400, {"message": "the in-sandbox API serves no WebSocket", "code": 400})
+            return
         if target.port == ENVD_PORT:
             headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"e2b-sandbox-id"]
             await self.in_sandbox({**scope, "headers": [*headers, (b"e2b-sandbox-id", target.sandbox_id.encode())]},
@@ -146,8 +156,12 @@ class Ingress:
         except Refused as refused:
             await _answer(send, refused.status, refused.body)
             return
+        host = box.ingress.host_for(target.port, target.host)
         try:
-            await forward(scope, receive, send, link, box.ingress.host_for(target.port, target.host))
+            if scope["type"] == "websocket":
+                await proxy(scope, receive, send, link, host)
+            else:
+                await forward(scope, receive, send, link, host)
         except PortClosed:
             await _answer(send, 502, _not_open(box.id, target.port))
         except NotPassedOn as exc:

@@ -8,7 +8,7 @@ read: its status and headers (less the hop-by-hop ones; the server frames the bo
 again), then its body, each piece as it arrives. An answer head past
 ``E2B_INGRESS_HEAD_BYTES``, a silence past ``E2B_INGRESS_IDLE_SECONDS``, or an end before
 a whole answer: PortClosed before the answer began, a reset after. A client gone ends
-the relay. WebSocket upgrades are not served: the upgrade headers are hop-by-hop.
+the relay. A WebSocket upgrade comes as a websocket scope, to ``ingress_ws``.
 """
 
 from __future__ import annotations
