@@ -350,3 +350,34 @@ async def test_a_restart_reports_a_running_task_lost_and_keeps_following_a_comma
     assert lost["status"] == "failed" and lost["statusMessage"].startswith("lost: the process running this call")
     assert lost["error"]["code"] == -32603
     assert followed["status"] == "completed" and "outlived" in followed["result"]["content"][0]["text"]
+
+
+async def test_tasks_are_read_and_cancelled_through_another_server_on_the_record(tmp_path, fake_path):
+    """Two servers on one run record (replicas): a code_task task and a command's task started
+    through the first are read through the second, and its tasks/cancel stops both: the command's
+    group at once, the call by the first server, which reads the ask from the record."""
+    repo = tmp_path / "home" / "repos" / "web"
+    repo.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    first, first_url = _serve(tmp_path, fake_path)
+    second, second_url = _serve(tmp_path, fake_path)
+    try:
+        starter, other = RawClient(first_url), RawClient(second_url)
+        task = await starter.call("code_task", {"brief": "fake: sleep 300.7272\nfake: say never"})
+        command = await starter.call("shell", {"command": "sleep 300.7373", "background": True})
+        assert task["resultType"] == "task" and command["resultType"] == "task"
+        assert await kit.wait_for(lambda: _with_marker("300.7272") and _with_marker("300.7373"), kit.START_SECONDS)
+        working = (await other.task("tasks/get", task["taskId"]))["result"]
+        assert working["status"] == "working" and working["statusMessage"].startswith("code_task: running for")
+        for each in (task, command):
+            assert (await other.task("tasks/cancel", each["taskId"]))["result"]["resultType"] == "complete"
+        cancelled = [await until_status(other, each["taskId"], {"cancelled"}) for each in (task, command)]
+        assert [c["status"] for c in cancelled] == ["cancelled", "cancelled"]
+        assert await kit.wait_for(lambda: not _with_marker("300.7272") and not _with_marker("300.7373"),
+                                  kit.SETTLE_SECONDS)
+        assert (await starter.task("tasks/get", task["taskId"]))["result"]["status"] == "cancelled"
+    finally:
+        for proc in (first, second):
+            proc.terminate()
+            proc.wait(20)
+            proc.stderr.close()

@@ -195,14 +195,16 @@ async def test_an_older_record_gets_its_runs_totals_once(tmp_path, backend, monk
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-async def test_an_older_records_tasks_get_the_starting_call_column_empty(tmp_path, backend):
-    """Tasks made before a command's task kept the call that started it: the column is added,
-    empty (such a task reads its command ended), once; new tasks keep it."""
+async def test_an_older_records_tasks_get_the_starting_call_and_cancel_columns_empty(tmp_path, backend):
+    """Tasks made before a command's task kept the call that started it, and before a cancel
+    could be asked through another server: the columns are added, empty (such a task reads its
+    command ended, and no cancel asked), once; new tasks keep them."""
     url = _url(backend, tmp_path)
     old, t0 = sa.MetaData(), datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
     for table in (runs, calls, tasks):
         table.to_metadata(old)
     old.tables["tasks"]._columns.remove(old.tables["tasks"].c.background_call)
+    old.tables["tasks"]._columns.remove(old.tables["tasks"].c.cancel_asked)
     row = {"id": "task-old", "run_id": "r1", "agent_id": "a1", "tool": "shell", "background_id": "b1",
            "principal": "", "status": "working", "status_message": "started b1", "result": None,
            "created_at": t0, "updated_at": t0, "owner": None}
@@ -215,9 +217,12 @@ async def test_an_older_records_tasks_get_the_starting_call_column_empty(tmp_pat
     for n in range(2):
         async with Store(url) as store:
             assert (await store.get_task("task-old"))["background_call"] is None
+            assert await store.cancel_asked("task-old") is (n == 1)
             if n == 0:
                 await store.create_task(**{**row, "id": "task-new", "background_call": "c0123456789ab"})
+                await store.ask_cancel("task-old")
             assert (await store.get_task("task-new"))["background_call"] == "c0123456789ab"
+            assert await store.cancel_asked("task-new") is False
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

@@ -245,6 +245,9 @@ command to be gone before answering that it is not (yet) cancelled. The stop's
 SIGKILL comes guilds_code.limits.STOP_KILL_GRACE_SECONDS after its SIGTERM."""
 MCP_TASK_CANCEL_POLL_SECONDS = 0.25
 """Meanwhile, how often to read the command's state."""
+MCP_TASK_CANCEL_ASKED_SECONDS = 1.0
+"""How often the server running a code_task task reads whether another server on the run
+record was asked to cancel it (``tasks/cancel`` there): the longest a cancel waits for it."""
 
 
 # --- the egress proxy ------------------------------------------------------------------

@@ -24,8 +24,10 @@ tool says which of its calls do, ``Tool.task``):
 table, and for a command the sandbox's own record of it); ``tasks/cancel`` stops
 the command's process group (``shell_status`` stop) or cancels the code_task
 call (its helper stops the harness's group; the call is recorded
-``cancelled``); ``tasks/update`` acknowledges (no task of guilds asks for
-input). A task is its principal's (the token that made it): another's task id
+``cancelled``), through any server on the run record: a code_task call another
+server runs is marked in its row (``cancel_asked``), which that server reads every
+MCP_TASK_CANCEL_ASKED_SECONDS while the call runs, and cancels it; ``tasks/update``
+acknowledges (no task of guilds asks for input). A task is its principal's (the token that made it): another's task id
 is unknown to it (-32602), as is an id never made. A client that did not
 declare the extension gets -32021; over HTTP, a ``Mcp-Name`` header other
 than the task id gets -32020 (HTTP 400).
@@ -230,9 +232,14 @@ class TasksExtension(Extension):
         return {"resultType": "task", **wire_task(row), "_meta": meta}
 
     async def _follow(self, task_id: str, call: asyncio.Future) -> None:
-        """Record the task's end once its call ends. A call cancelled by the server's end leaves the
-        task working under this process, which the next process reports lost."""
-        await asyncio.wait({call})
+        """Record the task's end once its call ends; meanwhile, cancel the call once another
+        process on the run record was asked to (``tasks/cancel`` there). A call cancelled by the
+        server's end leaves the task working under this process, which the next process reports lost."""
+        while not (await asyncio.wait({call}, timeout=limits.MCP_TASK_CANCEL_ASKED_SECONDS))[0]:
+            if await self._asked_elsewhere(task_id):
+                self._cancelled.add(task_id)
+                call.cancel()
+                await asyncio.wait({call})
         self._calls.pop(task_id, None)
         if call.cancelled():
             if task_id in self._cancelled:
@@ -283,7 +290,16 @@ class TasksExtension(Extension):
         elif (call := self._calls.get(row["id"])) is not None:
             self._cancelled.add(row["id"])
             call.cancel()
+        elif row["owner_alive"]:  # another server runs it: it cancels the call once it reads this
+            await self.store.ask_cancel(row["id"])
         return {}
+
+    async def _asked_elsewhere(self, task_id: str) -> bool:
+        try:
+            return await self.store.cancel_asked(task_id)
+        except RecordError as exc:  # read again at the next interval
+            log.warning("task %s: whether a cancel was asked is not read: %s", task_id[:12], exc)
+            return False
 
     async def _current(self, row: dict[str, Any]) -> dict[str, Any]:
         """The task as it is now: a working one looked at (its command's state, its owner's life)."""

@@ -76,8 +76,12 @@ def migrate(conn: sa.Connection) -> None:
         for name in SAVINGS_COLUMNS:
             conn.execute(sa.text(f"ALTER TABLE runs ADD COLUMN {name} BIGINT NOT NULL DEFAULT 0"))
         _fill_savings(conn)
-    if "background_call" not in _columns(conn, "tasks"):
+    task_columns = _columns(conn, "tasks")
+    if "background_call" not in task_columns:
         conn.execute(sa.text("ALTER TABLE tasks ADD COLUMN background_call VARCHAR(128)"))
+    if "cancel_asked" not in task_columns:
+        kind = "TIMESTAMP WITH TIME ZONE" if conn.dialect.name == "postgresql" else "DATETIME"
+        conn.execute(sa.text(f"ALTER TABLE tasks ADD COLUMN cancel_asked {kind}"))
     if "from_seq" not in _columns(conn, "context_marks"):
         conn.execute(sa.text("ALTER TABLE context_marks ADD COLUMN from_seq INTEGER"))
     if "uid" not in _columns(conn, "agents"):

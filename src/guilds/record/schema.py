@@ -151,6 +151,7 @@ tasks = sa.Table(
     sa.Column("created_at", _TS, nullable=False),
     sa.Column("updated_at", _TS, nullable=False),
     sa.Column("owner", sa.String(32)),
+    sa.Column("cancel_asked", _TS),
 )
 egress = sa.Table(
     "egress", metadata,

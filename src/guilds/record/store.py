@@ -37,7 +37,7 @@ import contextlib
 import dataclasses
 import random
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 import sqlalchemy as sa
@@ -618,6 +618,18 @@ class Store:
         """Change a task's columns (an ended task: ``owner=None``)."""
         change = sa.update(tasks).where(tasks.c.id == task_id).values(**values)
         await self._in_transaction(f"task {task_id[:12]}", lambda conn: conn.execute(change))
+
+    async def ask_cancel(self, task_id: str) -> None:
+        """Note that a client asked to cancel a working task another process runs: that
+        process reads it (``cancel_asked``) and cancels the call."""
+        change = (sa.update(tasks).where(tasks.c.id == task_id, tasks.c.status == "working")
+                  .values(cancel_asked=datetime.now(UTC)))
+        await self._in_transaction(f"task {task_id[:12]}", lambda conn: conn.execute(change))
+
+    async def cancel_asked(self, task_id: str) -> bool:
+        """Whether a cancel of the task was asked through another process (``ask_cancel``)."""
+        query = sa.select(tasks.c.cancel_asked).where(tasks.c.id == task_id)
+        return await self._reading(lambda conn: conn.execute(query).scalar_one_or_none()) is not None
 
     async def get_task(self, task_id: str) -> dict[str, Any] | None:
         """A task's columns, and ``owner_alive``: its owner is this process or still registered."""
