@@ -78,8 +78,9 @@ async def _visit(login_url: str, other_url: str) -> str:
 async def test_a_server_on_another_port_gets_a_session_that_mcp_refuses(tmp_path):
     proc = start_serve(tmp_path / "data")
     try:
-        url = re.search(r"(http://127\.0\.0\.1:(\d+))/\?token=(\S+)", "".join(printed_lines(proc)))
-        assert url
+        printed = "".join(printed_lines(proc))
+        url = re.search(r"(http://127\.0\.0\.1:(\d+))/\?token=(\S+)", printed)
+        assert url, printed
         base, port, token = url.groups()
         with bystander() as (other_url, heard):
             assert await _visit(url.group(0), other_url) == base + "/"
@@ -113,8 +114,9 @@ async def test_another_apps_cookie_does_not_lock_out_and_log_out_ends_the_sessio
 
     proc = start_serve(tmp_path / "data")
     try:
-        url = re.search(r"(http://127\.0\.0\.1:(\d+))/\?token=(\S+)", "".join(printed_lines(proc)))
-        assert url
+        printed = "".join(printed_lines(proc))
+        url = re.search(r"(http://127\.0\.0\.1:(\d+))/\?token=(\S+)", printed)
+        assert url, printed
         base, port, _ = url.groups()
         sent: list[str] = []
         async with playwright_api.async_playwright() as p:

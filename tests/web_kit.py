@@ -165,8 +165,9 @@ def start_serve(data: Path, *args: str, sandbox: str = "local", more_settings: s
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def printed_lines(proc: subprocess.Popen, timeout: float = 60) -> list[str]:
-    """The lines `guilds serve` printed up to its MCP line (or its end)."""
+def printed_lines(proc: subprocess.Popen, timeout: float = 180) -> list[str]:
+    """The lines `guilds serve` printed up to its MCP line (or its end): a start on a machine
+    loaded by a whole parallel suite may take a minute."""
     lines, deadline = [], time.monotonic() + timeout
     while time.monotonic() < deadline:
         line = proc.stderr.readline()
