@@ -297,6 +297,21 @@ EGRESS_WRITE_BUFFER_BYTES = 1024 * 1024
 """How much a tunnel holds for a side that reads slowly before it stops reading the
 other side: room for a burst while the reader waits its turn on a loaded machine,
 and the most a tunnel's way down holds in memory."""
+EGRESS_RULE_HOSTS_MAX = 32
+"""The most hosts (names or ``*.domain``) one sandbox's header rules name: each is a
+host whose connections the proxy ends and makes again, checked at each request."""
+EGRESS_RULE_HEADERS_MAX = 16
+"""The most headers one host's rules set on a request."""
+EGRESS_RULE_NAME_MAX_CHARS = 128
+"""The longest header name a rule sets."""
+EGRESS_RULE_VALUE_MAX_CHARS = 2048
+"""The longest header value a rule sets: a host's rules add at most
+EGRESS_RULE_HEADERS_MAX times this (and their names) to a head, well within what a
+host reads."""
+EGRESS_RULE_VALUE_MIN_CHARS = 8
+"""The shortest header value a rule sets: every value is scrubbed from every answer (a
+placeholder in its place, as a secret's), and a shorter one would garble answers that
+hold it by chance."""
 # --- the E2B front (guilds.fronts.e2b) -------------------------------------------
 E2B_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """A Connect request message (JSON) larger than this is refused (resource_exhausted)."""

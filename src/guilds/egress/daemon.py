@@ -269,7 +269,7 @@ async def serve(config: ProxyConfig, handoff: Handoff | None = None) -> bool:
     copy of it, and, with ``linger_seconds``, until it has been quiet that long (True:
     the caller execs the waiter; the socket and the pidfile stay)."""
     ca = None
-    if config.secrets and config.ca_dir:  # only then: the authority's library costs memory
+    if (config.secrets or config.headers.hosts) and config.ca_dir:  # only then: its library costs memory
         from .ca import CertificateAuthority
 
         ca = CertificateAuthority.open(config.ca_dir)

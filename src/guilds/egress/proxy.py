@@ -11,12 +11,17 @@ What it takes from a client (the sandbox's relay):
   (``SSL_CERT_FILE`` honoured), and passes each request through: its ``Host`` must
   name the CONNECT target, a secret's placeholder becomes its value where the
   credential goes (``Authorization``, ``swap.swap_headers``), and the values become
-  placeholders again in what comes back (``swap.Scrubber``). Any other tunnel is
-  passed on as bytes.
+  placeholders again in what comes back (``swap.Scrubber``). A host with header
+  rules (``rules.Rules``) is intercepted the same way, each request given its
+  rules' headers (replacing the client's of the same name); without an authority
+  such a tunnel is refused. Any other tunnel is passed on as bytes.
 - a plain HTTP request in absolute form (``GET http://host/path``) to a listed
   host, whose ``Host`` header (if any) names the URL's host; one request per
-  connection, no secrets (a value never crosses the network in clear), and every
-  secret's value scrubbed from the answer (a host that kept one shows the placeholder).
+  connection, no secrets (a value never crosses the network in clear) but its
+  host's rules' headers, and every secret's value scrubbed from the answer (a host
+  that kept one shows the placeholder).
+
+A rule's value is scrubbed as a secret's is, everywhere a secret's is.
 
 Every refusal is an answer with a status, its one-line reason as both the status
 line's phrase and the body (``guilds egress: api.example.com:443 is not in
@@ -54,6 +59,7 @@ from .framing import Counter, pipe_body, request_framing, response_framing
 from .http_head import BadHead, Head, HeadGone, parse_head, read_head
 from .policy import Allowlist, IPAddress, address_of, normalize_host, split_host_port
 from .proxy_config import ProxyConfig
+from .rules import Headers
 from .swap import Scrubber, Secret, scrub_text, swap_headers
 from .tunnel import HostSide, splice
 
@@ -109,7 +115,9 @@ class EgressProxy:
 
     def __init__(self, config: ProxyConfig, log: DecisionLog, ca: CertificateAuthority | None = None) -> None:
         self.allow: Allowlist = config.allow
-        self.secrets = config.secrets
+        self.rules = config.headers
+        self.secrets = (*config.secrets, *self.rules.hidden())
+        """Every value scrubbed: the secrets', then the rules' (for no host: never put in)."""
         self.resolve = config.resolve
         self.log = log
         self.ca = ca
@@ -243,14 +251,18 @@ class EgressProxy:
         host, port = _connect_target(head.first[1])
         addresses = await self._decide(host, port, record)
         secrets = [s for s in self.secrets if s.is_for(host, port)]
+        headers = self.rules.for_host(host)
+        if headers and self.ca is None:
+            raise Refused(502, f"guilds egress: {_target(host, port)} has header rules, and the proxy has no "
+                               "certificate authority to set them with")
         up, down = Counter(), Counter()
         try:
-            if self.ca is not None and secrets:
+            if self.ca is not None and (secrets or headers):
                 upstream = await self._open(host, port, addresses, tls=True)
                 try:
                     writer.write(ESTABLISHED)
                     await writer.start_tls(self.ca.server_context(host), ssl_handshake_timeout=EGRESS_CONNECT_SECONDS)
-                    await self._intercepted(host, port, secrets, (reader, writer), upstream, (up, down), record)
+                    await self._intercepted((host, port), (secrets, headers), (reader, writer), upstream, (up, down))
                 finally:
                     upstream[1].close()
             else:
@@ -258,11 +270,13 @@ class EgressProxy:
         finally:
             record.bytes_up, record.bytes_down = up.bytes, down.bytes
 
-    async def _intercepted(self, host: str, port: int, secrets: Sequence[Secret],
+    async def _intercepted(self, host_port: tuple[str, int], puts: tuple[Sequence[Secret], Headers],
                            client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
                            upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-                           counters: tuple[Counter, Counter], record: DecisionRecord) -> None:
-        """Pass the requests of one intercepted tunnel, each checked and swapped, until one side ends."""
+                           counters: tuple[Counter, Counter]) -> None:
+        """Pass the requests of one intercepted tunnel, each checked, swapped (puts: the secrets
+        for its host, the headers its rules set), until one side ends."""
+        (host, port), (secrets, headers) = host_port, puts
         while True:
             try:
                 head = parse_head(await read_head(client[0]))
@@ -274,6 +288,7 @@ class EgressProxy:
             _check_host_header(head, host, port, required=True)
             head.headers, encoded = swap_headers(head.headers, secrets)
             head.remove(*_HOP_HEADERS)
+            _set_all(head, headers)
             head.set("Accept-Encoding", "identity")  # the scrubber must see the body as sent
             scrubber = functools.partial(Scrubber, self.secrets, encoded)  # every value, not only this host's
             if not await _exchange(head, client, upstream, counters, scrubber):
@@ -289,12 +304,19 @@ class EgressProxy:
         try:
             head.first = (head.first[0], (url.path or "/") + (f"?{url.query}" if url.query else ""), head.first[2])
             head.remove(*_HOP_HEADERS, "Connection")
+            _set_all(head, self.rules.for_host(host))
             head.set("Connection", "close")
             scrubber = functools.partial(Scrubber, self.secrets) if self.secrets else None
             await _exchange(head, (reader, writer), upstream, (up, down), scrubber)
         finally:
             record.bytes_up, record.bytes_down = up.bytes, down.bytes
             upstream[1].close()
+
+
+def _set_all(head: Head, headers: Headers) -> None:
+    """head with each of headers set, any the client sent of the same name (any case) gone."""
+    for name, value in headers:
+        head.set(name, value)
 
 
 def _absolute_target(target: str) -> tuple[SplitResult, str, int]:

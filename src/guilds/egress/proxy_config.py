@@ -11,6 +11,8 @@ A JSON object (the file 0600: it holds the secrets' real values)::
       "allow": ["github.com", "10.1.2.0/24"],  the agent.network list (guilds.egress.policy)
       "secrets": [{"name": "GH_TOKEN", "placeholder": "…", "value": "…",
                    "hosts": ["github.com", "api.github.com"]}],
+      "headers": {"api.test": [["X-Api-Key", "…"]]},  optional: headers set on each request
+                                               to a host (guilds.egress.rules); needs ca_dir
       "ca_dir": "/…/data/egress",            the certificate authority's folder (guilds.egress.ca)
       "decisions": "/…/decisions.jsonl",     where each decision is appended (guilds.egress.decisions)
       "resolve": {"git.test": "10.1.2.3"},   optional: names pinned to an address, never looked up
@@ -37,9 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .policy import Allowlist, IPAddress, address_of, normalize_host
+from .rules import RuleError, Rules, check_rules
 from .swap import Secret, secret_hosts
 
-KEYS = frozenset({"socket", "listen", "credential", "allow", "secrets", "ca_dir", "decisions", "resolve",
+KEYS = frozenset({"socket", "listen", "credential", "allow", "secrets", "headers", "ca_dir", "decisions", "resolve",
                   "idle_clock", "idle_seconds", "linger_seconds", "pidfile"})
 SECRET_KEYS = frozenset({"name", "placeholder", "value", "hosts"})
 CREDENTIAL_PREFIX = b"GUILDS-EGRESS "
@@ -68,6 +71,8 @@ class ProxyConfig:
     pidfile: Path | None = None
     listen: tuple[str, int] | None = None
     credential: str | None = None
+    headers: Rules = field(default_factory=lambda: Rules({}))
+    """The headers set on each request to a host (``guilds.egress.rules``)."""
 
 
 def _path(raw: Mapping[str, object], key: str, required: bool = False) -> Path | None:
@@ -115,6 +120,20 @@ def _resolve(raw: object) -> dict[str, IPAddress]:
     return pinned
 
 
+def _headers(raw: Mapping[str, object]) -> Rules:
+    value = raw.get("headers", {})
+    if not isinstance(value, dict) or not all(isinstance(v, list) and all(
+            isinstance(p, list) and len(p) == 2 for p in v) for v in value.values()):
+        raise ConfigError("egress config: headers must map hosts to lists of [name, value]")
+    try:
+        rules = Rules(check_rules({k: [tuple(p) for p in v] for k, v in value.items()}))
+    except RuleError as bad:
+        raise ConfigError(f"egress config: headers: {bad}") from None
+    if rules.hosts and raw.get("ca_dir") is None:
+        raise ConfigError("egress config: headers need ca_dir (the proxy ends TLS to set them)")
+    return rules
+
+
 def _listen(raw: Mapping[str, object]) -> tuple[tuple[str, int] | None, str | None]:
     """(listen's address and port, the credential), or (None, None) for a Unix socket."""
     if "listen" not in raw:
@@ -154,7 +173,8 @@ def parse_config(raw: object) -> ProxyConfig:
         allow=allow,
         decisions=_path(raw, "decisions", required=True) or Path(), ca_dir=_path(raw, "ca_dir"),
         secrets=tuple(_secret(s) for s in secrets), resolve=_resolve(raw.get("resolve", {})),
-        idle_clock=_path(raw, "idle_clock"), idle_seconds=idle, linger_seconds=linger, pidfile=_path(raw, "pidfile"))
+        idle_clock=_path(raw, "idle_clock"), idle_seconds=idle, linger_seconds=linger, pidfile=_path(raw, "pidfile"),
+        headers=_headers(raw))
 
 
 def write_config(path: str | Path, raw: Mapping[str, object]) -> Path:
