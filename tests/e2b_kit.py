@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -212,3 +212,23 @@ def made_sandbox(server: E2BServer, monkeypatch: pytest.MonkeyPatch) -> Iterator
     box = Sandbox.create(timeout=120)
     yield box
     box.kill()
+
+
+@pytest.fixture(name="client")
+def made_sandboxes(server: E2BServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
+    """``client``: makes sandboxes through the SDK (``Sandbox.create``'s options) on the test
+    module's ``server`` fixture, each killed after the test (a module takes it with
+    ``from e2b_kit import made_sandboxes``)."""
+    from e2b import Sandbox
+
+    server.export(monkeypatch)
+    made: list[Any] = []
+
+    def create(**options: Any) -> Any:
+        box = Sandbox.create(timeout=120, **options)
+        made.append(box)
+        return box
+
+    yield create
+    for box in made:
+        box.kill()

@@ -27,7 +27,7 @@ from e2b.exceptions import SandboxException
 from e2b.sandbox.network import ALL_TRAFFIC
 
 import egress_kit
-from e2b_kit import BACKENDS, E2BServer, e2b_server, home_of
+from e2b_kit import BACKENDS, E2BServer, e2b_server, home_of, made_sandboxes  # noqa: F401 - the client fixture of this module
 from guilds.record import Store, database_url
 from guilds.sandbox.egress_side.files import egress_files
 from guilds.sandbox.egress_side.proxy_process import proxy_pid
@@ -72,22 +72,6 @@ def server(backend, hosts, tmp_path_factory):
     settings = f"network = [{listed}]\n[egress.resolve]\n{resolve}"
     with e2b_server(tmp_path_factory.mktemp(f"e2b-egress-{backend}"), backend, settings) as served:
         yield served
-
-
-@pytest.fixture
-def client(server: E2BServer, monkeypatch):
-    for name, value in server.env().items():
-        monkeypatch.setenv(name, value)
-    made: list[Sandbox] = []
-
-    def create(**options) -> Sandbox:
-        box = Sandbox.create(timeout=120, **options)
-        made.append(box)
-        return box
-
-    yield create
-    for box in made:
-        box.kill()
 
 
 def fetch(box: Sandbox, name: str) -> str:

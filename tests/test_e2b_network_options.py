@@ -63,7 +63,6 @@ def test_what_narrows(tmp_path, request_body, entries):
     (body(denyOut=["10.0.0.0/33"]), "network.denyOut: '10.0.0.0/33' is no address range"),
     (body("api.example.org", denyOut=["10.0.0.0/8"]), "network.allowOut: 'api.example.org': with a denyOut short"),
     (body("!10.1.0.0/16", **EVERYTHING), "network.allowOut: '!10.1.0.0/16' is not a host name"),
-    (body(rules={"api.example.org": [{}]}), "network.rules: per-host transforms are not served"),
     (body(egressProxy={"address": "proxy.example.org:1080"}), "network.egressProxy:"),
     (body(somethingNew=True), "network.somethingNew: not served"),
     ({"allow_internet_access": "no"}, "allow_internet_access: true or false"),

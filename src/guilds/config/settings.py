@@ -237,6 +237,9 @@ class AgentSettings:
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     egress_resolve: Mapping[str, str] = field(default_factory=dict)
     """[egress.resolve]: host name -> the address the egress proxy connects to for it."""
+    egress_headers: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    """Header rules (``guilds.egress.rules``): host -> the headers the egress proxy sets on each
+    request to it; never a settings file's key (an E2B sandbox's ``network.rules``)."""
     user: SandboxUser | None = None
     """Who the agent is inside (its home's path, its uid's name, ``sudo``); None: the home
     at its host path and the uid named as docs/sandboxes.md says."""
@@ -247,7 +250,8 @@ class AgentSettings:
 
     def secret_values(self) -> list[str]:
         """Every value to redact: the secrets and the repository tokens."""
-        return [*self.secrets.values(), *(r.token for r in self.repos if r.token)]
+        return [*self.secrets.values(), *(r.token for r in self.repos if r.token),
+                *(value for headers in self.egress_headers.values() for _, value in headers)]
 
 
 SERVED_KEYS = ("templates", "agents", "pool")

@@ -28,6 +28,7 @@ from . import (
     lifecycle,
     listing,
     network_options,
+    network_rules,
     network_update,
     template_start,
     unserved,
@@ -159,11 +160,13 @@ class ControlPlane:
                 continue
             named = snapshot.id if forks is self.forks else template
             timeout = _timeout(body.get("timeout"))
+            settings = forks.settings_of(snapshot)
             asked = Made(key_name, named, timeout, _metadata(body.get("metadata")),
                          _strings(body.get("envVars"), "envVars"),
-                         network_options.asked(body, forks.settings_of(snapshot)), datetime.now(UTC),
+                         network_options.asked(body, settings), datetime.now(UTC),
                          lifecycle=lifecycle.asked(body, timeout),
-                         ingress=ingress_options.asked(body, shared=self.sandboxes.shared is not None))
+                         ingress=ingress_options.asked(body, shared=self.sandboxes.shared is not None),
+                         rules=network_rules.asked(body.get("network") or {}, settings))
             made = await forks.create_from(snapshot, asked)
             if forks is self.built:
                 try:
@@ -173,11 +176,13 @@ class ControlPlane:
                     raise
             return made
         timeout = _timeout(body.get("timeout"))
+        settings = self.sandboxes.settings_for(template)
         return await self.sandboxes.create(key_name, template, timeout, _metadata(body.get("metadata")),
                                            _strings(body.get("envVars"), "envVars"),
-                                           network_options.asked(body, self.sandboxes.settings_for(template)),
+                                           network_options.asked(body, settings),
                                            lifecycle.asked(body, timeout),
-                                           ingress_options.asked(body, shared=self.sandboxes.shared is not None))
+                                           ingress_options.asked(body, shared=self.sandboxes.shared is not None),
+                                           network_rules.asked(body.get("network") or {}, settings))
 
     async def list(self, request: Request, key_name: str) -> Response:
         await self.sandboxes.refresh_key(key_name)

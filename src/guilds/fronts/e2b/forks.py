@@ -41,6 +41,7 @@ from ...agents.homes import overlay_dir
 from ...checkpoints.call_gate import CallGate
 from ...checkpoints.point_store import CheckpointError, CheckpointStore
 from ...config.settings import CHECKPOINT_SANDBOXES, AgentSettings
+from ...egress.rules import RuleSet
 from ...errors import SandboxError
 from ...record.agent_rows import LIVE, AgentRecord, AgentRefused
 from ...sandbox import backend_of
@@ -105,13 +106,14 @@ class Forks:
             self.sandboxes.get(box.key_name, box.id)
             yield
 
-    def _adjust(self, settings: AgentSettings, network: Entries) -> Adjust | None:
-        return narrowing(network, settings, backend_of(settings))
+    def _adjust(self, settings: AgentSettings, network: Entries, rules: RuleSet) -> Adjust | None:
+        return narrowing(network, settings, backend_of(settings), rules)
 
-    def adjust_of(self, snapshot: Snapshot, network: Entries) -> Adjust | None:
+    def adjust_of(self, snapshot: Snapshot, network: Entries, rules: RuleSet) -> Adjust | None:
         """How an agent made from the snapshot is made: as its template's, its network narrowed
-        as asked; a built template's on the image its build made (``template_homes``)."""
-        narrow = self._adjust(self.settings_of(snapshot), network)
+        as asked (its header rules given); a built template's on the image its build made
+        (``template_homes``)."""
+        narrow = self._adjust(self.settings_of(snapshot), network, rules)
         image = snapshot.built.get("image")
         if not image:
             return narrow
@@ -125,7 +127,7 @@ class Forks:
     async def create_from(self, snapshot: Snapshot, asked: Made) -> E2BSandbox:
         """A new sandbox, an agent forked from the snapshot's checkpoint, its network as asked
         (a built template's environment under the create's own ``envVars``)."""
-        adjust = self.adjust_of(snapshot, asked.network)
+        adjust = self.adjust_of(snapshot, asked.network, asked.rules)
         asked = dataclasses.replace(asked, env_vars={**snapshot.built.get("envs", {}), **asked.env_vars})
         return await self.sandboxes.under_way(self._create_from(snapshot, asked, adjust))
 
@@ -150,10 +152,10 @@ class Forks:
         """count new sandboxes whose files start as box's now; each one's sandbox, or the error
         that ended it after its agent was made (its agent removed)."""
         record = await self._record(box)
-        adjust = self._adjust(self.agents.served.template(record.template).settings, box.network)
+        adjust = self._adjust(self.agents.served.template(record.template).settings, box.network, box.rules)
         source = Source(box.agent_id, record.template, _owner(box.key_name), box.agent.settings.home)
         asked = Made(box.key_name, box.template, timeout, dict(box.metadata), dict(box.env_vars), box.network,
-                     datetime.now(UTC), ingress=box.ingress)
+                     datetime.now(UTC), ingress=box.ingress, rules=box.rules)
         return await self.sandboxes.under_way(self._fork(box, source, count, asked, adjust))
 
     async def _fork(self, box: E2BSandbox, source: Source, count: int, asked: Made,

@@ -19,7 +19,8 @@ name listed, or under a listed ``*.domain``, on ports it allows; a range within 
 listed range; anything with ``true``; nothing with ``false``), else the create is
 refused with ``invalid_argument``, naming the entry. A client can narrow the
 agent's network, never widen it. What cannot be mapped is refused the same way:
-a ``denyOut`` entry that is no address range, ``rules``, ``egressProxy``, unknown keys.
+a ``denyOut`` entry that is no address range, ``egressProxy``, unknown keys. ``rules``
+(headers the proxy sets for a host) are ``network_rules``'.
 ``dnsServers`` and the ingress options (``allowPublicTraffic``, ``maskRequestHost``,
 ``httpsPorts``) change nothing here: the proxy resolves names, and the ingress
 options are ``ingress_options``' (``httpsPorts``: ports are served over HTTP).
@@ -31,7 +32,10 @@ With no network at all, the values the proxy would have put in (host-bound
 secrets, repository tokens) are left out: nothing inside could use them. Where
 the backend confines no network (local), any create that denies something is
 refused; where it serves only the template's own network (kubernetes), a
-narrower one is refused: a sandbox never gets more than it asked for.
+narrower one is refused: a sandbox never gets more than it asked for. Header rules
+need a proxy of the sandbox's own: with rules, the agent is narrowed to the network
+asked (the template's list; every address for ``true``) and its proxy given them;
+the backends that cannot (local, kubernetes) refuse them.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from typing import Any
 
 from ...config.settings import AgentSettings
 from ...egress.policy import SETTING, Allowlist, AllowlistError, HostPattern, IPNetwork
+from ...egress.rules import RuleSet
 from ...sandbox.base import Backend
 from .connect import ConnectError
 
@@ -52,8 +57,8 @@ Entries = tuple[str, ...] | None
 EVERY_ADDRESS = ("0.0.0.0/0", "::/0")
 """``agent.network = true`` as entries of a list, for a proxy that denies some of it."""
 IGNORED = ("dnsServers", "allowPublicTraffic", "maskRequestHost", "httpsPorts")
-REFUSED = {"rules": "per-host transforms are not served (host-bound secrets are the agent's [secrets] hosts)",
-           "egressProxy": "an egress proxy of the client's is not served"}
+REFUSED = {"egressProxy": "an egress proxy of the client's is not served"}
+SERVED = ("allowOut", "denyOut", "rules")
 
 
 def bad(message: str) -> ConnectError:
@@ -71,7 +76,7 @@ def asked(body: dict[str, Any], settings: AgentSettings) -> Entries:
     for key, value in network.items():
         if key in REFUSED and value not in (None, {}, []):
             raise bad(f"network.{key}: {REFUSED[key]}")
-        if key not in IGNORED and key not in REFUSED and key not in ("allowOut", "denyOut"):
+        if key not in IGNORED and key not in REFUSED and key not in SERVED:
             raise bad(f"network.{key}: not served")
     allow = _strings(network.get("allowOut"), "network.allowOut")
     bound = _Bound(settings)
@@ -193,14 +198,20 @@ def same_as_agent(entries: Entries, settings: AgentSettings) -> bool:
     return set(entries) == set(settings.egress)
 
 
-def narrowing(entries: Entries, settings: AgentSettings,
-              backend: type[Backend]) -> Callable[[AgentSettings], AgentSettings] | None:
+def narrowing(entries: Entries, settings: AgentSettings, backend: type[Backend],
+              rules: RuleSet | None = None) -> Callable[[AgentSettings], AgentSettings] | None:
     """How an agent of the template (its settings, its backend) is made for what a create
-    asked: None, as the template gives; else its settings narrowed (``narrowed``).
-    ``invalid_argument`` where its backend cannot confine the network asked for."""
+    asked (its network, its header rules): None, as the template gives; else its settings
+    narrowed (``narrowed``). ``invalid_argument`` where its backend cannot confine the
+    network asked for, or has no egress proxy of the sandbox's own for its rules."""
     if entries is not None and not backend.isolates:
         raise bad(f"network: the {backend.name} sandbox confines no network (its commands have the host's); "
                   "serve the agent on bwrap or docker")
+    if rules:
+        if not backend.isolates or not backend.own_networks:
+            raise bad(f"network.rules: the {backend.name} sandbox has no egress proxy of its own to set headers "
+                      "with; header rules are served on bwrap and docker")
+        return functools.partial(narrowed, entries=live_entries(entries, settings), rules=rules)
     if entries is None or same_as_agent(entries, settings):
         return None
     if not backend.own_networks:
@@ -209,13 +220,13 @@ def narrowing(entries: Entries, settings: AgentSettings,
     return functools.partial(narrowed, entries=entries)
 
 
-def narrowed(settings: AgentSettings, entries: tuple[str, ...]) -> AgentSettings:
-    """The settings of an agent whose network is only entries (none: no network at all, and
-    no value meant for a host)."""
-    own = dataclasses.replace(settings, network=False, egress=entries)
+def narrowed(settings: AgentSettings, entries: tuple[str, ...], rules: RuleSet | None = None) -> AgentSettings:
+    """The settings of an agent whose network is only entries, its proxy setting rules'
+    headers (none: no network at all, and no value meant for a host)."""
+    own = dataclasses.replace(settings, network=False, egress=entries, egress_headers=dict(rules or {}))
     if entries:
         return own
     return dataclasses.replace(
         own, secrets={k: v for k, v in settings.secrets.items() if k not in settings.secret_hosts},
-        secret_hosts={}, egress_resolve={},
+        secret_hosts={}, egress_resolve={}, egress_headers={},
         repos=tuple(dataclasses.replace(r, token="", token_hosts=None) for r in settings.repos))

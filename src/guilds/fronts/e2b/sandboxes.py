@@ -42,6 +42,7 @@ from guilds_code.limits import ENVD_SLEEP_IDLE_SECONDS
 
 from ...config.settings import AgentSettings
 from ...config.templates import DEFAULT_TEMPLATE
+from ...egress.rules import RuleSet
 from ...errors import BadInput, GuildsError, SandboxError
 from ...limits import E2B_ENVD_VERSION
 from ...record.agent_rows import AgentRecord, AgentRefused
@@ -82,6 +83,8 @@ class E2BSandbox:
     """Its agent's toolbox: its settings, its sandbox, its record."""
     network: Entries = None
     """The network it asked for (``network_options.asked``): None, the template's."""
+    rules: RuleSet = field(default_factory=dict, repr=False)
+    """The header rules it asked for (``network_rules.asked``): values held by its proxy only."""
     lifecycle: Lifecycle = KILLED_AT_TIMEOUT
     """What it does at its timeout (``lifecycle.asked``): killed, unless it pauses then."""
     ingress: Ingress = PUBLIC
@@ -135,6 +138,7 @@ class Made:
     started: datetime
     lifecycle: Lifecycle = KILLED_AT_TIMEOUT
     ingress: Ingress = PUBLIC
+    rules: RuleSet = field(default_factory=dict, repr=False)
 
 
 def _iso(moment: datetime) -> str:
@@ -214,12 +218,14 @@ class Sandboxes:
 
     async def create(self, key_name: str, template_id: str, timeout: int, metadata: dict[str, str],
                      env_vars: dict[str, str], network: Entries = None,
-                     lifecycle: Lifecycle = KILLED_AT_TIMEOUT, ingress: Ingress = PUBLIC) -> E2BSandbox:
+                     lifecycle: Lifecycle = KILLED_AT_TIMEOUT, ingress: Ingress = PUBLIC,
+                     rules: RuleSet | None = None) -> E2BSandbox:
         """A new sandbox: its agent made (within the caps, else ``resource_exhausted``), then its
         process service started; a failure leaves nothing of it. It is made to its end even
         when the request is cancelled (a client gone, the server stopping: ``close`` kills it)."""
-        return await self.under_way(self._create(key_name, template_id, timeout, metadata, env_vars, network,
-                                                 lifecycle, ingress))
+        asked = Made(key_name, template_id, timeout, metadata, env_vars, network, datetime.now(UTC), lifecycle,
+                     ingress, dict(rules or {}))
+        return await self.under_way(self._create(asked))
 
     async def under_way(self, making: Coroutine[Any, Any, T]) -> T:
         """What making makes (sandboxes), made to its end even when the request is cancelled;
@@ -237,19 +243,16 @@ class Sandboxes:
         if not made.cancelled():
             made.exception()  # told to the request, if it still waits; else it is nobody's
 
-    async def _create(self, key_name: str, template_id: str, timeout: int, metadata: dict[str, str],
-                      env_vars: dict[str, str], network: Entries, lifecycle: Lifecycle,
-                      ingress: Ingress) -> E2BSandbox:
-        template = self.template_of(template_id)
-        adjust = narrowing(network, self.agents.served.template(template).settings, self._backend(template))
-        started = datetime.now(UTC)
+    async def _create(self, asked: Made) -> E2BSandbox:
+        template = self.template_of(asked.template_id)
+        adjust = narrowing(asked.network, self.agents.served.template(template).settings, self._backend(template),
+                           asked.rules)
         try:
-            made = await self.agents.make(template, owner=f"{OWNER_PREFIX}{key_name}", expires_in=timeout or None,
-                                          adjust=adjust)
+            made = await self.agents.make(template, owner=f"{OWNER_PREFIX}{asked.key_name}",
+                                          expires_in=asked.timeout or None, adjust=adjust)
         except AgentRefused as exc:
             raise ConnectError("resource_exhausted", f"sandbox limit reached: {exc}") from None
-        return await self.adopt(made, Made(key_name, template_id, timeout, metadata, env_vars, network, started,
-                                           lifecycle, ingress))
+        return await self.adopt(made, asked)
 
     async def adopt(self, made: AgentRecord, asked: Made) -> E2BSandbox:
         """A sandbox of an agent made for it (by a create, a fork, a create from a snapshot):
@@ -262,7 +265,7 @@ class Sandboxes:
                              metadata=asked.metadata, env_vars=asked.env_vars, access_token=token,
                              started_at=asked.started,
                              end_at=made.expires_at or asked.started + timedelta(seconds=asked.timeout),
-                             agent=toolbox, network=asked.network, lifecycle=asked.lifecycle,
+                             agent=toolbox, network=asked.network, rules=asked.rules, lifecycle=asked.lifecycle,
                              ingress=asked.ingress.renewed())
             box.recorder = Recorder(toolbox, box.run_id)
             box.envd = await self.open_envd(made.id, toolbox.sandbox)

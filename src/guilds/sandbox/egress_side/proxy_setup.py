@@ -39,6 +39,8 @@ def proxy_config(settings: AgentSettings, files: EgressFiles, bound: Mapping[str
         "allow": list(settings.egress),
         "secrets": [{"name": b.name, "placeholder": b.placeholder, "value": b.value, "hosts": list(b.hosts)}
                     for b in bound.values() if b.hosts],
+        **({"headers": {host: [list(h) for h in headers] for host, headers in settings.egress_headers.items()}}
+           if settings.egress_headers else {}),
         "ca_dir": files.ca_dir,
         "decisions": files.path("decisions.jsonl"),
         "resolve": dict(resolve or {}),
@@ -50,9 +52,10 @@ def proxy_config(settings: AgentSettings, files: EgressFiles, bound: Mapping[str
 
 def settings_digest(settings: AgentSettings, *parts: Any) -> str:
     """What the running proxy must have been started from: the allowlist, the
-    secrets and repositories (and any parts given, as the idle time)."""
+    secrets, repositories and header rules (and any parts given, as the idle time)."""
     data = [settings.egress, sorted(settings.secrets.items()), sorted(settings.secret_hosts.items()),
-            [(r.name, r.path, r.token, r.token_hosts) for r in settings.repos], *parts]
+            [(r.name, r.path, r.token, r.token_hosts) for r in settings.repos],
+            sorted(settings.egress_headers.items()), *parts]
     return hashlib.sha256(json.dumps(data, default=list).encode()).hexdigest()
 
 
