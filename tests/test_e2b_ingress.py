@@ -64,7 +64,7 @@ class H(http.server.BaseHTTPRequestHandler):
                 time.sleep(2)
             return
         headers = {k.lower(): v for k, v in self.headers.items()}
-        self._send(json.dumps({"path": self.path, "headers": headers}).encode())
+        self._send(json.dumps({"path": self.path, "headers": headers, "names": list(self.headers)}).encode())
     def do_POST(self):
         if self.headers.get("transfer-encoding") == "chunked":
             data = b""
@@ -77,7 +77,7 @@ class H(http.server.BaseHTTPRequestHandler):
         self._send(json.dumps({"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}).encode())
 http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """
-"""A server inside the sandbox: GET echoes the path and headers (names in lower case), /stream sends two lines two
+"""A server inside the sandbox: GET echoes the path and headers (names in lower case, and as written), /stream sends two lines two
 seconds apart, /forever a line every 0.2 s for ever, POST answers its body's digest."""
 
 
@@ -132,6 +132,7 @@ def test_get_host_names_the_port_at_the_servers_domain_and_reaches_it(server, sb
     assert seen["path"] == "/a/b?c=d"
     assert seen["headers"]["host"] == host  # the client's Host, as E2B passes it
     assert seen["headers"]["x-mine"] == "kept"
+    assert {"Host", "X-Mine", "User-Agent", "Connection"} <= set(seen["names"])  # Go's canonical names, as E2B's
 
 
 def test_the_header_form_reaches_the_port(server, sbx):

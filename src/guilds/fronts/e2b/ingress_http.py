@@ -3,7 +3,8 @@
 The request goes in as HTTP/1.1 with ``Connection: close``: its method, path and query
 as sent, its body streamed (chunked when the client gave no length), its Host the one
 the caller names (the client's, or the sandbox's ``maskRequestHost``), every other
-header but the hop-by-hop ones and ``TOKEN_HEADER``. The answer comes back as it is
+header but the hop-by-hop ones and ``TOKEN_HEADER``, each name in Go's canonical form
+(``User-Agent``), as E2B's proxy writes them. The answer comes back as it is
 read: its status and headers (less the hop-by-hop ones; the server frames the body
 again), then its body, each piece as it arrives. An answer head past
 ``E2B_INGRESS_HEAD_BYTES``, a silence past ``E2B_INGRESS_IDLE_SECONDS``, or an end before
@@ -36,16 +37,28 @@ _HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "prox
                          "transfer-encoding", "upgrade", "proxy-connection", "host", TOKEN_HEADER})
 
 
+def canonical(name: bytes) -> bytes:
+    """A header name as E2B's proxy writes it (Go's canonical form): ``user-agent`` -> ``User-Agent``.
+    The server's HTTP stack hands names over in lower case; a program in the sandbox that
+    compares them as written sees them as E2B sends them."""
+    return b"-".join(part[:1].upper() + part[1:].lower() for part in name.split(b"-"))
+
+
+def passed_headers(scope: dict, dropped: frozenset[str]) -> list[tuple[bytes, bytes]]:
+    """The client's headers but the dropped names, each name in its canonical form."""
+    return [(canonical(k), v) for k, v in scope["headers"] if k.decode("latin-1").lower() not in dropped]
+
+
 def _request_head(scope: dict, host: str) -> h11.Request:
     path = scope.get("raw_path") or scope["path"].encode()
     if scope.get("query_string"):
         path += b"?" + scope["query_string"]
-    headers = [(k, v) for k, v in scope["headers"] if k.decode("latin-1").lower() not in _HOP_BY_HOP]
+    headers = passed_headers(scope, _HOP_BY_HOP)
     names = {k.lower() for k, _ in scope["headers"]}
     if b"transfer-encoding" in names and b"content-length" not in names:  # a body of no length given
-        headers.append((b"transfer-encoding", b"chunked"))
+        headers.append((b"Transfer-Encoding", b"chunked"))
     return h11.Request(method=scope["method"], target=path,
-                       headers=[(b"host", host.encode("latin-1")), *headers, (b"connection", b"close")])
+                       headers=[(b"Host", host.encode("latin-1")), *headers, (b"Connection", b"close")])
 
 
 async def forward(scope: dict, receive: Callable, send: Callable, link: PortLink, host: str) -> None:

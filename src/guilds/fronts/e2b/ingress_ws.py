@@ -38,7 +38,7 @@ from wsproto.utilities import LocalProtocolError
 
 from ...errors import SandboxError
 from ...limits import E2B_INGRESS_HEAD_BYTES, E2B_INGRESS_IDLE_SECONDS, E2B_INGRESS_WS_MESSAGE_BYTES
-from .ingress_http import TOKEN_HEADER
+from .ingress_http import TOKEN_HEADER, passed_headers
 from .ingress_reach import PortClosed, PortLink
 
 _NOT_PASSED = frozenset({"connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade", "host",
@@ -61,8 +61,7 @@ def _upgrade(scope: dict, host: str) -> Request:
     target = scope.get("raw_path") or scope["path"].encode()
     if scope.get("query_string"):
         target += b"?" + scope["query_string"]
-    headers = [(k, v) for k, v in scope["headers"] if k.decode("latin-1").lower() not in _NOT_PASSED]
-    return Request(host=host, target=target.decode("latin-1"), extra_headers=headers,
+    return Request(host=host, target=target.decode("latin-1"), extra_headers=passed_headers(scope, _NOT_PASSED),
                    subprotocols=list(scope.get("subprotocols") or ()))
 
 
