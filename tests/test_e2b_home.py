@@ -104,3 +104,25 @@ def test_a_command_or_terminal_runs_in_any_folder_of_the_sandbox(sbx):
     for missing in ("/no/such/folder", "/etc/passwd"):
         with pytest.raises(InvalidArgumentException, match="is not a folder of the sandbox"):
             sbx.commands.run("pwd", cwd=missing)
+
+
+@pytest.mark.backends("bwrap")
+def test_python_is_the_sandboxs_python3_as_in_e2bs_images(sbx):
+    """E2B's programs run ``python`` (its images have it): on bwrap, where the host has none,
+    a link to the sandbox's python3 in /usr/local/bin; the host's own, where it has one."""
+    out = sbx.commands.run("python -c 'import sys; print(sys.version_info[0])'; command -v python")
+    assert out.stdout.split()[0] == "3", out
+    changed = sbx.commands.run("ln -sf /bin/sh /usr/local/bin/python 2>&1 || echo refused")
+    assert changed.stdout.strip().endswith("refused")  # the link is read-only, as the helpers beside it
+
+
+def test_the_python_alias_is_made_only_where_there_is_none(tmp_path):
+    from guilds.sandbox.bwrap.bwrap_argv import python_alias
+
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    assert python_alias((), "/usr/bin/python3", (str(bins),)) == (("python", "/usr/bin/python3"),)
+    assert python_alias((("python", None),), "/usr/bin/python3", (str(bins),)) == ()
+    assert python_alias((), None, (str(bins),)) == ()
+    (bins / "python").symlink_to("nowhere")  # a dangling link counts: the host's name wins
+    assert python_alias((), "/usr/bin/python3", (str(bins),)) == ()

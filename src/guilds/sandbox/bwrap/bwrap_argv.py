@@ -382,6 +382,16 @@ def host_local_bin(skip: Collection[str]) -> tuple[tuple[str, str | None], ...]:
     return tuple((n, _link_target(os.path.join(HELPER_DIR, n))) for n in names)
 
 
+def python_alias(local_bin: tuple[tuple[str, str | None], ...], python: str | None,
+                 system_bins: Sequence[str] = ("/usr/bin", "/bin")) -> tuple[tuple[str, str | None], ...]:
+    """``python`` as a link to the sandbox's python3 in /usr/local/bin, where the host has no
+    ``python`` of its own there or in system_bins (E2B's user expects one: its images have it)."""
+    if python is None or any(name == "python" for name, _ in local_bin) \
+            or any(os.path.lexists(os.path.join(folder, "python")) for folder in system_bins):
+        return ()
+    return (("python", python),)
+
+
 def _link_target(path: str) -> str | None:
     return os.readlink(path) if os.path.islink(path) else None
 

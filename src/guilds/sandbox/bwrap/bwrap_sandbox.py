@@ -93,7 +93,8 @@ from ..process_channel import LocalProcess
 from ..egress_side import Egress
 from .bwrap_argv import (
     HELPER_DIR, READY, STATE_INSIDE, BwrapConfig, Limits, bwrap_argv,
-    enter_argv, host_local_bin, host_system, keep_run, limited_argv, limits_in_child, sandbox_owner, sandbox_python,
+    enter_argv, host_local_bin, host_system, keep_run, limited_argv, limits_in_child, python_alias, sandbox_owner,
+    sandbox_python,
     unavailable,
 )
 from ...limits import BWRAP_IDLE_SECONDS_DEFAULT, BWRAP_START_SECONDS
@@ -333,10 +334,13 @@ class BwrapSandbox(Backend):
             if self.settings.user is not None:
                 self._helpers += ((SUDO_NAME, str(sudo_file(cache))),)
         hidden = self._hiding()
+        local_bin = host_local_bin(skip=[name for name, _ in self._helpers])
+        if self.settings.user is not None:
+            local_bin += python_alias(local_bin, self.python)
         return BwrapConfig(
             home=self._host_home, home_inside=self.home, state_bytes=self.settings.bwrap.state_size,
             clock=self._clock, helpers=self._helpers, uid=self.uid, gid=self.gid, userns=self._userns,
-            system=host_system(), local_bin=host_local_bin(skip=[name for name, _ in self._helpers]),
+            system=host_system(), local_bin=local_bin,
             hidden=hidden.folders, hidden_files=hidden.files,
             keep_run=keep_run() if self.settings.network else (), network=self.settings.network,
             egress_dir=self.egress.files.shared if self.egress else "",
