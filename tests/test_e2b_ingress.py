@@ -77,8 +77,9 @@ class H(http.server.BaseHTTPRequestHandler):
         self._send(json.dumps({"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}).encode())
 http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """
-"""A server inside the sandbox: GET echoes the path and headers (names in lower case, and as written), /stream sends two lines two
-seconds apart, /forever a line every 0.2 s for ever, POST answers its body's digest."""
+"""A server inside the sandbox: GET echoes the path and headers (names in lower case, and as
+written), /stream sends two lines two seconds apart, /forever a line every 0.2 s for ever,
+POST answers its body's digest."""
 
 
 def _free_ports(count: int) -> list[int]:
