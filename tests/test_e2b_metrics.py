@@ -1,6 +1,7 @@
 """``get_metrics`` through the unmodified E2B Python SDK against a real `guilds serve --e2b`: figures
-of the sandbox's own cgroup (bwrap run as root makes one), sampled as E2B samples them; a sandbox
-without a cgroup of its own (local) is answered 501."""
+of the sandbox's own cgroup (bwrap run as root makes one; on docker, the container's, its engine
+on this machine), sampled as E2B samples them; a sandbox without a cgroup of its own (local) is
+answered 501."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from e2b_kit import (
     made_sandbox,  # noqa: F401 - the sbx fixture of this module
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.backends("bwrap")]
+pytestmark = [pytest.mark.slow, pytest.mark.backends("bwrap", "docker")]
 MEMORY = 384 << 20
 
 
@@ -28,7 +29,7 @@ MEMORY = 384 << 20
 def server(backend, tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("a bwrap sandbox has a cgroup of its own only when the server runs as root")
-    with e2b_server(tmp_path_factory.mktemp("e2b-metrics"), backend, '[bwrap]\nmemory = "384m"') as served:
+    with e2b_server(tmp_path_factory.mktemp("e2b-metrics"), backend, f'[{backend}]\nmemory = "384m"') as served:
         yield served
 
 
@@ -78,6 +79,7 @@ def test_samples_are_taken_every_interval(sbx):
     assert len(stamps) >= 3 and stamps == sorted(stamps)
 
 
+@pytest.mark.backends("bwrap")  # once: the server of this test is local's
 def test_a_sandbox_without_a_cgroup_of_its_own_is_501(tmp_path, monkeypatch):
     with e2b_server(tmp_path, "local") as served:
         served.export(monkeypatch)

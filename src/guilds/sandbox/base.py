@@ -102,6 +102,10 @@ class Sandbox(Protocol):
 
     async def write_file(self, path: str, data: bytes) -> None: ...
 
+    def cgroup_pid(self) -> int | None:
+        """A process of this machine in the running sandbox's own cgroup, or None (``Backend``)."""
+        ...
+
     async def open_process(self, argv: Sequence[str]) -> ProcessChannel: ...
 
     async def stop(self) -> list[str]: ...
@@ -179,6 +183,12 @@ class Backend:
 
     def runs_now(self) -> bool | None:
         """See ``Sandbox.runs_now``: here, cannot tell."""
+        return None
+
+    def cgroup_pid(self) -> int | None:
+        """A process of this machine in the running sandbox's own cgroup (its metrics are read
+        there: the E2B front's ``sandbox_metrics``), or None where the backend has none to name
+        (blocking: it may ask an engine)."""
         return None
 
     @classmethod

@@ -16,9 +16,12 @@ is paused, all dropped with it. A sample reads the cgroup of the sandbox's proce
 - ``diskUsed``, ``diskTotal``: the filesystem of the sandbox's home, whose space its files take.
 
 ``start`` and ``end`` (Unix seconds, default the sandbox's start and now) bound the samples
-listed; ``start`` after ``end`` is answered 400. A sandbox whose processes have no cgroup of
-their own on this machine (the docker and kubernetes backends, whose processes are not this
-machine's; local, which shares the server's) is answered 501 with E2B's body naming why.
+listed; ``start`` after ``end`` is answered 400. On docker the cgroup is the container's, read through its
+first process as this machine sees it (``cgroup_pid``: an engine on this machine). A sandbox
+whose processes have no cgroup of their own on this machine (kubernetes, whose processes are
+the cluster's; docker with an engine elsewhere; local, which shares the server's) is answered
+501 with E2B's body naming why. ``cpuCount``: the CPUs its processes may run on, at most what
+its cgroup v2 quota (``cpu.max``) gives.
 """
 
 from __future__ import annotations
@@ -92,6 +95,15 @@ def _cpu_seconds_v1(folder: str) -> float:
     return total / _TICKS
 
 
+def _quota_cpus(folder: str) -> int | None:
+    """The CPUs a cgroup v2 quota gives (``cpu.max``, rounded up), None without one."""
+    with contextlib.suppress(OSError, ValueError):
+        quota, period = _read(folder, "cpu.max").split()
+        if quota != "max":
+            return max(1, -(-int(quota) // int(period)))
+    return None
+
+
 @dataclass
 class Reading:
     """One look at a cgroup: its CPU time so far and its memory now."""
@@ -111,6 +123,7 @@ def read_cgroup(pid: int) -> Reading:
         raise NoCgroup("its processes share the server's cgroup")
     cpu_count = len(os.sched_getaffinity(pid))
     if _v2():
+        cpu_count = min(cpu_count, _quota_cpus(folder) or cpu_count)
         usage, cache = int(_read(folder, "memory.current")), _stat(folder, "memory.stat").get("file", 0)
         limit_text = _read(folder, "memory.max")
         limit = _machine_memory() if limit_text == "max" else int(limit_text)
@@ -182,6 +195,8 @@ class Metrics:
     async def take(self, box: E2BSandbox) -> None:
         """A sample of the sandbox now, kept (none while it is paused)."""
         pid = None if box.envd is None or box.state != RUNNING else box.envd.host_pid()
+        if pid is None and box.state == RUNNING:
+            pid = await asyncio.to_thread(box.sandbox.cgroup_pid)
         if pid is None:
             if box.state == RUNNING:
                 raise NoCgroup("its processes are not this machine's")

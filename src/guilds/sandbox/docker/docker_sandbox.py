@@ -46,6 +46,7 @@ import secrets
 import tarfile
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
 import docker
@@ -231,6 +232,20 @@ class DockerSandbox(ContainerSandbox):
     def _exit_code(self, exec_id: str) -> int | None:
         with self._engine("exec"):
             return engine.exit_code(self.client.api, exec_id)
+
+    def cgroup_pid(self) -> int | None:
+        """The container's first process as this machine sees it, when the engine runs here:
+        its pid by the engine, taken only when that process's cgroup names the container (an
+        engine elsewhere, or in a namespace of its own, gives a pid of no process here)."""
+        found = self._find()
+        if found is None or not found.get("State", {}).get("Running"):
+            return None
+        pid = int(found["State"].get("Pid") or 0)
+        try:
+            cgroups = Path(f"/proc/{pid}/cgroup").read_text() if pid > 0 else ""
+        except OSError:
+            return None
+        return pid if found["Id"] in cgroups else None
 
     def _check_running(self) -> None:
         """After a call that ended by a signal: was it the whole container?"""
