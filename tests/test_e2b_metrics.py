@@ -79,7 +79,6 @@ def test_samples_are_taken_every_interval(sbx):
     assert len(stamps) >= 3 and stamps == sorted(stamps)
 
 
-@pytest.mark.backends("bwrap")  # once: the server of this test is local's
 def test_a_sandbox_without_a_cgroup_of_its_own_is_501(tmp_path, monkeypatch):
     with e2b_server(tmp_path, "local") as served:
         served.export(monkeypatch)
