@@ -18,7 +18,9 @@ falls on all alike; medians after 3 warm-up calls each.
     spawn     subprocess.run(["bash", "-l", "-c", "true"]) on this machine, HOME the agent's: the floor
 
 Then files.write of N MB of random bytes and files.read of them back
-(format="bytes"), checked equal: seconds and MB/s, median of 3.
+(format="bytes"), checked equal, taking turns with `cp` of the same bytes into the
+sandbox's home on this machine and back out (the floor): seconds, MB/s and the ratio
+to cp, median of 3.
 
 Prints a Markdown table (pasted into docs/benchmarks.md under "E2B front").
 """
@@ -72,15 +74,24 @@ def commands(sbx: Sandbox, run, loop: asyncio.AbstractEventLoop, calls: int, hom
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def files(sbx: Sandbox, mb: int) -> tuple[float, float]:
+def files(sbx: Sandbox, mb: int, home: Path, scratch: Path) -> dict[str, float]:
+    """Median seconds of files.write and files.read of mb MB, and of `cp` of the same bytes into
+    the sandbox's home on this machine and back out (the floor), taking turns, 3 rounds."""
     data = os.urandom(mb * 1024 * 1024)
-    writes, reads = [], []
+    source = scratch / "bench-source.bin"
+    source.write_bytes(data)
+    times: dict[str, list[float]] = {"files.write": [], "cp in": [], "files.read": [], "cp out": []}
     for _ in range(3):
-        writes.append(_timed(lambda: sbx.files.write("bench.bin", data)) / 1000)
+        times["files.write"].append(_timed(lambda: sbx.files.write("bench.bin", data)) / 1000)
+        times["cp in"].append(_timed(lambda: subprocess.run(["cp", str(source), str(home / "bench-cp.bin")],
+                                                            check=True)) / 1000)
         got: list[bytes] = []
-        reads.append(_timed(lambda: got.append(bytes(sbx.files.read("bench.bin", format="bytes")))) / 1000)
+        times["files.read"].append(_timed(lambda: got.append(bytes(sbx.files.read("bench.bin",
+                                                                                    format="bytes")))) / 1000)
         assert got[0] == data, "the file read back differs"
-    return statistics.median(writes), statistics.median(reads)
+        times["cp out"].append(_timed(lambda: subprocess.run(["cp", str(home / "bench-cp.bin"),
+                                                             str(scratch / "bench-out.bin")], check=True)) / 1000)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main() -> None:
@@ -98,8 +109,9 @@ def main() -> None:
         agent = guilds.open(Path(tmp) / "agent.toml", data_dir=server.data)
         loop.run_until_complete(agent.__aenter__())
         try:
-            medians = commands(sbx, agent.run(), loop, opts.calls, home_of(sbx))
-            write_s, read_s = files(sbx, opts.mb)
+            home = home_of(sbx, server.data)
+            medians = commands(sbx, agent.run(), loop, opts.calls, home)
+            moved = files(sbx, opts.mb, home, Path(tmp))
         finally:
             loop.run_until_complete(agent.__aexit__(None, None, None))
             sbx.kill()
@@ -109,8 +121,9 @@ def main() -> None:
     for name, label in (("e2b", "E2B SDK `commands.run(\"true\")` against `guilds serve --e2b`"),
                         ("guilds", "`guilds.open`: `shell` `true`"), ("spawn", "bare spawn: `bash -l -c true`")):
         print(f"| {label} | {medians[name]:.1f} | {medians[name] / medians['guilds']:.2f}x |")
-    print(f"\n{opts.mb} MB file: write {write_s:.2f} s ({opts.mb / write_s:.0f} MB/s), "
-          f"read {read_s:.2f} s ({opts.mb / read_s:.0f} MB/s)")
+    print(f"\n| {opts.mb} MB file | s | MB/s | / cp |\n| --- | ---: | ---: | ---: |")
+    for name, floor in (("files.write", "cp in"), ("cp in", "cp in"), ("files.read", "cp out"), ("cp out", "cp out")):
+        print(f"| {name} | {moved[name]:.2f} | {opts.mb / moved[name]:.0f} | {moved[name] / moved[floor]:.1f}x |")
 
 
 if __name__ == "__main__":

@@ -249,3 +249,38 @@ def test_a_server_writing_more_than_a_pipe_holds_to_stderr_keeps_answering(tmp_p
         assert box.commands.run("echo still", timeout=60).stdout == "still\n"
         box.kill()
     assert any("not-the-services-own-line-2000" in line for line in served.log)
+
+
+def test_a_write_that_fails_midway_is_answered_at_once_with_its_reason(tmp_path, monkeypatch):
+    """A file written in pieces, several on their way at once (E2B_FILE_CHUNKS_IN_FLIGHT), that
+    the sandbox stops taking midway (the file made read-only from inside): the answer names the
+    failure, the pieces after it are dropped, and the sandbox's files serve on."""
+    from guilds.limits import E2B_FILE_CHUNKS_IN_FLIGHT
+    from guilds_code.limits import ENVD_CHUNK_BYTES
+
+    with e2b_server(tmp_path, "bwrap") as served:
+        for name, value in served.env().items():
+            monkeypatch.setenv(name, value)
+        box = Sandbox.create()
+        target = home_of(box, served.data) / "half.bin"
+
+        def body():
+            yield b"a" * (2 * ENVD_CHUNK_BYTES)
+            deadline = time.monotonic() + 30
+            while not (target.exists() and target.stat().st_size >= ENVD_CHUNK_BYTES) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            box.commands.run("chmod 444 half.bin")
+            for _ in range(4 * E2B_FILE_CHUNKS_IN_FLIGHT):
+                yield b"b" * ENVD_CHUNK_BYTES
+
+        started = time.monotonic()
+        answer = httpx.post(f"{served.url}/files", params={"path": "half.bin"}, content=body(), timeout=120,
+                            headers={"E2b-Sandbox-Id": box.sandbox_id, "X-Access-Token": box._envd_access_token,
+                                     "Content-Type": "application/octet-stream"})
+        assert answer.status_code >= 400 and "Permission denied" in answer.json()["message"], answer.text
+        assert time.monotonic() - started < 60
+        assert target.stat().st_size < 2 * ENVD_CHUNK_BYTES + 4 * E2B_FILE_CHUNKS_IN_FLIGHT * ENVD_CHUNK_BYTES
+        big = bytes(range(256)) * (3 * ENVD_CHUNK_BYTES // 256) + b"end"  # pieces in flight, in their order
+        box.files.write("whole.bin", big)
+        assert box.files.read("whole.bin", format="bytes") == big
+        box.kill()

@@ -379,6 +379,10 @@ E2B_SHARED_KEY_POLL_SECONDS = 0.2
 """--e2b-shared: how often that repeat reads the key's row again."""
 E2B_MASK_HOST_MAX_CHARS = 260
 """The longest ``maskRequestHost`` a create may give (a DNS name, 253, and a port): 400 past it."""
+E2B_FILE_CHUNKS_IN_FLIGHT = 3
+"""A file written through the E2B API (``/files``): how many of its pieces (ENVD_CHUNK_BYTES
+each) are on their way to the sandbox's process service at once, so that the server's work on
+one and the service's on another overlap; the memory a write holds is that many pieces."""
 E2B_INGRESS_HEAD_BYTES = 64 * 1024
 """The longest response head (status line and headers) a server in a sandbox may send to a
 request of its port from outside: past it the request is answered 502."""

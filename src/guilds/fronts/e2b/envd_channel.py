@@ -18,6 +18,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,6 +147,9 @@ class EnvdChannel:
         self.ending = False
         """Set when its sandbox is killed or paused: its commands' streams are dropped, not ended."""
         self._send_lock = threading.Lock()
+        self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="e2b-envd-send")
+        """Requests' lines are written by one thread, in the order they were made: chunks of a
+        file in flight at once (``files_api``) reach the service in their order."""
         self._notifying: set[asyncio.Task] = set()
         self.watches: dict[str, asyncio.Event] = {}
         """The streamed folder watchers by id: each set when the service says events wait (``watch_api``)."""
@@ -256,7 +260,7 @@ class EnvdChannel:
         self._waiting[ident] = future
         line = (json.dumps({"id": ident, "op": op, **fields}, separators=(",", ":")) + "\n").encode()
         try:
-            await asyncio.to_thread(self._send, line)
+            await self._loop.run_in_executor(self._sender, self._send, line)
         except ChannelClosed:
             self._waiting.pop(ident, None)
             raise ConnectError("unavailable", "the sandbox's process service has ended") from None
@@ -279,3 +283,4 @@ class EnvdChannel:
     async def close(self) -> None:
         """End the service: its commands' groups get SIGTERM, then SIGKILL."""
         await asyncio.to_thread(self._channel.close)
+        self._sender.shutdown(wait=False)

@@ -4,15 +4,18 @@ Paths are resolved inside the sandbox as ``file_read`` resolves them: ``~`` and
 relative paths from the agent's home, absolute paths only inside it, links
 followed only inside it; a path outside is ``permission_denied`` (403 on
 /files). Files move in limits.ENVD_CHUNK_BYTES pieces: a large file is never
-held whole in memory. The ``username`` of a request is not used: everything
-runs as the agent.
+held whole in memory; a write keeps E2B_FILE_CHUNKS_IN_FLIGHT pieces on their way at
+once (the service takes them in order), a read asks for the next piece while one goes
+out. The ``username`` of a request is not used: everything runs as the agent.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import zlib
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from starlette.requests import Request
@@ -20,6 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from guilds_code.limits import ENVD_CHUNK_BYTES
 
+from ...limits import E2B_FILE_CHUNKS_IN_FLIGHT
 from . import file_metadata
 from .connect import ConnectError
 from .envd_channel import EnvdChannel, EnvdFailed
@@ -65,14 +69,21 @@ def file_error(exc: ConnectError) -> JSONResponse:
 
 
 async def _chunks(envd: EnvdChannel, path: str, first: dict[str, Any]) -> AsyncIterator[bytes]:
+    """The file's pieces as they are read, the next one asked for while this one goes out."""
     reply, offset = first, 0
     while True:
         data = base64.b64decode(reply["b64"])
-        yield data
         offset += len(data)
-        if reply["eof"]:
+        ahead = None if reply["eof"] else asyncio.ensure_future(
+            envd.call("read", path=path, offset=offset, size=ENVD_CHUNK_BYTES))
+        try:
+            yield data
+        except GeneratorExit:  # the client went: the piece asked for ahead is not waited for
+            _dropped([ahead] if ahead is not None else [])
+            raise
+        if ahead is None:
             return
-        reply = await envd.call("read", path=path, offset=offset, size=ENVD_CHUNK_BYTES)
+        reply = await ahead
 
 
 async def read_file(request: Request, box: E2BSandbox) -> Response:
@@ -94,9 +105,27 @@ async def _write(envd: EnvdChannel, path: str, pieces: AsyncIterator[bytes],
         if exc.code == "resource_exhausted":
             raise ConnectError(exc.code, str(exc), status=INSUFFICIENT_STORAGE) from None
         raise
-    async for piece in pieces:
-        reply = await envd.call("write", path=path, b64=base64.b64encode(piece).decode(), append=True)
+    in_flight: deque[asyncio.Future] = deque()
+    try:
+        async for piece in pieces:
+            if len(in_flight) >= E2B_FILE_CHUNKS_IN_FLIGHT:
+                reply = await in_flight.popleft()
+            in_flight.append(asyncio.ensure_future(
+                envd.call("write", path=path, b64=base64.b64encode(piece).decode(), append=True)))
+        while in_flight:
+            reply = await in_flight.popleft()
+    finally:  # a failed piece, or the client gone: the ones after it are not waited for
+        _dropped(in_flight)
     return reply["entry"]
+
+
+def _dropped(calls: Iterable[asyncio.Future]) -> None:
+    """Calls nobody will wait for: cancelled, or their outcome taken (no warning that it was not)."""
+    for call in calls:
+        if call.done():
+            call.cancelled() or call.exception()
+        else:
+            call.cancel()
 
 
 async def _rechunk(source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
