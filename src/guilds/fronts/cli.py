@@ -285,7 +285,10 @@ def _refuse_no_token_off_loopback(opts: argparse.Namespace) -> None:
 
 
 def _serve_options(opts: argparse.Namespace) -> tuple[Tls | None, E2BServing | None]:
-    """`guilds serve`'s HTTPS and E2B options, checked (ConfigError) before anything starts."""
+    """`guilds serve`'s HTTPS and E2B options, checked (ConfigError) before anything starts
+    (nothing imported for a plain `guilds serve`: its first line waits for none of it)."""
+    if opts.tls_cert is None and not opts.e2b:
+        return None, None
     from .serve_options import E2BServing, Tls, checked_domain
 
     tls = None if opts.tls_cert is None else Tls.checked(opts.tls_cert, opts.tls_key)

@@ -14,7 +14,6 @@ by a TLS front before the server (docs/e2b.md, "By host names").
 from __future__ import annotations
 
 import re
-import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,8 @@ class Tls:
         for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
             if not Path(path).is_file():
                 raise ConfigError(f"{flag}: no such file: {path}")
+        import ssl  # only for a server that serves HTTPS
+
         try:
             ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
         except ssl.SSLError as exc:
