@@ -103,9 +103,11 @@ class Relay:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        where = self.target()
-        self.connections.append(where)
+        """conn piped to target(); closed at once when there is none or it refuses (the client
+        sees its connection end, as a Service with no ready endpoint ends it)."""
         try:
+            where = self.target()
+            self.connections.append(where)
             upstream = socket.create_connection(where, timeout=10)
         except OSError:
             conn.close()

@@ -223,14 +223,15 @@ async def storm(deployment: deploy_kit.Deployment, agents: int, calls: int, ever
 
 
 # --- what happened ------------------------------------------------------------------------
-async def tokens_in_files(deployment: deploy_kit.Deployment, runs: list[str]) -> Counter[str]:
+async def tokens_in_files(deployment: deploy_kit.Deployment, runs: list[str]) -> tuple[Counter[str], list[str]]:
     """Every token the runs' files hold, counted (read through the Service, after the
-    background commands had time to end)."""
+    background commands had time to end), and the first lines of each reading's answer."""
     await asyncio.sleep(BACKGROUND_SECONDS + 1)
     readers = [Call(f"{run}-check", 0, given={"command": f"cat {FILES}/{run}.tokens"}) for run in runs]
     await make_calls(deployment.route.url, deployment.token, readers, time.monotonic() + 300)
-    return Counter(line for reader in readers for line in reader.text.splitlines()
-                   if line.startswith(reader.run.removesuffix("-check") + "-"))
+    tokens = Counter(line for reader in readers for line in reader.text.splitlines()
+                     if line.startswith(reader.run.removesuffix("-check") + "-"))
+    return tokens, [f"{reader.run}: {reader.text[:160]!r}" for reader in readers]
 
 
 async def recorded(database_url: str, keys: list[str]) -> dict[str, tuple[str, bool]]:
@@ -280,6 +281,8 @@ class Counts:
     quick: list[float]
     """Of the quick calls no break touched: their time, the replicas' load."""
     kills: int
+    readings: list[str] = field(default_factory=list)
+    """The start of each run's file as read at the end (shown when a token is missing)."""
 
     @staticmethod
     def percentile(values: list[float], q: float) -> float:
@@ -294,13 +297,20 @@ class Counts:
                 f"{len(self.failovers)} in flight on the replica that died, failover (broken connection to answer) "
                 f"{_spread(self.failovers)}; {len(self.rerouted)} that reached no replica first, to their start "
                 f"elsewhere {_spread(self.rerouted)}")
-        return [made, fail, f"the {len(self.quick)} quick calls no break touched, each: {_spread(self.quick)}"]
+        shown = [made, fail, f"the {len(self.quick)} quick calls no break touched, each: {_spread(self.quick)}"]
+        for name, items in (("other errors", self.errors), ("run twice", self.ran_twice),
+                            ("recorded otherwise", self.wrong_status)):
+            shown += [f"{name}, the first: {item}" for item in items[:3]]
+        if self.not_run:
+            shown += [f"answered but not run, e.g. {', '.join(self.not_run[:3])}; the files read:",
+                      *self.readings[:3]]
+        return shown
 
 
 
 async def check(deployment: deploy_kit.Deployment, calls: list[Call], killer: Killer) -> Counts:
     runs = sorted({c.run for c in calls})
-    tokens = await tokens_in_files(deployment, runs)
+    tokens, readings = await tokens_in_files(deployment, runs)
     held = await recorded(deployment.database_url, [c.key for c in calls])
     errors = [f"{c.token}: {c.text[:200]}" for c in calls if c.is_error and not c.lost]
     ran_twice = [token for token, n in tokens.items() if n > 1]
@@ -311,6 +321,7 @@ async def check(deployment: deploy_kit.Deployment, calls: list[Call], killer: Ki
                   broken=sum(c.broken_at is not None for c in calls),
                   failovers=[f for c in calls if (f := c.failover) is not None],
                   rerouted=[r for c in calls if (r := c.rerouted) is not None], kills=len(killer.kills),
+                  readings=readings,
                   quick=[c.answered_at - c.sent_at for c in calls
                          if c.kind == "quick" and c.broken_at is None and c.answered_at and c.sent_at])
 

@@ -40,9 +40,9 @@ def test_calls_through_the_service_end_once_while_replicas_are_killed(deployment
     counts = asyncio.run(storm_and_check())
     print("\n".join(counts.lines()))
     assert counts.kills >= 1 and counts.broken >= 1, counts.lines()
-    assert counts.made == RUNS * CALLS and counts.answered + counts.lost == counts.made
-    assert counts.errors == [] and counts.ran_twice == [] and counts.not_run == []
-    assert counts.wrong_status == []
+    assert counts.made == RUNS * CALLS and counts.answered + counts.lost == counts.made, counts.lines()
+    assert counts.errors == [] and counts.ran_twice == [] and counts.not_run == [], counts.lines()
+    assert counts.wrong_status == [], counts.lines()
 
 
 def test_a_background_command_is_read_and_stopped_through_any_replica_after_its_replica_died(deployment):
