@@ -285,11 +285,3 @@ async def test_the_token_is_in_nothing_the_pod_reads_nor_in_any_object_of_the_na
     for value in (forge.token, UPLOAD):
         assert not [t for t in texts if value in t]
     assert box.pod in objects and f"{box.pod}-env" in objects and f"{box.pod}-egress" in objects
-
-
-def test_a_list_in_claim_mode_is_refused_in_one_line(tmp_path):
-    from guilds.sandbox import get_sandbox
-
-    settings = settings_of(tmp_path, mode="claim")
-    with pytest.raises(SandboxError, match=r'^agent\.network: a list of hosts is enforced by kubernetes\.mode = "pod"'):
-        get_sandbox(settings, tmp_path / "data")

@@ -8,6 +8,12 @@ The authority is made on first use in a folder of the data folder (``egress/``):
 ``ca.pem`` (the certificate, 0644) and ``ca.key`` (its private key, 0600), the
 folder 0700. Many proxies starting at once make it once (a lock file). Leaf
 certificates are made per host and kept in memory only, as ready TLS contexts.
+
+Where the data folder's egress folder holds a shared key
+(``guilds.sandbox.egress_side.files.shared_key``), the authority's private key is
+derived from it: servers that share it sign with one key under one name, so a
+sandbox trusting one's certificate trusts the leaves of all of them. An authority
+of another key found in the folder is made anew.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from .policy import address_of
+from .shared_key import derived_key, shared_key
 
 CA_NAME = "guilds egress authority"
 """The authority's common name (what a client's error shows as the issuer)."""
@@ -41,8 +48,12 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-def _new_key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
+def _new_key(seed: bytes | None = None) -> ec.EllipticCurvePrivateKey:
+    """A fresh key, or the one seed gives (the same seed, the same key)."""
+    if seed is None:
+        return ec.generate_private_key(ec.SECP256R1())
+    order = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551  # SECP256R1's n
+    return ec.derive_private_key(int.from_bytes(seed, "big") % (order - 1) + 1, ec.SECP256R1())
 
 
 def _write_private(path: Path, data: bytes, mode: int) -> None:
@@ -56,8 +67,8 @@ def _write_private(path: Path, data: bytes, mode: int) -> None:
     os.replace(tmp, path)
 
 
-def _make_ca(folder: Path) -> None:
-    key = _new_key()
+def _make_ca(folder: Path, seed: bytes | None = None) -> None:
+    key = _new_key(seed)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CA_NAME)])
     public = key.public_key()
     cert = (
@@ -87,6 +98,17 @@ def host_roots_file() -> Path | None:
     return None
 
 
+def _read_key(folder: Path) -> ec.EllipticCurvePrivateKey:
+    key = serialization.load_pem_private_key((folder / "ca.key").read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{folder / 'ca.key'}: not the authority's key")
+    return key
+
+
+def _of_seed(key: ec.EllipticCurvePrivateKey, seed: bytes) -> bool:
+    return key.private_numbers().private_value == _new_key(seed).private_numbers().private_value
+
+
 class CertificateAuthority:
     """The authority of one data folder; ``open`` makes it on first use."""
 
@@ -101,14 +123,13 @@ class CertificateAuthority:
         """The authority kept in folder, made there (0700, key 0600) when it has none."""
         path = Path(folder)
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shared = shared_key(path.parent)
+        seed = None if shared is None else derived_key(shared, "authority")
         with open(path / ".lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if not (path / "ca.key").exists():
-                _make_ca(path)
-        key = serialization.load_pem_private_key((path / "ca.key").read_bytes(), password=None)
-        if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise ValueError(f"{path / 'ca.key'}: not the authority's key")
-        return cls(path, x509.load_pem_x509_certificate((path / "ca.pem").read_bytes()), key)
+            if not (path / "ca.key").exists() or (seed is not None and not _of_seed(_read_key(path), seed)):
+                _make_ca(path, seed)
+        return cls(path, x509.load_pem_x509_certificate((path / "ca.pem").read_bytes()), _read_key(path))
 
     @property
     def cert_pem(self) -> bytes:

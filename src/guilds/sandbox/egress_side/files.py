@@ -11,6 +11,12 @@
   ``clock`` (the proxy's idle clock where the sandbox has none of its own).
 
 The certificate authority lives in ``<data>/egress/ca/``, one per data folder.
+
+``<data>/egress/shared.key`` (``guilds.egress.shared_key``, written by whoever deploys the server;
+optional): a key that servers sharing one run record share. Where it is, an agent's
+placeholder key and the authority's key are derived from it (``shared_key``), so any of
+those servers gives an agent's sandbox the same placeholders and a proxy its sandbox
+trusts (docs/deploy.md, "A replica's death").
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from ...egress.shared_key import derived_key, shared_key
+from ...errors import SandboxError
 from .._host_folder import removed
 
 EGRESS_INSIDE = "/run/guilds-egress"
@@ -57,6 +65,12 @@ def prepare(files: EgressFiles, owner: tuple[int, int] | None = None) -> bytes:
     os.makedirs(files.folder, mode=0o700, exist_ok=True)
     os.makedirs(files.shared, exist_ok=True)
     os.chmod(files.shared, 0o755)  # noqa: S103 - the sandbox's uid must reach the socket in it
+    try:
+        shared = shared_key(os.path.dirname(files.folder))
+    except ValueError as exc:
+        raise SandboxError(str(exc)) from None
+    if shared is not None:
+        return derived_key(shared, "placeholder", os.path.basename(files.folder))
     key_path = files.path("placeholder.key")
     try:
         fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -66,7 +80,6 @@ def prepare(files: EgressFiles, owner: tuple[int, int] | None = None) -> bytes:
         key = os.urandom(32)
         fh.write(key)
     return key
-
 
 
 @contextlib.contextmanager

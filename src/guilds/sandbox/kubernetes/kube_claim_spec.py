@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 import re
 import shlex
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypeAlias
 
 from ...config.settings import KubernetesSettings, SandboxUser
 from ...errors import SandboxError
@@ -57,24 +57,28 @@ _LOAD = _CHECK + '. "$0" && exec "$@"'
 _LOAD_MARKED = _CHECK + f"printf '%s\\n' '{LOADED_MARK.decode().strip()}' >&2; " + '. "$0" && exec "$@"'
 
 
+Relay: TypeAlias = "tuple[str, list[str]] | None"
+"""What INIT runs first (``init_argv``'s relay_with): the egress relay with agent.network a list."""
+
+
 def _pod_spec(cfg: KubernetesSettings, *, home: str, network: bool, base_env: Mapping[str, str],
-              user: SandboxUser | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+              user: SandboxUser | None = None, relay: Relay = None) -> tuple[dict[str, Any], dict[str, str]]:
     """(the pod spec every agent of these settings shares, its labels)."""
     pod = spec.pod_manifest(cfg, agent_id="pool", home=home, network=network, idle_seconds=NO_IDLE_SECONDS,
                             base_env=base_env, fingerprint="")
     pod_spec = copy.deepcopy(pod["spec"])
     container = pod_spec["containers"][0]
     del container["envFrom"]
-    container["command"] = init_argv(spec.PYTHON, NO_IDLE_SECONDS)
+    container["command"] = init_argv(spec.PYTHON, NO_IDLE_SECONDS, relay_with=relay)
     pod_spec["volumes"] = [{"name": HOME_VOLUME, "emptyDir": {"sizeLimit": cfg.home_size}}]
     return with_user(pod_spec, user), {spec.LABEL_NETWORK: pod["metadata"]["labels"][spec.LABEL_NETWORK]}
 
 
 def template_manifest(cfg: KubernetesSettings, *, home: str, network: bool, base_env: Mapping[str, str],
-                      helpers: str, user: SandboxUser | None = None) -> dict[str, Any]:
-    """The SandboxTemplate for these settings (user: the template's user, ``kube_user``); its
-    name covers the spec and the helpers' build."""
-    pod_spec, labels = _pod_spec(cfg, home=home, network=network, base_env=base_env, user=user)
+                      helpers: str, user: SandboxUser | None = None, relay: Relay = None) -> dict[str, Any]:
+    """The SandboxTemplate for these settings (user: the template's user, ``kube_user``;
+    relay: INIT's egress relay); its name covers the spec and the helpers' build."""
+    pod_spec, labels = _pod_spec(cfg, home=home, network=network, base_env=base_env, user=user, relay=relay)
     name = "guilds-" + fingerprint([pod_spec, labels, helpers])[:12]
     return {"apiVersion": f"{EXTENSIONS}/{VERSION}", "kind": "SandboxTemplate",
             "metadata": {"name": name, "namespace": cfg.namespace, "labels": {LABEL_TEMPLATE: name}},
@@ -100,7 +104,7 @@ def claim_manifest(namespace: str, agent_id: str, pool: str) -> dict[str, Any]:
 
 
 def own_sandbox_manifest(cfg: KubernetesSettings, template: Mapping[str, Any], agent_id: str,
-                         idle_seconds: float) -> dict[str, Any]:
+                         idle_seconds: float, relay: Relay = None) -> dict[str, Any]:
     """The Sandbox of an agent that keeps its home: the template's pod with the home on a
     volume claim of ``home_size`` (the controller mounts it in place of the emptyDir), and
     INIT's idle stop after idle_seconds (this pod waits in no pool)."""
@@ -108,7 +112,7 @@ def own_sandbox_manifest(cfg: KubernetesSettings, template: Mapping[str, Any], a
     pod_template = copy.deepcopy(template["spec"]["podTemplate"])
     pod_template["metadata"]["labels"][spec.LABEL_AGENT] = name
     pod_template["spec"]["volumes"] = []
-    pod_template["spec"]["containers"][0]["command"] = init_argv(spec.PYTHON, idle_seconds)
+    pod_template["spec"]["containers"][0]["command"] = init_argv(spec.PYTHON, idle_seconds, relay_with=relay)
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Sandbox",
             "metadata": {"name": name, "namespace": cfg.namespace,
                          "labels": {spec.LABEL_AGENT: name, LABEL_TEMPLATE: template["metadata"]["name"]},

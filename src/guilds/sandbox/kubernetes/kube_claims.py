@@ -70,23 +70,25 @@ from ...limits import (
 )
 from .._container import blocking, helpers_digest, repos_file, repos_json
 from ..base import Box, Check
+from ..egress_side import Egress
 from . import kube_admin as admin
 from . import kube_claim_admin as claim_admin
 from . import kube_claim_spec as claims
 from . import kube_cluster as cluster
 from . import kube_spec as spec
+from .kube_egress import KubeEgress, PodSide, relay_of
 from .kube_host import Notes, fingerprint_key
 from .kube_pod import KubePodSandbox
 from .kube_wire import Wire, WireError
 
 if TYPE_CHECKING:
-    from ..egress_side import Egress
     from ..process_channel import KubeProcess
 
 WATCH_SLICE_SECONDS = KUBERNETES_CLAIM_WATCH_SLICE_SECONDS
 GONE_WAIT_SECONDS = KUBERNETES_CLAIM_GONE_SECONDS
-LIST_REFUSED = ("agent.network: a list of hosts is enforced by kubernetes.mode = \"pod\" only, not \"claim\"; "
-                "use the pod mode, or true or false")
+SANDBOX_LABEL = "agents.x-k8s.io/sandbox-name-hash"
+"""The label agent-sandbox's controller stamps on a Sandbox's pod, of that Sandbox alone:
+what a claimed pod's egress policy selects it by (the pool's pods share every other)."""
 
 CONTAINER_NOT_LISTED = "container not found"
 """The kubelet's answer to an exec in a pod whose container it does not list yet."""
@@ -96,8 +98,8 @@ class KubeClaimSandbox(KubePodSandbox):
     """``[kubernetes] mode = "claim"``: the pod of a Sandbox claimed from a warm pool of
     agent-sandbox (``keep_home``: of the agent's own Sandbox)."""
 
-    egress: Egress | None = None
-    """Never one: claim mode refuses agent.network as a list (LIST_REFUSED)."""
+    network_list_held = ("on kubernetes only where the cluster enforces NetworkPolicy (each claimed pod is "
+                         "checked before its first call and refused if not)")
 
     def __init__(self, settings: AgentSettings, data_dir: str | os.PathLike, *,
                  idle_seconds: float | None = None, api_client: Any = None):
@@ -123,12 +125,15 @@ class KubeClaimSandbox(KubePodSandbox):
         self._heard_lock = threading.Lock()
         self._claimed_at: float | None = None
         """When the claim being awaited was created (monotonic); None: none made now."""
+        self._pod_read: dict[str, Any] | None = None
+        """The claimed pod as last read (its labels and address: the egress policy's)."""
+        self.egress = self._egress_of(data_dir)
+        if self.egress is not None:
+            self._base_env.update(self._pool_env(self.egress.env()))
 
     @classmethod
     def for_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike, *,
                   idle_seconds: float | None) -> KubeClaimSandbox:
-        if settings.egress:
-            raise SandboxError(LIST_REFUSED)
         return cls(settings, data_dir, idle_seconds=idle_seconds)
 
     @classmethod
@@ -162,6 +167,48 @@ class KubeClaimSandbox(KubePodSandbox):
             Notes(self.data_dir, "templates", template).forget()
         return gone + unused
 
+    # --- agent.network a list ------------------------------------------------------------
+    def _egress_of(self, data_dir: str | os.PathLike) -> KubeEgress | None:
+        """The egress of a claimed pod: its relay's file and trust bundle in the state root
+        itself (the pool's pods start the relay before any agent claims one), its policy
+        selecting the pod by its Sandbox's label."""
+        if Egress.data_folder(self.settings, data_dir, self.name) is None:
+            return None
+        side = PodSide(lock=self._lock, ready=lambda: self._ready, apply_policy=self._apply_policy,
+                       put=lambda files: self._put(files, making=True), run=self._run_quietly,
+                       selector=self._pod_selector)
+        return KubeEgress(self.settings, data_dir, pod=self.pod, idle_seconds=self.idle_seconds, side=side,
+                          place="")
+
+    def _pool_env(self, env: dict[str, str]) -> dict[str, str]:
+        """What of the egress environment every agent of the template shares (the proxy's and
+        the trust bundle's variables): the placeholders are the agent's, in its secrets file."""
+        return {k: v for k, v in env.items() if k not in self.settings.secret_hosts}
+
+    def _pod_selector(self) -> dict[str, str]:
+        label = ((self._pod_read or {}).get("metadata") or {}).get("labels", {}).get(SANDBOX_LABEL)
+        if not label:
+            raise SandboxError(f"kubernetes: the claimed pod {self.pod} has no {SANDBOX_LABEL} label to hold its "
+                               "egress policy to (agent-sandbox's controller sets it)")
+        return {SANDBOX_LABEL: label}
+
+    def _relay(self) -> claims.Relay:
+        return None if self.egress is None else relay_of("")
+
+    def _claimed_egress(self) -> bool:
+        """agent.network a list, the claimed pod known (under the lock): the pod read, and
+        its egress told of it (its proxy, policy, relay's file and trust bundle); False when
+        the pod does not run (a noted one gone: the claim is read again)."""
+        if self.egress is None:
+            return True
+        pod = self._read_pod() or {}
+        if spec.pod_phase(pod)[0] != "running" or (pod.get("metadata") or {}).get("deletionTimestamp"):
+            return False
+        self._pod_read = pod
+        self.egress.pod = self.pod  # the claimed pod's name: its policy's, and its owner's
+        self._egress_for_pod(pod)
+        return True
+
     # --- what each mode says -------------------------------------------------------------
     def _start(self) -> None:
         self._ensure()
@@ -171,6 +218,8 @@ class KubeClaimSandbox(KubePodSandbox):
         with self._lock:
             self._ready = False
             self._note.forget()
+            if self.egress is not None:
+                self.egress.stop()
             if self.keep_home:
                 self._set_mode("Suspended")
                 return []
@@ -193,11 +242,12 @@ class KubeClaimSandbox(KubePodSandbox):
             name = template["metadata"]["name"]
             files = self._files()
             digest = self._digest(files)
-            if self._may_trust and self._noted_says(name, digest):
+            if self._may_trust and self._noted_says(name, digest) and self._claimed_egress():
                 self._ready = self._unverified = True
                 return False
             self._unverified = False
             if self._noted_holds(name, digest):
+                self._claimed_egress()
                 self._ready = True
                 return False
             self._note.forget()
@@ -214,15 +264,22 @@ class KubeClaimSandbox(KubePodSandbox):
                 self._helpers_checked(name)
             self._put(files, making=True)
             self._noted(name, digest, pod)
+            self._claimed_egress()
             self._ready = True
             self._claim_answered(name)
             return True
 
     # --- the notes of what was learned -----------------------------------------------------
     def _files(self) -> list[tuple[str, bytes, int]]:
-        """The secrets file and repos.json, as the claimed pod gets them."""
-        return [(claims.secrets_file(self.agent_id), claims.secrets_text(self.settings.secrets), 0o600),
-                (repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600)]
+        """The secrets file and repos.json, as the claimed pod gets them (agent.network a list:
+        a host-bound secret's placeholder in place of its value, in both)."""
+        egress = self.egress
+        if egress is None:
+            return [(claims.secrets_file(self.agent_id), claims.secrets_text(self.settings.secrets), 0o600),
+                    (repos_file(self.agent_id), repos_json(self.settings, self.home), 0o600)]
+        inside = {**egress.pod_secrets(), **{k: v for k, v in egress.env().items() if k in self.settings.secret_hosts}}
+        return [(claims.secrets_file(self.agent_id), claims.secrets_text(inside), 0o600),
+                (repos_file(self.agent_id), repos_json(self.settings, self.home, egress.repos_entries()), 0o600)]
 
     def _digest(self, files: list[tuple[str, bytes, int]]) -> str:
         """A keyed hash of the files (the note names what was written, and holds no secret)."""
@@ -331,7 +388,7 @@ class KubeClaimSandbox(KubePodSandbox):
     def _template_manifest(self) -> dict[str, Any]:
         return claims.template_manifest(self.config, home=self.home, network=self.settings.network,
                                         base_env=self._base_env, helpers=helpers_digest(),
-                                        user=self.settings.user)
+                                        user=self.settings.user, relay=self._relay())
 
     def _template(self) -> dict[str, Any]:
         """The template the settings give, made with its pool at ``warm`` unless noted so (a pool
@@ -481,7 +538,8 @@ class KubeClaimSandbox(KubePodSandbox):
     # --- an agent's own Sandbox (keep_home) --------------------------------------------
     def _own_sandbox(self, template: dict[str, Any]) -> bool:
         """Make the agent's Sandbox, or resume it when suspended; wait until it is ready."""
-        wanted = claims.own_sandbox_manifest(self.config, template, self.agent_id, self.idle_seconds)
+        wanted = claims.own_sandbox_manifest(self.config, template, self.agent_id, self.idle_seconds,
+                                             relay=self._relay())
         have = self._read(claims.GROUP, claims.SANDBOXES, self.claim)
         if have is not None and have["spec"].get("podTemplate") != wanted["spec"]["podTemplate"]:
             self._patch(claims.GROUP, claims.SANDBOXES, self.claim,  # the settings changed: the next pod is new

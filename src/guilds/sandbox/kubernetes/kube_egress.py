@@ -44,7 +44,7 @@ import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from ...config.settings import AgentSettings
 from ...errors import SandboxError
@@ -62,34 +62,42 @@ RELAY_TCP = (
     "def _connect(path):\n"
     " import json,socket\n"
     " with open(path) as f:d=json.load(f)\n"
-    " u=socket.create_connection((d['address'],int(d['port'])),10)\n"
-    " try:\n"
-    "  u.settimeout(None)\n"
-    "  u.sendall(('GUILDS-EGRESS '+d['credential']+'\\n').encode())\n"
-    " except OSError:\n"
-    "  u.close()\n"
-    "  raise\n"
-    " return u\n"
-)
-"""The relay's connection to the proxy on TCP: address, port and credential from the
-file named by its argv[4], read at each connection (missing or wrong: the
-connection is closed, nothing else is tried)."""
+    " for a,p in d.get('proxies') or [[d['address'],d['port']]]:\n"
+    "  try:u=socket.create_connection((a,int(p)),RELAY_CONNECT_SECONDS)\n"
+    "  except OSError:continue\n"
+    "  try:\n"
+    "   u.settimeout(None)\n"
+    "   u.sendall(('GUILDS-EGRESS '+d['credential']+'\\n').encode())\n"
+    "   return u\n"
+    "  except OSError:u.close()\n"
+    " raise OSError('no egress proxy answers')\n"
+).replace("RELAY_CONNECT_SECONDS", "3")
+"""The relay's connection to a proxy on TCP: the proxies (address, port) in turn and the
+credential from the file named by its argv[4], read at each connection; the first that
+takes the connection within 3 s carries it (servers sharing a run record each list the
+proxy of their own: ``KubeEgress._publish``). None does, or the file is missing or wrong:
+the connection is closed, nothing else is tried (closed, never open)."""
 PROBE = (
-    "import socket,sys,time\n"
+    "import json,socket,sys,time\n"
     "a,p,c,end=sys.argv[1],int(sys.argv[2]),int(sys.argv[3]),time.time()+float(sys.argv[4])\n"
-    "def reach(port):\n"
-    " try:socket.create_connection((a,port),2).close()\n"
+    "def reach(addr,port,wait=2):\n"
+    " try:socket.create_connection((addr,port),wait).close()\n"
     " except OSError:return False\n"
     " return True\n"
     "while True:\n"
-    " ok,canary=reach(p),reach(c)\n"
+    " ok,canary=reach(a,p),reach(a,c)\n"
     " if ok and not canary:print('held');break\n"
     " if time.time()>end:print('open' if canary else 'unreachable');break\n"
     " time.sleep(0.2)\n"
-)
+    "try:\n"
+    " with open(sys.argv[5]) as f:listed=json.load(f).get('proxies') or []\n"
+    "except (OSError,ValueError,AttributeError):listed=[]\n"
+    "print(json.dumps([[x,int(y)] for x,y in listed if [x,int(y)]!=[a,p] and reach(x,int(y),1)][:MAX_OTHERS]))\n"
+).replace("MAX_OTHERS", "3")
 """Run in the pod: 'held' once the proxy's port answers and the canary's does not,
 else at the deadline 'open' (the canary answered: nothing confines the pod) or
-'unreachable' (the proxy never answered)."""
+'unreachable' (the proxy never answered); then, on a line of its own, the other
+proxies the relay's file (argv[5]) lists that still take a connection (at most 3)."""
 NODE_PORTS = range(30000, 32768)
 """Kubernetes' default node-port range, which some policy controllers leave open on a
 node's addresses: never the canary's port."""
@@ -99,28 +107,36 @@ PORT_FILE = "port"
 
 
 def relay_conf(agent_id: str) -> str:
-    """Where the relay reads the proxy's address, port and credential inside the pod."""
-    return f"{STATE_INSIDE}/{agent_id}/egress.json"
+    """Where the relay reads the proxies' addresses and ports and the credential inside the pod
+    (claim mode: agent_id "" — the pool's pods run the relay before any agent claims one)."""
+    return f"{STATE_INSIDE}/{agent_id}/egress.json" if agent_id else f"{STATE_INSIDE}/egress.json"
+
+
+def relay_of(place: str) -> tuple[str, list[str]]:
+    """INIT's relay on TCP (``init_argv``'s relay_with): its code and arguments, its file in place."""
+    return relay_code(RELAY_TCP), [relay_conf(place), str(RELAY_PORT)]
 
 
 def bundle_path(agent_id: str) -> str:
     """The trust bundle inside the pod (the orchestrator's authority plus the host's roots)."""
-    return f"{STATE_INSIDE}/{agent_id}/{BUNDLE_NAME}"
+    return f"{STATE_INSIDE}/{agent_id}/{BUNDLE_NAME}" if agent_id else f"{STATE_INSIDE}/{BUNDLE_NAME}"
 
 
 def policy_name(pod: str, port: int) -> str:
     return f"{pod}{POLICY_SUFFIX}-{port}"
 
 
-def policy_manifest(namespace: str, pod: str, address: str, port: int, *, owner: str) -> dict[str, Any]:
-    """The agent's pod may open TCP connections to address:port, nothing more (pure). Owned
-    by the pod (owner: its uid), so the cluster deletes it with the pod."""
+def policy_manifest(namespace: str, pod: str, address: str, port: int, *, owner: str,
+                    selector: dict[str, str] | None = None) -> dict[str, Any]:
+    """The agent's pod (selector: its labels that no other pod has; default its LABEL_AGENT)
+    may open TCP connections to address:port, nothing more (pure). Owned by the pod (owner:
+    its uid), so the cluster deletes it with the pod."""
     width = ipaddress.ip_address(address).max_prefixlen
     owners = [{"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": owner}] if owner else []
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": {"name": policy_name(pod, port), "namespace": namespace, "labels": {LABEL_AGENT: pod},
                          "ownerReferences": owners},
-            "spec": {"podSelector": {"matchLabels": {LABEL_AGENT: pod}},
+            "spec": {"podSelector": {"matchLabels": selector or {LABEL_AGENT: pod}},
                      "policyTypes": ["Egress"],
                      "egress": [{"to": [{"ipBlock": {"cidr": f"{address}/{width}"}}],
                                  "ports": [{"protocol": "TCP", "port": port}]}]}}
@@ -183,6 +199,8 @@ class PodSide:
     """Files written into the pod as it is (making none)."""
     run: Callable[[list[str]], str]
     """argv run in the pod as it is; its stdout (SandboxError when it fails)."""
+    selector: Callable[[], dict[str, str]] | None = None
+    """The pod's labels its policy selects it by (None: its LABEL_AGENT)."""
 
 
 class KubeEgress(Egress):
@@ -193,13 +211,17 @@ class KubeEgress(Egress):
     reads_origins = False  # the repositories are in the pod: a token goes to its token_hosts
 
     def __init__(self, settings: AgentSettings, data_dir: str | os.PathLike, *, pod: str, idle_seconds: float,
-                 side: PodSide) -> None:
+                 side: PodSide, place: str | None = None) -> None:
+        """place: the folder under the pod's state root its relay's file and trust bundle are
+        in (default: the agent's id; "" in claim mode, whose pool's pods start the relay
+        before any agent claims one)."""
         untargeted = [r.name for r in settings.repos if r.token and r.token_hosts is None]
         if untargeted:
             raise SandboxError(f"repos.{untargeted[0]}.token_hosts: needed on kubernetes with agent.network a "
                                "list (the repository's origin is in the pod, not read from this host)")
         super().__init__(settings, data_dir, idle_seconds=idle_seconds)
         self.agent_id, self.pod, self._side = settings.id, pod, side
+        self.place = settings.id if place is None else place
         self.credential = credential(prepare(self.files))
         self.published: tuple[str, int] | None = None
         """The proxy's address and port the pod was last given (None: not yet, by this process)."""
@@ -207,12 +229,11 @@ class KubeEgress(Egress):
         self._pod_ip: str | None = None
 
     def bundle_inside(self) -> str:
-        return bundle_path(self.agent_id)
+        return bundle_path(self.place)
 
     def init_command(self) -> list[str]:
         """The pod's command: INIT with the relay on TCP first."""
-        relay = (relay_code(RELAY_TCP), [relay_conf(self.agent_id), str(RELAY_PORT)])
-        return init_argv(PYTHON, self.idle_seconds, relay_with=relay)
+        return init_argv(PYTHON, self.idle_seconds, relay_with=relay_of(self.place))
 
     def pod_secrets(self) -> dict[str, str]:
         """The secrets the pod's Secret holds: those without hosts."""
@@ -237,15 +258,19 @@ class KubeEgress(Egress):
         self._publish(pod_ip)
 
     def _publish(self, pod_ip: str) -> None:
-        """The proxy kept; where it changed (or the pod is not told yet), the pod's policy
-        applied, the relay's file and the trust bundle written, and the policy checked to hold."""
+        """The proxy kept; where it changed (or the pod is not told yet by this process), the
+        pod's policy applied, checked to hold, and the relay's file and the trust bundle
+        written: this proxy first, then the others the file listed that still answer (the
+        proxies of other servers on one run record, which may carry the pod's connections
+        too: they share its placeholders and authority, ``guilds.egress.shared_key``)."""
         address, port = self._keep_on_tcp(pod_ip)
         if self.published == (address, port):
             return
+        selector = self._side.selector() if self._side.selector is not None else None
         self._side.apply_policy(policy_manifest(self.settings.kubernetes.namespace, self.pod, address, port,
-                                                owner=self._pod_uid or ""))
-        self._side.put(self.pod_files(address, port))
-        self.check_held(address, port, self._side.run)
+                                                owner=self._pod_uid or "", selector=selector))
+        others = self.check_held(address, port, self._side.run)
+        self._side.put(self.pod_files(address, port, others))
         self.published = (address, port)
 
     def _keep_on_tcp(self, pod_ip: str) -> tuple[str, int]:
@@ -264,20 +289,25 @@ class KubeEgress(Egress):
             Path(self.files.path(PORT_FILE)).write_text(f"{port}\n")
         return address, port
 
-    def pod_files(self, address: str, port: int) -> list[tuple[str, bytes, int]]:
-        """What the pod is given over exec for the relay: RELAY_CONF and the trust bundle."""
-        conf = json.dumps({"address": address, "port": port, "credential": self.credential}).encode()
+    def pod_files(self, address: str, port: int,
+                  others: Sequence[tuple[str, int]] = ()) -> list[tuple[str, bytes, int]]:
+        """What the pod is given over exec for the relay: its file (this proxy, then others)
+        and the trust bundle."""
+        proxies = [[address, port], *([a, p] for a, p in others)]
+        conf = json.dumps({"address": address, "port": port, "proxies": proxies,
+                           "credential": self.credential}).encode()
         bundle = Path(self.files.shared, BUNDLE_NAME).read_bytes()
-        return [(relay_conf(self.agent_id), conf, 0o600), (bundle_path(self.agent_id), bundle, 0o644)]
+        return [(relay_conf(self.place), conf, 0o600), (bundle_path(self.place), bundle, 0o644)]
 
-    def check_held(self, address: str, port: int, run: Callable[[list[str]], str]) -> None:
-        """PROBE in the pod (run: argv -> its stdout) until the policy holds; SandboxError
-        when it never does."""
+    def check_held(self, address: str, port: int, run: Callable[[list[str]], str]) -> list[tuple[str, int]]:
+        """PROBE in the pod (run: argv -> its stdout) until the policy holds: the other proxies
+        its relay's file lists that still answer; SandboxError when it never holds."""
         with canary(address) as canary_port:
-            said = run(["python3", "-I", "-S", "-c", PROBE, address, str(port), str(canary_port),
-                        str(KUBERNETES_EGRESS_SETTLE_SECONDS)]).strip()
+            lines = run(["python3", "-I", "-S", "-c", PROBE, address, str(port), str(canary_port),
+                         str(KUBERNETES_EGRESS_SETTLE_SECONDS), relay_conf(self.place)]).strip().splitlines()
+        said = lines[0].strip() if lines else ""
         if said == "held":
-            return
+            return _others(lines[1] if len(lines) > 1 else "[]")
         if said == "open":
             raise SandboxError(
                 f"kubernetes: the pod {self.pod} reached a port of {address} that its network policy does not "
@@ -297,3 +327,12 @@ class KubeEgress(Egress):
             return int(Path(self.files.path(PORT_FILE)).read_text())
         except (OSError, ValueError):
             return 0
+
+
+def _others(line: str) -> list[tuple[str, int]]:
+    """PROBE's second line: the other proxies that answer (none when it is not their list)."""
+    try:
+        listed = json.loads(line)
+        return [(str(a), int(p)) for a, p in listed][:3]
+    except (ValueError, TypeError):
+        return []

@@ -26,6 +26,7 @@ from ...config.settings import AgentSettings
 from ...errors import SandboxError
 from ...limits import (
     KUBERNETES_DEADLINE_SLACK_SECONDS,
+    KUBERNETES_EGRESS_SETTLE_SECONDS,
     KUBERNETES_POD_GONE_ATTEMPTS,
     KUBERNETES_POD_GONE_PAUSE_SECONDS,
     KUBERNETES_START_POLL_SECONDS,
@@ -54,6 +55,7 @@ from ..process_channel import KubeProcess
 from . import kube_admin as admin
 from . import kube_cluster as cluster
 from . import kube_spec as spec
+from .kube_egress import KubeEgress
 from .kube_wire import Wire
 
 T = TypeVar("T")
@@ -63,6 +65,8 @@ class KubePodSandbox(ContainerSandbox):
     """A sandbox whose calls run in one pod (``self.pod``) of ``kubernetes.namespace``."""
 
     name = admin.NAME
+    egress: KubeEgress | None = None
+    """agent.network a list: the sandbox's side of the egress proxy, the pod's included."""
 
     @classmethod
     def checkpoints_refused(cls, settings: AgentSettings) -> str | None:
@@ -246,6 +250,35 @@ class KubePodSandbox(ContainerSandbox):
             if attempt > 1:  # a pod made anew under the same name may list its container late
                 time.sleep(KUBERNETES_POD_GONE_PAUSE_SECONDS)
         raise AssertionError("unreachable")
+
+    # --- agent.network a list (``kube_egress``) -------------------------------------------
+    def _egress_for_pod(self, pod: dict[str, Any] | None = None) -> None:
+        """agent.network a list, the pod found or made running (under the lock; pod: as
+        just read, else read now): its egress told of it (``KubeEgress.for_pod``)."""
+        egress = self.egress
+        if egress is None:
+            return
+        pod = pod or self._read_pod() or {}
+        uid, pod_ip = (pod.get("metadata") or {}).get("uid"), (pod.get("status") or {}).get("podIP")
+        if not pod_ip:
+            raise SandboxError(f"kubernetes: the pod {self.pod} runs without an address")
+        egress.for_pod(uid, pod_ip)
+
+    def _apply_policy(self, manifest: dict[str, Any]) -> None:
+        from kubernetes import client
+
+        self._create_once("egress network policy", lambda: client.NetworkingV1Api(self.core.api_client)
+                          .create_namespaced_network_policy(self.config.namespace, manifest))
+
+    def _run_quietly(self, argv: list[str]) -> str:
+        """argv's stdout, run in the pod as it is (the backend's own check)."""
+        out, err, status, complete = self._exec_stream(
+            argv, b"", time.monotonic() + KUBERNETES_EGRESS_SETTLE_SECONDS + KUBERNETES_WRITE_SECONDS)
+        code, problem = spec.exit_status(status) if complete else (None, "no answer")
+        if code != 0:
+            raise SandboxError(f"kubernetes: {argv[0]} in {self.pod} failed: "
+                               f"{problem or err.decode('utf-8', 'replace').strip()[-300:]}")
+        return out.decode("utf-8", "replace")
 
     def _check_helpers(self) -> None:
         expected = {f"{HELPER_DIR}/{n}": hashlib.sha256(data).hexdigest() for n, data in helper_files()}

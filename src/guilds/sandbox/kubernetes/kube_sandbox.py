@@ -46,12 +46,10 @@ picks one class or the other by ``[kubernetes] mode``.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 from ...config.settings import AgentSettings
 from ...errors import SandboxError
-from ...limits import KUBERNETES_EGRESS_SETTLE_SECONDS, KUBERNETES_WRITE_SECONDS
 from .._container import blocking, helpers_digest, repos_file, repos_json
 from ..base import Box, Check
 from ..egress_side import Egress
@@ -118,33 +116,6 @@ class KubernetesSandbox(KubePodSandbox):
     def _repos_files(self) -> list[tuple[str, bytes, int]]:
         entries = None if self.egress is None else self.egress.repos_entries()
         return [(repos_file(self.agent_id), repos_json(self.settings, self.home, entries), 0o600)]
-
-    def _egress_for_pod(self) -> None:
-        """agent.network a list, the pod found or made running (under the lock): its egress
-        told of it (``KubeEgress.for_pod``)."""
-        if self.egress is None:
-            return
-        pod = self._read_pod() or {}
-        uid, pod_ip = (pod.get("metadata") or {}).get("uid"), (pod.get("status") or {}).get("podIP")
-        if not pod_ip:
-            raise SandboxError(f"kubernetes: the pod {self.pod} runs without an address")
-        self.egress.for_pod(uid, pod_ip)
-
-    def _apply_policy(self, manifest: dict[str, Any]) -> None:
-        from kubernetes import client
-
-        self._create_once("egress network policy", lambda: client.NetworkingV1Api(self.core.api_client)
-                          .create_namespaced_network_policy(self.config.namespace, manifest))
-
-    def _run_quietly(self, argv: list[str]) -> str:
-        """argv's stdout, run in the pod as it is (the backend's own check)."""
-        out, err, status, complete = self._exec_stream(
-            argv, b"", time.monotonic() + KUBERNETES_EGRESS_SETTLE_SECONDS + KUBERNETES_WRITE_SECONDS)
-        code, problem = spec.exit_status(status) if complete else (None, "no answer")
-        if code != 0:
-            raise SandboxError(f"kubernetes: {argv[0]} in {self.pod} failed: "
-                               f"{problem or err.decode('utf-8', 'replace').strip()[-300:]}")
-        return out.decode("utf-8", "replace")
 
     def _stop(self) -> list[str]:
         with self._lock:
