@@ -243,10 +243,37 @@ class Deployment:
         if not wait_until(lambda: len(self.ready_pods()) == replicas == len(self.route.endpoints), timeout):
             raise RuntimeError(f"not {replicas} ready replicas behind the Service: {self.route.endpoints}")
 
+    def sandbox_servers(self) -> list[str]:
+        """The resident helper servers (awake or asleep) in the namespace's sandbox pods: for each,
+        its pid, seconds since it started, and its command's start."""
+        listed = json.loads(kubectl("get", "pods", "-o", "json"))
+        found: list[str] = []
+        for pod in listed["items"]:
+            if pod["metadata"]["labels"].get("app.kubernetes.io/name") == "guilds-serve" or \
+                    pod["status"].get("phase") != "Running":
+                continue
+            found += kubectl("exec", pod["metadata"]["name"], "--", "python3", "-I", "-S", "-c", LIST_SERVERS,
+                             check=False).splitlines()
+        return found
+
     def pod_urls(self) -> dict[str, str]:
         """Each ready replica's own address: its pod name -> http://IP:8765."""
         return {p["metadata"]["name"]: f"http://{p['status']['podIP']}:8765" for p in self.pods()
                 if p["status"].get("podIP")}
+
+
+LIST_SERVERS = (
+    "import os\nup=float(open('/proc/uptime').read().split()[0]);hz=os.sysconf('SC_CLK_TCK')\n"
+    "def info(p):\n try:\n  c=open('/proc/'+p+'/cmdline','rb').read()\n"
+    "  st=open('/proc/'+p+'/stat').read().rsplit(')',1)[1].split()\n"
+    "  return c.split(b'\\0')[0].decode(),b'serve\\0--max-in-flight' in c,st[1],float(st[19])/hz\n"
+    " except (OSError,IndexError,ValueError):return None\n"
+    "for p in os.listdir('/proc'):\n if p.isdigit():\n  i=info(p)\n"
+    "  if i and i[1] and not i[0].endswith('/sh'):\n"
+    "   parent=info(i[2])\n"
+    "   if not (parent and parent[1] and not parent[0].endswith('/sh')):print(p,round(up-i[3]),i[0][-12:])\n")
+"""Run in a sandbox pod: each resident helper server it runs (not its exec's wrapping shell, nor its
+forked workers), a line: pid, age in seconds, program (python3, or bash asleep)."""
 
 
 def rollout() -> None:

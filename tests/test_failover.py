@@ -18,6 +18,7 @@ import pytest
 import deploy_kit
 import failover_kit as kit
 import kube_kit
+from guilds.limits import RESIDENT_ORPHAN_EXIT_SECONDS
 
 pytestmark = [*kube_kit.needs_cluster,
               pytest.mark.skipif(not os.environ.get("GUILDS_TEST_POSTGRES_URL"),
@@ -43,6 +44,11 @@ def test_calls_through_the_service_end_once_while_replicas_are_killed(deployment
     assert counts.made == RUNS * CALLS and counts.answered + counts.lost == counts.made, counts.lines()
     assert counts.errors == [] and counts.ran_twice == [] and counts.not_run == [], counts.lines()
     assert counts.wrong_status == [], counts.lines()
+    # The killed replicas' helper servers in the sandbox (their exec streams' ends never reach
+    # them) end without keepalives: one server a live replica is left.
+    print("servers after the storm:", deployment.sandbox_servers())
+    assert deploy_kit.wait_until(lambda: len(deployment.sandbox_servers()) <= 3,
+                                 RESIDENT_ORPHAN_EXIT_SECONDS + 60, 5), deployment.sandbox_servers()
 
 
 def test_a_background_command_is_read_and_stopped_through_any_replica_after_its_replica_died(deployment):

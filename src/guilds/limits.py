@@ -78,6 +78,13 @@ SERVE_START_POLL_SECONDS = 0.02
 KUBERNETES_STATUS_WAIT_SECONDS = 10.0
 """kubernetes: after an exec found the pod's container gone, how long the pod's status
 may take to say how it ended (the kubelet reports it a moment after the exec saw it)."""
+RESIDENT_KEEPALIVE_SECONDS = 10.0
+"""On a sandbox whose channel's end may not reach the server (kubernetes: a pods/exec
+stream whose client died leaves the process running), the orchestrator sends a keepalive
+this often, and the server is started with ``--orphan-exit`` RESIDENT_ORPHAN_EXIT_SECONDS:
+the server of an orchestrator that died ends within that, rather than hold the pod's
+memory until its idle exit."""
+RESIDENT_ORPHAN_EXIT_SECONDS = 45
 
 # --- the run record ----------------------------------------------------------
 RECORD_BUSY_WAIT_SECONDS = 10.0

@@ -15,7 +15,9 @@ of the server's memory (docs/benchmarks.md, "Idle agents' memory").
   pipe: nothing is lost, and the orchestrator never knows the server slept.
 - stdin at its end, SIGTERM, SIGHUP or SIGINT: exit 0, as the server does with
   nothing running. With ``--idle-exit S`` the waiter exits 0 once S seconds have
-  passed since the last frame, as the server would.
+  passed since the last frame, as the server would; with ``--orphan-exit S``, once
+  nothing at all came for S seconds. A keepalive (a bare newline) wakes nothing: the
+  waiter takes it and waits on.
 - The stop signals are blocked across each exec (the mask outlives it): one sent
   while the next program starts is taken once its handler is in place.
 - bash's ``read`` drops NUL bytes, so a NUL before the first frame is lost; the
@@ -40,17 +42,29 @@ if TYPE_CHECKING:
 WOKEN = "--woken"
 WAITER = (
     "trap 'exit 0' TERM HUP INT\n"
-    "t=$1; shift\n"
+    "t=$1 o=$2 end=; shift 2\n"
+    "ms() { n=${EPOCHREALTIME/[.,]/}; n=$((10#$n / 1000)); }\n"
+    'if [ -n "$t" ]; then ms; end=$((n + 10#${t%.*} * 1000 + 10#${t#*.})); fi\n'
     "while :; do\n"
-    ' LC_ALL=C IFS= read -r -N 1 -t "${t:-3600}" byte && break\n'
-    ' [ $? -gt 128 ] && [ -z "$t" ] || exit 0\n'
+    " w=3600000\n"
+    ' if [ -n "$end" ]; then ms; w=$((end - n)); fi\n'
+    ' if [ -n "$o" ] && [ $((o * 1000)) -lt "$w" ]; then w=$((o * 1000)); fi\n'
+    ' [ "$w" -gt 0 ] || exit 0\n'
+    ' LC_ALL=C IFS= read -r -N 1 -t "$((w / 1000)).$((w % 1000 / 100))$((w % 100 / 10))$((w % 10))" byte && {\n'
+    "  [ \"$byte\" = $'\\n' ] && continue\n"
+    "  break\n"
+    " }\n"
+    ' [ $? -gt 128 ] && [ -z "$t$o" ] || exit 0\n'
     "done\n"
     "LC_ALL=C printf -v code %d \"'$byte\"\n"
     'exec "$@" "$code"\n'
 )
-"""bash: $1 the seconds to wait ("" for ever), then the server's command line but its
-last argument, which is the first byte's value (see the module docstring). Always with
-a timeout: only then does a trapped signal end bash's ``read`` at once."""
+"""bash: $1 the seconds to wait ("" for ever, else with three decimals), $2 the orphan
+seconds ("" none: a keepalive is then taken as it waits, not needed), then the server's
+command line but its last argument, which is the first byte's value (see the module
+docstring). A keepalive (a bare newline) is taken and the wait goes on, the idle
+deadline kept; nothing for $2 seconds ends it, as the server would end. Always with a
+timeout: only then does a trapped signal end bash's ``read`` at once."""
 STOP_SIGNALS = (signals.SIGTERM, signals.SIGHUP, signals.SIGINT)
 
 
@@ -67,15 +81,17 @@ def waking_argv(options: Sequence[str]) -> Optional[List[str]]:
     return [sys.executable, *original[1:len(original) - len(options)], *kept, WOKEN]
 
 
-def waiter_argv(options: Sequence[str], idle_left: Optional[float]) -> Optional[List[str]]:
+def waiter_argv(options: Sequence[str], idle_left: Optional[float],
+                orphan_exit: Optional[int] = None) -> Optional[List[str]]:
     """``bash -p -c WAITER`` with its arguments; None when bash or the server cannot be named.
-    idle_left: seconds until the idle exit, None for none."""
+    idle_left: seconds until the idle exit, None for none; orphan_exit: ``--orphan-exit``'s."""
     bash = proc.find_program("bash", os.environ)
     waking = waking_argv(options)
     if bash is None or waking is None:
         return None
     wait = "" if idle_left is None else f"{max(idle_left, 0.001):.3f}"
-    return [bash, "-p", "-c", WAITER, "guilds-code-asleep", wait, *waking]
+    orphan = "" if orphan_exit is None else str(orphan_exit)
+    return [bash, "-p", "-c", WAITER, "guilds-code-asleep", wait, orphan, *waking]
 
 
 def sleep(argv: Sequence[str], still_idle: Callable[[], bool]) -> None:

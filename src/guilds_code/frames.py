@@ -8,6 +8,7 @@ Orchestrator -> helper (stdin):
 
     {"v": 1, "id": ID, "request": {...}}   a request, the one-shot request object
     {"v": 1, "id": ID, "cancel": true}     stop request ID (its command's whole group)
+    (a bare newline)                       a keepalive: the orchestrator lives (``--orphan-exit``)
 
 Helper -> orchestrator (stdout), in any order:
 
@@ -31,6 +32,8 @@ VERSION = 1
 HELLO = "guilds-code"
 MAX_IN_FLIGHT_DEFAULT = 64
 """Requests one server runs at once; the next is refused at once, not queued."""
+KEEPALIVE = b"\n"
+"""An empty line: no frame, only word that the orchestrator still holds the channel."""
 FRAME_SLACK_BYTES = 4096
 """Room around the request object for the frame's own fields."""
 

@@ -49,6 +49,12 @@ leave in its memory stays bounded; a cancelled one is never reused.
   every running request is cancelled and answered, then the server exits 0.
   With ``--idle-exit S`` it also exits after S seconds with nothing running
   and no frame, so a container's idle stop is not held off by it.
+- ``--orphan-exit S``: nothing at all on stdin for S seconds, not even a keepalive
+  (KEEPALIVE, a bare newline the orchestrator sends while it lives and the channel
+  is quiet), counts as stdin's end: where the orchestrator's end does not reach
+  stdin (a pods/exec stream whose client died), its server does not outlive it.
+  A keepalive is no frame: it moves neither the idle clock nor the workers', and
+  wakes no sleeping server (the waiter takes it and waits on).
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ if TYPE_CHECKING:
     from typing import Callable, Dict, List, Optional, Sequence, Set
 
 READ_BYTES = 64 * 1024
+KEEPALIVE = frames.KEEPALIVE
 SENT = b"-\n"
 """What a worker writes into its answer pipe once it has written its answer frame to
 stdout itself (never an envelope line: base64 has no '-')."""
@@ -118,6 +125,7 @@ class Server:
         self.answer = answer
         self.max_in_flight = options.max_in_flight
         self.idle_exit = options.idle_exit
+        self.orphan_exit = options.orphan_exit
         self.workers_idle = options.workers_idle
         self.sleep_idle = options.sleep_idle
         self.woken = options.woken
@@ -133,6 +141,7 @@ class Server:
         self.stopping = False
         self.stdout_open = True
         self.last_frame = time.monotonic()
+        self.last_heard = self.last_frame  # any byte on stdin, a keepalive's too: the orphan clock
         self.warmed = False
         self.last_busy = self.last_frame  # the last frame or answer: the waiting workers' clock
         self.sleep_check = self.last_frame  # not before then: a look for background commands, or a waiter
@@ -170,6 +179,9 @@ class Server:
             self.last_frame = self.last_busy = time.monotonic()
             self.take(bytes((self.woken,)))
         while self.stdin_open or self.workers:
+            if self._orphaned():
+                self.stdin_open = False  # as at stdin's end: what runs is cancelled, nothing more is read
+                self.cancel_all()
             if self.stopping and self.stdin_open:
                 self.stdin_open = False
                 self.cancel_all()
@@ -215,7 +227,15 @@ class Server:
                 wait = min(wait, max(0.0, worker.kill_at - now))
         if self.idle_exit is not None and not self.workers:
             wait = min(wait, max(0.0, self.last_frame + self.idle_exit - now))
+        if self.orphan_exit is not None and self.stdin_open:
+            wait = min(wait, max(0.0, self.last_heard + self.orphan_exit - now))
         return wait
+
+    def _orphaned(self) -> bool:
+        """``--orphan-exit S``: nothing came on stdin, not even a keepalive, for S seconds (the
+        orchestrator is gone, and its end did not reach stdin)."""
+        return (self.orphan_exit is not None and self.stdin_open
+                and time.monotonic() - self.last_heard >= self.orphan_exit)
 
     def _idle_long_enough_to_warm(self) -> bool:
         return (not self.warmed and self.stdin_open and not self.stopping and not self.workers
@@ -237,7 +257,7 @@ class Server:
         from .ops import background
 
         idle_left = None if self.idle_exit is None else self.last_frame + self.idle_exit - now
-        argv = asleep.waiter_argv(self.argv, idle_left)
+        argv = asleep.waiter_argv(self.argv, idle_left, self.orphan_exit)
         if argv is None or background.any_running():
             return
         os.set_blocking(0, True)  # bash reads it
@@ -260,7 +280,10 @@ class Server:
             self.stdin_open = False
             self.cancel_all()
             return
-        self.last_frame = self.last_busy = time.monotonic()
+        self.last_heard = time.monotonic()
+        if not self.inbox and not data.strip(KEEPALIVE):
+            return  # keepalives only: no frame, so neither the idle clock nor the workers' moves
+        self.last_frame = self.last_busy = self.last_heard
         self.take(data)
 
     def take(self, data: bytes) -> None:
@@ -674,11 +697,12 @@ class Options:
     """``serve [--max-in-flight N] [--idle-exit S] [--workers-idle S] [--sleep-idle S]
     [--woken BYTE]`` (``--woken``: the waiter's, ``asleep``)."""
 
-    __slots__ = ("max_in_flight", "idle_exit", "workers_idle", "sleep_idle", "woken")
+    __slots__ = ("max_in_flight", "idle_exit", "orphan_exit", "workers_idle", "sleep_idle", "woken")
 
     def __init__(self) -> None:
         self.max_in_flight = frames.MAX_IN_FLIGHT_DEFAULT
         self.idle_exit: Optional[int] = None
+        self.orphan_exit: Optional[int] = None
         self.workers_idle: float = limits.SERVE_WORKERS_IDLE_SECONDS
         self.sleep_idle: float = limits.SERVE_SLEEP_IDLE_SECONDS
         self.woken: Optional[int] = None
@@ -686,6 +710,7 @@ class Options:
 
 _DURATION_BOUNDS = (1, 7 * 24 * 3600)
 _OPTIONS = {"--max-in-flight": ("max_in_flight", (1, 4096)), "--idle-exit": ("idle_exit", _DURATION_BOUNDS),
+            "--orphan-exit": ("orphan_exit", _DURATION_BOUNDS),
             "--workers-idle": ("workers_idle", _DURATION_BOUNDS), "--sleep-idle": ("sleep_idle", _DURATION_BOUNDS),
             asleep.WOKEN: ("woken", (0, 255))}
 

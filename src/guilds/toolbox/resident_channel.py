@@ -5,6 +5,9 @@ shared by all of the agent's calls.
 - ``ResidentChannel.open(sandbox, argv)`` starts the server and waits up to
   CHANNEL_HELLO_SECONDS for its hello; a server of another protocol version is
   refused (ChannelDied naming both versions) and closed.
+- With ``keepalive`` (kubernetes, whose exec stream's end may not reach the server), a
+  thread sends ``frames.KEEPALIVE`` that often while the channel lives; the server,
+  started with ``--orphan-exit``, ends when they stop coming.
 - ``call(request, wait)`` sends one request frame and waits for its answer:
   the decoded envelope. Past ``wait`` seconds a cancel frame is sent and the
   call fails with HelperFailed "no answer within N s"; a call cancelled by its
@@ -88,6 +91,8 @@ class ResidentChannel:
         the server to read must not keep the reader from taking its answers."""
         self._hello: dict[str, Any] | None = None
         self._hello_seen = threading.Event()
+        self._ended_event = threading.Event()
+        """Set once the channel is dead: the keepalive's thread ends."""
         self.dead: str | None = None
         """Why the channel can no longer be used; None while it can."""
         self._lines = Lines()
@@ -103,7 +108,9 @@ class ResidentChannel:
             self._start_thread()
 
     @classmethod
-    async def open(cls, sandbox: Sandbox, argv: list[str]) -> ResidentChannel:
+    async def open(cls, sandbox: Sandbox, argv: list[str], *, keepalive: float | None = None) -> ResidentChannel:
+        """keepalive: seconds between keepalives (``frames.KEEPALIVE``, for a server started with
+        ``--orphan-exit``), sent by a thread of the channel's until it dies; None: none."""
         channel = cls(await sandbox.open_process(argv), asyncio.get_running_loop())
         try:
             seen = await asyncio.to_thread(channel._hello_seen.wait, CHANNEL_HELLO_SECONDS)
@@ -114,7 +121,18 @@ class ResidentChannel:
             reason = channel.dead or f"no hello within {CHANNEL_HELLO_SECONDS:g} s"
             await channel.close()
             raise ChannelDied(f"the resident helper did not start: {reason}")
+        if keepalive is not None:
+            threading.Thread(target=channel._keep_alive, args=(keepalive,), daemon=True,
+                             name="guilds-resident-keepalive").start()
         return channel
+
+    def _keep_alive(self, every: float) -> None:
+        """A keepalive every ``every`` seconds, between frames (the send lock), until the channel dies."""
+        while not self._ended_event.wait(every):
+            try:
+                self._send_locked(frames.KEEPALIVE)
+            except (ChannelClosed, OSError):
+                return
 
     @property
     def pid(self) -> int | None:
@@ -319,6 +337,7 @@ class ResidentChannel:
                 self.dead = reason
             pending, self._pending = self._pending, {}
         self._hello_seen.set()
+        self._ended_event.set()
         for loop, future in pending.values():
             _hand_over(loop, _fail, future, ChannelDied(reason))
 

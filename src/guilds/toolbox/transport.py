@@ -30,7 +30,12 @@ from guilds_code.protocol import decode_envelope, encode_request
 from ..config.checks import is_safe_name
 from ..config.settings import TRANSPORTS
 from ..errors import BadInput, HelperFailed, SandboxError
-from ..limits import CHANNEL_REOPEN_AFTER_SECONDS, RESIDENT_IDLE_EXIT_SECONDS_DEFAULT
+from ..limits import (
+    CHANNEL_REOPEN_AFTER_SECONDS,
+    RESIDENT_IDLE_EXIT_SECONDS_DEFAULT,
+    RESIDENT_KEEPALIVE_SECONDS,
+    RESIDENT_ORPHAN_EXIT_SECONDS,
+)
 from ..sandbox.base import ExecResult, Sandbox
 from ..sandbox.helpers import CODE_HELPER
 
@@ -94,10 +99,18 @@ def _failure(headline: str, result: ExecResult) -> str:
 
 
 def serve_argv(sandbox: Sandbox, max_in_flight: int) -> list[str]:
-    """How the resident helper is started inside the sandbox."""
+    """How the resident helper is started inside the sandbox (with ``--orphan-exit`` where the
+    sandbox's channel is kept alive: ``keepalive_of``)."""
     idle = getattr(sandbox, "idle_seconds", None) or RESIDENT_IDLE_EXIT_SECONDS_DEFAULT
+    orphan = ["--orphan-exit", str(RESIDENT_ORPHAN_EXIT_SECONDS)] if keepalive_of(sandbox) else []
     return [sandbox.python, "-I", "-S", sandbox.helper_path(HELPER), "serve",
-            "--max-in-flight", str(max_in_flight), "--idle-exit", str(max(1, round(idle)))]
+            "--max-in-flight", str(max_in_flight), "--idle-exit", str(max(1, round(idle))), *orphan]
+
+
+def keepalive_of(sandbox: Sandbox) -> float | None:
+    """The seconds between a channel's keepalives: RESIDENT_KEEPALIVE_SECONDS on a sandbox whose
+    ``resident_keepalive`` says its channel's end may not reach the server; None elsewhere."""
+    return RESIDENT_KEEPALIVE_SECONDS if getattr(sandbox, "resident_keepalive", False) else None
 
 
 class Transport:
@@ -194,7 +207,7 @@ class Transport:
             await self.close()
             try:
                 self._channel = await ResidentChannel.open(
-                    self.sandbox, serve_argv(self.sandbox, self.max_in_flight))
+                    self.sandbox, serve_argv(self.sandbox, self.max_in_flight), keepalive=keepalive_of(self.sandbox))
             except (ChannelDied, SandboxError) as exc:
                 if self.mode == "resident":
                     raise SandboxError(f"cannot open the resident helper: {exc}") from exc

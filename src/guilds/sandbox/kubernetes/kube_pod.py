@@ -65,6 +65,9 @@ class KubePodSandbox(ContainerSandbox):
     """A sandbox whose calls run in one pod (``self.pod``) of ``kubernetes.namespace``."""
 
     name = admin.NAME
+    resident_keepalive = True
+    """A pods/exec stream whose client died may leave its process running, stdin open: the
+    resident channel sends keepalives and its server ends without them (``--orphan-exit``)."""
     egress: KubeEgress | None = None
     """agent.network a list: the sandbox's side of the egress proxy, the pod's included."""
 
