@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -119,6 +120,37 @@ async def test_a_sessionless_run_ends_after_its_idle_time(toolbox):
         await asyncio.sleep(3.0)
         later = await c.call_tool("shell", {"command": "true"})
     assert kit.meta_of(a)["run"] == kit.meta_of(b)["run"] != kit.meta_of(later)["run"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+async def test_a_sessionless_run_goes_on_through_another_server_on_the_record(tmp_path, backend):
+    """Two servers of one agent on one run record (a deployment's replicas behind one Service):
+    a client naming no run gets the same run through either, its working directory kept, and
+    a new one from both once it was idle its time."""
+    from guilds.record.store import Store
+    from web_kit import record_url
+
+    url = record_url(backend, tmp_path)
+    agent = {"id": f"sl{uuid.uuid4().hex[:10]}"}  # its own on a PostgreSQL database other tests share
+    async with Store(url) as first_store, Store(url) as second_store, \
+            local_toolbox(tmp_path, first_store, agent=agent) as first, \
+            local_toolbox(tmp_path, second_store, agent=agent) as second, \
+            serving(streamable_http_app(first, sessionless_idle_seconds=3.0)) as one, \
+            serving(streamable_http_app(second, sessionless_idle_seconds=3.0)) as other:
+        (tmp_path / "home" / "sub").mkdir(parents=True, exist_ok=True)
+        async with client(one) as c:
+            a = await c.call_tool("shell", {"command": "cd sub"})
+        async with client(other) as c:
+            b = await c.call_tool("shell", {"command": "pwd"})
+        await asyncio.sleep(4.0)
+        async with client(other) as c:
+            later = await c.call_tool("shell", {"command": "pwd"})
+        async with client(one) as c:
+            again = await c.call_tool("shell", {"command": "true"})
+    run = kit.meta_of(a)["run"]
+    assert run.startswith("mcp-") and kit.meta_of(b)["run"] == run
+    assert kit.text_of(b).startswith(kit.run_line(run) + f"{tmp_path / 'home' / 'sub'}\n")
+    assert kit.meta_of(later)["run"] not in (run, None) and kit.meta_of(again)["run"] == kit.meta_of(later)["run"]
 
 
 async def test_progress_on_a_long_command(url):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import subprocess
 import sys
@@ -166,8 +167,11 @@ def callers_at_once(cfg: Path, data: Path, runs: list[str]) -> list[tuple[int, s
 
 @contextlib.contextmanager
 def cpu_load(processes: int):
-    """processes busy loops (more than the machine's CPUs want), stopped after."""
-    busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(processes)]
+    """A load of at least processes runnable processes (more than the machine's CPUs want):
+    as many busy loops as the load average (1 min) lacks, stopped after. A machine already
+    that busy (the whole suite running beside) gets none: it is the load."""
+    lacking = max(0, math.ceil(processes - os.getloadavg()[0]))
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(lacking)]
     try:
         yield
     finally:

@@ -15,8 +15,11 @@ A call's run, first rule that applies:
 3. ``_meta["guilds/run"]``: that run (made on its first call, as before);
 4. an HTTP session of the handshake era (``Mcp-Session-Id``): a run derived from it;
 5. none of these (the 2026-07-28 revision over HTTP, naming nothing): the
-   principal's current sessionless run (``SessionlessRun``), new after
-   ``idle_seconds`` without such a call. Its id travels back in the run line
+   principal's current sessionless run, new after ``idle_seconds`` without such
+   a call (its start or its end). It is kept in the run record
+   (``Store.sessionless_run``), so any server on the record (the replicas of a
+   deployment) continues it; a sessionless call that names a run in ``_meta``
+   makes that the current one. Its id travels back in the run line
    (``RUN_LINE``), the first line of the result's text, where the model reads
    it, besides ``_meta["guilds/meta"]``, so the model can name it from then on
    (``RunChoice.chosen``, ``with_run_line``).
@@ -35,7 +38,7 @@ only once the run named passed these checks.
 from __future__ import annotations
 
 import hashlib
-import time
+import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -43,12 +46,13 @@ from typing import Any
 from mcp.server.context import ServerRequestContext
 
 from ..config.checks import is_safe_name
-from ..errors import BadInput
+from ..errors import BadInput, RecordError
 from ..record.store import Store
 from ..toolbox.toolbox import check_run_id
 from ..toolbox.tools.formats import RUN_ARG
 from ..web.endpoint_lock import principal_of_scope
 
+log = logging.getLogger(__name__)
 RUN_PREFIX = "mcp-"
 META_KEY = "guilds/meta"
 """Where a result's metadata travels: ``_meta["guilds/meta"]``."""
@@ -86,37 +90,6 @@ class RunChoice:
     """The server picked the run (rule 5): the result's text starts with the run line."""
 
 
-class SessionlessRun:
-    """One principal's current run for calls that come with no session and name no run.
-
-    ``current()`` gives the run of such a call: the one of the previous such
-    call while it started or ended less than ``idle_seconds`` ago, else a new one. A
-    sessionless call that names a run in ``_meta`` makes that the current run
-    (``follow``), so a client that names its run once keeps it.
-    """
-
-    def __init__(self, idle_seconds: float):
-        self.idle_seconds = idle_seconds
-        self._run: str | None = None
-        self._last = 0.0
-
-    def current(self) -> str:
-        now = time.monotonic()
-        if self._run is None or now - self._last > self.idle_seconds:
-            self._run = new_run_id()
-        self._last = now
-        return self._run
-
-    def follow(self, run_id: Any) -> None:
-        if isinstance(run_id, str) and is_safe_name(run_id):
-            self._run, self._last = run_id, time.monotonic()
-
-    def touch(self, run_id: str) -> None:
-        """A call of run_id ended: the idle time counts from now."""
-        if run_id == self._run:
-            self._last = time.monotonic()
-
-
 def principal_of(request: ServerRequestContext | None) -> str:
     """The caller's principal: the token's fingerprint the endpoint lock put in the scope, else ""."""
     http = request.request if request is not None else None
@@ -140,11 +113,7 @@ class Runs:
         self.fixed_run = fixed_run
         self.idle_seconds = idle_seconds
         self.agent_id = agent_id
-        self._sessionless: dict[str, SessionlessRun] = {}
         self._principals: dict[str, str] = {}
-
-    def sessionless(self, principal: str) -> SessionlessRun:
-        return self._sessionless.setdefault(principal, SessionlessRun(self.idle_seconds))
 
     async def choose(self, request: ServerRequestContext | None,
                      arguments: dict[str, Any]) -> tuple[RunChoice, dict[str, Any]]:
@@ -161,13 +130,13 @@ class Runs:
                 raise BadInput(f"run: no run {run_id!r} on this server; omit run to start a new one")
             await self._check(run_id, principal)
             return RunChoice(run_id, False), rest
-        choice = self._by_transport(request, named, principal)
+        choice = await self._by_transport(request, named, principal)
         await self._check(check_run_id(choice.run_id), principal)
-        if named is not None and not _session_of(request):
-            self.sessionless(principal).follow(named)
+        if named is not None and not _session_of(request) and isinstance(named, str) and is_safe_name(named):
+            await self.store.sessionless_run(self.agent_id or "", principal, named, self.idle_seconds, named=named)
         return choice, arguments
 
-    def _by_transport(self, request: ServerRequestContext | None, named: Any, principal: str) -> RunChoice:
+    async def _by_transport(self, request: ServerRequestContext | None, named: Any, principal: str) -> RunChoice:
         if self.fixed_run is not None and named is None:
             return RunChoice(self.fixed_run, False)
         session = _session_of(request)
@@ -175,7 +144,8 @@ class Runs:
             return RunChoice(named, False)
         if session:
             return RunChoice(session_run_id(session), False)
-        return RunChoice(self.sessionless(principal).current(), True)
+        run_id = await self.store.sessionless_run(self.agent_id or "", principal, new_run_id(), self.idle_seconds)
+        return RunChoice(run_id, True)
 
     async def _check(self, run_id: str, principal: str) -> None:
         """Claim the run for principal on its first call; refuse another principal's run, and
@@ -189,9 +159,15 @@ class Runs:
         if owner != principal:
             raise BadInput(f"run {run_id!r} was started with another token; omit run to start a new one")
 
-    def ended(self, request: ServerRequestContext | None, run_id: str) -> None:
-        """A call of run_id ended: its principal's sessionless idle time counts from now."""
-        self.sessionless(principal_of(request)).touch(run_id)
+    async def ended(self, request: ServerRequestContext | None, run_id: str) -> None:
+        """A sessionless call of run_id ended: its principal's idle time counts from now (a
+        failure of the record here is logged: the call's answer stands)."""
+        if self.fixed_run is not None or _session_of(request):
+            return
+        try:
+            await self.store.sessionless_used(self.agent_id or "", principal_of(request), run_id)
+        except RecordError as exc:
+            log.warning("%s", exc)
 
 
 def _checked_argument(value: Any) -> str:

@@ -255,7 +255,7 @@ class _Front:
                     choice = RunChoice(other.held_run, True)  # the server chose the run: the key's is the one
                     result = await run_call(self._toolbox_call(choice.run_id, name, prepared), report)
         finally:
-            self.runs.ended(request, prepared.choice.run_id)
+            await self.runs.ended(request, prepared.choice.run_id)
         return to_result(result, choice)
 
     def _toolbox_call(self, run_id: str, name: str, prepared: Prepared) -> Awaitable[CallResult]:

@@ -54,6 +54,9 @@ Tables:
            (running, paused); deleted when the sandbox is killed
     e2b_create_keys the idempotency keys of those servers' creates: key_name and key,
            digest (of the create's body), sandbox_id (none while it is made), at
+    sessionless_runs each principal's current sessionless MCP run of an agent
+           (``guilds.fronts.mcp_runs``, rule 5): agent_id, principal, run_id, at
+           (its last call's start or end), so any server on the record continues it
 """
 
 from __future__ import annotations
@@ -237,3 +240,12 @@ call_keys = sa.Table(
     sa.Column("at", _TS, nullable=False),
 )
 """The calls' keys, one row each, made in the transaction that begins the call (``record.call_keys``)."""
+
+sessionless_runs = sa.Table(
+    "sessionless_runs", metadata,
+    sa.Column("agent_id", sa.String(128), primary_key=True),
+    sa.Column("principal", sa.String(64), primary_key=True),
+    sa.Column("run_id", sa.String(128), nullable=False),
+    sa.Column("at", _TS, nullable=False),
+)
+"""A principal's current sessionless MCP run of an agent, one row each (``Store.sessionless_run``)."""

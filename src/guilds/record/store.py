@@ -37,7 +37,7 @@ import contextlib
 import dataclasses
 import random
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 import sqlalchemy as sa
@@ -70,6 +70,7 @@ from .schema import (
     owners,
     run_principals,
     runs,
+    sessionless_runs,
     tasks,
 )
 from .statements import (
@@ -608,6 +609,29 @@ class Store:
             conn.execute(claim)
             return str(conn.execute(recorded).scalar_one())
         return await self._in_transaction(f"the principal of run {run_id}", claimed)
+
+    async def sessionless_run(self, agent_id: str, principal: str, fresh: str, idle_seconds: float,
+                              named: str | None = None) -> str:
+        """The principal's current sessionless run of agent_id, its use moved to now: named when
+        given (it becomes the current one), else the current one when it was used less than
+        idle_seconds ago, else fresh. One statement: servers asking at once get one run."""
+        now = datetime.now(UTC)
+        table = sessionless_runs
+        insert = dialect_module(self.sqlite).insert(table).values(agent_id=agent_id, principal=principal,
+                                                                  run_id=named or fresh, at=now)
+        kept = sa.case((table.c.at < now - timedelta(seconds=idle_seconds), fresh), else_=table.c.run_id)
+        upsert = insert.on_conflict_do_update(index_elements=["agent_id", "principal"],
+                                              set_={"run_id": named or kept, "at": now}).returning(table.c.run_id)
+        return await self._in_transaction("the current sessionless run",
+                                          lambda conn: str(conn.execute(upsert).scalar_one()))
+
+    async def sessionless_used(self, agent_id: str, principal: str, run_id: str) -> None:
+        """A call of run_id ended: when it is the principal's current sessionless run, its idle
+        time counts from now."""
+        touch = (sa.update(sessionless_runs).values(at=datetime.now(UTC))
+                 .where(sessionless_runs.c.agent_id == agent_id, sessionless_runs.c.principal == principal,
+                        sessionless_runs.c.run_id == run_id))
+        await self._in_transaction("the current sessionless run", lambda conn: conn.execute(touch))
 
     async def create_task(self, **values: Any) -> None:
         """Record a new task (the ``tasks`` columns), owned by this process."""
