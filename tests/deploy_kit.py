@@ -173,10 +173,11 @@ def images() -> tuple[str, str]:
     return serve, sandbox
 
 
-def settings_toml(sandbox_image: str, sandbox_cpu: str = "200m") -> str:
-    return (f'[agent]\nid = "serve"\nhome = "/home/agent"\nsandbox = "kubernetes"\n\n'
+def settings_toml(sandbox_image: str, sandbox_cpu: str = "200m", agent: str = "", more: str = "") -> str:
+    """The replicas' settings; agent: lines more of the [agent] table, more: tables after the rest."""
+    return (f'[agent]\nid = "serve"\nhome = "/home/agent"\nsandbox = "kubernetes"\n{agent}\n'
             f'[kubernetes]\nnamespace = "{NAMESPACE}"\nimage = "{sandbox_image}"\nmode = "claim"\nwarm = 1\n'
-            f'cpu = "{sandbox_cpu}"\nmemory = "256Mi"\nhome_size = "1Gi"\n')
+            f'cpu = "{sandbox_cpu}"\nmemory = "256Mi"\nhome_size = "1Gi"\n\n{more}')
 
 
 def overlay(folder: Path, image: str, settings: str, api_port: int, replicas: int = 2) -> Path:
@@ -287,9 +288,11 @@ def _logs() -> str:
 
 
 @contextlib.contextmanager
-def deployed(tmp: Path, replicas: int = 2, sandbox_cpu: str = "200m") -> Iterator[Deployment]:
+def deployed(tmp: Path, replicas: int = 2, sandbox_cpu: str = "200m", *, agent: str = "",
+             more: str = "") -> Iterator[Deployment]:
     """deploy/kubernetes in NAMESPACE with this many replicas, behind a ServiceRoute, for the block's
-    life; sandbox_cpu: the agents' sandboxes' CPU (requests and limits)."""
+    life; sandbox_cpu: the agents' sandboxes' CPU (requests and limits); agent, more: settings
+    more (``settings_toml``)."""
     base_url = os.environ["GUILDS_TEST_POSTGRES_URL"]
     server, _, name = base_url.rpartition("/")
     own = f"{name}_{NAMESPACE.replace('-', '_')}"  # its own, as the namespace: runs at once keep apart
@@ -307,7 +310,7 @@ def deployed(tmp: Path, replicas: int = 2, sandbox_cpu: str = "200m") -> Iterato
         kubectl("create", "secret", "generic", "guilds-serve", f"--from-literal=token={token}",
                 f"--from-literal=database-url={in_cluster_url}")
         serve, sandbox = images()
-        settings = settings_toml(sandbox, sandbox_cpu)
+        settings = settings_toml(sandbox, sandbox_cpu, agent, more)
         kubectl("apply", "-k", str(overlay(tmp, serve, settings, relays[0].port, replicas)))
         try:
             rollout()
