@@ -37,8 +37,8 @@ box.files.write("/home/user/srv.py", "import http.server as h; h.HTTPServer(('12
                 "s.end_headers(), s.wfile.write(s.headers['host'].encode()))})).serve_forever()")
 box.commands.run("python3 /home/user/srv.py", background=True)
 seen["host"] = box.get_host(8001)
-for _ in range(60):
-    got = subprocess.run(["curl", "-sS", "--cacert", sys.argv[1], f"https://{seen['host']}/"],
+for _ in range(240):  # the server's start, on a loaded machine; an answer of the front (not open yet) is no answer
+    got = subprocess.run(["curl", "-sSf", "--cacert", sys.argv[1], f"https://{seen['host']}/"],
                          capture_output=True, text=True)
     if got.returncode == 0 and got.stdout:
         break
