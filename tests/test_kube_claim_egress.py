@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import forge_kit
+import kube_kit
 from guilds.egress.ca import CertificateAuthority
 from guilds.egress.shared_key import SHARED_KEY_NAME
 from guilds.errors import SandboxError
@@ -25,9 +26,10 @@ from guilds.sandbox.egress_side.proxy_process import proxy_pid
 from guilds.sandbox.kubernetes import kube_claim_spec as claims
 from guilds.sandbox.kubernetes.kube_claims import KubeClaimSandbox
 from guilds.sandbox.kubernetes.kube_egress import relay_conf, relay_of
+from kube_kit import no_pool_left
 from test_kube_egress import FETCH, FIND, PLAIN, UPLOAD, forge, on_cluster, run, settings_of
 
-__all__ = ["forge"]  # a fixture used here
+__all__ = ["forge", "no_pool_left"]  # fixtures of this module: the forge; the pool and template deleted after
 
 
 def data_folder(path: Path, key: str) -> Path:
@@ -127,6 +129,4 @@ async def test_a_claimed_pod_goes_out_through_the_proxy_and_another_server_takes
     finally:
         await second.stop()
         await first.stop()
-        import kube_kit
-
         kube_kit.remove_claimed(first.claim)
