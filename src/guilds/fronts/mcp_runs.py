@@ -19,7 +19,8 @@ A call's run, first rule that applies:
    a call (its start or its end). It is kept in the run record
    (``Store.sessionless_run``), so any server on the record (the replicas of a
    deployment) continues it; a sessionless call that names a run in ``_meta``
-   makes that the current one. Its id travels back in the run line
+   makes that the current one. A server asks the record again only past
+   SESSIONLESS_RECHECK_SECONDS since it last used the run. Its id travels back in the run line
    (``RUN_LINE``), the first line of the result's text, where the model reads
    it, besides ``_meta["guilds/meta"]``, so the model can name it from then on
    (``RunChoice.chosen``, ``with_run_line``).
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +63,11 @@ RUN_KEY = "guilds/run"
 RUN_LINE = 'run: {run_id} (pass it back as "run" to continue this run)'
 """The first line of a result whose run the server chose (rule 5): the handle, said to the model."""
 SESSION_HEADER = "mcp-session-id"
+SESSIONLESS_RECHECK_SECONDS = 5.0
+"""(At most half the idle time.) A sessionless call within this long of this process's last use
+of its principal's current run takes that run without asking the record, and a call that took
+less leaves the record's time of its start (another server sees a run named meanwhile on it this
+much later at most)."""
 PRINCIPAL_CACHE_MAX = 4096
 """Runs whose principal this process remembers (a claim never changes; past this many the memory starts over)."""
 
@@ -114,6 +121,9 @@ class Runs:
         self.idle_seconds = idle_seconds
         self.agent_id = agent_id
         self._principals: dict[str, str] = {}
+        self._recent: dict[str, tuple[str, float]] = {}
+        """principal -> (its current sessionless run, when this process last used or wrote it)."""
+        self._recheck = min(SESSIONLESS_RECHECK_SECONDS, idle_seconds / 2)
 
     async def choose(self, request: ServerRequestContext | None,
                      arguments: dict[str, Any]) -> tuple[RunChoice, dict[str, Any]]:
@@ -133,8 +143,22 @@ class Runs:
         choice = await self._by_transport(request, named, principal)
         await self._check(check_run_id(choice.run_id), principal)
         if named is not None and not _session_of(request) and isinstance(named, str) and is_safe_name(named):
-            await self.store.sessionless_run(self.agent_id or "", principal, named, self.idle_seconds, named=named)
+            await self._sessionless(principal, named)
         return choice, arguments
+
+    async def _sessionless(self, principal: str, named: str | None = None) -> str:
+        """The principal's current sessionless run (named: made the current one), from the record
+        unless this process used or wrote it less than SESSIONLESS_RECHECK_SECONDS ago."""
+        now = time.monotonic()
+        known = self._recent.get(principal)
+        if known is not None and now - known[1] < self._recheck and named in (None, known[0]):
+            return known[0]
+        run_id = await self.store.sessionless_run(self.agent_id or "", principal, named or new_run_id(),
+                                                  self.idle_seconds, named=named)
+        if len(self._recent) >= PRINCIPAL_CACHE_MAX:
+            self._recent.clear()
+        self._recent[principal] = (run_id, now)
+        return run_id
 
     async def _by_transport(self, request: ServerRequestContext | None, named: Any, principal: str) -> RunChoice:
         if self.fixed_run is not None and named is None:
@@ -144,8 +168,7 @@ class Runs:
             return RunChoice(named, False)
         if session:
             return RunChoice(session_run_id(session), False)
-        run_id = await self.store.sessionless_run(self.agent_id or "", principal, new_run_id(), self.idle_seconds)
-        return RunChoice(run_id, True)
+        return RunChoice(await self._sessionless(principal), True)
 
     async def _check(self, run_id: str, principal: str) -> None:
         """Claim the run for principal on its first call; refuse another principal's run, and
@@ -164,8 +187,13 @@ class Runs:
         failure of the record here is logged: the call's answer stands)."""
         if self.fixed_run is not None or _session_of(request):
             return
+        principal, now = principal_of(request), time.monotonic()
+        known = self._recent.get(principal)
+        if known is not None and (known[0] != run_id or now - known[1] < self._recheck):
+            return  # another run is current, or the record's time of its start is near enough
         try:
-            await self.store.sessionless_used(self.agent_id or "", principal_of(request), run_id)
+            await self.store.sessionless_used(self.agent_id or "", principal, run_id)
+            self._recent[principal] = (run_id, now)
         except RecordError as exc:
             log.warning("%s", exc)
 
