@@ -235,6 +235,11 @@ MCP_SESSIONLESS_IDLE_SECONDS = 30 * 60.0
 """A client without a session (the 2026-07-28 revision over HTTP) that names no
 run continues the agent's current sessionless run until that run has had no
 call for this long; then its next call starts a new run."""
+MCP_SESSIONLESS_RECHECK_SECONDS = 5.0
+"""(At most half the idle time.) A sessionless call within this long of this process's last use
+of its principal's current run takes that run without asking the record, and a call that took
+less leaves the record's time of its start (another server sees a run named meanwhile on it this
+much later at most)."""
 MCP_PROGRESS_SECONDS = 1.0
 """How often a running call reports progress (elapsed seconds)."""
 TRACE_TOOL_NAME_CHARS = 128

@@ -20,7 +20,7 @@ A call's run, first rule that applies:
    (``Store.sessionless_run``), so any server on the record (the replicas of a
    deployment) continues it; a sessionless call that names a run in ``_meta``
    makes that the current one. A server asks the record again only past
-   SESSIONLESS_RECHECK_SECONDS since it last used the run. Its id travels back in the run line
+   MCP_SESSIONLESS_RECHECK_SECONDS since it last used the run. Its id travels back in the run line
    (``RUN_LINE``), the first line of the result's text, where the model reads
    it, besides ``_meta["guilds/meta"]``, so the model can name it from then on
    (``RunChoice.chosen``, ``with_run_line``).
@@ -49,6 +49,7 @@ from mcp.server.context import ServerRequestContext
 
 from ..config.checks import is_safe_name
 from ..errors import BadInput, RecordError
+from ..limits import MCP_SESSIONLESS_RECHECK_SECONDS
 from ..record.store import Store
 from ..toolbox.toolbox import check_run_id
 from ..toolbox.tools.formats import RUN_ARG
@@ -63,11 +64,6 @@ RUN_KEY = "guilds/run"
 RUN_LINE = 'run: {run_id} (pass it back as "run" to continue this run)'
 """The first line of a result whose run the server chose (rule 5): the handle, said to the model."""
 SESSION_HEADER = "mcp-session-id"
-SESSIONLESS_RECHECK_SECONDS = 5.0
-"""(At most half the idle time.) A sessionless call within this long of this process's last use
-of its principal's current run takes that run without asking the record, and a call that took
-less leaves the record's time of its start (another server sees a run named meanwhile on it this
-much later at most)."""
 PRINCIPAL_CACHE_MAX = 4096
 """Runs whose principal this process remembers (a claim never changes; past this many the memory starts over)."""
 
@@ -123,7 +119,7 @@ class Runs:
         self._principals: dict[str, str] = {}
         self._recent: dict[str, tuple[str, float]] = {}
         """principal -> (its current sessionless run, when this process last used or wrote it)."""
-        self._recheck = min(SESSIONLESS_RECHECK_SECONDS, idle_seconds / 2)
+        self._recheck = min(MCP_SESSIONLESS_RECHECK_SECONDS, idle_seconds / 2)
 
     async def choose(self, request: ServerRequestContext | None,
                      arguments: dict[str, Any]) -> tuple[RunChoice, dict[str, Any]]:
@@ -148,7 +144,7 @@ class Runs:
 
     async def _sessionless(self, principal: str, named: str | None = None) -> str:
         """The principal's current sessionless run (named: made the current one), from the record
-        unless this process used or wrote it less than SESSIONLESS_RECHECK_SECONDS ago."""
+        unless this process used or wrote it less than MCP_SESSIONLESS_RECHECK_SECONDS ago."""
         now = time.monotonic()
         known = self._recent.get(principal)
         if known is not None and now - known[1] < self._recheck and named in (None, known[0]):

@@ -203,15 +203,17 @@ class Metrics:
             return
         if box.envd is not None and not box.envd.answered:  # still joining its cgroup: read it once it runs
             await asyncio.wait_for(box.envd.call("list"), E2B_METRICS_INTERVAL_SECONDS)
-        series = self._series.setdefault(box.id, Series(deque(maxlen=E2B_METRICS_KEPT)))
         reading = await asyncio.to_thread(read_cgroup, pid)
-        series.samples.append(await asyncio.to_thread(sample, reading, series.last, box.started_at.timestamp(),
-                                                      str(box.agent.settings.home)))
+        before = self._series[box.id].last if box.id in self._series else None
+        taken = await asyncio.to_thread(sample, reading, before, box.started_at.timestamp(),
+                                        str(box.agent.settings.home))
+        series = self._series.setdefault(box.id, Series(deque(maxlen=E2B_METRICS_KEPT)))
+        series.samples.append(taken)
         series.last = reading
 
     async def of(self, box: E2BSandbox, start: int | None, end: int | None) -> list[dict[str, Any]]:
         """Its samples from start to end (Unix seconds); NoCgroup where it cannot be sampled."""
-        if box.id not in self._series:
+        if box.id not in self._series or not self._series[box.id].samples:
             await self.take(box)
         low = int(box.started_at.timestamp()) if start is None else start
         high = int(time.time()) if end is None else end
