@@ -7,13 +7,17 @@ the official MCP SDK client over HTTP, and the modes of what the data folder hol
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import os
 import re
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import httpx2
@@ -25,13 +29,16 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 
 from guilds.errors import RecordError
 from guilds.fronts.serve import build_app
-from guilds.limits import APP_SESSION_IDLE_SECONDS, APP_SESSION_MAX_AGE_SECONDS, APP_SESSIONS_MAX
+from guilds.limits import APP_SESSION_MAX_AGE_SECONDS, APP_SESSIONS_MAX
+from guilds.record.app_sessions import Terms
+from guilds.record.store import Store
+from guilds.web import sessions as sessions_module
 from guilds.web.endpoint_lock import LOGGED_OUT, NO_LOGIN, TOKEN_FILE, Lock, cookie_values, host_names, server_token
 from guilds.web.sessions import Sessions
 from mcp_raw import VERSION, envelope
 from test_mcp_http import serving
 from toolbox_kit import local_toolbox
-from web_kit import AUTH, LOCK, TOKEN, printed_lines, start_serve, stop_serve
+from web_kit import AUTH, LOCK, TOKEN, printed_lines, record_url, start_serve, stop_serve
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 PAGES = ["/", "/runs/r1", "/runs/r1/calls/1", "/runs/r1/calls/1/log", "/runs/r1/events", "/static/app.css", "/mcp"]
@@ -156,7 +163,8 @@ async def test_mcp_takes_the_bearer_header_only(toolbox):
         assert ran.status_code == 200 and run_line.startswith("run: mcp-") and output.startswith(f"{os.getuid()}\n")
 
 
-async def test_logins_past_the_most_end_the_session_idle_longest(toolbox):
+async def test_logins_past_the_most_end_the_session_idle_longest(toolbox, monkeypatch):
+    monkeypatch.setattr(sessions_module, "TERMS", dataclasses.replace(sessions_module.TERMS, touch=timedelta(0)))
     async with client_of(toolbox, LOCK) as c:
         async def login() -> dict[str, str]:
             r = await c.get(f"/?token={TOKEN}")
@@ -172,23 +180,46 @@ async def test_logins_past_the_most_end_the_session_idle_longest(toolbox):
         assert (await c.get("/", headers=first)).status_code == 200
 
 
-async def test_a_session_ends_after_its_idle_time():
-    now = [1000.0]
-    sessions = Sessions(clock=lambda: now[0])
-    value = sessions.start()
-    now[0] += APP_SESSION_IDLE_SECONDS - 1
-    assert sessions.holds(value)  # used: its idle time starts again
-    now[0] += APP_SESSION_IDLE_SECONDS - 1
-    assert sessions.holds(value)
-    now[0] += APP_SESSION_IDLE_SECONDS
-    assert not sessions.holds(value) and len(sessions) == 0
-    idle, kept = sessions.start(), sessions.start()
-    now[0] += APP_SESSION_IDLE_SECONDS - 1
-    assert sessions.holds(kept)
-    now[0] += 1
-    sessions.start()  # a login ends what sat idle its time out, unasked
-    assert len(sessions) == 2 and not sessions.holds(idle)
-    assert not sessions.holds("") and not sessions.holds(None) and not sessions.holds(value)
+SHORT = Terms(idle=timedelta(seconds=2), max_age=timedelta(seconds=5), most=APP_SESSIONS_MAX, touch=timedelta(0))
+"""Lifetimes a test can wait out."""
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgresql"])
+async def test_a_session_ends_after_its_idle_time_at_its_max_age_and_with_its_token(tmp_path, db):
+    me, other = f"token:{os.urandom(8).hex()}", f"token:{os.urandom(8).hex()}"
+    async with Store(record_url(db, tmp_path)) as store:
+        sessions = Sessions(store, SHORT)
+        value = await sessions.start(me)
+        begun = time.monotonic()
+        await asyncio.sleep(1.2)
+        assert await sessions.holds(value, me)  # used: its idle time starts again
+        await asyncio.sleep(1.2)
+        assert await sessions.holds(value, me)  # 2.4 s after its login, 1.2 s after its last use
+        await asyncio.sleep(2.1)
+        assert not await sessions.holds(value, me)  # idle its time out
+        kept = await sessions.start(me)
+        begun = time.monotonic()
+        while time.monotonic() - begun < SHORT.max_age.total_seconds() - 1:
+            assert await sessions.holds(kept, me)  # used well within its idle time
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(max(0.0, begun + SHORT.max_age.total_seconds() + 0.1 - time.monotonic()))
+        assert not await sessions.holds(kept, me)  # its max age, however much it was used
+        mine = await sessions.start(me)
+        assert not await sessions.holds(mine, other) and await sessions.holds(mine, me)  # another token's: no
+        assert not await sessions.holds("", me) and not await sessions.holds(None, me)
+        assert await sessions.end(mine) and not await sessions.holds(mine, me) and not await sessions.end(mine)
+
+
+async def test_a_session_is_every_servers_on_the_record_and_a_logout_on_one_ends_it_on_all(toolbox):
+    async with Store(toolbox.store.engine.url.render_as_string(hide_password=False)) as elsewhere:  # another server
+        other_app = build_app(toolbox.settings, elsewhere, toolbox, host="127.0.0.1", lock=LOCK)
+        async with client_of(toolbox, LOCK) as here, httpx2.AsyncClient(
+                transport=httpx2.ASGITransport(app=other_app), base_url="http://127.0.0.1:8765") as there:
+            session = {"cookie": (await here.get(f"/?token={TOKEN}")).headers["set-cookie"].split(";")[0]}
+            here.cookies.clear()
+            assert (await there.get("/", headers=session)).status_code == 200
+            assert (await there.post("/logout", headers={**session, "origin": "null"})).status_code == 200
+            assert (await here.get("/", headers=session)).status_code == 401
 
 
 FOREIGN_COOKIES = ['prefs={"theme": "dark", "size": 2}', "q=\"a b\"", 'x=a"b', "flag", "a=b c", "=v", 'j={"k":"v;w"}']
@@ -239,21 +270,6 @@ async def test_logout_ends_the_session_on_the_server(toolbox):
         assert (await c.post("/logout", headers=AUTH)).status_code == 200  # the token: nothing to end
     async with client_of(toolbox, Lock(None, LOCK.hosts)) as c:
         assert (await c.post("/logout")).text == NO_LOGIN + "\n"
-
-
-async def test_a_session_ends_at_its_max_age_however_much_it_is_used():
-    now = [1000.0]
-    sessions = Sessions(clock=lambda: now[0])
-    value = sessions.start()
-    while now[0] + APP_SESSION_IDLE_SECONDS / 2 < 1000.0 + APP_SESSION_MAX_AGE_SECONDS:
-        now[0] += APP_SESSION_IDLE_SECONDS / 2
-        assert sessions.holds(value)  # used well within its idle time
-    now[0] = 1000.0 + APP_SESSION_MAX_AGE_SECONDS - 1
-    assert sessions.holds(value)
-    later = sessions.start()
-    now[0] += 1
-    assert not sessions.holds(value) and sessions.holds(later)
-    assert sessions.end(later) and not sessions.holds(later) and not sessions.end(later) and len(sessions) == 0
 
 
 @pytest.mark.parametrize("lock,host", [(LOCK, "127.0.0.1"), (WIDE, "0.0.0.0")], ids=["loopback", "any-address"])
@@ -349,10 +365,15 @@ def _app_url(lines: list[str]) -> tuple[str, str]:
     return url.group(1), url.group(3)
 
 
-async def test_a_restart_ends_every_session(tmp_path):
-    """Sessions live in the server's memory: after a restart the old cookie is refused (under the
-    new port's name too) and the printed URL logs in again."""
+async def test_a_session_outlives_a_restart_and_ends_with_its_token(tmp_path):
+    """Sessions live in the run record: after a restart the cookie still lets in; once the
+    token is another (its file removed, a new one made at the start) it is refused."""
     data = tmp_path / "data"
+
+    async def page(cookie: str) -> httpx2.Response:
+        async with httpx2.AsyncClient(base_url=base) as c:
+            return await c.get("/", headers={"cookie": f"guilds-session-{base.rsplit(':', 1)[1]}={cookie}"})
+
     proc = start_serve(data)
     try:
         base, token = _app_url(printed_lines(proc))
@@ -363,11 +384,18 @@ async def test_a_restart_ends_every_session(tmp_path):
         stop_serve(proc)
     proc = start_serve(data)
     try:
-        base, token = _app_url(printed_lines(proc))
+        base, same = _app_url(printed_lines(proc))
+        assert same == token and (await page(session)).status_code == 200  # under the new port's name too
+    finally:
+        stop_serve(proc)
+    (data / TOKEN_FILE).unlink()
+    proc = start_serve(data)
+    try:
+        base, new_token = _app_url(printed_lines(proc))
+        old = await page(session)
+        assert new_token != token and old.status_code == 401 and "the token changed" in old.text
         async with httpx2.AsyncClient(base_url=base) as c:
-            old = await c.get("/", headers={"cookie": f"guilds-session-{base.rsplit(':', 1)[1]}={session}"})
-            assert old.status_code == 401 and "again after the server restarted" in old.text
-            assert (await c.get(f"/?token={token}")).status_code == 303
+            assert (await c.get(f"/?token={new_token}")).status_code == 303
             assert (await c.get("/")).status_code == 200
     finally:
         stop_serve(proc)

@@ -165,8 +165,11 @@ APP_SESSION_MAX_AGE_SECONDS = 24 * 3600.0
 next request is refused, and the URL `guilds serve` printed logs in again); the session
 cookie carries it as its Max-Age, so the browser drops it then as well."""
 APP_SESSIONS_MAX = 64
-"""At most this many sessions live at once (each a few hundred bytes): a login past it
-ends the session idle longest, so repeated logins cannot grow the server's memory."""
+"""At most this many sessions live at once (each a row of the run record): a login past it
+ends the session used least recently, so repeated logins cannot grow the record."""
+APP_SESSION_TOUCH_SECONDS = 60.0
+"""A request writes its session's use to the record only when the last use written is older
+than this (so a page costs one read); the idle time is counted from that write."""
 
 # --- the record's owners ----------------------------------------------------------
 OWNER_HEARTBEAT_SECONDS = 5.0

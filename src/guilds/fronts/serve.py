@@ -19,9 +19,10 @@ per server); every call and sandbox start is a line on the ``guilds.calls`` logg
 
 All sit behind ``guilds.web.endpoint_lock.EndpointLock``: the token (``<data>/serve.token``,
 made on first run) is printed with the URLs once the server listens; the app's URL
-starts a login session kept in this process's memory (``guilds.web.sessions``: a
-restart ends them all); Host and Origin are checked on every bind. ``no_token`` serves without the token, on a
-loopback address only. SIGTERM, SIGINT and SIGHUP stop the server (``Stopping``): running
+starts a login session kept in the run record (``guilds.web.sessions``: a restart or
+another server on the record keeps it; a new token ends it); Host and Origin are checked
+on every bind. ``no_token`` serves without the token, on a loopback address only.
+SIGTERM, SIGINT and SIGHUP stop the server (``Stopping``): running
 calls are cancelled after SERVE_SHUTDOWN_GRACE_SECONDS (guilds.limits), their commands stopped and
 the calls recorded as cancelled; then the reaper stops, the warm pools' agents are removed,
 the resident helpers end and the record is closed (this process's entry in it removed),

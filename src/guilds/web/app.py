@@ -45,6 +45,7 @@ from .flow import MAX_SEQ, FlowPage, flow_item, flow_page, later_page, redact_ca
 from .logs import LogReader, LogUnavailable
 from .rewind import Rewind, rewind_route
 from .savings_view import run_savings_of
+from .sessions import Sessions
 from .views import CallPage, call_page, log_view
 
 HERE = Path(__file__).parent
@@ -265,6 +266,6 @@ def create_app(store: Store, *, redactor: Redactor, logs: LogReader, extra_route
     web = WebApp(store, redactor, logs, serving, rewind)
     middleware = [Middleware(SecurityHeaders)]
     if lock is not None:
-        middleware.append(Middleware(EndpointLock, lock=lock))
+        middleware.append(Middleware(EndpointLock, lock=lock, sessions=Sessions(store)))
     return Starlette(routes=[*extra_routes, *web.routes()], middleware=middleware, lifespan=lifespan,
                      exception_handlers={HTTPException: web.not_found})

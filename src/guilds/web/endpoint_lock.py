@@ -158,11 +158,10 @@ def _same(given: str | None, token: str) -> bool:
 
 class EndpointLock:
     """ASGI middleware: the Host, Origin and token checks of the module docstring;
-    ``sessions``: the app's login sessions (a new, empty set by default)."""
+    ``sessions``: the app's login sessions (None: no login, the token alone is taken)."""
 
     def __init__(self, app: Callable, lock: Lock, sessions: Sessions | None = None):
-        self.app, self.lock = app, lock
-        self.sessions = sessions if sessions is not None else Sessions()
+        self.app, self.lock, self.sessions = app, lock, sessions
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "websocket":  # none is served: refused before any check
@@ -172,13 +171,13 @@ class EndpointLock:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        refusal = self._refusal(scope, headers)
+        refusal = await self._refusal(scope, headers)
         if refusal is None:
             await self.app({**scope, PRINCIPAL_KEY: principal(self.lock.token)}, receive, send)
         else:
             await _respond(send, *refusal)
 
-    def _refusal(self, scope: dict, headers: dict[str, str]) -> tuple[int, str, list] | None:
+    async def _refusal(self, scope: dict, headers: dict[str, str]) -> tuple[int, str, list] | None:
         host = headers.get("host", "")
         if _host_name(host).lower() not in self.lock.hosts:
             return 400, "Invalid host header", []
@@ -198,30 +197,41 @@ class EndpointLock:
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         offered = [v for k, v in query if k == TOKEN_PARAM]
         if offered and not resource and scope.get("method") in ("GET", "HEAD"):
-            return self._login(scope, query, offered[0], token)
+            return await self._login(scope, query, offered[0], token)
         bearer = _same(_bearer(headers.get("authorization")), token)
         if resource:
             return None if bearer else _unauthorized(self._challenge(scope, host, "authorization" in headers),
                                                      RESOURCE_REFUSAL)
         values = cookie_values(headers.get("cookie", ""), _cookie_name(scope))
-        if not (bearer or any(self.sessions.holds(value) for value in values)):
+        if not (bearer or await self._session_held(values, token)):
             return _unauthorized()
-        return self._logout(scope, values) if scope["path"] == LOGOUT_PATH else None
+        return await self._logout(scope, values) if scope["path"] == LOGOUT_PATH else None
 
-    def _login(self, scope: dict, query: list[tuple[str, str]], offered: str, token: str) -> tuple[int, str, list]:
+    async def _session_held(self, values: list[str], token: str) -> bool:
+        if self.sessions is None:
+            return False
+        for value in values:
+            if await self.sessions.holds(value, principal(token)):
+                return True
+        return False
+
+    async def _login(self, scope: dict, query: list[tuple[str, str]], offered: str,
+                     token: str) -> tuple[int, str, list]:
         """The one-time URL: a new session in the cookie, and the same URL without the token."""
-        if not _same(offered, token):
+        if not _same(offered, token) or self.sessions is None:
             return _unauthorized()
         rest = urlencode([(k, v) for k, v in query if k != TOKEN_PARAM])
         path = "/" + quote(scope.get("root_path", "") + scope["path"]).lstrip("/")  # never //other.host
         location = path + (f"?{rest}" if rest else "")
-        set_cookie = _session_cookie(scope, self.sessions.start(), round(APP_SESSION_MAX_AGE_SECONDS))
+        set_cookie = _session_cookie(scope, await self.sessions.start(principal(token)),
+                                     round(APP_SESSION_MAX_AGE_SECONDS))
         return 303, "Logged in", [(b"location", location.encode()), (b"set-cookie", set_cookie)]
 
-    def _logout(self, scope: dict, values: list[str]) -> tuple[int, str, list]:
+    async def _logout(self, scope: dict, values: list[str]) -> tuple[int, str, list]:
         """The sessions the cookie names end here, and the browser is told to drop the cookie."""
-        for value in values:
-            self.sessions.end(value)
+        if self.sessions is not None:
+            for value in values:
+                await self.sessions.end(value)
         return 200, LOGGED_OUT, [(b"set-cookie", _session_cookie(scope, "", 0))]
 
     def _is_resource(self, path: str) -> bool:
@@ -246,7 +256,7 @@ def _scheme(scope: dict) -> str:
 
 
 APP_REFUSAL = ("This server needs its token: open the URL `guilds serve` printed (it ends in ?token=...; "
-               "again after the server restarted or the login sat idle), or send the header "
+               "again after the login sat idle or the token changed), or send the header "
                f"Authorization: Bearer <token> (the token is in the data folder's {TOKEN_FILE}).")
 RESOURCE_REFUSAL = ("The MCP endpoint needs the header Authorization: Bearer <token> (the token is in the data "
                     f"folder's {TOKEN_FILE}); it takes no cookie.")
