@@ -243,6 +243,13 @@ MCP_SESSIONLESS_RECHECK_SECONDS = 5.0
 of its principal's current run takes that run without asking the record, and a call that took
 less leaves the record's time of its start (another server sees a run named meanwhile on it this
 much later at most)."""
+MCP_SESSION_IDLE_SECONDS = 12 * 3600.0
+"""A session of the older handshake that had no request this long is no longer served by a
+server that does not hold it (``guilds.fronts.mcp_sessions``): the client starts a new one."""
+MCP_SESSION_TOUCH_SECONDS = 60.0
+"""A session's use is written to the record at most this often (so a request costs at most one read)."""
+MCP_SESSIONS_KEPT = 10_000
+"""At most this many sessions are kept in the record; a new one past it ends the one used least recently."""
 MCP_PROGRESS_SECONDS = 1.0
 """How often a running call reports progress (elapsed seconds)."""
 TRACE_TOOL_NAME_CHARS = 128

@@ -8,7 +8,10 @@ A thin translation over ``Toolbox.call``; no tool logic lives here.
     streamable_http_app(toolbox, ...) -> Starlette            the endpoint as an app of its own
 
 Built on the SDK's high-level ``MCPServer`` (``mcp>=2.3,<3``), through its
-public surface only:
+public surface, but for one thing: ``guilds.fronts.mcp_sessions`` sits inside the
+session manager (its body limit's inner handler, the sessions it holds, its handler of
+a request of no session) so that any server on the record serves a session; its
+tests (tests/test_mcp_sessions.py) fail if the SDK moves those:
 
 - its tool registry (``MCPServer(tools=...)``) holds one ``ToolboxTool`` per
   tool of the toolbox's registry (``guilds.toolbox.tools``): an SDK ``Tool`` whose
@@ -114,6 +117,7 @@ from .mcp_quick import INSTRUCTIONS, SERVER_EXTENSIONS, SERVER_NAME
 from .mcp_quick import server_version as _version
 from .mcp_runs import META_KEY, RunChoice, Runs, new_run_id, principal_of, with_run_line
 from .mcp_runs import RUN_KEY as RUN_KEY  # the tests and embedders name it from here
+from .mcp_sessions import SessionsOnRecord
 from .mcp_tasks import TasksExtension
 from .wiring import Wired, open_toolbox
 
@@ -382,9 +386,11 @@ def http_endpoint(toolbox: Toolbox, *, path: str = "/mcp", host: str = "127.0.0.
 
 def streamable_http_app(toolbox: Toolbox, *, path: str = "/mcp", host: str = "127.0.0.1",
                         sessionless_idle_seconds: float = limits.MCP_SESSIONLESS_IDLE_SECONDS) -> Starlette:
-    """A Starlette app serving only the endpoint at path, with its own lifespan."""
+    """A Starlette app serving only the endpoint at path, with its own lifespan; its sessions
+    of the older handshake are kept in the run record too (``guilds.fronts.mcp_sessions``)."""
     server = build_server(toolbox, sessionless_idle_seconds=sessionless_idle_seconds)
     app = server.streamable_http_app(streamable_http_path=path, host=host)
+    SessionsOnRecord.install(server.session_manager, toolbox.store)
     app.state.mcp_server = server
     return app
 

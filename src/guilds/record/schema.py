@@ -57,8 +57,9 @@ Tables:
     sessionless_runs each principal's current sessionless MCP run of an agent
            (``guilds.fronts.mcp_runs``, rule 5): agent_id, principal, run_id, at
            (its last call's start or end), so any server on the record continues it
-    app_sessions the app's login sessions (``guilds.web.sessions``): digest (SHA-256 of
-           the cookie's value, hex), principal (the token's fingerprint at the login),
+    sessions the app's login sessions and the MCP endpoint's older-handshake sessions
+           (``record.session_rows``): digest (SHA-256 of the cookie's value or the session id,
+           hex), kind (app, mcp), principal (the token's fingerprint at the start),
            started_at, used_at; any server on the record holds them
 """
 
@@ -253,11 +254,12 @@ sessionless_runs = sa.Table(
 )
 """A principal's current sessionless MCP run of an agent, one row each (``Store.sessionless_run``)."""
 
-app_sessions = sa.Table(
-    "app_sessions", metadata,
+sessions = sa.Table(
+    "sessions", metadata,
     sa.Column("digest", sa.String(64), primary_key=True),
+    sa.Column("kind", sa.String(8), nullable=False),
     sa.Column("principal", sa.String(64), nullable=False),
     sa.Column("started_at", _TS, nullable=False),
     sa.Column("used_at", _TS, nullable=False, index=True),
 )
-"""The app's live login sessions, one row each (``record.app_sessions``)."""
+"""The live sessions of the app and the MCP endpoint, one row each (``record.session_rows``)."""

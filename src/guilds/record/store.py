@@ -46,8 +46,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from ..errors import BadInput, RecordError
 from ..limits import RECORD_BUSY_RETRY_SECONDS, RECORD_BUSY_WAIT_SECONDS
 from . import agent_listing, agent_rows
-from . import app_sessions as login
 from . import call_keys as keys
+from . import session_rows as shared_sessions
 from .call_keys import CallKey, Keyed
 from .engine import (
     RecordThread,
@@ -634,22 +634,25 @@ class Store:
                         sessionless_runs.c.run_id == run_id))
         await self._in_transaction("the current sessionless run", lambda conn: conn.execute(touch))
 
-    async def app_session_start(self, digest: str, principal: str, terms: login.Terms) -> None:
-        """A login session made (``record.app_sessions``)."""
+    async def session_start(self, kind: str, digest: str, principal: str, terms: shared_sessions.Terms) -> None:
+        """A session of kind made (``record.session_rows``)."""
         now = utc_now()
-        await self._in_transaction("a login session", lambda conn: login.start(conn, digest, principal, now, terms))
+        await self._in_transaction(f"an {kind} session",
+                                   lambda conn: shared_sessions.start(conn, kind, digest, principal, now, terms))
 
-    async def app_session_holds(self, digest: str, principal: str, terms: login.Terms) -> bool:
-        """Whether digest is a live login session of principal's; its use written when due."""
+    async def session_holds(self, kind: str, digest: str, principal: str, terms: shared_sessions.Terms) -> bool:
+        """Whether digest is a live session of kind and principal; its use written when due."""
         now = utc_now()
-        held = await self._reading(lambda conn: login.state(conn, digest, principal, now, terms))
-        if held is login.Held.STALE_USE:
-            await self._in_transaction("a login session's use", lambda conn: login.touch(conn, digest, now))
-        return held is not login.Held.NO
+        held = await self._reading(lambda conn: shared_sessions.state(conn, kind, digest, principal, now, terms))
+        if held is shared_sessions.Held.STALE_USE:
+            await self._in_transaction(f"an {kind} session's use",
+                                       lambda conn: shared_sessions.touch(conn, digest, now))
+        return held is not shared_sessions.Held.NO
 
-    async def app_session_end(self, digest: str) -> bool:
-        """The logout: False when digest was no session."""
-        return await self._in_transaction("a login session's end", lambda conn: login.end(conn, digest))
+    async def session_end(self, kind: str, digest: str) -> bool:
+        """The session ends: False when digest was none of kind."""
+        return await self._in_transaction(f"an {kind} session's end",
+                                          lambda conn: shared_sessions.end(conn, kind, digest))
 
     async def create_task(self, **values: Any) -> None:
         """Record a new task (the ``tasks`` columns), owned by this process."""

@@ -48,9 +48,10 @@ import json
 import os
 import secrets
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from ..config.private import FILE_MODE, read_private
@@ -83,7 +84,7 @@ def principal(token: str | None) -> str:
     return "token:" + hashlib.sha256(token.encode()).hexdigest()[:16] if token else ""
 
 
-def principal_of_scope(scope: dict) -> str:
+def principal_of_scope(scope: Mapping[str, Any]) -> str:
     """The principal EndpointLock put in a request's scope; "" where no lock or no token."""
     return str(scope.get(PRINCIPAL_KEY, ""))
 

@@ -5,7 +5,7 @@
     await sessions.holds(value, principal) -> bool   a live session of that token's (its idle time starts again)
     await sessions.end(value) -> bool                the logout: the session ends (False: it was not live)
 
-A session is kept in the run record (``guilds.record.app_sessions``), so every server on
+A session is kept in the run record (``guilds.record.session_rows``), so every server on
 the record holds it: a restart of ``guilds serve``, or another replica of a deployment,
 takes the same cookie. It ends after ``guilds.limits.APP_SESSION_IDLE_SECONDS`` without a
 request, ``guilds.limits.APP_SESSION_MAX_AGE_SECONDS`` after its login however much it is
@@ -26,10 +26,13 @@ from __future__ import annotations
 import hashlib
 import secrets
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from ..limits import APP_SESSION_IDLE_SECONDS, APP_SESSION_MAX_AGE_SECONDS, APP_SESSION_TOUCH_SECONDS, APP_SESSIONS_MAX
-from ..record.app_sessions import Terms
-from ..record.store import Store
+from ..record.session_rows import APP, Terms
+
+if TYPE_CHECKING:
+    from ..record.store import Store
 
 SESSION_BYTES = 32
 """256 random bits, as 43 URL-safe characters (cookie-safe as they are)."""
@@ -50,11 +53,11 @@ class Sessions:
 
     async def start(self, principal: str) -> str:
         value = secrets.token_urlsafe(SESSION_BYTES)
-        await self.store.app_session_start(_digest(value), principal, self.terms)
+        await self.store.session_start(APP, _digest(value), principal, self.terms)
         return value
 
     async def holds(self, value: str | None, principal: str) -> bool:
-        return bool(value) and await self.store.app_session_holds(_digest(value or ""), principal, self.terms)
+        return bool(value) and await self.store.session_holds(APP, _digest(value or ""), principal, self.terms)
 
     async def end(self, value: str | None) -> bool:
-        return bool(value) and await self.store.app_session_end(_digest(value or ""))
+        return bool(value) and await self.store.session_end(APP, _digest(value or ""))
