@@ -161,6 +161,27 @@ def test_the_mcp_client_continues_one_run_on_either_replica(deployment):
     assert set(deployment.route.relay.connections[before:]) == set(deployment.route.endpoints)
 
 
+def test_a_session_of_the_older_handshake_goes_on_on_either_replica(deployment):
+    """Claude Code's kind of client: a session opened on one replica, each of its requests
+    on a connection of its own (the Service hands them out in turn): one run, its working
+    directory kept, no new handshake."""
+    async def calls() -> list:
+        headers = {"Authorization": f"Bearer {deployment.token}"}
+        async with httpx.AsyncClient(headers=headers, timeout=120,
+                                     limits=httpx.Limits(max_keepalive_connections=0)) as http, \
+                Client(streamable_http_client(f"{deployment.route.url}/mcp", http_client=http), mode="legacy",
+                       read_timeout_seconds=120) as client:
+            return [await client.call_tool("shell", {"command": command})
+                    for command in ["mkdir -p older/hand && cd older/hand", *["pwd"] * 5]]
+
+    before = len(deployment.route.relay.connections)
+    results = asyncio.run(calls())
+    assert not any(r.is_error for r in results), [r.content for r in results]
+    metas = [(r.meta or {})["guilds/meta"] for r in results]
+    assert len({m["run"] for m in metas}) == 1 and {m["cwd"] for m in metas[1:]} == {"/home/agent/older/hand"}
+    assert set(deployment.route.relay.connections[before:]) == set(deployment.route.endpoints)
+
+
 def test_guilds_open_shares_the_record_and_the_sandbox_of_the_replicas(deployment, monkeypatch, tmp_path):
     """The servers' own agent, written to through the Service over MCP, is the agent
     guilds.open opens here on the same record and cluster: the same claim, the same files."""

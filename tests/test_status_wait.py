@@ -31,6 +31,11 @@ def bg(sandbox):
             pass
 
 
+LATER = 2
+"""Seconds a command sleeps before the line a wait looks for: `until` sees only lines written
+after the call began, and on a loaded machine the start and the call's own start take a while."""
+
+
 def start(sandbox, command, **extra):
     env = sandbox.call("shell", {"command": command, "background": True}, **extra)
     return env["meta"]["background_id"], env["meta"]["log_path"]
@@ -54,14 +59,14 @@ def cpu_of_children(fn):
 
 # --- wait on one command ------------------------------------------------------------
 def test_wait_returns_when_the_command_ends(bg):
-    bid, _ = start(bg, "sleep 1; echo done")
+    bid, _ = start(bg, f"sleep {LATER}; echo done")
     began = time.monotonic()
     env = status(bg, id=bid, wait=30)
     took = time.monotonic() - began
     assert first_line(env) == "ended"
     assert ok_text(env).split("\n")[1].startswith(f"{bid} exited 0 ")
     assert ok_text(env).endswith("done")
-    assert 0.5 < took < 3 and 500 <= env["meta"]["waited_ms"] <= took * 1000
+    assert 0.5 < took < LATER + 5 and 500 <= env["meta"]["waited_ms"] <= took * 1000
     assert env["meta"]["state"] == "exited 0" and "matched" not in env["meta"]
 
 
@@ -94,13 +99,13 @@ def test_a_check_without_wait_is_as_before(bg):
 
 # --- until --------------------------------------------------------------------------
 def test_until_returns_at_the_first_new_matching_line(bg):
-    bid, _ = start(bg, "for i in 1 2 3; do echo compiling $i; sleep 0.3; done; "
+    bid, _ = start(bg, f"sleep {LATER}; for i in 1 2 3; do echo compiling $i; sleep 0.3; done; "
                        "echo '  Local: http://localhost:3000/'; echo 'ready in 412 ms'; sleep 30")
     began = time.monotonic()
     env = status(bg, id=bid, until=r"ready in \d+ ms|Local:", wait=30)
     assert first_line(env) == "matched: Local: http://localhost:3000/"
     assert env["meta"]["matched"] == "Local: http://localhost:3000/"
-    assert env["meta"]["state"] == "running" and time.monotonic() - began < 5
+    assert env["meta"]["state"] == "running" and time.monotonic() - began < LATER + 5
 
 
 def test_until_sees_only_new_lines(bg):
@@ -114,7 +119,7 @@ def test_until_sees_only_new_lines(bg):
 
 
 def test_until_matches_a_last_line_without_newline_at_the_end(bg):
-    bid, _ = start(bg, "sleep 0.5; printf 'all done'")
+    bid, _ = start(bg, f"sleep {LATER}; printf 'all done'")
     env = status(bg, id=bid, until="done$", wait=30)
     assert first_line(env) == "matched: all done"
 
@@ -127,7 +132,7 @@ def test_until_without_a_match_ends_with_the_command(bg):
 
 def test_until_sees_lines_shaped_and_redacted(bg):
     bg.env["API_KEY"] = "k-4242-secret-value"
-    bid, _ = start(bg, "sleep 0.3; printf '\\033[32mREADY\\033[0m with %s\\n' \"$API_KEY\"; sleep 30",
+    bid, _ = start(bg, f"sleep {LATER}; printf '\\033[32mREADY\\033[0m with %s\\n' \"$API_KEY\"; sleep 30",
                    redact_env=["API_KEY"])
     env = bg.call("shell_status", {"id": bid, "until": "^READY with", "wait": 30}, redact_env=["API_KEY"])
     assert first_line(env) == "matched: READY with [REDACTED]"
@@ -220,7 +225,7 @@ def test_a_helper_told_to_stop_ends_its_wait_at_once(bg):
 # --- through Toolbox.call -------------------------------------------------------------------
 async def test_toolbox_dev_server_waited_for_with_until(tmp_path):
     async with local_toolbox(tmp_path) as tb:
-        started = await tb.call("r", "shell", {"command": "sleep 0.5; echo 'listening on :8000'; sleep 30",
+        started = await tb.call("r", "shell", {"command": f"sleep {LATER}; echo 'listening on :8000'; sleep 30",
                                                "background": True})
         bid = started.meta["background_id"]
         try:
@@ -258,7 +263,7 @@ async def test_toolbox_refuses_a_bad_until_without_running_anything(tmp_path):
 
 def test_until_sees_the_first_4096_characters_of_a_line(bg):
     n = limits.UNTIL_MATCH_MAX_CHARS
-    bid, _ = start(bg, f"sleep 0.3; printf 'a%.0s' $(seq {n}); echo LATE; "
+    bid, _ = start(bg, f"sleep {LATER}; printf 'a%.0s' $(seq {n}); echo LATE; "
                        f"printf 'b%.0s' $(seq {n - 4}); echo EDGE; sleep 30")
     env = status(bg, id=bid, until="LATE|EDGE", wait=10)
     assert first_line(env).startswith("matched: bbbb") and first_line(env).endswith(" chars]")
