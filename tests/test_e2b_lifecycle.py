@@ -39,12 +39,16 @@ def _paused_within(box: Sandbox, seconds: float) -> bool:
     return True
 
 
+SHORT = 10
+"""A sandbox's timeout in the tests that wait it out: long enough for a loaded machine to
+answer the create and the first requests before it."""
+
 def test_at_its_timeout_it_pauses_keeping_its_files_and_a_connect_resumes_it(env):
-    box = Sandbox.create(timeout=6, lifecycle={"on_timeout": "pause", "auto_resume": False})
+    box = Sandbox.create(timeout=SHORT, lifecycle={"on_timeout": "pause", "auto_resume": False})
     try:
         box.files.write("kept.txt", "through the pause")
         assert box.commands.run("echo before").stdout == "before\n"
-        assert _paused_within(box, 20)
+        assert _paused_within(box, SHORT + 20)
         assert not box.is_running()
         assert box.get_info().state == SandboxState.PAUSED  # not killed: still listed, still its own
         again = Sandbox.connect(box.sandbox_id, timeout=60)
@@ -72,19 +76,19 @@ def _seconds_left(box: Sandbox) -> float:
 def test_with_auto_resume_a_request_wakes_it_with_a_fresh_timeout_of_its_creates(env):
     """The next command, file read or request to one of its ports resumes it (E2B's
     auto-resume), for its create's timeout from then; it pauses again at that end."""
-    box = Sandbox.create(timeout=5, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    box = Sandbox.create(timeout=SHORT, lifecycle={"on_timeout": "pause", "auto_resume": True})
     try:
         box.files.write("kept.txt", "through the pause")
-        assert _paused_within(box, 20)
+        assert _paused_within(box, SHORT + 20)
         assert not box.is_running()  # its health wakes nothing
         assert box.get_info().state == SandboxState.PAUSED
         assert box.commands.run("cat kept.txt").stdout == "through the pause"
         assert box.get_info().state == SandboxState.RUNNING
-        assert 0 < _seconds_left(box) <= 5
-        assert _paused_within(box, 20)
+        assert 0 < _seconds_left(box) <= SHORT
+        assert _paused_within(box, SHORT + 20)
         assert box.files.read("kept.txt") == "through the pause"
         assert box.get_info().state == SandboxState.RUNNING
-        assert _paused_within(box, 20)
+        assert _paused_within(box, SHORT + 20)
         port = httpx.get(env.url, headers={"Host": box.get_host(8000)}, timeout=30)
         assert port.status_code == 502  # woken, and nothing listens there: not the paused 409
         assert box.get_info().state == SandboxState.RUNNING and box.is_running()

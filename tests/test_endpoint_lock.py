@@ -30,7 +30,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from guilds.errors import RecordError
 from guilds.fronts.serve import build_app
 from guilds.limits import APP_SESSION_MAX_AGE_SECONDS, APP_SESSIONS_MAX
-from guilds.record.session_rows import Terms
+from guilds.record.session_terms import Terms
 from guilds.record.store import Store
 from guilds.web import sessions as sessions_module
 from guilds.web.endpoint_lock import LOGGED_OUT, NO_LOGIN, TOKEN_FILE, Lock, cookie_values, host_names, server_token

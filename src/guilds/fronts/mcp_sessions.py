@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import RecordError
 from ..limits import MCP_SESSION_IDLE_SECONDS, MCP_SESSION_TOUCH_SECONDS, MCP_SESSIONS_KEPT
-from ..record.session_rows import MCP, Terms
+from ..record.session_terms import MCP, Terms
 from ..record.store import Store
 from ..web.endpoint_lock import principal_of_scope
 

@@ -2,7 +2,7 @@
 sessions (``guilds.web.sessions``) and the MCP endpoint's older-handshake sessions
 (``guilds.fronts.mcp_sessions``), each kind apart.
 
-    Terms(idle, max_age, most, touch)                  how long a session lives, how many, how often its use is written
+    Terms (record.session_terms)                       how long a session lives, how many, how often its use is written
     start(conn, kind, digest, principal, now, terms)   a new one: stale ones of its kind end, and those past most
     state(conn, kind, digest, principal, now, terms) -> Held   what a request's session id holds
     touch(conn, digest, now) / end(conn, kind, digest) -> bool
@@ -15,30 +15,13 @@ nothing unless the session's use is older than ``touch``, so it costs one read.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import sqlalchemy as sa
 
 from .schema import sessions
+from .session_terms import Terms
 from .statements import as_utc
-
-APP = "app"
-"""The kind of the app's login sessions."""
-MCP = "mcp"
-"""The kind of the MCP endpoint's sessions."""
-
-
-@dataclass(frozen=True)
-class Terms:
-    idle: timedelta
-    """A session ends after this long without a request."""
-    max_age: timedelta
-    """A session ends this long after its start."""
-    most: int
-    """At most this many of a kind live at once; a start past it ends the one used least recently."""
-    touch: timedelta
-    """A request writes its session's use only when the last written one is older than this."""
 
 
 class Held(enum.Enum):

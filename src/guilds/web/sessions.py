@@ -29,7 +29,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from ..limits import APP_SESSION_IDLE_SECONDS, APP_SESSION_MAX_AGE_SECONDS, APP_SESSION_TOUCH_SECONDS, APP_SESSIONS_MAX
-from ..record.session_rows import APP, Terms
+from ..record.session_terms import APP, Terms
 
 if TYPE_CHECKING:
     from ..record.store import Store
