@@ -72,10 +72,23 @@ stage() {  # stage NAME COMMAND...: run a stage and say how long it took
 admin() { kubectl --kubeconfig "$DIR/pki/admin.kubeconfig" "$@"; }
 api_up() { admin get --raw /readyz >/dev/null 2>&1; }
 
+# A daemon's pid file holds its pid and its start time (/proc/PID/stat's 22nd field): a pid
+# the kernel has since handed to another process is not the daemon's.
+started_at() { awk '{print $22}' "/proc/$1/stat" 2>/dev/null; }
+note_pid() { echo "$2 $(started_at "$2")" >"$DIR/run/$1.pid"; }
+daemon_pid() {  # daemon_pid NAME: its pid while that process runs, else nothing
+  local pid at
+  read -r pid at <"$DIR/run/$1.pid" 2>/dev/null || [ -n "${pid:-}" ] || return 0
+  [ -n "${pid:-}" ] || return 0
+  if [ -z "${at:-}" ]; then kill -0 "$pid" 2>/dev/null && echo "$pid"; return 0; fi  # a file of an older script
+  if [ "$(started_at "$pid")" = "$at" ]; then echo "$pid"; fi
+}
+
 stop_all() {
   for name in recycler agent-sandbox kube-router kubelet kube-scheduler kube-controller-manager kube-apiserver etcd containerd; do
     [ -f "$DIR/run/$name.pid" ] || continue
-    pid=$(cat "$DIR/run/$name.pid")
+    pid=$(daemon_pid "$name")
+    if [ -z "$pid" ]; then rm -f "$DIR/run/$name.pid"; continue; fi
     kill "$pid" 2>/dev/null || true
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     kill -9 "$pid" 2>/dev/null || true
@@ -208,7 +221,7 @@ EOF
 EOF
   ctr_up && return 0
   setsid containerd --config "$DIR/containerd/config.toml" </dev/null >"$DIR/containerd.log" 2>&1 &
-  echo $! >"$DIR/run/containerd.pid"
+  note_pid containerd $!
   for _ in $(seq 100); do ctr_up && return 0; sleep 0.2; done
   log "containerd did not answer:"; tail -5 "$DIR/containerd.log" >&2; exit 1
 }
@@ -252,9 +265,9 @@ sandbox_image() {
 daemon() {  # daemon NAME COMMAND...: started in its own session, its pid and log kept
   local name=$1
   shift
-  if [ -f "$DIR/run/$name.pid" ] && kill -0 "$(cat "$DIR/run/$name.pid")" 2>/dev/null; then return 0; fi
+  [ -n "$(daemon_pid "$name")" ] && return 0
   setsid "$@" </dev/null >"$DIR/$name.log" 2>&1 &
-  echo $! >"$DIR/run/$name.pid"
+  note_pid "$name" $!
 }
 
 start_control_plane() {
