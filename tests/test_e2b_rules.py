@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -176,6 +177,27 @@ def test_update_network_sets_and_clears_rules(client, hosts):
     assert HEADER not in kept(hosts[A][1])
     with pytest.raises(SandboxException, match=f"network.rules: '{ELSEWHERE}' is not in"):
         box.update_network({"rules": {ELSEWHERE: rule()}})
+
+
+def recorded(server, text: str) -> list[str]:
+    """The args and text of each call the record holds that mentions text (its redacted form
+    is [REDACTED], so a call whose value was redacted is not among them)."""
+    with sqlite3.connect(server.data / "guilds.db") as conn:
+        return [f"{args} {out}" for args, out in conn.execute("SELECT args, text FROM calls")
+                if text in f"{args} {out}"]
+
+
+def test_a_value_set_by_update_network_is_redacted_from_the_record(client, server, hosts):
+    later = "x-later-token-value-set-by-update-3c9e"
+    box = client(network={"rules": {B: rule()}})
+    assert run(box, f"echo before {later}") == f"before {later}\n"
+    assert len(recorded(server, later)) == 1  # not a secret yet: recorded as it is
+    box.update_network({"rules": {A: rule(value=later)}})
+    get(box, f"https://{A}/keep")
+    assert kept(hosts[A][1])[HEADER] == later
+    run(box, f"echo after {later}")
+    assert len(recorded(server, later)) == 1, "the value of a rule set while the sandbox runs was recorded"
+    assert recorded(server, "echo after"), "the call after the update was not recorded"
 
 
 def test_a_fork_and_a_resumed_sandbox_keep_the_rules(client, hosts):

@@ -139,7 +139,8 @@ class Toolbox:
         self.sandbox = sandbox
         self.store = store
         self._coding = coding or (lambda: settings.coding)
-        self._redactor = Redactor(settings.secret_values())
+        self._redacted = settings.secret_values()
+        self._redactor = Redactor(self._redacted)
         self._redact_env = sorted(settings.secrets)
         self._started = False
         self._start_lock = asyncio.Lock()
@@ -158,6 +159,14 @@ class Toolbox:
     def redactor(self) -> Redactor:
         """The agent's secrets' redactor (its secret environment and repository tokens)."""
         return self._redactor
+
+    def redact_also(self, values: list[str]) -> None:
+        """From the next result on, values are redacted too (an E2B sandbox's header
+        rules set while it runs); the earlier ones stay redacted."""
+        added = [value for value in values if value not in self._redacted]
+        if added:
+            self._redacted = [*self._redacted, *added]
+            self._redactor = Redactor(self._redacted)
 
     def default_cwd(self) -> str:
         """repos/<name> when the agent has exactly one repository, else the home (as the sandbox sees it)."""

@@ -62,3 +62,4 @@ async def update(box: E2BSandbox, body: dict[str, Any], settings: AgentSettings,
         await asyncio.to_thread(egress.keep)
         box.network = None if network_options.same_as_agent(entries, settings) else live
         box.rules = rules
+        box.agent.redact_also([value for headers in rules.values() for _, value in headers])
