@@ -19,13 +19,17 @@ from e2b_kit import _read_exports
 TOKEN = "shared-token-of-the-replicas-0123456789"
 
 
+def servers_files(folder: Path, agent_id: str = "replicated") -> dict[str, str]:
+    """What the servers share: their settings file (an agent on local), the record's URL."""
+    config = folder / "agent.toml"
+    config.write_text(f'[agent]\nid = "{agent_id}"\nhome = "{folder / "home"}"\nsandbox = "local"\n')
+    config.chmod(0o600)
+    return {"config": str(config), "url": f"sqlite:///{folder / 'shared.db'}", "folder": str(folder)}
+
+
 @pytest.fixture
 def shared(tmp_path: Path) -> dict[str, str]:
-    """What the servers share: their settings file, the record's URL."""
-    config = tmp_path / "agent.toml"
-    config.write_text(f'[agent]\nid = "replicated"\nhome = "{tmp_path / "home"}"\nsandbox = "local"\n')
-    config.chmod(0o600)
-    return {"config": str(config), "url": f"sqlite:///{tmp_path / 'shared.db'}", "folder": str(tmp_path)}
+    return servers_files(tmp_path)
 
 
 @contextlib.contextmanager

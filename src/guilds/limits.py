@@ -414,6 +414,10 @@ to start and say whether the port took the connection: past it, 502."""
 E2B_INGRESS_IDLE_SECONDS = 620.0
 """How long a request to a sandbox's port may wait for a byte of its server's answer (E2B's
 proxy idle time): past it the request ends (502 before the answer began)."""
+E2B_FORWARD_CONNECT_SECONDS = 5.0
+"""How long a server may take to connect to the server that runs a shared sandbox's command
+(``guilds serve --e2b-shared``) to send a request of it on: past it, the command is not found
+(that server has ended, and its process service's commands with it)."""
 E2B_INGRESS_WS_MESSAGE_BYTES = 16 * 1024 * 1024
 """The largest WebSocket message passed either way between a client and a sandbox's port (the
 server's own bound on a client's messages, uvicorn's ``ws_max_size``, is the same): past it

@@ -20,7 +20,8 @@ already_exists, internal). Ops:
   sandbox, as E2B's (``~`` and a relative path from the home; default: the home):
   the command could ``cd`` there itself, so no confinement is lost. stdin a pipe
   when asked, else /dev/null. With timeout_ms the group gets SIGTERM at the
-  deadline and SIGKILL limits.ENVD_KILL_GRACE_SECONDS later. Reply {pid}; then data events and one end event.
+  deadline and SIGKILL limits.ENVD_KILL_GRACE_SECONDS later. Reply {pid, config} (config as
+  ``list`` gives it); then data events and one end event.
   With pty {cols, rows} the command runs in a new terminal of that size, its
   controlling one (envd_pty.py): its output comes as data events of fd "pty",
   ``input`` goes to the terminal, stdin is not asked for.
@@ -179,7 +180,7 @@ class Service:
         readers = [self._reader(cmd, proc.read_end(child.stdout), "stdout"),
                    self._reader(cmd, proc.read_end(child.stderr), "stderr")]
         self._follow(cmd, readers, req)
-        return {"pid": child.pid}
+        return {"pid": child.pid, "config": cmd.config}
 
     def _start_in_terminal(self, req: "Dict[str, Any]", argv: "List[str]", env: "Dict[str, str]",
                            cwd: str) -> "Dict[str, Any]":
@@ -188,7 +189,7 @@ class Service:
         cmd = self._started(child, req, argv, cwd, os.dup(terminal))
         cmd.terminal, cmd.window.readers = cmd.stdin_fd, 1
         self._follow(cmd, [self._reader(cmd, terminal, "pty")], req)
-        return {"pid": child.pid}
+        return {"pid": child.pid, "config": cmd.config}
 
     def _started(self, child: proc.Child, req: "Dict[str, Any]", argv: "List[str]", cwd: str,
                  stdin_fd: "Optional[int]") -> Command:

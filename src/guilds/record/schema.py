@@ -52,6 +52,9 @@ Tables:
            --e2b-shared``, docs/deploy.md): id, agent_id, key_name, template,
            metadata, env_vars, network, lifecycle, started_at, end_at, state
            (running, paused); deleted when the sandbox is killed
+    e2b_commands the commands those servers' process services run: sandbox_id, pid, owner
+           (the server that started it), tag, config (cmd, args, envs, cwd), started_at;
+           deleted at the command's end
     e2b_create_keys the idempotency keys of those servers' creates: key_name and key,
            digest (of the create's body), sandbox_id (none while it is made), at
     sessionless_runs each principal's current sessionless MCP run of an agent
@@ -232,6 +235,18 @@ e2b_create_keys = sa.Table(
     sa.Column("at", _TS, nullable=False),
 )
 """The shared creates' idempotency keys, one row each (``guilds.fronts.e2b.create_keys``)."""
+
+e2b_commands = sa.Table(
+    "e2b_commands", metadata,
+    sa.Column("sandbox_id", sa.String(64), primary_key=True),
+    sa.Column("pid", sa.Integer, primary_key=True),
+    sa.Column("owner", sa.String(32), nullable=False, index=True),
+    sa.Column("tag", sa.Text),
+    sa.Column("config", _JSON, nullable=False),
+    sa.Column("started_at", _TS, nullable=False),
+)
+"""The running commands of the shared sandboxes, one row each, kept by the server whose
+process service started it (``guilds.fronts.e2b.shared_commands``)."""
 
 call_keys = sa.Table(
     "call_keys", metadata,

@@ -45,7 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ..errors import BadInput, RecordError
 from ..limits import RECORD_BUSY_RETRY_SECONDS, RECORD_BUSY_WAIT_SECONDS
-from . import agent_listing, agent_rows
+from . import agent_listing, agent_rows, e2b_command_rows
 from . import call_keys as keys
 from . import session_rows as shared_sessions
 from .call_keys import CallKey, Keyed
@@ -160,8 +160,7 @@ class Store:
     async def close(self) -> None:
         await self._lease.stop()
         with contextlib.suppress(RecordError):  # a full disk: the owner is found gone later
-            await self._in_transaction("the owner's end",
-                                       lambda conn: conn.execute(sa.delete(owners).where(owners.c.id == self.owner.id)))
+            await self._in_transaction("the owner's end", self._end_owner)
         if self._record_thread is not None:
             await self._record_thread.close()
         await self.engine.dispose()
@@ -171,6 +170,10 @@ class Store:
         entry = sa.insert(owners).values(id=me.id, machine=me.machine, pid=me.pid, pid_start=me.pid_start,
                                          heartbeat_at=utc_now(), address=me.address)
         await self._in_transaction("this process's owner entry", lambda conn: conn.execute(entry))
+
+    def _end_owner(self, conn: sa.Connection) -> None:
+        conn.execute(sa.delete(owners).where(owners.c.id == self.owner.id))
+        e2b_command_rows.forget_owners(conn, [self.owner.id])
 
     async def advertise(self, address: str) -> None:
         """Say where this process answers whether it still runs (a server's own URL,
@@ -202,8 +205,27 @@ class Store:
         await self._in_transaction("an E2B sandbox's change", lambda conn: conn.execute(change))
 
     async def forget_e2b_sandbox(self, sandbox_id: str) -> None:
-        gone = sa.delete(e2b_sandboxes).where(e2b_sandboxes.c.id == sandbox_id)
-        await self._in_transaction("an E2B sandbox's end", lambda conn: conn.execute(gone))
+        """Its row and its commands' rows gone (killed: its commands ended)."""
+        def forget(conn: sa.Connection) -> None:
+            conn.execute(sa.delete(e2b_sandboxes).where(e2b_sandboxes.c.id == sandbox_id))
+            e2b_command_rows.forget(conn, sandbox_id)
+        await self._in_transaction("an E2B sandbox's end", forget)
+
+    async def e2b_command_started(self, row: dict[str, Any]) -> None:
+        """A shared sandbox's running command (the ``e2b_commands`` columns but owner: this process)."""
+        mine = {**row, "owner": self.owner.id}
+        await self._in_transaction("an E2B command", lambda conn: e2b_command_rows.started(conn, mine))
+
+    async def e2b_command_ended(self, sandbox_id: str, pid: int) -> None:
+        await self._in_transaction("an E2B command's end",
+                                   lambda conn: e2b_command_rows.ended(conn, sandbox_id, pid, self.owner.id))
+
+    async def e2b_commands(self, sandbox_id: str) -> list[dict[str, Any]]:
+        """The sandbox's running commands of every server on the record, each with ``address``."""
+        return await self._reading(lambda conn: e2b_command_rows.of_sandbox(conn, sandbox_id))
+
+    async def forget_e2b_commands(self, sandbox_id: str) -> None:
+        await self._in_transaction("an E2B sandbox's commands", lambda conn: e2b_command_rows.forget(conn, sandbox_id))
 
     async def claim_create_key(self, row: dict[str, Any]) -> dict[str, Any] | None:
         """The key's row made (None), or the row already there (another create came first)."""
@@ -262,6 +284,7 @@ class Store:
             running = conn.execute(RUNNING.where(calls.c.owner.in_(gone), calls.c.status == "running")).all()
             lost = finish_lost(conn, running, at)
             conn.execute(sa.delete(owners).where(owners.c.id.in_(gone)))
+            e2b_command_rows.forget_owners(conn, gone)
             return lost
         return await self._in_transaction("the lost calls", sweep)
 

@@ -28,6 +28,7 @@ from .connect import ENVELOPE_BYTES, ConnectError, bounded_body, error_response,
 from .files_api import FilesystemApi, file_error, read_file, write_files
 from .process_api import ProcessApi, _recorder
 from .sandboxes import PAUSED, E2BSandbox, Sandboxes
+from .shared_commands import SELECTING, Forwarded, SharedCommands
 from .signed_urls import signed_sandbox
 from .watch_api import WatchApi
 
@@ -38,7 +39,8 @@ Streaming = Callable[[Request, E2BSandbox, dict[str, Any]], Awaitable[Response]]
 class InSandboxApi:
     def __init__(self, sandboxes: Sandboxes):
         self.sandboxes = sandboxes
-        process, files, watches = ProcessApi(), FilesystemApi(), WatchApi()
+        self.shared = None if sandboxes.shared is None else SharedCommands(sandboxes.shared.store)
+        process, files, watches = ProcessApi(self.shared), FilesystemApi(), WatchApi()
         self.unary: dict[str, Unary] = {
             "process.Process/List": process.list, "process.Process/SendSignal": process.send_signal,
             "process.Process/SendInput": process.send_input, "process.Process/CloseStdin": process.close_stdin,
@@ -113,12 +115,16 @@ class InSandboxApi:
             await self.sandboxes.awake(box)
             body = await bounded_body(request, E2B_MAX_MESSAGE_BYTES + ENVELOPE_BYTES)
             kind = request.headers.get("content-type", "")
-            if name in self.streaming:
-                return await self.streaming[name](request, box, stream_request(kind, body))
-            handler = self.unary.get(name)
-            if handler is None:
+            if name not in self.streaming and name not in self.unary:
                 raise ConnectError("unimplemented", f"{name} is not served")
-            message = unary_request(kind, body)
+            message = stream_request(kind, body) if name in self.streaming else unary_request(kind, body)
+            if self.shared is not None and name in SELECTING:
+                address = await self.shared.elsewhere(request.scope["headers"], box.id, message)
+                if address is not None:
+                    return Forwarded(address, body)
+            if name in self.streaming:
+                return await self.streaming[name](request, box, message)
+            handler = self.unary[name]
             answer = await _recorder(box).one(f"e2b {name.replace('/', '.')}", message, handler(box, message))
             return JSONResponse(answer)
         except ConnectError as exc:

@@ -16,17 +16,27 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import h11
 
 from ...errors import SandboxError
 from ...limits import E2B_INGRESS_HEAD_BYTES, E2B_INGRESS_IDLE_SECONDS
 from .dropped import reset
-from .ingress_reach import PortClosed, PortLink
+from .ingress_reach import PortClosed
 
 TOKEN_HEADER = "e2b-traffic-access-token"  # noqa: S105 (a header's name)
 """The header of a private sandbox's traffic token: never passed in."""
+
+
+class Link(Protocol):
+    """Bytes each way to what answers (a port's relay, ``ingress_reach.PortLink``; another server)."""
+
+    async def read(self) -> bytes: ...
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 class NotPassedOn(Exception):
@@ -61,7 +71,7 @@ def _request_head(scope: dict, host: str) -> h11.Request:
                        headers=[(b"Host", host.encode("latin-1")), *headers, (b"Connection", b"close")])
 
 
-async def forward(scope: dict, receive: Callable, send: Callable, link: PortLink, host: str) -> None:
+async def forward(scope: dict, receive: Callable, send: Callable, link: Link, host: str) -> None:
     """The request written in through link (its Host: host), body streamed; then its answer
     streamed back. A port that stops reading the request (it answered early, or closed) ends
     the writing, and its answer is read. PortClosed when the answer fails before it began,
@@ -89,7 +99,7 @@ async def forward(scope: dict, receive: Callable, send: Callable, link: PortLink
         watch.cancel()
 
 
-async def _send_request(scope: dict, receive: Callable, client: h11.Connection, link: PortLink, host: str) -> bool:
+async def _send_request(scope: dict, receive: Callable, client: h11.Connection, link: Link, host: str) -> bool:
     """The request's head and body written in as they come; False when the client went first."""
     await link.write(client.send(_request_head(scope, host)))
     while True:
@@ -104,14 +114,14 @@ async def _send_request(scope: dict, receive: Callable, client: h11.Connection, 
     return True
 
 
-async def _close_when_gone(receive: Callable, link: PortLink) -> None:
+async def _close_when_gone(receive: Callable, link: Link) -> None:
     """The link closed once the client is gone (its answer's reading then ends)."""
     while (await receive())["type"] != "http.disconnect":
         pass
     await link.close()
 
 
-async def _answer_back(client: h11.Connection, link: PortLink) -> AsyncIterator[dict[str, Any]]:
+async def _answer_back(client: h11.Connection, link: Link) -> AsyncIterator[dict[str, Any]]:
     """The port's answer as ASGI messages, as it is read."""
     while True:
         event = await _next_event(client, link)
@@ -125,7 +135,7 @@ async def _answer_back(client: h11.Connection, link: PortLink) -> AsyncIterator[
             return
 
 
-async def _next_event(client: h11.Connection, link: PortLink) -> Any:
+async def _next_event(client: h11.Connection, link: Link) -> Any:
     """The next event of the answer (h11's), reading from link as it needs (its end: h11's
     ConnectionClosed, or RemoteProtocolError when the answer was cut short)."""
     while True:

@@ -31,6 +31,7 @@ from .connect import STREAM_TYPE, ConnectError, end_stream, envelope
 from .envd_channel import Command, EnvdChannel
 from .recording import Recorder
 from .sandboxes import E2BSandbox
+from .shared_commands import SharedCommands
 
 SIGNAL_NAMES = {9: "killed", 15: "terminated", 2: "interrupt", 1: "hangup"}
 
@@ -136,6 +137,11 @@ def terminal_size(message: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class ProcessApi:
+    """shared: the commands of shared sandboxes, noted in the record (``shared_commands``)."""
+
+    def __init__(self, shared: SharedCommands | None = None):
+        self.shared = shared
+
     async def start(self, request: Request, box: E2BSandbox, message: dict[str, Any]) -> Response:
         config = message.get("process")
         if not isinstance(config, dict) or not isinstance(config.get("cmd"), str):
@@ -151,7 +157,12 @@ class ProcessApi:
                                     envs=config.get("envs") or {}, cwd=config.get("cwd"), tag=message.get("tag"),
                                     stdin=message.get("stdin", True) is not False, timeout_ms=timeout_ms,
                                     base_env=box.env_vars, run_id=box.run_id, call_id=call_id, pty=pty)
-            return envd.command(reply["pid"])
+            started = envd.command(reply["pid"])
+            if self.shared is not None:
+                given = {"cmd": config["cmd"], "args": config.get("args") or [], "envs": config.get("envs") or {},
+                         "cwd": config.get("cwd") or ""}
+                await self.shared.started(box.id, started, reply.get("config") or given, message.get("tag"))
+            return started
 
         command = await _recorder(box).command({"command": command_line(config), "e2b": {
             "cmd": config["cmd"], "args": config.get("args") or [], "cwd": config.get("cwd"),
@@ -163,7 +174,11 @@ class ProcessApi:
         return streaming(stream(command, deadline_of(request), _envd(box)))
 
     async def list(self, box: E2BSandbox, message: dict[str, Any]) -> dict[str, Any]:
-        return await _envd(box).call("list")
+        """The sandbox's commands: this server's service's, and those other servers run (shared)."""
+        listed = await _envd(box).call("list")
+        if self.shared is not None:
+            listed["processes"] = [*listed["processes"], *await self.shared.others(box.id, listed["processes"])]
+        return listed
 
     async def send_signal(self, box: E2BSandbox, message: dict[str, Any]) -> dict[str, Any]:
         command = await _selected(box, message, running=True)

@@ -17,8 +17,8 @@ sandbox arms its timer; when it fires, the row's end is read again first
 (``due``): a timeout set through another replica moves it. A server's stop ends
 only its own process services: the sandboxes live on, served by the others,
 until their end; at its start nothing is removed (another replica's sandboxes
-are live). What is not shared: each server's process service is its own, so a
-command started through one replica is listed and reached through that one only.
+are live). Each server's process service in a sandbox is its own; its commands are
+reached through any server all the same (``shared_commands``).
 """
 
 from __future__ import annotations
@@ -72,6 +72,8 @@ class SharedRecord:
 
     async def changed(self, box: E2BSandbox) -> None:
         await self.store.update_e2b_sandbox(box.id, end_at=box.end_at, state=box.state)
+        if box.state != "running":  # paused: its commands ended with their process services
+            await self.store.forget_e2b_commands(box.id)
 
     async def gone(self, sandbox_id: str) -> None:
         await self.store.forget_e2b_sandbox(sandbox_id)

@@ -1,0 +1,161 @@
+"""A shared sandbox's commands reached through any server (``guilds serve --e2b --e2b-shared``).
+
+Each server's process service in a sandbox is its own (``envd_channel``): the commands
+it starts are its children, and their output and input go through it. So a server
+notes each command it starts in the record (``e2b_commands``: the sandbox, the pid,
+the tag, the config, the server as its owner) and forgets it at its end; a request
+naming a command (Connect, SendSignal, SendInput, CloseStdin, Update, by pid or tag)
+that another server started is sent on, as it came, to that server, at the address it
+advertises (``GUILDS_ADVERTISE_URL``, ``record.liveness``), and that server's answer,
+a stream too, comes back as it is read (``Forwarded``). ``List`` holds the commands
+of every server on the record. A request sent on once is served where it arrives
+(``FORWARDED_HEADER``); a server that no longer answers ran its commands to their end
+with its process service: the command is ``not_found``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from ...errors import SandboxError
+from ...limits import E2B_FORWARD_CONNECT_SECONDS
+from .connect import ConnectError, error_response
+from .envd_channel import Command
+from .ingress_http import NotPassedOn, forward
+from .ingress_reach import PortClosed
+
+if TYPE_CHECKING:
+    from ...record.store import Store
+
+FORWARDED_HEADER = b"x-guilds-forwarded"
+"""Set on a request sent on to the server that runs its command: it is served there."""
+SELECTING = frozenset({"process.Process/Connect", "process.Process/SendSignal", "process.Process/SendInput",
+                       "process.Process/CloseStdin", "process.Process/Update"})
+"""The requests that name one command (a ProcessSelector: pid or tag)."""
+
+
+def process_info(row: dict[str, Any]) -> dict[str, Any]:
+    """A ProcessInfo, as the process service lists its own, from a command's row."""
+    return {"pid": row["pid"], "tag": row["tag"], "config": row["config"]}
+
+
+def selects(row: dict[str, Any], selector: object) -> bool:
+    """Whether a ProcessSelector ({pid} or {tag}) names the command of row."""
+    if not isinstance(selector, dict):
+        return False
+    tag = selector.get("tag")
+    return row["tag"] == tag if isinstance(tag, str) else row["pid"] == selector.get("pid")
+
+
+class SharedCommands:
+    """The record's rows of the shared sandboxes' commands, for one server (``store``'s owner)."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._ending: set[asyncio.Task] = set()
+
+    @property
+    def me(self) -> str:
+        return self.store.owner.id
+
+    async def started(self, box_id: str, command: Command, config: dict[str, Any], tag: str | None) -> None:
+        """command (just started by this server's service) noted, and forgotten at its end."""
+        command.watchers.append(self._on_end(box_id, command.pid))
+        await self.store.e2b_command_started({"sandbox_id": box_id, "pid": command.pid, "tag": tag,
+                                              "config": config, "started_at": datetime.now(UTC)})
+        if command.end is not None:  # it ended while its row was written
+            await self.store.e2b_command_ended(box_id, command.pid)
+
+    def _on_end(self, box_id: str, pid: int) -> Callable[[dict[str, Any]], None]:
+        def watch(event: dict[str, Any]) -> None:
+            if event["ev"] == "end":
+                task = asyncio.get_running_loop().create_task(self.store.e2b_command_ended(box_id, pid))
+                self._ending.add(task)
+                task.add_done_callback(self._ending.discard)
+        return watch
+
+    async def elsewhere(self, headers: list[tuple[bytes, bytes]], box_id: str, message: dict[str, Any]) -> str | None:
+        """The address of the server that runs the command message names, when that is another
+        server; None when this one serves the request (its own command, none known, or a
+        request sent on already)."""
+        if any(name.lower() == FORWARDED_HEADER for name, _ in headers):
+            return None
+        for row in await self.store.e2b_commands(box_id):
+            if selects(row, message.get("process")):
+                return row["address"] if row["owner"] != self.me and row["address"] else None
+        return None
+
+    async def others(self, box_id: str, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The ProcessInfo of the sandbox's commands that other servers run (listed: this one's)."""
+        own = {entry.get("pid") for entry in listed}
+        return [process_info(row) for row in await self.store.e2b_commands(box_id)
+                if row["owner"] != self.me and row["pid"] not in own]
+
+
+class _Link:
+    """A connection to another server: what ``ingress_http.forward`` reads and writes."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader, self.writer = reader, writer
+
+    async def read(self) -> bytes:
+        try:
+            return await self.reader.read(65536)
+        except OSError as exc:
+            raise PortClosed(str(exc)) from None
+
+    async def write(self, data: bytes) -> None:
+        try:
+            self.writer.write(data)
+            await self.writer.drain()
+        except OSError as exc:
+            raise SandboxError(f"the server running the command: {exc}") from None
+
+    async def close(self) -> None:
+        self.writer.close()
+
+
+class Forwarded(Response):
+    """The request (its body read already) sent on to the server at address; its answer back."""
+
+    def __init__(self, address: str, body: bytes):  # not Response's: it would make a body of its own
+        self.address, self.body = address, body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        where = urlsplit(self.address)
+        host = next((value.decode("latin-1") for name, value in scope["headers"] if name == b"host"), "")
+        try:
+            async with asyncio.timeout(E2B_FORWARD_CONNECT_SECONDS):
+                reader, writer = await asyncio.open_connection(where.hostname, where.port or 80)
+        except (OSError, TimeoutError, ValueError):
+            await error_response(ConnectError("not_found", "the command's server has ended, and the command "
+                                              "with it"))(scope, receive, send)
+            return
+        link = _Link(reader, writer)
+        sent_on = {**scope, "headers": [*scope["headers"], (FORWARDED_HEADER, b"1")]}
+        try:
+            await forward(sent_on, self._replayed(receive), send, link, host)
+        except (PortClosed, NotPassedOn) as exc:
+            await error_response(ConnectError("unavailable", f"the command's server did not answer: "
+                                              f"{exc}"))(scope, receive, send)
+        finally:
+            await link.close()
+
+    def _replayed(self, receive: Receive) -> Receive:
+        """The body again, then the client's own messages (its disconnect)."""
+        given = False
+
+        async def again() -> dict[str, Any]:
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": self.body, "more_body": False}
+            return dict(await receive())
+        return again
