@@ -74,7 +74,8 @@ def test_the_e2b_sdk_through_the_service(deployment, monkeypatch):
 
 
 def test_an_e2b_sandbox_is_served_by_either_replica(deployment, monkeypatch):
-    """Made through one replica, used, timed and killed through the other (--e2b-shared)."""
+    """Made through one replica, used, timed and killed through the other (--e2b-shared); a
+    command of one reached through the other."""
     from e2b import Sandbox
 
     first, second = sorted(deployment.pod_urls().values())
@@ -86,6 +87,11 @@ def test_an_e2b_sandbox_is_served_by_either_replica(deployment, monkeypatch):
         other = Sandbox.connect(made.sandbox_id, **there)
         assert other.commands.run("cat one.txt").stdout == "from the first replica\n"
         assert other.files.read("one.txt") == "from the first replica\n"
+        reader = made.commands.run("cat", background=True, stdin=True)  # the first replica's command
+        assert reader.pid in {process.pid for process in other.commands.list()}
+        other.commands.send_stdin(reader.pid, "through the second\n")  # sent on to the first replica
+        other.commands.close_stdin(reader.pid)
+        assert reader.wait().stdout == "through the second\n"
         before = Sandbox.get_info(made.sandbox_id).end_at
         other.set_timeout(900)
         assert Sandbox.get_info(made.sandbox_id).end_at > before  # the first replica reads the second's end

@@ -6,6 +6,7 @@ in turn as a Service with no affinity sends them."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import uuid
@@ -131,6 +132,23 @@ async def test_another_server_serves_a_session_until_it_is_deleted_there(tmp_pat
         assert gone.status_code == 404  # as the SDK answers a session it does not know: start a new one
         unknown = await raw.post(one, headers={**HANDSHAKE, "mcp-session-id": uuid.uuid4().hex}, json=_call("true"))
         assert unknown.status_code == 404
+
+
+async def test_a_session_deleted_elsewhere_ends_where_it_was_opened(tmp_path, monkeypatch):
+    """Its opener reads the record again when its use is due (here at every request: touch 0)."""
+    from datetime import timedelta
+
+    from guilds.fronts import mcp_sessions
+
+    monkeypatch.setattr(mcp_sessions, "TERMS", dataclasses.replace(mcp_sessions.TERMS, touch=timedelta(0)))
+    async with two_servers(tmp_path, "sqlite") as (one, other), httpx2.AsyncClient(timeout=60) as raw:
+        session = await _opened(raw, one)
+        with_session = {**HANDSHAKE, "mcp-session-id": session}
+        assert (await raw.post(one, headers=with_session, json=_call("true"))).status_code == 200
+        assert (await raw.delete(other, headers=with_session)).status_code == 200
+        ended = await raw.post(one, headers=with_session, json=_call("echo after its end"))
+        assert ended.status_code == 404, ended.text  # the opener no longer serves it either
+        assert (await raw.delete(one, headers=with_session)).status_code == 404
 
 
 async def test_a_session_of_another_token_is_not_served(tmp_path):

@@ -14,6 +14,10 @@ not hold (ended, idle past MCP_SESSION_IDLE_SECONDS, another token's) is answere
 SDK answers an unknown one, 404: the client starts a new session. A session's use is
 written at most every MCP_SESSION_TOUCH_SECONDS, by whichever server serves it.
 
+A session this process holds is read from the record again when its use is due to be
+written: one ended elsewhere (a DELETE through another server, idle past its time there) is
+ended here too, and its request answered 404, within MCP_SESSION_TOUCH_SECONDS of its end.
+
 What stays with the server that holds the session: the stream of its GET, and a request
 the server sends the client (none of guilds' tools does). A call's cancel and progress
 travel on the call's own request, wherever it runs.
@@ -61,9 +65,11 @@ class SessionsOnRecord:
         self._checked: dict[str, float] = {}
 
     @classmethod
-    def install(cls, manager: StreamableHTTPSessionManager, store: Store, terms: Terms = TERMS) -> SessionsOnRecord:
+    def install(cls, manager: StreamableHTTPSessionManager, store: Store,
+                terms: Terms | None = None) -> SessionsOnRecord:
+        """Put in front of manager's handler; terms: TERMS (read now) unless given."""
         limited = manager.asgi_app  # the SDK's RequestBodyLimitMiddleware around its handler
-        handler = cls(manager, limited.app, store, terms)
+        handler = cls(manager, limited.app, store, terms or TERMS)
         limited.app = handler
         return handler
 
@@ -78,7 +84,8 @@ class SessionsOnRecord:
         if session_id is None:
             await self.inner(scope, receive, self._noting(send, principal))
         elif session_id in self.manager._server_instances:
-            await self._keep(session_id, principal)
+            if not await self._kept(session_id, principal):  # ended elsewhere: unknown here too from now
+                await self.manager._discard_session(session_id, self.manager._server_instances[session_id])
             await self.inner(scope, receive, send)
             if scope["method"] == "DELETE":
                 await self._end(session_id)
@@ -120,10 +127,18 @@ class SessionsOnRecord:
             self._remember(session_id)
         return held
 
-    async def _keep(self, session_id: str, principal: str) -> None:
-        """A session this process holds: its use written when due."""
-        if time.monotonic() - self._checked.get(session_id, float("-inf")) >= self.terms.touch.total_seconds():
-            await self._held(session_id, principal)
+    async def _kept(self, session_id: str, principal: str) -> bool:
+        """A session this process holds: its use written, and whether the record still holds it,
+        when due; True between checks. A record that cannot be read keeps it."""
+        if time.monotonic() - self._checked.get(session_id, float("-inf")) < self.terms.touch.total_seconds():
+            return True
+        try:
+            held = await self.store.session_holds(MCP, _digest(session_id), principal, self.terms)
+        except RecordError as error:
+            log.warning("mcp: session not read from the record: %s", error)
+            return True
+        self._remember(session_id)
+        return held
 
     async def _end(self, session_id: str) -> None:
         self._checked.pop(session_id, None)
