@@ -155,3 +155,15 @@ def test_a_server_that_says_no_address_serves_its_own_commands_only(shared, key)
         assert sleeper.pid in pids(there)
         assert there.commands.kill(sleeper.pid) is False
         assert made.commands.kill(sleeper.pid) is True
+
+
+@pytest.mark.parametrize("given, own, sent", [
+    ("guilds-serve:8765", "http://10.0.0.1:8765", "guilds-serve:8765"),  # the Service's name: every replica's
+    ("49983-abc.e2b.example", "http://10.0.0.1:8765", "49983-abc.e2b.example"),  # the E2B domain's
+    ("10.0.0.1:8765", "http://10.0.0.1:8765", "10.0.0.2:8765"),  # this replica's own address: the other's
+    ("10.0.0.1:8765", None, "10.0.0.1:8765"),  # this server says no address
+])
+def test_a_request_sent_on_carries_a_host_the_other_server_accepts(given, own, sent):
+    from guilds.fronts.e2b.shared_commands import host_for
+
+    assert host_for(given, own, "http://10.0.0.2:8765") == sent

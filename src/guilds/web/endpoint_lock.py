@@ -146,7 +146,7 @@ class Lock:
     resource_path: str = "/mcp"
 
 
-def _host_name(host_header: str) -> str:
+def host_name(host_header: str) -> str:
     """The name of a Host header value, without its port: ``[::1]:80`` -> ``::1``."""
     if host_header.startswith("["):
         return host_header[1:].split("]", 1)[0]
@@ -180,7 +180,7 @@ class EndpointLock:
 
     async def _refusal(self, scope: dict, headers: dict[str, str]) -> tuple[int, str, list] | None:
         host = headers.get("host", "")
-        if _host_name(host).lower() not in self.lock.hosts:
+        if host_name(host).lower() not in self.lock.hosts:
             return 400, "Invalid host header", []
         if (self.lock.token is not None and scope["path"] in self._metadata_paths()
                 and scope.get("method") in ("GET", "HEAD")):

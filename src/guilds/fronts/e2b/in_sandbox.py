@@ -121,7 +121,7 @@ class InSandboxApi:
             if self.shared is not None and name in SELECTING:
                 address = await self.shared.elsewhere(request.scope["headers"], box.id, message)
                 if address is not None:
-                    return Forwarded(address, body)
+                    return Forwarded(address, body, self.shared.own_address)
             if name in self.streaming:
                 return await self.streaming[name](request, box, message)
             handler = self.unary[name]

@@ -6,8 +6,8 @@ notes each command it starts in the record (``e2b_commands``: the sandbox, the p
 the tag, the config, the server as its owner) and forgets it at its end; a request
 naming a command (Connect, SendSignal, SendInput, CloseStdin, Update, by pid or tag)
 that another server started is sent on, as it came, to that server, at the address it
-advertises (``GUILDS_ADVERTISE_URL``, ``record.liveness``), and that server's answer,
-a stream too, comes back as it is read (``Forwarded``). ``List`` holds the commands
+advertises (``GUILDS_ADVERTISE_URL``, ``record.liveness``; its Host: ``host_for``), and
+that server's answer, a stream too, comes back as it is read (``Forwarded``). ``List`` holds the commands
 of every server on the record. A request sent on once is served where it arrives
 (``FORWARDED_HEADER``); a server that no longer answers ran its commands to their end
 with its process service: the command is ``not_found``.
@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from ...errors import SandboxError
 from ...limits import E2B_FORWARD_CONNECT_SECONDS
+from ...web.endpoint_lock import host_name
 from .connect import ConnectError, error_response
 from .envd_channel import Command
 from .ingress_http import NotPassedOn, forward
@@ -64,6 +65,11 @@ class SharedCommands:
     @property
     def me(self) -> str:
         return self.store.owner.id
+
+    @property
+    def own_address(self) -> str | None:
+        """Where this server says it answers (``GUILDS_ADVERTISE_URL``), if it says."""
+        return self.store.owner.address
 
     async def started(self, box_id: str, command: Command, config: dict[str, Any], tag: str | None) -> None:
         """command (just started by this server's service) noted, and forgotten at its end."""
@@ -122,15 +128,26 @@ class _Link:
         self.writer.close()
 
 
-class Forwarded(Response):
-    """The request (its body read already) sent on to the server at address; its answer back."""
+def host_for(given: str, own: str | None, address: str) -> str:
+    """The Host a request sent on to the server at address carries: the client's (a name every
+    replica accepts: the Service's, the E2B domain's), unless it names this server's own
+    address, which only this server accepts: then the other's address (pure)."""
+    if own is not None and host_name(given) == urlsplit(own).hostname:
+        return urlsplit(address).netloc
+    return given
 
-    def __init__(self, address: str, body: bytes):  # not Response's: it would make a body of its own
-        self.address, self.body = address, body
+
+class Forwarded(Response):
+    """The request (its body read already) sent on to the server at address; its answer back.
+    own: this server's own address (``host_for``)."""
+
+    def __init__(self, address: str, body: bytes, own: str | None):  # not Response's: it makes a body
+        self.address, self.body, self.own = address, body, own
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         where = urlsplit(self.address)
-        host = next((value.decode("latin-1") for name, value in scope["headers"] if name == b"host"), "")
+        given = next((value.decode("latin-1") for name, value in scope["headers"] if name == b"host"), "")
+        host = host_for(given, self.own, self.address)
         try:
             async with asyncio.timeout(E2B_FORWARD_CONNECT_SECONDS):
                 reader, writer = await asyncio.open_connection(where.hostname, where.port or 80)
