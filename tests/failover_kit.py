@@ -101,6 +101,15 @@ class Call:
             return None
         return self.answered_at - self.broken_at - self.meta.get("duration_ms", 0) / 1000
 
+    @property
+    def failover_parts(self) -> tuple[float, float] | None:
+        """Its failover in two: its first break to the start of the attempt that was answered
+        (the reconnection), and that attempt to its answer (the call repeated)."""
+        if self.failover is None or not self.tries or self.answered_at is None or self.broken_at is None:
+            return None
+        last = self.tries[-1]
+        return last - self.broken_at, self.answered_at - last
+
     def arguments(self) -> dict[str, Any]:
         if self.given is not None:
             return self.given
@@ -281,6 +290,8 @@ class Counts:
     quick: list[float]
     """Of the quick calls no break touched: their time, the replicas' load."""
     kills: int
+    parts: list[tuple[float, float]] = field(default_factory=list)
+    """Of the failovers: (the reconnection, the call repeated), ``Call.failover_parts``."""
     readings: list[str] = field(default_factory=list)
     """The start of each run's file as read at the end (shown when a token is missing)."""
 
@@ -298,6 +309,9 @@ class Counts:
                 f"{_spread(self.failovers)}; {len(self.rerouted)} that reached no replica first, to their start "
                 f"elsewhere {_spread(self.rerouted)}")
         shown = [made, fail, f"the {len(self.quick)} quick calls no break touched, each: {_spread(self.quick)}"]
+        if self.parts:
+            shown.append(f"of the failovers, the reconnection: {_spread([p[0] for p in self.parts])}; "
+                         f"the call repeated: {_spread([p[1] for p in self.parts])}")
         for name, items in (("other errors", self.errors), ("run twice", self.ran_twice),
                             ("recorded otherwise", self.wrong_status)):
             shown += [f"{name}, the first: {item}" for item in items[:3]]
@@ -321,7 +335,7 @@ async def check(deployment: deploy_kit.Deployment, calls: list[Call], killer: Ki
                   broken=sum(c.broken_at is not None for c in calls),
                   failovers=[f for c in calls if (f := c.failover) is not None],
                   rerouted=[r for c in calls if (r := c.rerouted) is not None], kills=len(killer.kills),
-                  readings=readings,
+                  readings=readings, parts=[p for c in calls if (p := c.failover_parts) is not None],
                   quick=[c.answered_at - c.sent_at for c in calls
                          if c.kind == "quick" and c.broken_at is None and c.answered_at and c.sent_at])
 

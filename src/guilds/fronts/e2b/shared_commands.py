@@ -16,6 +16,7 @@ with its process service: the command is ``not_found``.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,7 @@ from urllib.parse import urlsplit
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ...errors import SandboxError
+from ...errors import RecordError, SandboxError
 from ...limits import E2B_FORWARD_CONNECT_SECONDS
 from ...web.endpoint_lock import host_name
 from .connect import ConnectError, error_response
@@ -35,6 +36,7 @@ from .ingress_reach import PortClosed
 if TYPE_CHECKING:
     from ...record.store import Store
 
+log = logging.getLogger(__name__)
 FORWARDED_HEADER = b"x-guilds-forwarded"
 """Set on a request sent on to the server that runs its command: it is served there."""
 SELECTING = frozenset({"process.Process/Connect", "process.Process/SendSignal", "process.Process/SendInput",
@@ -74,18 +76,27 @@ class SharedCommands:
     async def started(self, box_id: str, command: Command, config: dict[str, Any], tag: str | None) -> None:
         """command (just started by this server's service) noted, and forgotten at its end."""
         command.watchers.append(self._on_end(box_id, command.pid))
-        await self.store.e2b_command_started({"sandbox_id": box_id, "pid": command.pid, "tag": tag,
-                                              "config": config, "started_at": datetime.now(UTC)})
-        if command.end is not None:  # it ended while its row was written
-            await self.store.e2b_command_ended(box_id, command.pid)
+        try:
+            await self.store.e2b_command_started({"sandbox_id": box_id, "pid": command.pid, "tag": tag,
+                                                  "config": config, "started_at": datetime.now(UTC)})
+            if command.end is not None:  # it ended while its row was written
+                await self.store.e2b_command_ended(box_id, command.pid)
+        except RecordError as error:  # it runs all the same, reached through this server only
+            log.warning("e2b: command %d of sandbox %s not noted in the record: %s", command.pid, box_id, error)
 
     def _on_end(self, box_id: str, pid: int) -> Callable[[dict[str, Any]], None]:
         def watch(event: dict[str, Any]) -> None:
             if event["ev"] == "end":
-                task = asyncio.get_running_loop().create_task(self.store.e2b_command_ended(box_id, pid))
+                task = asyncio.get_running_loop().create_task(self._forget(box_id, pid))
                 self._ending.add(task)
                 task.add_done_callback(self._ending.discard)
         return watch
+
+    async def _forget(self, box_id: str, pid: int) -> None:
+        try:
+            await self.store.e2b_command_ended(box_id, pid)
+        except RecordError as error:  # its row goes with the sandbox's end or this server's
+            log.warning("e2b: the end of command %d of sandbox %s not noted in the record: %s", pid, box_id, error)
 
     async def elsewhere(self, headers: list[tuple[bytes, bytes]], box_id: str, message: dict[str, Any]) -> str | None:
         """The address of the server that runs the command message names, when that is another
@@ -93,7 +104,7 @@ class SharedCommands:
         request sent on already)."""
         if any(name.lower() == FORWARDED_HEADER for name, _ in headers):
             return None
-        for row in await self.store.e2b_commands(box_id):
+        for row in await self._rows(box_id):
             if selects(row, message.get("process")):
                 return row["address"] if row["owner"] != self.me and row["address"] else None
         return None
@@ -101,8 +112,17 @@ class SharedCommands:
     async def others(self, box_id: str, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The ProcessInfo of the sandbox's commands that other servers run (listed: this one's)."""
         own = {entry.get("pid") for entry in listed}
-        return [process_info(row) for row in await self.store.e2b_commands(box_id)
+        return [process_info(row) for row in await self._rows(box_id)
                 if row["owner"] != self.me and row["pid"] not in own]
+
+    async def _rows(self, box_id: str) -> list[dict[str, Any]]:
+        """The sandbox's commands' rows; none when the record cannot be read (this server's own
+        commands are served all the same)."""
+        try:
+            return await self.store.e2b_commands(box_id)
+        except RecordError as error:
+            log.warning("e2b: the commands of sandbox %s not read from the record: %s", box_id, error)
+            return []
 
 
 class _Link:
