@@ -63,9 +63,25 @@ async def held_answer(store: Store, agent_id: str, key: CallKey) -> CallResult:
         if owner is not None and owner != store.owner.id and due:
             asked_at = time.monotonic()
             if found.owner is None or await is_gone_now(found.owner, utc_now(), machine_id(), asked=True):
-                await store.sweep_owners([owner])
+                await _swept(store, owner)
                 continue
         await asyncio.sleep(CALL_KEY_POLL_SECONDS)
+
+
+_sweeping: dict[tuple[int, str], asyncio.Future] = {}
+"""The sweeps under way in this process, by store and owner."""
+
+
+async def _swept(store: Store, owner: str) -> None:
+    """The owner's running calls recorded lost: one sweep at a time in this process, which every
+    call of that owner sent again here awaits (a replica's death sends several at once, and
+    their sweeps of the same rows would wait for one another's locks)."""
+    at = (id(store), owner)
+    sweep = _sweeping.get(at)
+    if sweep is None:
+        sweep = _sweeping[at] = asyncio.ensure_future(store.sweep_owners([owner]))
+        sweep.add_done_callback(lambda _: _sweeping.pop(at, None))
+    await asyncio.shield(sweep)
 
 
 def _answer(key: CallKey, found: Keyed) -> CallResult:
