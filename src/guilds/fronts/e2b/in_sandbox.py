@@ -119,7 +119,8 @@ class InSandboxApi:
                 raise ConnectError("unimplemented", f"{name} is not served")
             message = stream_request(kind, body) if name in self.streaming else unary_request(kind, body)
             if self.shared is not None and name in SELECTING:
-                address = await self.shared.elsewhere(request.scope["headers"], box.id, message)
+                own = box.envd.commands if box.envd is not None else ()
+                address = await self.shared.elsewhere(request.scope["headers"], box.id, message, own)
                 if address is not None:
                     return Forwarded(address, body, self.shared.own_address)
             if name in self.streaming:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -98,11 +98,14 @@ class SharedCommands:
         except RecordError as error:  # its row goes with the sandbox's end or this server's
             log.warning("e2b: the end of command %d of sandbox %s not noted in the record: %s", pid, box_id, error)
 
-    async def elsewhere(self, headers: list[tuple[bytes, bytes]], box_id: str, message: dict[str, Any]) -> str | None:
+    async def elsewhere(self, headers: list[tuple[bytes, bytes]], box_id: str, message: dict[str, Any],
+                        own: Container[int] = ()) -> str | None:
         """The address of the server that runs the command message names, when that is another
-        server; None when this one serves the request (its own command, none known, or a
-        request sent on already)."""
-        if any(name.lower() == FORWARDED_HEADER for name, _ in headers):
+        server; None when this one serves the request (its own command: a pid among own, this
+        server's service's, needs no read of the record; none known; a request sent on already)."""
+        selector = message.get("process")
+        if any(name.lower() == FORWARDED_HEADER for name, _ in headers) or \
+                (isinstance(selector, dict) and selector.get("pid") in own):
             return None
         for row in await self._rows(box_id):
             if selects(row, message.get("process")):
