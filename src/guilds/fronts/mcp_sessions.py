@@ -117,12 +117,14 @@ class SessionsOnRecord:
             log.warning("mcp: session not written to the record: %s", error)
         self._remember(session_id)
 
-    async def _held(self, session_id: str, principal: str) -> bool:
+    async def _held(self, session_id: str, principal: str, unread: bool = False) -> bool:
+        """Whether the record holds the session (its use written when due); unread when the
+        record cannot be read."""
         try:
             held = await self.store.session_holds(MCP, _digest(session_id), principal, self.terms)
         except RecordError as error:
             log.warning("mcp: session not read from the record: %s", error)
-            return False
+            return unread
         if held:
             self._remember(session_id)
         return held
@@ -132,13 +134,7 @@ class SessionsOnRecord:
         when due; True between checks. A record that cannot be read keeps it."""
         if time.monotonic() - self._checked.get(session_id, float("-inf")) < self.terms.touch.total_seconds():
             return True
-        try:
-            held = await self.store.session_holds(MCP, _digest(session_id), principal, self.terms)
-        except RecordError as error:
-            log.warning("mcp: session not read from the record: %s", error)
-            return True
-        self._remember(session_id)
-        return held
+        return await self._held(session_id, principal, unread=True)
 
     async def _end(self, session_id: str) -> None:
         self._checked.pop(session_id, None)

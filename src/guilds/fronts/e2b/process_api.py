@@ -158,10 +158,8 @@ class ProcessApi:
                                     stdin=message.get("stdin", True) is not False, timeout_ms=timeout_ms,
                                     base_env=box.env_vars, run_id=box.run_id, call_id=call_id, pty=pty)
             started = envd.command(reply["pid"])
-            if self.shared is not None:
-                given = {"cmd": config["cmd"], "args": config.get("args") or [], "envs": config.get("envs") or {},
-                         "cwd": config.get("cwd") or ""}
-                await self.shared.started(box.id, started, reply.get("config") or given, message.get("tag"))
+            if self.shared is not None:  # the service's helper is this server's build: its reply holds config
+                await self.shared.started(box.id, started, reply["config"], message.get("tag"))
             return started
 
         command = await _recorder(box).command({"command": command_line(config), "e2b": {

@@ -108,7 +108,7 @@ class SharedCommands:
                 (isinstance(selector, dict) and selector.get("pid") in own):
             return None
         for row in await self._rows(box_id):
-            if selects(row, message.get("process")):
+            if selects(row, selector):
                 return row["address"] if row["owner"] != self.me and row["address"] else None
         return None
 
