@@ -418,8 +418,9 @@ def test_with_e2b_shared_ingress_options_the_record_would_not_carry_are_refused(
         box = Sandbox.create(timeout=120, **on(url))
         try:
             assert box.traffic_access_token is None
-            _serve(box)
-            answer = httpx.get(url + "/p", headers={"Host": box.get_host(PORT)}, timeout=30)
+            [port] = _free_ports(1)  # picked now: a port picked at import may be another server's by now
+            _serve(box, port)
+            answer = httpx.get(url + "/p", headers={"Host": box.get_host(port)}, timeout=30)
             assert answer.status_code == 200, answer.text
         finally:
             box.kill()
