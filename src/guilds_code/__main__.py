@@ -66,6 +66,10 @@ def main(argv=None) -> int:
         from . import envd
 
         return envd.main(argv[1:])
+    if argv[:1] == ["starter"]:  # helpers forked into bwrap sandboxes (starter.py), run on the host
+        from . import starter
+
+        return starter.main(argv[1:], main)
     return serve(argv, dispatch)
 
 

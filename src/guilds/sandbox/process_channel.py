@@ -22,6 +22,8 @@ what is there with ``receive_nowait``, writing with ``send_nowait``.
 
 - ``LocalProcess``: a child of this process (local; bwrap through nsenter),
   in a session of its own: ``close`` ends its whole group;
+- ``StartedProcess``: a process this one holds the pipes of but did not start
+  (bwrap: a helper forked by the starter, ``bwrap_starter``), followed by a pidfd;
 - ``DockerProcess``: one engine exec with stdin attached, its multiplexed
   stream read from the hijacked connection;
 - ``KubeProcess``: one pods/exec websocket with stdin, speaking
@@ -158,18 +160,12 @@ class _Tail:
         return "\n".join([ln for ln in text.splitlines() if ln.strip()][-STDERR_TAIL_LINES:])
 
 
-class LocalProcess:
-    """argv as a child of this process, in its own session; stderr kept by a thread."""
+class _PipedProcess:
+    """A process whose stdin, stdout and stderr are pipes of this process; stderr kept by a thread.
+    Its subclass says how it is waited for and ended (``_end``)."""
 
-    def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None):
-        try:
-            self._proc = subprocess.Popen(
-                list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=dict(env), cwd=cwd, start_new_session=True, bufsize=0)
-        except OSError as exc:
-            raise SandboxError(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
-        self._stdin, self._stdout = _piped(self._proc.stdin), _piped(self._proc.stdout)
-        self._stderr = _piped(self._proc.stderr)
+    def __init__(self, stdin: IO[bytes], stdout: IO[bytes], stderr: IO[bytes]):
+        self._stdin, self._stdout, self._stderr = stdin, stdout, stderr
         self._tail = _Tail()
         self._closed = False
         self._stdout_ended = False
@@ -178,10 +174,9 @@ class LocalProcess:
         self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True, name="guilds-stderr")
         self._stderr_reader.start()
 
-    @property
-    def pid(self) -> int:
-        """Its process id on this machine (its own until it is closed: only then waited for)."""
-        return self._proc.pid
+    def _end(self) -> None:
+        """Wait for the process (its stdin now closed) CHANNEL_CLOSE_WAIT_SECONDS, then SIGKILL its group."""
+        raise NotImplementedError
 
     def _read_stderr(self) -> None:
         while chunk := self._stderr.read(_READ):
@@ -225,12 +220,7 @@ class LocalProcess:
             self._stdin.close()
         if self._stdin_nowait is not None:
             os.close(self._stdin_nowait)
-        try:
-            self._proc.wait(CHANNEL_CLOSE_WAIT_SECONDS)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(OSError):
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            self._proc.wait()
+        self._end()
         self._stderr_reader.join(CHANNEL_CLOSE_WAIT_SECONDS)
         for pipe in (self._stdout, self._stderr):
             with contextlib.suppress(OSError):
@@ -273,6 +263,60 @@ def _piped(stream: IO[bytes] | None) -> IO[bytes]:
     if stream is None:
         raise SandboxError("the process was started without that pipe")
     return stream
+
+
+class LocalProcess(_PipedProcess):
+    """argv as a child of this process, in its own session: ``close`` ends its whole group."""
+
+    def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None):
+        try:
+            self._proc = subprocess.Popen(
+                list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=dict(env), cwd=cwd, start_new_session=True, bufsize=0)
+        except OSError as exc:
+            raise SandboxError(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
+        super().__init__(_piped(self._proc.stdin), _piped(self._proc.stdout), _piped(self._proc.stderr))
+
+    @property
+    def pid(self) -> int:
+        """Its process id on this machine (its own until it is closed: only then waited for)."""
+        return self._proc.pid
+
+    def _end(self) -> None:
+        try:
+            self._proc.wait(CHANNEL_CLOSE_WAIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+
+
+class StartedProcess(_PipedProcess):
+    """A process this one did not start but holds the pipes of, in a session of its own
+    (a helper forked by bwrap's starter): followed by a pidfd, so that ``close`` ends its
+    group only while it is that process."""
+
+    def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes], stderr: IO[bytes]):
+        self.pid = pid
+        """Its process id on this machine."""
+        try:
+            self._pidfd: int | None = os.pidfd_open(pid)
+        except ProcessLookupError:  # gone already (and reaped by its sandbox's init)
+            self._pidfd = None
+        super().__init__(stdin, stdout, stderr)
+
+    def _end(self) -> None:
+        if self._pidfd is None:
+            return
+        try:
+            poller = select.poll()  # not select: a server holding many agents has descriptors past FD_SETSIZE
+            poller.register(self._pidfd, select.POLLIN)
+            if not poller.poll(int(CHANNEL_CLOSE_WAIT_SECONDS * 1000)):
+                with contextlib.suppress(OSError):  # it runs: its pid is still its group's
+                    os.killpg(self.pid, signal.SIGKILL)
+        finally:
+            os.close(self._pidfd)
+            self._pidfd = None
 
 
 class DockerProcess:

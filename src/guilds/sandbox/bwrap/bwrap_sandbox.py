@@ -72,10 +72,10 @@ import shutil
 import uuid
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from ...errors import SandboxError
-from ..helpers import HELPER_PACKAGES, cached_helper
+from ..helpers import CODE_HELPER, HELPER_PACKAGES, cached_helper
 from ...config.agents import known as known_agents
 from ...config.settings import AgentSettings
 from . import _cgroup
@@ -89,7 +89,8 @@ from ...procfs import running
 from .._spawn import kill_and_wait, parent_pid, read_until, run_process, spawn_detached, start_time
 from . import bwrap_admin as admin
 from ..base import Backend, Box, Check, ExecResult
-from ..process_channel import LocalProcess
+from ..process_channel import LocalProcess, StartedProcess
+from .bwrap_starter import Starter, StarterFailed, starter_for
 from ..egress_side import Egress
 from .bwrap_argv import (
     HELPER_DIR, READY, STATE_INSIDE, BwrapConfig, Limits, bwrap_argv,
@@ -211,11 +212,41 @@ class BwrapSandbox(Backend):
             keep_alive.cancel()
             self._touch()
 
-    async def open_process(self, argv: Sequence[str]) -> LocalProcess:
-        """argv entered like exec's; the sandbox's idle clock is its own to refresh."""
-        pid = await asyncio.to_thread(self._ensure)
+    async def open_process(self, argv: Sequence[str]) -> LocalProcess | StartedProcess:
+        """argv entered like exec's; the sandbox's idle clock is its own to refresh. A helper
+        is forked by this process's starter where it can be (``bwrap_starter``)."""
+        return await asyncio.to_thread(self._open_process, list(argv))
+
+    def _open_process(self, argv: list[str]) -> LocalProcess | StartedProcess:
+        pid, start = self._ensure_init()
+        starter = self._starter(argv)
+        if starter is not None:
+            try:
+                return starter.start(self._start_request(pid, start, argv))
+            except StarterFailed as exc:
+                starter.broken = str(exc)
+                log.warning("bwrap: helpers are started through nsenter from now on: the starter failed: %s", exc)
         entered = limited_argv(self._process_limits(), enter_argv(pid, self.home, argv, self._entering()))
         return LocalProcess(entered, env=self._env, cwd="/")
+
+    def _starter(self, argv: list[str]) -> Starter | None:
+        """This process's starter of the helper argv runs, where one may start it: a root
+        orchestrator (no user namespace of its own), argv ``python -I -S guilds-code ...``."""
+        if self._userns or argv[:3] != [self.python, "-I", "-S"] or len(argv) < 4:
+            return None
+        helpers = {f"{HELPER_DIR}/{name}": host for name, host in self._helpers if name == CODE_HELPER}
+        if argv[3] not in helpers:
+            return None
+        starter = starter_for(self.python, helpers[argv[3]])
+        return None if starter.broken else starter
+
+    def _start_request(self, pid: int, start: int, argv: list[str]) -> dict[str, Any]:
+        """What the starter's fork needs to enter this sandbox as ``enter_argv`` under
+        ``limited_argv`` would (``guilds_code.starter``)."""
+        limits = self._process_limits()
+        return {"target": pid, "start": start, "uid": self.uid, "gid": self.gid, "cwd": self.home,
+                "env": self._env, "argv": argv[4:], "shown_argv": argv, "pids": limits.pids,
+                "memory": limits.memory_bytes, "cgroups": list(limits.cgroup_procs)}
 
     async def _keep_alive(self) -> None:
         """While a call runs, the idle clock stays at zero."""

@@ -1,0 +1,187 @@
+"""A bwrap sandbox's helper forked by the starter (``bwrap_starter``, ``guilds_code.starter``):
+confined exactly as one entered through nsenter and setpriv, holding nothing of the host or of
+another agent, and the nsenter path taken when the starter cannot serve. Real bwrap as root."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from guilds.config.settings import AgentSettings
+from guilds.errors import SandboxError
+from guilds.record.store import Store
+from guilds.sandbox.bwrap import bwrap_starter
+from guilds.sandbox.bwrap.bwrap_argv import unavailable
+from guilds.sandbox.bwrap.bwrap_sandbox import BwrapSandbox
+from guilds.toolbox import Toolbox
+
+NO_BWRAP = unavailable()
+pytestmark = [pytest.mark.bwrap, pytest.mark.skipif(NO_BWRAP is not None or os.geteuid() != 0,
+                                                    reason=f"needs root and bwrap ({NO_BWRAP})")]
+
+CONFINEMENT = (
+    "id -u; id -g; id -G; grep -E '^(Cap|NoNewPrivs|Seccomp)' /proc/self/status;"
+    " grep -E '^Max (processes|address space)' /proc/self/limits; cat /proc/self/cgroup;"
+    " for n in ipc mnt net pid uts; do echo ns $(readlink /proc/self/ns/$n); done; readlink /proc/self/root; pwd;"
+    " s=$(awk '/^PPid/{print $2}' /proc/$PPID/status); grep -E '^(Uid|Gid|Cap|NoNewPrivs)' /proc/$s/status;"
+    " echo server-fds $(ls /proc/$s/fd | sort -n | tr '\\n' ' ')"
+)
+"""What bash and the resident server it runs under are: ids, capabilities, limits, cgroups,
+namespaces (those of the sandbox's init), root, cwd, the server's open descriptors."""
+
+
+def settings(tmp_path: Path, agent_id: str, **extra) -> AgentSettings:
+    return AgentSettings(id=agent_id, home=tmp_path / agent_id, sandbox="bwrap", network=False,
+                         transport="resident", **extra)
+
+
+def server_pid(sandbox: BwrapSandbox, toolbox: Toolbox) -> int:
+    """The host pid of the agent's resident helper (its channel's process)."""
+    return toolbox.transport._channel._process.pid  # type: ignore[attr-defined]
+
+
+async def shell(toolbox: Toolbox, command: str) -> str:
+    result = await toolbox.call(f"r-{toolbox.settings.id}", "shell", {"command": command})
+    assert not result.is_error, result.text
+    return result.text
+
+
+def cmdline(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+
+
+def no_starter(monkeypatch) -> None:
+    monkeypatch.setattr(BwrapSandbox, "_starter", lambda self, argv: None)
+
+
+async def test_a_started_helper_is_confined_as_an_entered_one(tmp_path, monkeypatch):
+    seen = {}
+    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
+        for way in ("starter", "nsenter"):
+            if way == "nsenter":
+                no_starter(monkeypatch)
+            box = BwrapSandbox(settings(tmp_path, f"conf-{way}"), tmp_path / "data")
+            toolbox = Toolbox(box.settings, box, store)
+            try:
+                text = await shell(toolbox, CONFINEMENT)
+                init = box._ensure_init()[0]
+                for name in ("ipc", "mnt", "net", "pid", "uts"):  # the init's own, read on the host
+                    text = text.replace(f"ns {os.readlink(f'/proc/{init}/ns/{name}')}\n", "ns init's\n")
+                for own, shown in ((str(box.uid), "UID"), (str(box.gid), "GID"), (box._cgroup_name, "CG"),
+                                   (f"conf-{way}", "X")):
+                    text = text.replace(own, shown)
+                seen[way] = text
+                shown = cmdline(server_pid(box, toolbox))
+                assert (b"starter" in shown) == (way == "starter"), shown
+                if way == "starter":  # the helper itself: what the sandbox's ps shows holds no host path
+                    assert str(tmp_path).encode() not in b" ".join(shown)
+            finally:
+                await toolbox.close()
+                await box.stop()
+    for way, text in seen.items():
+        assert "CapEff:\t0000000000000000" in text and "CapBnd:\t0000000000000000" in text, way
+        assert text.count("NoNewPrivs:\t1") == 2 and text.count("ns init's") == 5, way
+    assert seen["starter"].splitlines() == seen["nsenter"].splitlines()
+
+
+async def test_no_agent_request_is_in_the_memory_the_next_helper_is_forked_from(tmp_path):
+    """The starter never reads a request: an agent that reads its own helper's memory (same
+    uid, dumpable) finds nothing of another agent's environment, nor does the starter hold it."""
+    secret = "s3cr3t-" + os.urandom(8).hex()
+    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
+        a = BwrapSandbox(settings(tmp_path, "mem-a", secrets={"A_TOKEN": secret}), tmp_path / "data")
+        b = BwrapSandbox(settings(tmp_path, "mem-b"), tmp_path / "data")
+        ta, tb = Toolbox(a.settings, a, store), Toolbox(b.settings, b, store)
+        try:
+            await shell(ta, "true")
+            await shell(tb, "true")
+            starter = bwrap_starter.starter_for(a.python, dict(a._helpers)["guilds-code"])
+            assert starter._proc is not None
+            assert secret.encode() in memory(server_pid(a, ta))  # the check can find it where it is
+            assert secret.encode() not in memory(server_pid(b, tb))
+            assert secret.encode() not in memory(starter._proc.pid)
+        finally:
+            for toolbox in (ta, tb):
+                await toolbox.close()
+                await toolbox.sandbox.stop()
+
+
+def memory(pid: int) -> bytes:
+    """Every readable private mapping of pid (as root)."""
+    data = bytearray()
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+        for line in maps:
+            fields = line.split()
+            if "r" not in fields[1] or (len(fields) > 5 and fields[5].startswith("[v")):
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            try:
+                mem.seek(start)
+                data += mem.read(end - start)
+            except OSError:
+                continue
+    return bytes(data)
+
+
+async def test_a_killed_starter_is_started_again(tmp_path):
+    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
+        box = BwrapSandbox(settings(tmp_path, "kill-1"), tmp_path / "data")
+        toolbox = Toolbox(box.settings, box, store)
+        try:
+            await shell(toolbox, "true")
+            starter = bwrap_starter.starter_for(box.python, dict(box._helpers)["guilds-code"])
+            first = starter._proc.pid
+            os.kill(first, signal.SIGKILL)
+            await toolbox.close()
+            assert "still" in await shell(toolbox, "echo still")  # a new helper: through a new starter
+            assert starter._proc.pid != first and starter.broken is None
+            assert b"starter" in cmdline(server_pid(box, toolbox))
+        finally:
+            await toolbox.close()
+            await box.stop()
+
+
+async def test_a_starter_that_cannot_run_leaves_helpers_to_nsenter(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(bwrap_starter, "_starters", {})
+    monkeypatch.setattr(bwrap_starter.Starter, "__init__", _bad_starter_init)
+    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
+        box = BwrapSandbox(settings(tmp_path, "bad-1"), tmp_path / "data")
+        toolbox = Toolbox(box.settings, box, store)
+        try:
+            with caplog.at_level(logging.WARNING):
+                assert "works" in await shell(toolbox, "echo works")
+            assert b"serve" in cmdline(server_pid(box, toolbox))
+            assert "through nsenter from now on: the starter failed" in caplog.text
+            starter = bwrap_starter.starter_for(box.python, dict(box._helpers)["guilds-code"])
+            assert starter.broken
+        finally:
+            await toolbox.close()
+            await box.stop()
+
+
+_real_init = bwrap_starter.Starter.__init__
+
+
+def _bad_starter_init(self, python: str, helper_file: str) -> None:
+    _real_init(self, python, "/nonexistent/guilds-code")
+
+
+async def test_a_sandbox_whose_init_is_gone_is_said_in_one_line(tmp_path):
+    box = BwrapSandbox(settings(tmp_path, "gone-1"), tmp_path / "data")
+    await box.start()
+    try:
+        pid, start = box._ensure_init()
+        starter = bwrap_starter.starter_for(box.python, dict(box._helpers)["guilds-code"])
+        request = box._start_request(pid, start + 1, [box.python, "-I", "-S", "x", "serve"])
+        with pytest.raises(SandboxError, match=rf"^the sandbox's init {pid} is gone$"):
+            starter.start(request)
+        assert starter.broken is None
+        status = Path(f"/proc/{pid}/status").read_text()
+        assert re.search(r"^State:\s+S", status, re.M)  # the sandbox itself untouched
+    finally:
+        await box.stop()
