@@ -1,10 +1,13 @@
 """``guilds-code starter``: helpers forked warm into a bubblewrap sandbox, with no interpreter started.
 
 Run by a root orchestrator on the host, outside every sandbox, with a
-SOCK_SEQPACKET socket as stdin, as ``python3 -I -S /dev/fd/N starter``: the
-helper file read through a descriptor, so that no host path is in the command
-line its forks show in the sandbox (a fork has no exec to show its own; the
-descriptor is closed once the file is read). It imports the resident helper and every op
+SOCK_SEQPACKET socket as stdin, as ``python3 -I -S /dev/fd/N starter ROOM``: the
+helper file read through a descriptor (closed once read), and ROOM a blank
+argument of COMMAND_LINE_ROOM bytes. A fork has no exec to show a command line
+of its own: each helper writes the one it is said to run with over the
+starter's, in place (the argv memory /proc/<pid>/cmdline reads), padded with
+NULs, so that ``ps`` in the sandbox shows ``python3 -I -S
+/usr/local/bin/guilds-code serve ...`` and no host path. It imports the resident helper and every op
 (``resident.WARM_MODULES``) once, freezes them out of the garbage collector, and
 then waits. Each message on the socket is one start: no bytes that matter, and
 five descriptors (SCM_RIGHTS): a memfd holding the request (JSON), then the new
@@ -49,6 +52,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List
 
+COMMAND_LINE_ROOM = 8192
+"""Bytes of the blank argument the starter is run with: room for the helpers' command lines."""
 START_FDS = 5
 """Descriptors of one start: request memfd, stdin, stdout, stderr, answer pipe."""
 REQUEST_MAX_BYTES = 4 * 1024 * 1024
@@ -79,8 +84,8 @@ class _CapData(ctypes.Structure):
 def main(argv: List[str], helper_main: Callable[[List[str]], int]) -> int:
     """Serve starts on stdin (a SOCK_SEQPACKET socket) until it ends; each started helper runs
     helper_main(its argv) (guilds-code's own main)."""
-    if argv:
-        os.write(2, b"guilds-code starter: takes no arguments\n")
+    if len(argv) > 1 or (argv and argv[0].strip()):
+        os.write(2, b"guilds-code starter: takes no arguments but a blank one (room for command lines)\n")
         return 2
     from . import resident
 
@@ -90,6 +95,7 @@ def main(argv: List[str], helper_main: Callable[[List[str]], int]) -> int:
         os.close(int(sys.argv[0][len("/dev/fd/"):]))
     libc = ctypes.CDLL(None, use_errno=True)
     last_cap = _last_cap()
+    _COMMAND_LINE[:] = _command_line_area()
     sock = socket.socket(fileno=0)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the first forks exit at once: reaped by the kernel
     gc.freeze()
@@ -130,6 +136,29 @@ def _flush(stream: Any) -> None:
         stream.flush()
     except (OSError, ValueError):
         pass
+
+
+_COMMAND_LINE = [0, 0]
+"""[start, end] of this process's argv memory (/proc/self/stat's arg_start and arg_end); [0, 0]: unknown."""
+
+
+def _command_line_area() -> List[int]:
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            stat = fh.read()
+        fields = stat[stat.rindex(b")") + 2:].split()
+        return [int(fields[45]), int(fields[46])]
+    except (OSError, ValueError, IndexError):
+        return [0, 0]
+
+
+def _show_command_line(argv: List[str]) -> None:
+    """argv written over this process's command line, the rest of it NULs; left as it is
+    when it does not fit (or the area is unknown)."""
+    start, end = _COMMAND_LINE
+    shown = b"\0".join(os.fsencode(a) for a in argv) + b"\0"
+    if start and len(shown) <= end - start:
+        ctypes.memmove(start, shown + b"\0" * (end - start - len(shown)), end - start)
 
 
 def _last_cap() -> int:
@@ -236,6 +265,7 @@ def _run(request: Dict[str, Any], stdio: List[int], libc: Any, last_cap: int,
     for target, fd in enumerate(stdio):
         os.dup2(fd, target)
     os.closerange(3, _OPEN_MAX)
+    _show_command_line(request["shown_argv"])
     try:
         os.setsid()
         _drop(int(request["uid"]), int(request["gid"]), libc, last_cap)

@@ -160,7 +160,7 @@ class _Tail:
         return "\n".join([ln for ln in text.splitlines() if ln.strip()][-STDERR_TAIL_LINES:])
 
 
-class _PipedProcess:
+class PipedProcess:
     """A process whose stdin, stdout and stderr are pipes of this process; stderr kept by a thread.
     Its subclass says how it is waited for and ended (``_end``)."""
 
@@ -173,6 +173,11 @@ class _PipedProcess:
         self._stdout_nowait: int | None = None
         self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True, name="guilds-stderr")
         self._stderr_reader.start()
+
+    @property
+    def pid(self) -> int:
+        """Its process id on this machine."""
+        raise NotImplementedError
 
     def _end(self) -> None:
         """Wait for the process (its stdin now closed) CHANNEL_CLOSE_WAIT_SECONDS, then SIGKILL its group."""
@@ -265,7 +270,7 @@ def _piped(stream: IO[bytes] | None) -> IO[bytes]:
     return stream
 
 
-class LocalProcess(_PipedProcess):
+class LocalProcess(PipedProcess):
     """argv as a child of this process, in its own session: ``close`` ends its whole group."""
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None):
@@ -291,19 +296,22 @@ class LocalProcess(_PipedProcess):
             self._proc.wait()
 
 
-class StartedProcess(_PipedProcess):
+class StartedProcess(PipedProcess):
     """A process this one did not start but holds the pipes of, in a session of its own
     (a helper forked by bwrap's starter): followed by a pidfd, so that ``close`` ends its
     group only while it is that process."""
 
     def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes], stderr: IO[bytes]):
-        self.pid = pid
-        """Its process id on this machine."""
+        self._pid = pid
         try:
             self._pidfd: int | None = os.pidfd_open(pid)
         except ProcessLookupError:  # gone already (and reaped by its sandbox's init)
             self._pidfd = None
         super().__init__(stdin, stdout, stderr)
+
+    @property
+    def pid(self) -> int:
+        return self._pid
 
     def _end(self) -> None:
         if self._pidfd is None:

@@ -51,8 +51,8 @@ from ..sandbox.process_channel import (
     DockerProcess,
     Lines,
     LineTooLong,
-    LocalProcess,
     LoopReadable,
+    PipedProcess,
     ProcessChannel,
     read_lines,
 )
@@ -344,7 +344,7 @@ class ResidentChannel:
 
 def loop_readable(process: ProcessChannel) -> LoopReadable | None:
     """process, when an event loop can read it (see the module docstring)."""
-    if isinstance(process, LocalProcess):
+    if isinstance(process, PipedProcess):  # local, or bwrap's (entered or forked)
         return process
     if isinstance(process, DockerProcess) and process.loop_readable:
         return process

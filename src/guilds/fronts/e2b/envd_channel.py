@@ -27,7 +27,7 @@ from guilds_code.limits import ENVD_SLEEP_IDLE_SECONDS
 from ...limits import E2B_ACK_BYTES, E2B_ENDED_KEPT, E2B_ENVD_LINE_BYTES
 from ...sandbox.base import Sandbox
 from ...sandbox.helpers import CODE_HELPER
-from ...sandbox.process_channel import ChannelClosed, LocalProcess, ProcessChannel
+from ...sandbox.process_channel import ChannelClosed, PipedProcess, ProcessChannel
 from .connect import ConnectError
 
 log = logging.getLogger(__name__)
@@ -276,7 +276,7 @@ class EnvdChannel:
     def host_pid(self) -> int | None:
         """The service's process id on this machine while it runs; None where its process is
         not this machine's (a container's, reached through its engine)."""
-        if self.closed or not isinstance(self._channel, LocalProcess):
+        if self.closed or not isinstance(self._channel, PipedProcess):
             return None
         return self._channel.pid
 

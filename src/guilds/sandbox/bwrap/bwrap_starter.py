@@ -24,6 +24,8 @@ import subprocess
 import threading
 from typing import Any
 
+from guilds_code.starter import COMMAND_LINE_ROOM
+
 from ...errors import SandboxError
 from ...limits import BWRAP_START_SECONDS
 from .._spawn import read_until
@@ -100,7 +102,8 @@ class Starter:
         try:
             helper = os.open(self.helper_file, os.O_RDONLY)
             self._proc = subprocess.Popen(
-                [self.python, "-I", "-S", f"/dev/fd/{helper}", "starter"], stdin=theirs.fileno(), pass_fds=(helper,),
+                [self.python, "-I", "-S", f"/dev/fd/{helper}", "starter", " " * COMMAND_LINE_ROOM],
+                stdin=theirs.fileno(), pass_fds=(helper,),
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
                 cwd="/", start_new_session=True)
         except OSError as exc:
