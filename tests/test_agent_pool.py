@@ -438,13 +438,23 @@ def ready_exactly(agents, n: int):
 @pytest.mark.bwrap
 @pytest.mark.skipif(backend_kit.why_not("bwrap") is not None, reason=f"bwrap: {backend_kit.why_not('bwrap')}")
 async def test_a_make_that_finds_the_pool_empty_does_not_wait_for_the_refill(tmp_path):
-    async with serving(tmp_path, server(tmp_path, spare=1, max_pool=1)) as (agent, agents):
+    refills, release = [], asyncio.Event()
+
+    async def held(toolbox):  # the refill (the pool's second) is held until the miss is made
+        refills.append(toolbox.settings.id)
+        if len(refills) > 1:
+            await release.wait()
+
+    async with serving(tmp_path, server(tmp_path, spare=1, max_pool=1), pool=False) as (agent, agents):
+        agents.pools.prepare_with(held)
+        await agents.pools.start()
         await until(ready(agents, 1), "the pool filled")
         first = await agent.make_agent("box", owner="a")
-        await until(lambda: agents.pools.counts()["box"].making == 1, "the refill started")
+        await until(lambda: agents.pools.counts()["box"].making == 1 and len(refills) == 2, "the refill started")
         second = await agent.make_agent("box", owner="a")  # a miss: made by itself
         counts = agents.pools.counts()["box"]
         assert (counts.hits, counts.misses) == (1, 1)
+        release.set()
         await until(ready(agents, 1), "the refill is the pool's")
         assert agents.pools.pools["box"].ready[0].id not in (first.id, second.id)
 

@@ -16,6 +16,7 @@ process: the open goes through nsenter, with one warning line.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -139,12 +140,20 @@ _starters_lock = threading.Lock()
 
 
 def starter_for(python: str, helper_file: str) -> Starter:
-    """This process's starter of helper_file under python (made once; started at its first use)."""
+    """This process's starter of helper_file under python (made once; started at its first use,
+    ended when this process exits: its helpers live on)."""
     with _starters_lock:
         key = (python, helper_file)
         if key not in _starters:
+            if not _starters:
+                atexit.register(_close_all)
             _starters[key] = Starter(python, helper_file)
         return _starters[key]
+
+
+def _close_all() -> None:
+    for starter in list(_starters.values()):
+        starter.close()
 
 
 def _close(fds: list[int]) -> None:
