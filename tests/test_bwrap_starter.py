@@ -133,6 +133,28 @@ def memory(pid: int) -> bytes:
     return bytes(data)
 
 
+async def test_the_starter_is_each_helpers_parent_so_it_is_reaped_when_it_exits(tmp_path):
+    """A zombie helper left to the host's init holds the sandbox's pid namespace (and its stop)
+    until that init reaps it: the starter adopts its helpers and reaps them itself."""
+    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
+        box = BwrapSandbox(settings(tmp_path, "reap-1"), tmp_path / "data")
+        toolbox = Toolbox(box.settings, box, store)
+        try:
+            await shell(toolbox, "true")
+            starter = bwrap_starter.starter_for(box.python, dict(box._helpers)["guilds-code"])
+            helper = server_pid(box, toolbox)
+            assert parent_of(helper) == starter._proc.pid
+            await toolbox.close()  # stdin ends: the helper exits, and is reaped at once
+            assert not Path(f"/proc/{helper}").exists() or parent_of(helper) != starter._proc.pid
+        finally:
+            await toolbox.close()
+            await box.stop()
+
+
+def parent_of(pid: int) -> int:
+    return int(re.search(r"^PPid:\s+(\d+)", Path(f"/proc/{pid}/status").read_text(), re.M).group(1))
+
+
 async def test_a_killed_starter_is_started_again(tmp_path):
     async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
         box = BwrapSandbox(settings(tmp_path, "kill-1"), tmp_path / "data")

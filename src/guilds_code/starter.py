@@ -33,7 +33,10 @@ set, drops its groups, becomes uid and gid, clears every capability, sets
 no_new_privs, is made dumpable again (a change of uid clears it; an exec would set
 it), takes the three descriptors as 0, 1 and 2 and closes every other, and runs
 ``guilds-code`` with argv. An error before the second fork is one line
-``error: ...`` in the answer pipe. The socket's end (the orchestrator gone) ends
+``error: ...`` in the answer pipe. The starter is the helpers' subreaper: a helper
+whose first fork has exited is its child, reaped the moment it exits (a zombie left
+to the host's init would hold its sandbox's pid namespace, and so the sandbox's
+stop, until that init reaps it). The socket's end (the orchestrator gone) ends
 the starter; the helpers it started live on, each until its stdin ends.
 """
 
@@ -60,7 +63,7 @@ REQUEST_MAX_BYTES = 4 * 1024 * 1024
 NAMESPACES = (("ipc", 0x08000000), ("uts", 0x04000000), ("net", 0x40000000), ("pid", 0x20000000),
               ("mnt", 0x00020000))
 """Joined in nsenter's order (the mount namespace last: the others are opened through the host's /proc)."""
-PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 4, 24, 38
+PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 4, 24, 36, 38
 _CAP_VERSION_3 = 0x20080522
 _OPEN_MAX = max(os.sysconf("SC_OPEN_MAX"), 1024)
 
@@ -98,6 +101,7 @@ def main(argv: List[str], helper_main: Callable[[List[str]], int]) -> int:
     _COMMAND_LINE[:] = _command_line_area()
     sock = socket.socket(fileno=0)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the first forks exit at once: reaped by the kernel
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # and so is each helper, its parent once they have
     gc.freeze()
     while True:
         try:
