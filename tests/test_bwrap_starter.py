@@ -4,11 +4,13 @@ another agent, and the nsenter path taken when the starter cannot serve. Real bw
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import signal
 from pathlib import Path
+from typing import AsyncIterator
 
 import pytest
 
@@ -40,6 +42,23 @@ def settings(tmp_path: Path, agent_id: str, **extra) -> AgentSettings:
                          transport="resident", **extra)
 
 
+@contextlib.asynccontextmanager
+async def agent(tmp_path: Path, agent_id: str, **extra) -> AsyncIterator[tuple[BwrapSandbox, Toolbox]]:
+    """An agent's bwrap sandbox and resident toolbox (its own record); closed and stopped after."""
+    async with Store(f"sqlite:///{tmp_path}/{agent_id}.db") as store:
+        box = BwrapSandbox(settings(tmp_path, agent_id, **extra), tmp_path / "data")
+        toolbox = Toolbox(box.settings, box, store)
+        try:
+            yield box, toolbox
+        finally:
+            await toolbox.close()
+            await box.stop()
+
+
+def starter_of(box: BwrapSandbox) -> bwrap_starter.Starter:
+    return bwrap_starter.starter_for(box.python, dict(box._helpers)["guilds-code"])
+
+
 def server_pid(sandbox: BwrapSandbox, toolbox: Toolbox) -> int:
     """The host pid of the agent's resident helper (its channel's process)."""
     return toolbox.transport._channel._process.pid  # type: ignore[attr-defined]
@@ -66,28 +85,22 @@ def no_starter(monkeypatch) -> None:
 
 async def test_a_started_helper_is_confined_as_an_entered_one(tmp_path, monkeypatch):
     seen = {}
-    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
-        for way in ("starter", "nsenter"):
-            if way == "nsenter":
-                no_starter(monkeypatch)
-            box = BwrapSandbox(settings(tmp_path, f"conf-{way}"), tmp_path / "data")
-            toolbox = Toolbox(box.settings, box, store)
-            try:
-                text = await shell(toolbox, CONFINEMENT)
-                init = box._ensure_init()[0]
-                for name in ("ipc", "mnt", "net", "pid", "uts"):  # the init's own, read on the host
-                    text = text.replace(f"ns {os.readlink(f'/proc/{init}/ns/{name}')}\n", "ns init's\n")
-                for own, shown in ((str(box.uid), "UID"), (str(box.gid), "GID"), (box._cgroup_name, "CG"),
-                                   (f"conf-{way}", "X")):
-                    text = text.replace(own, shown)
-                seen[way] = text
-                shown = cmdline(server_pid(box, toolbox))
-                assert forked(shown) == (way == "starter"), shown
-                if way == "starter":  # the helper itself: what the sandbox's ps shows holds no host path
-                    assert str(tmp_path).encode() not in b" ".join(shown) and b"starter" not in shown
-            finally:
-                await toolbox.close()
-                await box.stop()
+    for way in ("starter", "nsenter"):
+        if way == "nsenter":
+            no_starter(monkeypatch)
+        async with agent(tmp_path, f"conf-{way}") as (box, toolbox):
+            text = await shell(toolbox, CONFINEMENT)
+            init = box._ensure_init()[0]
+            for name in ("ipc", "mnt", "net", "pid", "uts"):  # the init's own, read on the host
+                text = text.replace(f"ns {os.readlink(f'/proc/{init}/ns/{name}')}\n", "ns init's\n")
+            for own, shown in ((str(box.uid), "UID"), (str(box.gid), "GID"), (box._cgroup_name, "CG"),
+                               (f"conf-{way}", "X")):
+                text = text.replace(own, shown)
+            seen[way] = text
+            shown = cmdline(server_pid(box, toolbox))
+            assert forked(shown) == (way == "starter"), shown
+            if way == "starter":  # the helper itself: what the sandbox's ps shows holds no host path
+                assert str(tmp_path).encode() not in b" ".join(shown) and b"starter" not in shown
     for way, text in seen.items():
         assert "CapEff:\t0000000000000000" in text and "CapBnd:\t0000000000000000" in text, way
         assert text.count("NoNewPrivs:\t1") == 2 and text.count("ns init's") == 5, way
@@ -98,22 +111,15 @@ async def test_no_agent_request_is_in_the_memory_the_next_helper_is_forked_from(
     """The starter never reads a request: an agent that reads its own helper's memory (same
     uid, dumpable) finds nothing of another agent's environment, nor does the starter hold it."""
     secret = "s3cr3t-" + os.urandom(8).hex()
-    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
-        a = BwrapSandbox(settings(tmp_path, "mem-a", secrets={"A_TOKEN": secret}), tmp_path / "data")
-        b = BwrapSandbox(settings(tmp_path, "mem-b"), tmp_path / "data")
-        ta, tb = Toolbox(a.settings, a, store), Toolbox(b.settings, b, store)
-        try:
-            await shell(ta, "true")
-            await shell(tb, "true")
-            starter = bwrap_starter.starter_for(a.python, dict(a._helpers)["guilds-code"])
-            assert starter._proc is not None
-            assert secret.encode() in memory(server_pid(a, ta))  # the check can find it where it is
-            assert secret.encode() not in memory(server_pid(b, tb))
-            assert secret.encode() not in memory(starter._proc.pid)
-        finally:
-            for toolbox in (ta, tb):
-                await toolbox.close()
-                await toolbox.sandbox.stop()
+    async with agent(tmp_path, "mem-a", secrets={"A_TOKEN": secret}) as (a, ta), \
+            agent(tmp_path, "mem-b") as (b, tb):
+        await shell(ta, "true")
+        await shell(tb, "true")
+        starter = starter_of(a)
+        assert starter._proc is not None
+        assert secret.encode() in memory(server_pid(a, ta))  # the check can find it where it is
+        assert secret.encode() not in memory(server_pid(b, tb))
+        assert secret.encode() not in memory(starter._proc.pid)
 
 
 def memory(pid: int) -> bytes:
@@ -136,19 +142,13 @@ def memory(pid: int) -> bytes:
 async def test_the_starter_is_each_helpers_parent_so_it_is_reaped_when_it_exits(tmp_path):
     """A zombie helper left to the host's init holds the sandbox's pid namespace (and its stop)
     until that init reaps it: the starter adopts its helpers and reaps them itself."""
-    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
-        box = BwrapSandbox(settings(tmp_path, "reap-1"), tmp_path / "data")
-        toolbox = Toolbox(box.settings, box, store)
-        try:
-            await shell(toolbox, "true")
-            starter = bwrap_starter.starter_for(box.python, dict(box._helpers)["guilds-code"])
-            helper = server_pid(box, toolbox)
-            assert parent_of(helper) == starter._proc.pid
-            await toolbox.close()  # stdin ends: the helper exits, and is reaped at once
-            assert not Path(f"/proc/{helper}").exists() or parent_of(helper) != starter._proc.pid
-        finally:
-            await toolbox.close()
-            await box.stop()
+    async with agent(tmp_path, "reap-1") as (box, toolbox):
+        await shell(toolbox, "true")
+        starter = starter_of(box)
+        helper = server_pid(box, toolbox)
+        assert parent_of(helper) == starter._proc.pid
+        await toolbox.close()  # stdin ends: the helper exits, and is reaped at once
+        assert not Path(f"/proc/{helper}").exists() or parent_of(helper) != starter._proc.pid
 
 
 def parent_of(pid: int) -> int:
@@ -156,39 +156,26 @@ def parent_of(pid: int) -> int:
 
 
 async def test_a_killed_starter_is_started_again(tmp_path):
-    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
-        box = BwrapSandbox(settings(tmp_path, "kill-1"), tmp_path / "data")
-        toolbox = Toolbox(box.settings, box, store)
-        try:
-            await shell(toolbox, "true")
-            starter = bwrap_starter.starter_for(box.python, dict(box._helpers)["guilds-code"])
-            first = starter._proc.pid
-            os.kill(first, signal.SIGKILL)
-            await toolbox.close()
-            assert "still" in await shell(toolbox, "echo still")  # a new helper: through a new starter
-            assert starter._proc.pid != first and starter.broken is None
-            assert forked(cmdline(server_pid(box, toolbox)))
-        finally:
-            await toolbox.close()
-            await box.stop()
+    async with agent(tmp_path, "kill-1") as (box, toolbox):
+        await shell(toolbox, "true")
+        starter = starter_of(box)
+        first = starter._proc.pid
+        os.kill(first, signal.SIGKILL)
+        await toolbox.close()
+        assert "still" in await shell(toolbox, "echo still")  # a new helper: through a new starter
+        assert starter._proc.pid != first and starter.broken is None
+        assert forked(cmdline(server_pid(box, toolbox)))
 
 
 async def test_a_starter_that_cannot_run_leaves_helpers_to_nsenter(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(bwrap_starter, "_starters", {})
     monkeypatch.setattr(bwrap_starter.Starter, "__init__", _bad_starter_init)
-    async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
-        box = BwrapSandbox(settings(tmp_path, "bad-1"), tmp_path / "data")
-        toolbox = Toolbox(box.settings, box, store)
-        try:
-            with caplog.at_level(logging.WARNING):
-                assert "works" in await shell(toolbox, "echo works")
-            assert not forked(cmdline(server_pid(box, toolbox)))
-            assert "through nsenter from now on: the starter failed" in caplog.text
-            starter = bwrap_starter.starter_for(box.python, dict(box._helpers)["guilds-code"])
-            assert starter.broken
-        finally:
-            await toolbox.close()
-            await box.stop()
+    async with agent(tmp_path, "bad-1") as (box, toolbox):
+        with caplog.at_level(logging.WARNING):
+            assert "works" in await shell(toolbox, "echo works")
+        assert not forked(cmdline(server_pid(box, toolbox)))
+        assert "through nsenter from now on: the starter failed" in caplog.text
+        assert starter_of(box).broken
 
 
 _real_init = bwrap_starter.Starter.__init__
@@ -203,7 +190,7 @@ async def test_a_sandbox_whose_init_is_gone_is_said_in_one_line(tmp_path):
     await box.start()
     try:
         pid, start = box._ensure_init()
-        starter = bwrap_starter.starter_for(box.python, dict(box._helpers)["guilds-code"])
+        starter = starter_of(box)
         request = box._start_request(pid, start + 1, [box.python, "-I", "-S", "x", "serve"])
         with pytest.raises(SandboxError, match=rf"^the sandbox's init {pid} is gone$"):
             starter.start(request)

@@ -232,12 +232,9 @@ class BwrapSandbox(Backend):
     def _starter(self, argv: list[str]) -> Starter | None:
         """This process's starter of the helper argv runs, where one may start it: a root
         orchestrator (no user namespace of its own), argv ``python -I -S guilds-code ...``."""
-        if self._userns or argv[:3] != [self.python, "-I", "-S"] or len(argv) < 4:
+        if self._userns or argv[:4] != [self.python, "-I", "-S", f"{HELPER_DIR}/{CODE_HELPER}"]:
             return None
-        helpers = {f"{HELPER_DIR}/{name}": host for name, host in self._helpers if name == CODE_HELPER}
-        if argv[3] not in helpers:
-            return None
-        starter = starter_for(self.python, helpers[argv[3]])
+        starter = starter_for(self.python, dict(self._helpers)[CODE_HELPER])
         return None if starter.broken else starter
 
     def _start_request(self, pid: int, start: int, argv: list[str]) -> dict[str, Any]:
