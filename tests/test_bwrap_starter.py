@@ -39,7 +39,7 @@ namespaces (those of the sandbox's init), root, cwd, the server's open descripto
 
 def settings(tmp_path: Path, agent_id: str, **extra) -> AgentSettings:
     return AgentSettings(id=agent_id, home=tmp_path / agent_id, sandbox="bwrap", network=False,
-                         transport="resident", **extra)
+                         **{"transport": "resident", **extra})
 
 
 @contextlib.asynccontextmanager
@@ -199,3 +199,35 @@ async def test_a_sandbox_whose_init_is_gone_is_said_in_one_line(tmp_path):
         assert re.search(r"^State:\s+S", status, re.M)  # the sandbox itself untouched
     finally:
         await box.stop()
+
+
+async def _calls_by_exec(box: BwrapSandbox, toolbox: Toolbox, monkeypatch) -> list[list[str]]:
+    """The first call of an agent on ``auto``, and the one-shot helpers it ran through nsenter."""
+    execs: list[list[str]] = []
+    real_exec = box.exec
+
+    async def counted(argv, **kw):
+        execs.append(list(argv))
+        return await real_exec(argv, **kw)
+
+    monkeypatch.setattr(box, "exec", counted)
+    assert "first" in await shell(toolbox, "echo first")
+    return execs
+
+
+async def test_auto_waits_for_a_forked_helper_instead_of_a_one_shot_helper(tmp_path, monkeypatch):
+    async with agent(tmp_path, "auto-1", transport="auto") as (box, toolbox):
+        assert box.forks_helpers
+        assert await _calls_by_exec(box, toolbox, monkeypatch) == []  # the first call went on the channel
+        assert forked(cmdline(server_pid(box, toolbox)))
+
+
+async def test_auto_sends_the_first_call_by_exec_where_helpers_are_entered(tmp_path, monkeypatch):
+    monkeypatch.setattr(bwrap_starter, "_starters", {})
+    monkeypatch.setattr(bwrap_starter.Starter, "__init__", _bad_starter_init)
+    async with agent(tmp_path, "auto-2") as (box, toolbox):
+        await shell(toolbox, "true")  # the starter fails once: helpers go through nsenter from now on
+    async with agent(tmp_path, "auto-3", transport="auto") as (box, toolbox):
+        assert not box.forks_helpers
+        execs = await _calls_by_exec(box, toolbox, monkeypatch)
+        assert len(execs) == 1 and execs[0][3] == "/usr/local/bin/guilds-code"  # a one-shot helper

@@ -293,3 +293,28 @@ def test_a_call_from_another_event_loop_is_answered_once_the_opening_one_is_gone
         assert len(_reader_threads() - before) == 1  # a reader thread took over
     finally:
         asyncio.run(transport.close())
+
+
+async def _open_channel(tmp_path):
+    settings = make_settings(tmp_path)
+    box = LocalSandbox(settings, tmp_path / "data")
+    await box.start()
+    from guilds.toolbox.transport import serve_argv
+
+    request = {"op": "shell", "run_id": "r", "agent_id": settings.id, "home": box.home}
+    return await ResidentChannel.open(box, serve_argv(box, 8)), request
+
+
+async def test_a_call_past_its_wait_on_a_live_server_stops_its_command_and_keeps_the_channel(tmp_path):
+    channel, request = await _open_channel(tmp_path)
+    try:
+        began = time.monotonic()
+        with pytest.raises(Exception, match="no answer within 1 s"):
+            await channel.call({**request, "call_id": "c1", "args": {"command": "sleep 30"}}, 1)
+        assert time.monotonic() - began < 4  # the cancel's answer came: not the cancel's whole wait
+        assert not channel.dead
+        answer = await channel.call({**request, "call_id": "c2", "args": {"command": "echo after"}}, 30)
+        assert answer["text"] == "after"
+    finally:
+        await channel.close()
+

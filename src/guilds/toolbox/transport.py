@@ -119,10 +119,13 @@ class Transport:
     channel once it is open, else exec). guilds-harness always goes by exec.
 
     ``resident`` opens the channel in the first call that needs it, which waits
-    for it. ``auto`` never makes a call wait for it: the call that finds no
-    channel starts opening one in the background and goes by exec, as do the
-    calls made while it opens; after a failed opening, calls go by exec for
-    CHANNEL_REOPEN_AFTER_SECONDS before the next try. A dead channel is replaced the
+    for it. ``auto`` makes a call wait for it only where the sandbox forks its
+    helpers warm (``forks_helpers``: bwrap under a root orchestrator), whose
+    opening costs less than one exec; elsewhere the call that finds no channel
+    starts opening one in the background and goes by exec, as do the calls made
+    while it opens. A call that waited for an opening that failed goes by exec.
+    After a failed opening, calls go by exec for CHANNEL_REOPEN_AFTER_SECONDS
+    before the next try. A dead channel is replaced the
     same way. A call in flight when its channel died is run once more (on a new
     channel, or by exec under ``auto``) if the caller says it is ``rerunnable``
     (the tool's rule: it changes nothing); otherwise it fails with HelperFailed
@@ -190,6 +193,12 @@ class Transport:
         if self._opening is None and not backing_off:
             self._opening = asyncio.ensure_future(self._open())
             self._opening.add_done_callback(self._opened)
+        if self._opening is not None and getattr(self.sandbox, "forks_helpers", False):
+            try:
+                opened = await asyncio.shield(self._opening)  # a cancelled call leaves the opening going
+            except Exception:  # noqa: BLE001 - it failed (``_opened`` keeps when): this call goes by exec
+                return None
+            return opened if opened is not None and not opened.dead else None
         return None
 
     def _opened(self, task: asyncio.Future[ResidentChannel | None]) -> None:

@@ -229,12 +229,20 @@ class BwrapSandbox(Backend):
         entered = limited_argv(self._process_limits(), enter_argv(pid, self.home, argv, self._entering()))
         return LocalProcess(entered, env=self._env, cwd="/")
 
+    @property
+    def forks_helpers(self) -> bool:
+        """Its resident helper is forked warm by this process's starter (a root orchestrator
+        with no user namespace, its starter not given up): opening one costs less than a
+        one-shot helper entered through nsenter, so ``agent.transport = "auto"`` waits for
+        it in the first call rather than send that call by exec (``toolbox.transport``)."""
+        return not self._userns and starter_for(self.python, self._helper_files()[CODE_HELPER]).broken is None
+
     def _starter(self, argv: list[str]) -> Starter | None:
         """This process's starter of the helper argv runs, where one may start it: a root
         orchestrator (no user namespace of its own), argv ``python -I -S guilds-code ...``."""
         if self._userns or argv[:4] != [self.python, "-I", "-S", f"{HELPER_DIR}/{CODE_HELPER}"]:
             return None
-        starter = starter_for(self.python, dict(self._helpers)[CODE_HELPER])
+        starter = starter_for(self.python, self._helper_files()[CODE_HELPER])
         return None if starter.broken else starter
 
     def _start_request(self, pid: int, start: int, argv: list[str]) -> dict[str, Any]:
@@ -355,12 +363,17 @@ class BwrapSandbox(Backend):
                            boot_id=self._boot_id_file(write=True))
         return limited_argv(self._process_limits(), bwrap_argv(launched))
 
-    def _config(self, info_fd: int = 3, ready_fd: int = 4) -> BwrapConfig:
+    def _helper_files(self) -> dict[str, str]:
+        """name -> the host file bound at /usr/local/bin/<name> (built into the cache once)."""
         if not self._helpers:
             cache = Path(self._data, "helpers")
             self._helpers = tuple((n, str(cached_helper(cache, n))) for n in HELPER_PACKAGES)
             if self.settings.user is not None:
                 self._helpers += ((SUDO_NAME, str(sudo_file(cache))),)
+        return dict(self._helpers)
+
+    def _config(self, info_fd: int = 3, ready_fd: int = 4) -> BwrapConfig:
+        self._helper_files()
         hidden = self._hiding()
         local_bin = host_local_bin(skip=[name for name, _ in self._helpers])
         if self.settings.user is not None:
