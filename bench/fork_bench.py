@@ -15,7 +15,10 @@ in a new shuffled order so the machine's load falls on all alike, times:
   `true` (all at once), until the last one answers;
 - the source's pause: the freeze of its upper alone (what its call gate is held for);
 - cp -a: one copy of the source's home (a copied home per child costs n of these),
-  and, for n = 10, n copies one after another.
+  and, for n = 10, n copies one after another;
+- the floor: n bare sandboxes of the source's shape (its bwrap argv read from /proc,
+  the same mounts, the drop to the agent's uid, the init's interpreter started and
+  ended), as many at once as a fork starts, no guilds code around them.
 
 The children are removed after each round (untimed). Prints Markdown tables.
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import os
 import random
@@ -39,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,6 +105,33 @@ def copy_round(home: Path, target: Path, copies: int, times: dict[str, list[floa
     times.setdefault(f"cp -a of the home x{copies}", []).append(ms(start))
     for i in range(copies):
         shutil.rmtree(target / f"c{i}")
+
+
+def bare_argv(home: Path) -> list[str]:
+    """The argv of the running sandbox whose home is home (its bwrap, read from /proc), made a
+    floor: no --info-fd, and its init only started (its imports), not kept running."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]]
+            if argv[:1] == ["bwrap"] and str(home) in argv:
+                at = argv.index("--info-fd")
+                del argv[at:at + 2]
+                code = argv.index("-c", argv.index("--"))
+                return [*argv[:code], "-c", "import _signal,posix,sys,time,_ctypes"]
+    raise RuntimeError(f"no bwrap runs with {home}")
+
+
+def bare_round(argv: list[str], n: int, times: dict[str, list[float]]) -> None:
+    """n bare sandboxes of the source's shape (bwrap, its mounts, the drop to the agent's uid,
+    the init's interpreter), FORK_STARTS_AT_ONCE at once, each run to its end."""
+    def one(_: int) -> None:
+        subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, capture_output=True)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(fork.FORK_STARTS_AT_ONCE) as pool:
+        list(pool.map(one, range(n)))
+    times.setdefault(f"floor: {n} bare sandboxes of the same shape, {fork.FORK_STARTS_AT_ONCE} at once",
+                     []).append(ms(start))
 
 
 def freeze_round(data: Path, home: Path, times: dict[str, list[float]]) -> None:
@@ -198,9 +230,10 @@ async def run(root: Path, repo: Path, sizes: list[int], rounds: int,
             return per_child
         scratch = root / "copies"
         scratch.mkdir()
+        bare = bare_argv(home)
         steps = [("freeze", 0, False), ("cp", 1, False)]
         for n in sizes:
-            steps += [("fork", n, False), ("fork", n, True)]
+            steps += [("fork", n, False), ("fork", n, True), ("bare", n, False)]
             if n <= 10:
                 steps.append(("cp", n, False))
         for _ in range(rounds):
@@ -209,6 +242,8 @@ async def run(root: Path, repo: Path, sizes: list[int], rounds: int,
                     await fork_round(server, source, n, times, first)
                 elif kind == "cp":
                     copy_round(home, scratch, n, times)
+                elif kind == "bare":
+                    bare_round(bare, n, times)
                 else:
                     freeze_round(data, home, times)
         await server.remove_agent(source.id)

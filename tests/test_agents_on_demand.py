@@ -10,6 +10,7 @@ import asyncio
 import os
 import re
 import sqlite3
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -304,17 +305,22 @@ async def test_a_record_without_the_agents_table_gets_it_and_makes_at_once_never
 BWRAP_TEMPLATE = "[templates.box.agent]\nhome = 'py-home'\nsandbox = 'bwrap'\n"
 
 
-def host_pid_of(marker: str) -> int:
-    """The host pid of the process whose command line holds marker."""
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker.encode() in cmdline and b"sleep" in cmdline:
-                return int(name)
-    raise AssertionError(f"no process with {marker}")
+def host_pid_of(marker: str, wait: float = 5) -> int:
+    """The host pid of the process whose command line holds marker (a background command just
+    started: its bash may not have run it yet), looked for up to wait seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if marker.encode() in cmdline and b"sleep" in cmdline:
+                    return int(name)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no process with {marker}")
+        time.sleep(0.05)
 
 
 @pytest.mark.bwrap

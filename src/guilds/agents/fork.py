@@ -366,6 +366,13 @@ def _home(data_dir: Path, child: _Child, plan: _Plan, first: _Child) -> None:
         copy_tree(first.settings.home, home)
 
 
+def _home_remembered(data_dir: Path, child: _Child, plan: _Plan, first: _Child) -> None:
+    """The child's home (``_home``), then its entry among the known agents: both off the event
+    loop, whose one thread would otherwise serialize a fork's children on their file work."""
+    _home(data_dir, child, plan, first)
+    known_agents.remember(data_dir, child.settings, None)
+
+
 async def _start_all(agents: Agents, source: Source, children: list[_Child], plan: _Plan) -> None:
     """Every child's home, entry and sandbox, FORK_STARTS_AT_ONCE at a time; then each is live.
     A child behind the egress proxy keeps its source's pinned repository origins, taken before
@@ -378,8 +385,7 @@ async def _start_all(agents: Agents, source: Source, children: list[_Child], pla
         async with limit:
             if child.sandbox.egress is not None:
                 inherit_egress_origins(agents.data_dir, source.id, child.settings.id)
-            await asyncio.to_thread(_home, agents.data_dir, child, plan, children[0])
-            known_agents.remember(agents.data_dir, child.settings, None)
+            await asyncio.to_thread(_home_remembered, agents.data_dir, child, plan, children[0])
             started = time.monotonic()
             await child.sandbox.start()
             child.toolbox = agents.toolbox_for(child.settings, child.sandbox)

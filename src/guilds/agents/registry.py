@@ -242,11 +242,16 @@ class Agents:
         await refuse_unkept_checkpoints(settings)
         if not in_claim_mode(settings):
             (self.data_dir / HOMES_FOLDER).mkdir(mode=0o700, exist_ok=True)
-            await asyncio.to_thread(make_home, made_from.home, settings.home, self.data_dir, sandbox.home_owner)
-            known_agents.remember(self.data_dir, settings, None)
+            await asyncio.to_thread(self._home_remembered, made_from, settings, sandbox)
         if started:
             await sandbox.start()
         return self.toolbox_for(settings, sandbox)
+
+    def _home_remembered(self, made_from: Template, settings: AgentSettings, sandbox: Sandbox) -> None:
+        """The agent's home made from its template's, then its entry among the known agents (in a
+        thread: a burst of makes would otherwise queue on the event loop for their file work)."""
+        make_home(made_from.home, settings.home, self.data_dir, sandbox.home_owner)
+        known_agents.remember(self.data_dir, settings, None)
 
     def toolbox_for(self, settings: AgentSettings, sandbox: Sandbox) -> Toolbox:
         """An agent's toolbox, with its checkpoints and call gate where its home is on this machine."""
