@@ -20,7 +20,9 @@ in a new shuffled order so the machine's load falls on all alike, times:
   the same mounts, the drop to the agent's uid, the init's interpreter started and
   ended), as many at once as a fork starts, no guilds code around them.
 
-The children are removed after each round (untimed). Prints Markdown tables.
+The children are removed after each round (untimed), and the disk is synced before each
+step (untimed), so no step pays for the writeback of an earlier one's copies. Prints
+Markdown tables.
 
 --steps N: where a fork's time goes, per child. One fork(N) whose children are
 started one at a time, then their first calls one at a time, so no step waits
@@ -238,6 +240,7 @@ async def run(root: Path, repo: Path, sizes: list[int], rounds: int,
                 steps.append(("cp", n, False))
         for _ in range(rounds):
             for kind, n, first in random.sample(steps, len(steps)):
+                os.sync()  # untimed: no step pays for the writeback of the copies before it
                 if kind == "fork":
                     await fork_round(server, source, n, times, first)
                 elif kind == "cp":
