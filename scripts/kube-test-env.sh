@@ -78,7 +78,7 @@ started_at() { awk '{print $22}' "/proc/$1/stat" 2>/dev/null; }
 note_pid() { echo "$2 $(started_at "$2")" >"$DIR/run/$1.pid"; }
 daemon_pid() {  # daemon_pid NAME: its pid while that process runs, else nothing
   local pid at
-  read -r pid at <"$DIR/run/$1.pid" 2>/dev/null || [ -n "${pid:-}" ] || return 0
+  read -r pid at 2>/dev/null <"$DIR/run/$1.pid" || [ -n "${pid:-}" ] || return 0
   [ -n "${pid:-}" ] || return 0
   if [ -z "${at:-}" ]; then kill -0 "$pid" 2>/dev/null && echo "$pid"; return 0; fi  # a file of an older script
   if [ "$(started_at "$pid")" = "$at" ]; then echo "$pid"; fi
