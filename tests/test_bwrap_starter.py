@@ -20,7 +20,7 @@ from guilds.record.store import Store
 from guilds.sandbox.bwrap import bwrap_starter
 from guilds.sandbox.bwrap.bwrap_argv import unavailable
 from guilds.sandbox.bwrap.bwrap_sandbox import BwrapSandbox
-from guilds.toolbox import Toolbox
+from guilds.toolbox import Toolbox, transport
 
 NO_BWRAP = unavailable()
 pytestmark = [pytest.mark.bwrap, pytest.mark.skipif(NO_BWRAP is not None or os.geteuid() != 0,
@@ -231,3 +231,11 @@ async def test_auto_sends_the_first_call_by_exec_where_helpers_are_entered(tmp_p
         assert not box.forks_helpers
         execs = await _calls_by_exec(box, toolbox, monkeypatch)
         assert len(execs) == 1 and execs[0][3] == "/usr/local/bin/guilds-code"  # a one-shot helper
+
+
+async def test_auto_goes_by_exec_when_the_forked_helper_is_not_open_in_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(transport, "AUTO_OPEN_WAIT_SECONDS", 0.0)
+    async with agent(tmp_path, "auto-4", transport="auto") as (box, toolbox):
+        assert box.forks_helpers
+        assert len(await _calls_by_exec(box, toolbox, monkeypatch)) == 1  # not waited for: a one-shot helper
+        assert await toolbox.transport.opened() is not None  # the opening went on

@@ -71,6 +71,9 @@ CHANNEL_HELLO_SECONDS = 30.0
 """How long a new resident helper may take to say hello (a container's first exec included)."""
 CHANNEL_REOPEN_AFTER_SECONDS = 30.0
 """auto transport: after the channel failed to open, calls go by exec this long before it is tried again."""
+AUTO_OPEN_WAIT_SECONDS = 2.0
+"""auto transport where the sandbox forks its helpers warm: how long a call waits for the channel
+being opened before it goes by exec instead (the opening goes on)."""
 RESIDENT_IDLE_EXIT_SECONDS_DEFAULT = 1800
 """A resident helper with nothing to do exits after this long (a sandbox's own idle time when it has one)."""
 SERVE_START_POLL_SECONDS = 0.02

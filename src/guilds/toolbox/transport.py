@@ -31,6 +31,7 @@ from ..config.checks import is_safe_name
 from ..config.settings import TRANSPORTS
 from ..errors import BadInput, HelperFailed, SandboxError
 from ..limits import (
+    AUTO_OPEN_WAIT_SECONDS,
     CHANNEL_REOPEN_AFTER_SECONDS,
     RESIDENT_IDLE_EXIT_SECONDS_DEFAULT,
     RESIDENT_KEEPALIVE_SECONDS,
@@ -121,13 +122,14 @@ class Transport:
     ``resident`` opens the channel in the first call that needs it, which waits
     for it. ``auto`` makes a call wait for it only where the sandbox forks its
     helpers warm (``forks_helpers``: bwrap under a root orchestrator), whose
-    opening costs less than one exec; elsewhere the call that finds no channel
-    starts opening one in the background and goes by exec, as do the calls made
-    while it opens. A call that waited for an opening that failed goes by exec.
-    After a failed opening, calls go by exec for CHANNEL_REOPEN_AFTER_SECONDS
-    before the next try. A dead channel is replaced the
-    same way. A call in flight when its channel died is run once more (on a new
-    channel, or by exec under ``auto``) if the caller says it is ``rerunnable``
+    opening costs less than one exec, and then for at most AUTO_OPEN_WAIT_SECONDS
+    (the opening goes on); a call whose wait ran out, or whose opening failed,
+    goes by exec. Elsewhere the call that finds no channel starts opening one in
+    the background and goes by exec, as do the calls made while it opens. After
+    a failed opening, calls go by exec for CHANNEL_REOPEN_AFTER_SECONDS before
+    the next try. A dead channel is replaced the same way. A call in flight
+    when its channel died is run once more (on a new channel, or by exec under
+    ``auto``) if the caller says it is ``rerunnable``
     (the tool's rule: it changes nothing); otherwise it fails with HelperFailed
     saying so.
     """
@@ -194,12 +196,19 @@ class Transport:
             self._opening = asyncio.ensure_future(self._open())
             self._opening.add_done_callback(self._opened)
         if self._opening is not None and getattr(self.sandbox, "forks_helpers", False):
-            try:
-                opened = await asyncio.shield(self._opening)  # a cancelled call leaves the opening going
-            except Exception:  # noqa: BLE001 - it failed (``_opened`` keeps when): this call goes by exec
-                return None
-            return opened if opened is not None and not opened.dead else None
+            return await self._opened_soon(self._opening)
         return None
+
+    @staticmethod
+    async def _opened_soon(opening: asyncio.Future[ResidentChannel | None]) -> ResidentChannel | None:
+        """The channel being opened, once open within AUTO_OPEN_WAIT_SECONDS; None (the call
+        goes by exec) when it is not by then, or failed. Neither the wait's end nor a cancelled
+        call stops the opening."""
+        done, _ = await asyncio.wait({opening}, timeout=AUTO_OPEN_WAIT_SECONDS)
+        if not done or opening.cancelled() or opening.exception() is not None:
+            return None
+        opened = opening.result()
+        return opened if opened is not None and not opened.dead else None
 
     def _opened(self, task: asyncio.Future[ResidentChannel | None]) -> None:
         self._opening = None
