@@ -140,15 +140,21 @@ async def test_cancelling_a_call_stops_its_command_on_the_channel(tmp_path):
         assert body((await tb.call("r", "shell", {"command": "echo alive"})).text) == "alive"
 
 
-async def test_the_request_limit_stays_on_the_channel(tmp_path):
+async def _open_channel(tmp_path, max_in_flight: int = 8) -> tuple[ResidentChannel, dict]:
+    """A channel to a resident helper in a local sandbox, and the fields of a shell request there."""
     settings = make_settings(tmp_path)
     box = LocalSandbox(settings, tmp_path / "data")
     await box.start()
     from guilds.toolbox.transport import serve_argv
 
-    channel = await ResidentChannel.open(box, serve_argv(box, 4))
+    request = {"op": "shell", "run_id": "r", "agent_id": settings.id, "home": box.home}
+    return await ResidentChannel.open(box, serve_argv(box, max_in_flight)), request
+
+
+async def test_the_request_limit_stays_on_the_channel(tmp_path):
+    channel, shell_request = await _open_channel(tmp_path, 4)
     try:
-        base = {"op": "shell", "run_id": "r", "agent_id": settings.id, "call_id": "c1", "home": box.home}
+        base = {**shell_request, "call_id": "c1"}
         filler = "x" * (limits.REQUEST_FILE_MAX - len(str(base)) - 40)
         with pytest.raises(Exception, match=f"request: larger than {limits.REQUEST_FILE_MAX} bytes; not sent"):
             await channel.call({**base, "args": {"command": filler + "y" * 100}}, 30)
@@ -245,17 +251,11 @@ async def test_a_helper_without_the_resident_mode_is_refused_clearly(tmp_path):
 
 
 async def test_many_large_answers_and_frames_at_once_all_arrive(tmp_path):
-    settings = make_settings(tmp_path)
-    box = LocalSandbox(settings, tmp_path / "data")
-    await box.start()
-    from guilds.toolbox.transport import serve_argv
-
-    channel = await ResidentChannel.open(box, serve_argv(box, 64))
+    channel, shell_request = await _open_channel(tmp_path, 64)
     try:
         def request(i):  # a 15 KiB frame asking for a 64 KiB answer
             command = f"yes {i % 10}23456789 | head -c 60000 #" + "x" * 15_000
-            return {"op": "shell", "run_id": "r", "agent_id": settings.id, "call_id": f"c{i}", "home": box.home,
-                    "max_bytes": 65536, "args": {"command": command}}
+            return {**shell_request, "call_id": f"c{i}", "max_bytes": 65536, "args": {"command": command}}
 
         answers = await asyncio.wait_for(asyncio.gather(*(channel.call(request(i), 60) for i in range(40))), 120)
         for i, answer in enumerate(answers):
@@ -293,16 +293,6 @@ def test_a_call_from_another_event_loop_is_answered_once_the_opening_one_is_gone
         assert len(_reader_threads() - before) == 1  # a reader thread took over
     finally:
         asyncio.run(transport.close())
-
-
-async def _open_channel(tmp_path):
-    settings = make_settings(tmp_path)
-    box = LocalSandbox(settings, tmp_path / "data")
-    await box.start()
-    from guilds.toolbox.transport import serve_argv
-
-    request = {"op": "shell", "run_id": "r", "agent_id": settings.id, "home": box.home}
-    return await ResidentChannel.open(box, serve_argv(box, 8)), request
 
 
 async def test_a_call_past_its_wait_on_a_live_server_stops_its_command_and_keeps_the_channel(tmp_path):

@@ -235,12 +235,19 @@ class BwrapSandbox(Backend):
         with no user namespace, its starter not given up): opening one costs less than a
         one-shot helper entered through nsenter, so ``agent.transport = "auto"`` waits for
         it in the first call rather than send that call by exec (``toolbox.transport``)."""
-        return not self._userns and starter_for(self.python, self._helper_files()[CODE_HELPER]).broken is None
+        return self._usable_starter() is not None
 
     def _starter(self, argv: list[str]) -> Starter | None:
-        """This process's starter of the helper argv runs, where one may start it: a root
-        orchestrator (no user namespace of its own), argv ``python -I -S guilds-code ...``."""
-        if self._userns or argv[:4] != [self.python, "-I", "-S", f"{HELPER_DIR}/{CODE_HELPER}"]:
+        """This process's starter of the helper argv runs, where one may start it
+        (``_usable_starter``) and argv is ``python -I -S guilds-code ...``."""
+        if argv[:4] != [self.python, "-I", "-S", f"{HELPER_DIR}/{CODE_HELPER}"]:
+            return None
+        return self._usable_starter()
+
+    def _usable_starter(self) -> Starter | None:
+        """This process's starter of guilds-code, under a root orchestrator (no user namespace
+        of its own) while it has not been given up; else None."""
+        if self._userns:
             return None
         starter = starter_for(self.python, self._helper_files()[CODE_HELPER])
         return None if starter.broken else starter
