@@ -46,6 +46,7 @@ from guilds_code.protocol import decode_envelope
 from ..errors import HelperFailed
 from ..limits import CHANNEL_CANCEL_WAIT_SECONDS, CHANNEL_HELLO_SECONDS
 from ..sandbox.base import Sandbox
+from ..sandbox.docker.docker_fifos import FifoProcess
 from ..sandbox.process_channel import (
     ChannelClosed,
     DockerProcess,
@@ -346,7 +347,7 @@ def loop_readable(process: ProcessChannel) -> LoopReadable | None:
     """process, when an event loop can read it (see the module docstring)."""
     if isinstance(process, PipedProcess):  # local, or bwrap's (entered or forked)
         return process
-    if isinstance(process, DockerProcess) and process.loop_readable:
+    if isinstance(process, (DockerProcess, FifoProcess)) and process.loop_readable:
         return process
     return None
 

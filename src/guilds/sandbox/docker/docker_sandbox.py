@@ -70,6 +70,7 @@ from .._container import (
 from .._spawn import KILL_GRACE_SECONDS
 from ..base import Box, Check, ExecResult
 from ..process_channel import DockerProcess
+from .docker_fifos import ChannelFolder, FifoProcess, Fifos
 from ..sandbox_user import GROUP, PASSWD, container_files
 from ..egress_side import Egress
 
@@ -110,6 +111,8 @@ class DockerSandbox(ContainerSandbox):
         self.home_owner: tuple[int, int] | None = self._owner if os.geteuid() == 0 else None
         self._clock_at = 0.0
         self._lock = threading.Lock()
+        self._channels = None if data_dir is None else ChannelFolder(data_dir, self.agent_id, self._owner)
+        """The agent's folder of direct channels (``docker_fifos``): with a data folder."""
         folder = Egress.data_folder(settings, data_dir, self.name)
         self.egress = None if folder is None else Egress(settings, folder, idle_seconds=self.idle_seconds)
         """agent.network a list: the sandbox's side of the egress proxy (None otherwise)."""
@@ -138,21 +141,38 @@ class DockerSandbox(ContainerSandbox):
         due = time.monotonic() - self._clock_at >= self.idle_seconds / CLOCK_REFRESH_FRACTION
         return self._move_clock if due else None
 
-    async def open_process(self, argv: Sequence[str]) -> DockerProcess:
-        """One exec with stdin attached; closing it also kills what it started (by token)."""
+    async def open_process(self, argv: Sequence[str]) -> DockerProcess | FifoProcess:
+        """One exec; closing it also kills what it started (by token). Its stdin and stdout are
+        FIFOs (``docker_fifos``) where the engine runs here, else its attached stream."""
         token = secrets.token_hex(8)
         return await blocking(self._open_process, list(argv), {**self._env, EXEC_ENV: token}, token)
 
-    def _open_process(self, argv: list[str], env: dict[str, str], token: str) -> DockerProcess:
+    def _open_process(self, argv: list[str], env: dict[str, str], token: str) -> DockerProcess | FifoProcess:
+        fifos: list[Fifos | None] = []  # made once, at the first try that finds the container
+
         def create(cid: str) -> str:
-            kwargs = spec.exec_spec(cid, argv, env=env, home=self.home, timeout=0)
-            kwargs.update(cmd=argv, stdin=True)  # no timeout: it lives until its stdin ends
+            if not fifos:
+                fifos.append(self._channels.make() if self._channels and self._runs_here(cid) else None)
+            run = argv if fifos[0] is None else fifos[0].argv(argv)
+            kwargs = spec.exec_spec(cid, run, env=env, home=self.home, timeout=0)
+            kwargs.update(cmd=run, stdin=fifos[0] is None)  # no timeout: it lives until its stdin ends
             return self.client.api.exec_create(**kwargs)["Id"]
 
-        exec_id = self._in_container("exec", create)
-        with self._engine("exec"):
-            response = engine.attach(self.client.api, exec_id)
-        return DockerProcess(response, spec.split_frames, lambda: self._kill(token))
+        try:
+            exec_id = self._in_container("exec", create)
+            with self._engine("exec"):
+                response = engine.attach(self.client.api, exec_id)
+        except BaseException:
+            if fifos and fifos[0] is not None:
+                fifos[0].close()
+            raise
+        attached = DockerProcess(response, spec.split_frames, lambda: self._kill(token))
+        return attached if fifos[0] is None else FifoProcess(fifos[0], attached)
+
+    def _runs_here(self, cid: str) -> bool:
+        """The container's process is one of this machine's (``cgroup_pid``): the engine runs
+        here, and sees the channel folder this process made."""
+        return self._cid == cid and self.cgroup_pid() is not None
 
     # --- blocking steps (run in the pool) -------------------------------------
     def _start(self) -> None:
@@ -278,6 +298,8 @@ class DockerSandbox(ContainerSandbox):
                 removed.append(f"volume {volume}")
             if self.egress is not None:
                 self.egress.stop()
+            if self._channels is not None:
+                self._channels.clear()
             self._client, client = None, self._client
             if client is not None:
                 client.close()  # its pooled connections; a later call connects again
@@ -359,7 +381,8 @@ class DockerSandbox(ContainerSandbox):
         kwargs = spec.container_spec(self.config, agent_id=self.agent_id, home=self._host_home, inside=self.home,
                                      network=self.settings.network, idle_seconds=self.idle_seconds,
                                      base_env=base_env, user=self._owner,
-                                     egress_dir=self.egress.files.shared if self.egress else "")
+                                     egress_dir=self.egress.files.shared if self.egress else "",
+                                     channel_dir=self._channels.ensure() if self._channels else "")
         stamp = fingerprint([kwargs, helpers_digest()])
         kwargs["labels"][spec.LABEL_FINGERPRINT] = stamp
         return kwargs

@@ -6,7 +6,8 @@ stop, see ``_container``); docker's init as pid 1 reaping zombies; the home, a
 host folder, bound at its own path; the state root a named volume
 ``guilds-<agent id>-state`` at /run/guilds, so background records outlive a
 container (a command that was running in a killed container shows ``ended``);
-the memory and pids limits; ``network_mode`` "none" unless ``agent.network`` is
+the agent's folder of direct channels (``docker_fifos``) bound read-only when
+the sandbox has a data folder; the memory and pids limits; ``network_mode`` "none" unless ``agent.network`` is
 true, then the configured Docker network (a list: "none", the egress proxy's
 socket folder bound read-only and INIT running the relay); the agent's uid (``user``, never root), no
 capabilities, no new privileges. Its environment holds no
@@ -27,6 +28,7 @@ from typing import Any, Mapping, Sequence
 from ...config.settings import DockerSettings
 from .._container import CLOCK, STATE_INSIDE, exec_argv, init_argv
 from ..egress_side.files import EGRESS_INSIDE
+from .docker_fifos import CHANNEL_INSIDE
 
 LABEL_AGENT = "guilds.agent"
 LABEL_FINGERPRINT = "guilds.fingerprint"
@@ -49,19 +51,24 @@ def state_volume(agent_id: str) -> str:
 def container_spec(
     cfg: DockerSettings, *, agent_id: str, home: str, network: bool, idle_seconds: float,
     base_env: Mapping[str, str], user: tuple[int, int], egress_dir: str = "", inside: str = "",
+    channel_dir: str = "",
 ) -> dict[str, Any]:
     """``containers.create`` keyword arguments for the agent's container (pure).
 
     base_env: the environment without secrets (PATH, LANG, HOME, ...); user: (uid, gid);
     egress_dir (agent.network a list): the host folder of the egress proxy's socket,
     bound read-only at EGRESS_INSIDE, with INIT running the relay (network "none");
-    inside: where the home (a host folder) is bound, its commands' folder (default: home).
+    inside: where the home (a host folder) is bound, its commands' folder (default: home);
+    channel_dir: the host folder of the agent's direct channels (``docker_fifos``), bound
+    read-only at CHANNEL_INSIDE.
     """
     inside = inside or home
     volumes = {home: {"bind": inside, "mode": "rw"},
                state_volume(agent_id): {"bind": STATE_INSIDE, "mode": "rw"}}
     if egress_dir:
         volumes[egress_dir] = {"bind": EGRESS_INSIDE, "mode": "ro"}
+    if channel_dir:
+        volumes[channel_dir] = {"bind": CHANNEL_INSIDE, "mode": "ro"}
     return {
         "image": cfg.image,
         "command": init_argv(PYTHON, idle_seconds, CLOCK, relay=bool(egress_dir)),
