@@ -168,3 +168,11 @@ def test_the_container_binds_the_channels_folder_read_only():
     without = spec.container_spec(DockerSettings(image="img:1"), agent_id="a1", home="/h/a1", network=False,
                                   idle_seconds=90, base_env={}, user=(65532, 65532))
     assert "/d/c/a1" not in without["volumes"]
+
+
+async def test_removing_the_agent_removes_its_channels_folder(box):
+    channel = await ResidentChannel.open(box, serve_argv(box, 8))
+    await channel.close()
+    assert box._channels.path.is_dir()
+    await box.remove()
+    assert not box._channels.path.exists()

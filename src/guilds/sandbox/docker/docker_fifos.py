@@ -6,7 +6,8 @@ through the engine.
     fifos = folder.make()                                two new FIFOs, this side's ends open
     argv = fifos.argv(argv)                              argv run with its stdin, stdout on them
     process = FifoProcess(fifos, attached)               the ProcessChannel over them and the exec
-    folder.clear()                                       the folder and what is left in it
+    folder.clear()                                       what FIFOs are left (the sandbox's stop)
+    folder.remove()                                      the folder too (the agent removed)
 
 An exec's attached stream goes from the process through the runtime's shim and the
 engine, which frames it, to the orchestrator's connection, and a request the other way:
@@ -92,6 +93,12 @@ class ChannelFolder:
                     os.unlink(path)
             raise
         return Fifos(name, made, fds)
+
+    def remove(self) -> None:
+        """The folder and what is left in it (the agent removed)."""
+        self.clear()
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
 
     def clear(self) -> None:
         """Every FIFO left in the folder (by an orchestrator that was killed); the folder

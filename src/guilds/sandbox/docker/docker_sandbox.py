@@ -133,8 +133,12 @@ class DockerSandbox(ContainerSandbox):
         return admin.boxes(chosen=chosen)
 
     async def remove(self) -> list[str]:
-        """The stop removes the container and the state volume: nothing is left to remove."""
-        return await self.stop()
+        """The stop removes the container and the state volume; then the agent's folder of
+        direct channels goes too (nothing the agent kept: not named)."""
+        removed = await self.stop()
+        if self._channels is not None:
+            await blocking(self._channels.remove)
+        return removed
 
     def _beside_call(self) -> Callable[[], None] | None:
         """The idle clock's move, when it is due."""
