@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import sys
@@ -44,15 +45,19 @@ async def toolboxes(root: Path, store: Store, backends: list[str]) -> dict[str, 
     for backend in backends:
         home = root / "homes" / backend
         home.mkdir(parents=True)
-        settings = parse_settings({"agent": {"id": f"sc-{backend}-{os.getpid()}", "home": str(home),
-                                             "sandbox": backend, "transport": "resident",
-                                             "max_tool_calls": 10_000_000}}, root, env={})
+        data: dict[str, Any] = {"agent": {"id": f"sc-{backend}-{os.getpid()}", "home": str(home),
+                                          "sandbox": backend, "transport": "resident", "max_tool_calls": 10_000_000}}
+        if backend == "kubernetes":  # the test cluster's (scripts/kube-test-env.sh)
+            data["kubernetes"] = {"namespace": os.environ.get("GUILDS_TEST_KUBE_NAMESPACE", "guilds-test"),
+                                  "image": os.environ.get("GUILDS_TEST_KUBE_IMAGE", "guilds-sandbox:latest")}
+        settings = parse_settings(data, root, env={})
         toolbox = Toolbox(settings, get_sandbox(settings, root / "data"), store)
         try:
             await shell_call(toolbox)()
         except Exception as exc:  # noqa: BLE001 - a backend this machine lacks is said, not fatal
             print(f"{backend}: left out ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0]})")
-            await close(toolbox)
+            with contextlib.suppress(Exception):
+                await close(toolbox)
             continue
         made[backend] = toolbox
     return made
