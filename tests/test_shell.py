@@ -275,6 +275,30 @@ def test_long_output_elided_exactly_with_full_log(sandbox):
         assert fh.read() == raw
 
 
+def test_a_short_whole_output_makes_no_log_file(sandbox):
+    listed = ok_text(sh(sandbox, f"echo hi; ls -a {run_dir(sandbox)}"))
+    assert listed.splitlines()[0] == "hi" and "c1.log" not in listed  # not even while it ran
+
+
+def test_an_elided_output_within_the_hold_gets_its_whole_log(sandbox):
+    raw = "".join(f"{i}\n" for i in range(1, 3001)).encode() + b"E   assert 1 == 2\n"
+    raw += "".join(f"{i}\n" for i in range(3001, 5001)).encode()
+    assert len(raw) < 64 * 1024  # held in memory until the elision needs it
+    env = sh(sandbox, "seq 1 3000; echo 'E   assert 1 == 2'; seq 3001 5000", extra={"max_bytes": 1024})
+    assert MARKER_RE.search(ok_text(env)) and env["meta"]["error_lines"] == [3001]
+    with open(env["meta"]["log_path"], "rb") as fh:
+        assert fh.read() == raw
+
+
+def test_an_output_past_the_hold_is_in_its_log_while_the_command_runs(sandbox):
+    log = run_dir(sandbox) / "c1.log"
+    env = sh(sandbox, f"head -c 70000 /dev/zero | tr '\\0' x; echo; sleep 0.5; stat -c %s {log}")
+    size = int(ok_text(env).rsplit("\n", 2)[-1])
+    assert size >= 70001  # past the 64 KiB hold: written as it came
+    with open(env["meta"]["log_path"], "rb") as fh:
+        assert fh.read() == b"x" * 70000 + b"\n" + f"{size}\n".encode()
+
+
 def test_small_cap_is_respected(sandbox):
     text = ok_text(sh(sandbox, "seq 1 5000", extra={"max_bytes": 1024}))
     assert len(text.encode()) <= 1024 and MARKER_RE.search(text)

@@ -117,6 +117,9 @@ NAME_MAX_CHARS = 128
 """run_id, agent_id and call_id become file names: at most this long."""
 
 # --- shell output shaping and background ----------------------------------
+LOG_HOLD_BYTES = 64 * 1024
+"""A foreground shell call's raw output held in memory before its log file is made: a call
+whose output stays within it and is returned whole makes no file (ops/shell.py, ``_Sink``)."""
 ANSI_SEQUENCE_MAX = 4096
 """An escape sequence still open after this many characters is taken as text:
 holding it back longer would let one stray ESC swallow the output."""

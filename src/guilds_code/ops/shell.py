@@ -16,8 +16,11 @@ Contract (docs/helper.md, "shell"):
 - Past timeout_seconds: SIGTERM to the group, SIGKILL SHELL_KILL_GRACE_SECONDS
   later; exit_code 124. Once bash has exited, the pipe is read for at most
   SHELL_DRAIN_SECONDS more, so a grandchild holding it cannot pin the call.
-- Every raw byte goes to <run dir>/<call id>.log as it arrives; memory holds a
-  bounded picture (shaping.Capture). The log is kept only when output was elided.
+- Every raw byte goes to <run dir>/<call id>.log: held in memory until the
+  output passes LOG_HOLD_BYTES, then written as it arrives; memory holds a bounded
+  picture (shaping.Capture). The log is kept only when output was elided (an
+  elided output shorter than the hold is written then); a call whose output is
+  short and whole makes no file.
 - A command longer than COMMAND_ARGV_MAX bytes is written to <call id>.sh in
   the run folder and sourced (`. FILE`): one argv string holds 128 KiB at most.
 - A helper told to stop (SIGTERM, SIGHUP, SIGINT) mid-command ends the command's
@@ -102,7 +105,7 @@ def _run_in(request: protocol.Request, notes: List[str], cwd: str, folder: Optio
     log = os.path.join(folder, f"{request.call_id}.log") if folder else None
     pwd_fd = open_pwd_file(folder, request.call_id) if folder else None
     try:
-        capture, outcome, log_error = _run_logged(request, cwd, log, pwd_fd)
+        capture, outcome, sink = _run_logged(request, cwd, log, pwd_fd)
         new_cwd = _record_cwd(request, folder, pwd_fd, notes) if folder else cwd
     finally:
         if pwd_fd is not None:
@@ -110,9 +113,7 @@ def _run_in(request: protocol.Request, notes: List[str], cwd: str, folder: Optio
     closing = _trailers(outcome, request.args["timeout_seconds"])
     at = len(closing) - 1 if outcome.exit_code else len(closing)  # before the exit_code line
     closing[at:at] = after_run(capture, outcome.timed_out, request.home, cwd, new_cwd)
-    shown_log = log if log and not log_error else f"not kept ({log_error or 'no run folder'})"
-    finder = _error_finder(request, log) if shown_log == log else None
-    out = shaping.render_full(capture, request.max_bytes, shown_log, notes + closing, find_errors=finder)
+    out, shown_log = _rendered(request, capture, log, sink, notes + closing)
     meta = {"exit_code": outcome.exit_code, "cwd": new_cwd, "timed_out": outcome.timed_out}
     if out.elided:
         meta["bytes_elided"] = out.elided_bytes
@@ -120,19 +121,33 @@ def _run_in(request: protocol.Request, notes: List[str], cwd: str, folder: Optio
             meta["error_lines"] = out.error_lines
     if out.elided and shown_log == log:
         meta["log_path"] = log
-    elif log:
+    elif log and sink.opened:
         runstate.unlink_quietly(log)
     return protocol.Reply(text=out.text, meta=meta)
 
 
-def _error_finder(request: protocol.Request, log: str):
-    """find_errors for render_full: the log's error lines from a line on; none
-    for a command that only prints files (their text is no diagnostic)."""
+def _rendered(request: protocol.Request, capture: shaping.Capture, log: Optional[str], sink: _Sink,
+              closing: List[str]):
+    """(the output rendered, the log as its marker names it). An elided output needs the
+    log whole: what the sink still holds is written first, and a log that then cannot be
+    written is named ``not kept (why)`` as one that failed earlier."""
+    shown_log = log if log and not sink.error else f"not kept ({sink.error or 'no run folder'})"
+    finder = _error_finder(request, log, sink) if log and shown_log == log else None
+    out = shaping.render_full(capture, request.max_bytes, shown_log, closing, find_errors=finder)
+    if out.elided and shown_log == log and not sink.flush():
+        shown_log = f"not kept ({sink.error})"
+        out = shaping.render_full(capture, request.max_bytes, shown_log, closing)
+    return out, shown_log
+
+
+def _error_finder(request: protocol.Request, log: str, sink: _Sink):
+    """find_errors for render_full: the log's error lines from a line on (the log written
+    whole first); none for a command that only prints files (their text is no diagnostic)."""
 
     def find(first_line: int):
         from .. import errorlines, fileprint  # only when output was elided
 
-        if fileprint.prints_files(request.args["command"]):
+        if fileprint.prints_files(request.args["command"]) or not sink.flush():
             return []
         return errorlines.scan(log, first_line, runstate.redactor_for(request))
 
@@ -140,12 +155,10 @@ def _error_finder(request: protocol.Request, log: str):
 
 
 def _run_logged(request: protocol.Request, cwd: str, log: Optional[str], pwd_fd: Optional[int]):
-    """Run the command; return its Capture, Outcome, and why the log could not be
-    written in full (None when it was)."""
+    """Run the command; return its Capture, Outcome, and the _Sink that holds its log."""
     tokens = runstate.load_repo_tokens(request)
     capture = shaping.Capture(request.max_bytes)
-    log_fd, log_error = _open_log_or_why(log)
-    sink = _Sink(log_fd, shaping.Shaper(runstate.redactor_for(request, tokens)), capture)
+    sink = _Sink(log, shaping.Shaper(runstate.redactor_for(request, tokens)), capture)
     spill = log[: -len(".log")] + ".sh" if log else _private_spill(request)
     prefix = cd_capture() if pwd_fd is not None else ""
     script = command_script(request.args["command"], spill)
@@ -165,7 +178,7 @@ def _run_logged(request: protocol.Request, cwd: str, log: Optional[str], pwd_fd:
         sink.close()
         if script != request.args["command"]:  # the command went to the spill file
             runstate.unlink_quietly(spill)
-    return capture, outcome, log_error or sink.error
+    return capture, outcome, sink
 
 
 class Outcome:
@@ -194,16 +207,6 @@ def execute(supervisor: supervise.Supervisor, child: proc.Child, timeout: float,
 def exit_status(returncode: int) -> int:
     """A returncode as bash reports it: killed by signal N -> 128+N."""
     return 128 - returncode if returncode < 0 else returncode
-
-
-def _open_log_or_why(log: Optional[str]):
-    """(descriptor, None), or (None, why) when the log cannot be opened."""
-    if log is None:
-        return None, "no run folder"
-    try:
-        return open_log(log), None
-    except protocol.OpError as exc:
-        return None, str(exc)
 
 
 def _private_spill(request: protocol.Request) -> str:
@@ -251,17 +254,42 @@ def _full(folder: str) -> str:
 
 class _Sink:
     """Each chunk: raw to the log (unredacted), shaped into the capture.
-    error: why the log stopped being written (None while it is whole)."""
 
-    def __init__(self, log_fd: Optional[int], shaper: shaping.Shaper, capture: shaping.Capture):
-        self._fd: Optional[int] = log_fd
+    The log is opened only once its bytes pass limits.LOG_HOLD_BYTES, or when an
+    elided output needs it (``flush``); until then its bytes are held here: a call
+    whose output is short and whole makes no file. error: why the log is not whole
+    (None while it is, or while nothing needed it); opened: a log file was made."""
+
+    def __init__(self, log: Optional[str], shaper: shaping.Shaper, capture: shaping.Capture):
+        self._path = log
+        self._fd: Optional[int] = None
+        self._held: Optional[bytearray] = bytearray() if log else None
         self._shaper = shaper
         self._capture = capture
-        self.error: Optional[str] = None
+        self.error: Optional[str] = None if log else "no run folder"
+        self.opened = False
 
     def write(self, data: bytes) -> None:
-        self._log(data)
+        if self._held is not None:
+            self._held += data
+            if len(self._held) > limits.LOG_HOLD_BYTES:
+                self.flush()
+        elif self._fd is not None:
+            self._log(data)
         self._capture.add(self._shaper.feed(data))
+
+    def flush(self) -> bool:
+        """The log opened and what is held written to it; False when the log is not whole."""
+        held, self._held = self._held, None
+        if held is not None and self._path is not None:
+            try:
+                self._fd = open_log(self._path)
+            except protocol.OpError as exc:
+                self.error = str(exc)
+                return False
+            self.opened = True
+            self._log(bytes(held))
+        return self.error is None
 
     def _log(self, data: bytes) -> None:
         view = memoryview(data)
@@ -278,5 +306,7 @@ class _Sink:
             self._fd = None
 
     def close(self) -> None:
+        """The end of the output: its last shaped bytes into the capture; the log, if open,
+        closed (what is still held stays, for ``flush``)."""
         self._capture.add(self._shaper.flush())
         self._close_log()
