@@ -19,6 +19,7 @@ from conftest import sized_tmpfs
 from guilds.agents import fork_layers, mounts
 from guilds.checkpoints import CheckpointStore
 from test_fork import EDITS, opened, overlay_data, repo, settings_file  # noqa: F401 (repo: the fixture)
+from test_fork import picture as fork_picture
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.xdist_group("overlay-checkpoints")]
 WHOLE_HOME_GONE = "rm -rf ./* ./.[!.]* 2>/dev/null; ls -A | grep -v '^.runs$' | wc -l"
@@ -176,3 +177,54 @@ def test_the_upper_s_marks_are_understood_and_a_rewind_writes_only_through_the_h
         assert os.listdir(outside) == ["secret"] and os.listdir(outside / "secret") == []  # never written through
     finally:
         mounts.unmount(home)
+
+
+def data_bytes_of(path: Path) -> int:
+    """Bytes the file holds on disk (one holding metadata only: its extended attributes' block)."""
+    return path.lstat().st_blocks * 512
+
+
+def data_bytes(folder: Path) -> int:
+    """Bytes the files under folder hold on disk."""
+    return sum(data_bytes_of(p) for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+async def test_a_change_of_metadata_only_copies_no_data_and_checkpoints_rewinds_and_forks_keep_its_bytes(
+        tmp_path, repo):  # noqa: F811
+    data = overlay_data(tmp_path)
+    big = max((p for p in repo.rglob("*") if p.is_file() and not p.is_symlink() and ".git" not in p.parts),
+              key=lambda p: p.stat().st_size)
+    rel, original = str(big.relative_to(repo)), big.read_bytes()
+    async with opened(tmp_path, settings_file(tmp_path, repo, "bwrap")) as server:
+        agent = await server.make_agent("repo")
+        home, upper = Path(agent.record.home), upper_of(data, agent)
+        # git touches every object it would write again (its add re-hashes the whole tree here):
+        # each such touch used to copy the object's data up; now its metadata only
+        touched = await agent.call("r", "shell", {"command": f"touch -c -d 2001-02-03 {rel}; chmod 640 {rel}; "
+                                                             "git add -A; git -c user.name=f -c user.email=f@f "
+                                                             "commit -qm touched; echo done"})
+        assert touched.text.startswith("done"), touched.text
+        assert "trusted.overlay.metacopy" in os.listxattr(upper / rel) and data_bytes_of(upper / rel) < 64 << 10
+        objects = data_bytes(repo / ".git")
+        assert data_bytes(upper) < objects * 0.6  # the objects' data stays in the layer (ext4: a block for marks)
+        assert (home / rel).read_bytes() == original and stat.S_IMODE((home / rel).stat().st_mode) == 0o640
+        after_touch = picture(home)
+
+        child = (await server.fork(agent.id, 1)).agents[0]  # the freeze copies the marks, not the data
+        layer = fork_layers.stack(data, data / "agent-overlays" / child.id)[0]
+        assert data_bytes(layer) < objects * 0.6 and data_bytes_of(layer / rel) < 64 << 10
+        assert fork_picture(Path(child.record.home)) == fork_picture(home)
+        assert (Path(child.record.home) / rel).read_bytes() == original
+        status = await child.call("c", "shell", {"command": "git status --porcelain -- . ':!.runs' | wc -l; "
+                                                            "git log --format=%s"})
+        assert status.text.split()[:2] == ["0", "touched"], status.text
+        await server.remove_agent(child.id)
+
+        await agent.call("r", "shell", {"command": f"echo changed > {rel}"})
+        assert (home / rel).read_text() == "changed\n"
+        await agent.rewind("r", 2)  # to before the write: the checkpoint read the data through the home
+        assert picture(home) == after_touch
+        await agent.rewind("r", 1)
+        assert (home / rel).read_bytes() == original and (home / rel).stat().st_mtime_ns == big.stat().st_mtime_ns
+        await agent.rewind("r", 2)
+        assert picture(home) == after_touch

@@ -117,9 +117,10 @@ def _made(data_dir: Path) -> Iterator[tuple[Path, str]]:
 
 
 def freeze_upper(data_dir: Path, upper: Path) -> str:
-    """A layer of what an overlay home changed: a copy of its upper, overlayfs's marks kept."""
+    """A layer of what an overlay home changed: a copy of its upper, overlayfs's marks kept (a
+    file holding its metadata only stays so: its data is the layers' below, read through them)."""
     with _made(data_dir) as (part, name):
-        copy_tree(upper, part)
+        copy_tree(upper, part, holes=True)
     return name
 
 

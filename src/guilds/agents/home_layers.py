@@ -73,9 +73,12 @@ def version_of(template_home: Path) -> str:
     return digest.hexdigest()[:20]
 
 
-def copy_tree(source: Path, target: Path) -> None:
-    """``cp -a`` of source's contents into target (made by the copy); SandboxError naming what failed."""
-    done = subprocess.run([*COPY_ARGV, str(source), str(target)], capture_output=True, text=True, check=False)
+def copy_tree(source: Path, target: Path, *, holes: bool = False) -> None:
+    """``cp -a`` of source's contents into target (made by the copy); SandboxError naming what failed.
+    holes: every block of zeros written as a hole (``--sparse=always``): an overlay upper's files
+    that hold their metadata only read as zeros, and take no data block in the copy."""
+    argv = [*COPY_ARGV[:-1], "--sparse=always", "--"] if holes else list(COPY_ARGV)
+    done = subprocess.run([*argv, str(source), str(target)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["cp failed"])[-1]
         raise SandboxError(f"cannot copy {source} to {target}: {last}")

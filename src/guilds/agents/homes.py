@@ -11,7 +11,8 @@ checkpoints, the file API) sees the one merged tree. Its lower layer is the
 template's home frozen once per content version (``home_layers``), read-only,
 shared by every agent of it and seen through an idmapped mount (``mounts``):
 its files, root's on disk, are the agent's uid's in the home. What the agent
-writes, and every file it changes (copied up whole at its first write), goes
+writes, and every file it changes (copied up whole at its first write; a change of its
+metadata only copies that only: ``mounts.OVERLAY_OPTIONS``), goes
 to its own upper folder, ``agent-overlays/<id>/upper`` under the data folder,
 which starts empty and owned by the agent's uid; a file deleted is a whiteout
 there. The layer and every other agent's folders are never written.

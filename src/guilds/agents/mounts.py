@@ -32,8 +32,16 @@ from ..errors import SandboxError
 
 OVERLAY_SOURCE = "guilds-home"
 """The source every overlay home is mounted with (/proc/self/mountinfo shows it)."""
-OVERLAY_OPTIONS = (("redirect_dir", "on"),)
-"""A folder of the layer renamed is a rename, as on any folder (off: EXDEV, and ``rename(2)`` fails)."""
+OVERLAY_OPTIONS = (("redirect_dir", "on"), ("metacopy", "on"))
+"""redirect_dir: a folder of the layer renamed is a rename, as on any folder (off: EXDEV, and
+``rename(2)`` fails). metacopy: a change of a layer file's metadata only (its times, mode or
+owner: ``git`` touches every object file it would write again, ``touch``, ``chmod``) copies
+up its metadata only, its data staying in the layer until it is written; without it the
+whole file was copied into the upper (a commit in a cloned repository copied its packs).
+An upper's such file (``trusted.overlay.metacopy``) holds no data of its own: it is read
+through the home (checkpoints) or under an overlay with this option (layers frozen from
+it), never as a plain file. Only the kernel writes ``trusted.*`` there: the agent's uid has
+no capability to."""
 _OPEN_TREE, _MOVE_MOUNT, _FSOPEN, _FSCONFIG, _FSMOUNT, _MOUNT_SETATTR = 428, 429, 430, 431, 432, 442
 _AT_FDCWD, _AT_EMPTY_PATH, _OPEN_TREE_CLONE = -100, 0x1000, 1
 _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV, _MOUNT_ATTR_IDMAP = 0x1, 0x2, 0x4, 0x100000

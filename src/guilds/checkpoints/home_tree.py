@@ -128,10 +128,13 @@ def copy_content(src: int, dst: int) -> None:
             offset = os.lseek(dst, 0, os.SEEK_END)
 
 
-def _keep_file(home: str, rel: str, st: os.stat_result, objects: str, made: list[str]) -> Entry | None:
-    """A copy of the file into objects; None when it went away before it could be opened."""
+def _keep_file(home: str, rel: str, st: os.stat_result, objects: str, made: list[str],
+               read_from: str | None = None) -> Entry | None:
+    """A copy of the file into objects; None when it went away before it could be opened.
+    read_from: the folder its content is read in instead (the same rel), its key and
+    stability still home's file's (an overlay's upper file holding its metadata only)."""
     try:
-        src = os.open(os.path.join(home, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        src = os.open(os.path.join(read_from or home, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     try:
@@ -143,12 +146,21 @@ def _keep_file(home: str, rel: str, st: os.stat_result, objects: str, made: list
             size = os.fstat(dst).st_size
         finally:
             os.close(dst)
-        after = os.fstat(src)
+        after = os.fstat(src) if read_from is None else _lstat(os.path.join(home, rel))
     finally:
         os.close(src)
-    stable = (after.st_ino, after.st_ctime_ns, after.st_size) == (st.st_ino, st.st_ctime_ns, size)
+    stable = after is not None and (after.st_ino, after.st_ctime_ns, after.st_size) == (
+        st.st_ino, st.st_ctime_ns, size)
+    after = after or st
     return entry_of(after if stable else st, "f", size=size, ref=name,
                   key=(st.st_dev, st.st_ino, st.st_ctime_ns) if stable else None)
+
+
+def _lstat(path: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
 
 
 def save(home: str, objects: str, previous: Tree, made: list[str]) -> Tree:
@@ -165,15 +177,15 @@ def save(home: str, objects: str, previous: Tree, made: list[str]) -> Tree:
 
 
 def keep_path(home: str, rel: str, st: os.stat_result, objects: str, previous: Tree, made: list[str],
-              tree: Tree) -> None:
+              tree: Tree, *, read_from: str | None = None) -> None:
     """A file (its object shared from ``previous`` or copied) or a link into tree; other kinds
-    and a path gone meanwhile are left out."""
+    and a path gone meanwhile are left out. read_from: see ``_keep_file``."""
     kind = kind_of(st.st_mode)
     if kind == "f":
         earlier = previous.get(rel)
         if earlier is not None and earlier.same_file(st):
             tree[rel] = earlier
-        elif (kept := _keep_file(home, rel, st, objects, made)) is not None:
+        elif (kept := _keep_file(home, rel, st, objects, made, read_from)) is not None:
             tree[rel] = kept
     elif kind == "l":
         with contextlib.suppress(FileNotFoundError):

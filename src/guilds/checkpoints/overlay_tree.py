@@ -98,13 +98,30 @@ def mark_folder(path: str, entry: Entry) -> None:
         os.setxattr(path, REDIRECT_XATTR, os.fsencode(entry.ref[len(REDIRECT):]), follow_symlinks=False)
 
 
+METACOPY_XATTR = "trusted.overlay.metacopy"
+"""On an upper's file whose data is still the layers' (a change of its metadata only)."""
+
+
+def is_metacopy(path: str) -> bool:
+    """The upper's file holds its metadata only (``METACOPY_XATTR``)."""
+    try:
+        os.getxattr(path, METACOPY_XATTR, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
 def is_whiteout(st: os.stat_result) -> bool:
     return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
 
 
-def save(upper: str, objects: str, previous: Tree, made: list[str], *, copy: bool = True) -> Tree:
+def save(upper: str, objects: str, previous: Tree, made: list[str], *, copy: bool = True,
+         merged: str | None = None) -> Tree:
     """The upper's tree (``home_tree.save``'s, whiteouts and folders' marks included);
-    copy=False: no content kept, a file's entry holds its stat key only (to compare)."""
+    copy=False: no content kept, a file's entry holds its stat key only (to compare).
+    merged: the mounted home, where a file the upper holds the metadata of only
+    (``METACOPY_XATTR``: its data still in the layers) is read; without it such a file
+    is kept as the layers show it through its own overlay, which must then be given."""
     tree: Tree = {}
     for rel, st in trees.walk(upper):
         if is_whiteout(st):
@@ -112,6 +129,10 @@ def save(upper: str, objects: str, previous: Tree, made: list[str], *, copy: boo
         elif stat.S_ISDIR(st.st_mode):
             mark = _folder_mark(os.path.join(upper, rel) if rel else upper) if rel else ""
             tree[rel] = trees.entry_of(st, "d", ref=mark)
+        elif copy and stat.S_ISREG(st.st_mode) and is_metacopy(os.path.join(upper, rel)):
+            if merged is None:
+                raise OSError(f"{rel} holds its metadata only, and no mounted home to read its data through")
+            trees.keep_path(upper, rel, st, objects, previous, made, tree, read_from=merged)
         elif copy:
             trees.keep_path(upper, rel, st, objects, previous, made, tree)
         elif (kind := trees.kind_of(st.st_mode)) is not None:

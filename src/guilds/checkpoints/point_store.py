@@ -169,7 +169,7 @@ class CheckpointStore:
         if overlay is None:
             kept = trees.save(self.home, str(self.objects), previous, made)
         else:
-            kept = overlay_tree.save(overlay.upper, str(self.objects), previous, made)
+            kept = overlay_tree.save(overlay.upper, str(self.objects), previous, made, merged=str(self.home))
         self._newest = None
         owned = set(made)
         size = sum(e.size for e in kept.values() if e.kind == "f" and e.ref in owned)
