@@ -73,8 +73,9 @@ def make_tree(home: Path, mb: int) -> tuple[int, int]:
     return files, total
 
 
-def make_repo(home: Path, mb: int) -> tuple[int, int]:
-    """home made a git repository of make_tree's mb megabytes, committed; (files, bytes)."""
+def make_repo(home: Path, mb: int, *, packed: bool = False) -> tuple[int, int]:
+    """home made a git repository of make_tree's mb megabytes, committed; (files, bytes).
+    packed: its objects in one pack, as a clone holds them (else loose, as a first commit)."""
     home.mkdir()
     files, size = make_tree(home, mb)
     git(home, "init", "-q")
@@ -82,6 +83,8 @@ def make_repo(home: Path, mb: int) -> tuple[int, int]:
     git(home, "config", "maintenance.auto", "false")
     git(home, "add", "-A")
     git(home, "commit", "-q", "-m", "tree")
+    if packed:
+        git(home, "repack", "-a", "-d", "-q")
     return files, size
 
 

@@ -5,7 +5,8 @@ Run (as root, bubblewrap and overlayfs here):
     .venv/bin/python bench/fork_bench.py [--rounds 3] [--mb 100] [--sizes 10,100] [--steps 20]
 
 The tree: whole packages of this venv's site-packages until --mb megabytes, made a git
-repository (untimed), the starting home of a template on bwrap. One agent is made of it
+repository (untimed) whose objects are in one pack as a clone's are (--loose: loose, as
+a first commit leaves them), the starting home of a template on bwrap. One agent is made of it
 and changes its home as a call does (files edited, added, removed, a commit). Each round,
 in a new shuffled order so the machine's load falls on all alike, times:
 
@@ -270,12 +271,14 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=100)
     parser.add_argument("--sizes", default="10,100")
     parser.add_argument("--steps", type=int, default=0, help="where fork(STEPS)'s time goes, per child")
+    parser.add_argument("--loose", action="store_true",
+                        help="the repository's objects loose, as a first commit leaves them (default: packed, as a clone)")
     opts = parser.parse_args()
     sizes = [int(n) for n in opts.sizes.split(",")]
     with tempfile.TemporaryDirectory(prefix="forkbench-") as tmp:
         root = Path(tmp)
         repo = root / "repo"
-        files, size = make_repo(repo, opts.mb)
+        files, size = make_repo(repo, opts.mb, packed=not opts.loose)
         if opts.steps:
             per_child = asyncio.run(run(root, repo, [opts.steps], 1, opts.steps))
             print(f"tree: {files} paths, {size / 1e6:.0f} MB; fork({opts.steps}), load average "

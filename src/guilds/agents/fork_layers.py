@@ -158,6 +158,8 @@ def write_point(target: str, objects: str, tree: home_tree.Tree, *, link_objects
             os.mknod(path, stat.S_IFCHR | 0o600, 0)
         elif entry.kind == "l":
             os.symlink(entry.ref, path)
+        elif entry.ref == overlay_tree.LAYER_DATA:
+            overlay_tree.write_metacopy(path, entry.size)
         else:
             try:
                 os.link(os.path.join(objects, entry.ref), path)

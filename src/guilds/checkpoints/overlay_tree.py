@@ -100,6 +100,9 @@ def mark_folder(path: str, entry: Entry) -> None:
 
 METACOPY_XATTR = "trusted.overlay.metacopy"
 """On an upper's file whose data is still the layers' (a change of its metadata only)."""
+LAYER_DATA = "@layers"
+"""A file entry's ref for such a file: its data is the layers' at the path the home shows
+there (no object is kept; an object's name is hex)."""
 
 
 def is_metacopy(path: str) -> bool:
@@ -109,6 +112,17 @@ def is_metacopy(path: str) -> bool:
     except OSError:
         return False
     return True
+
+
+def write_metacopy(path: str, size: int) -> None:
+    """A file of size bytes holding no data, marked as holding its metadata only: in a layer
+    frozen from a checkpoint, its data is read in the layers below, as in the upper it came from."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+    os.setxattr(path, METACOPY_XATTR, b"", follow_symlinks=False)
 
 
 def is_whiteout(st: os.stat_result) -> bool:
@@ -130,9 +144,7 @@ def save(upper: str, objects: str, previous: Tree, made: list[str], *, copy: boo
             mark = _folder_mark(os.path.join(upper, rel) if rel else upper) if rel else ""
             tree[rel] = trees.entry_of(st, "d", ref=mark)
         elif copy and stat.S_ISREG(st.st_mode) and is_metacopy(os.path.join(upper, rel)):
-            if merged is None:
-                raise OSError(f"{rel} holds its metadata only, and no mounted home to read its data through")
-            trees.keep_path(upper, rel, st, objects, previous, made, tree, read_from=merged)
+            _keep_metacopy(upper, rel, st, objects, previous, made, tree, merged)
         elif copy:
             trees.keep_path(upper, rel, st, objects, previous, made, tree)
         elif (kind := trees.kind_of(st.st_mode)) is not None:
@@ -140,6 +152,22 @@ def save(upper: str, objects: str, previous: Tree, made: list[str], *, copy: boo
             tree[rel] = trees.entry_of(st, kind, size=st.st_size, ref=ref,
                                        key=(st.st_dev, st.st_ino, st.st_ctime_ns) if kind == "f" else None)
     return tree
+
+
+def _keep_metacopy(upper: str, rel: str, st: os.stat_result, objects: str, previous: Tree, made: list[str],
+                   tree: Tree, merged: str | None) -> None:
+    """A file the upper holds the metadata of only: its data is the layers' at the path the home
+    shows there, which never change, so the entry names them (``LAYER_DATA``) and keeps no copy;
+    one renamed (its own redirect) is read through the mounted home and kept as any file."""
+    try:
+        os.getxattr(os.path.join(upper, rel), REDIRECT_XATTR, follow_symlinks=False)
+    except OSError:
+        tree[rel] = trees.entry_of(st, "f", size=st.st_size, ref=LAYER_DATA,
+                                   key=(st.st_dev, st.st_ino, st.st_ctime_ns))
+        return
+    if merged is None:
+        raise OSError(f"{rel} holds its metadata only, and no mounted home to read its data through")
+    trees.keep_path(upper, rel, st, objects, previous, made, tree, read_from=merged)
 
 
 def _same(a: Entry | None, b: Entry | None) -> bool:
@@ -255,6 +283,15 @@ def _target(kept: _Side, view: _Layers, rel: str) -> tuple[Entry, str | None] | 
     return None if found is None else found
 
 
+def _layers_file(kept: _Side, view: _Layers, rel: str) -> str:
+    """The layers' file whose data a ``LAYER_DATA`` entry at rel holds, as the checkpoint's upper
+    showed the layers there; OSError when the layers hold no file there."""
+    found = view.entry(_join(kept.source(posixpath.dirname(rel)), posixpath.basename(rel)))
+    if found is None or found[0].kind != "f":
+        raise OSError(f"{rel}: its data is the layers', and they hold no file there")
+    return found[1]
+
+
 def restore(home: str, view: str, objects: str, kept: Tree, upper_now: Tree) -> int:
     """Make the merged home what it was when ``kept`` (an upper's tree) was taken; ``upper_now``
     is the upper's tree now. The number of paths written or removed."""
@@ -298,6 +335,8 @@ def restore(home: str, view: str, objects: str, kept: Tree, upper_now: Tree) -> 
                 os.symlink(entry.ref, path)
                 changed += 1
         else:
+            if lower_file is None and entry.ref == LAYER_DATA:
+                lower_file = _layers_file(old, layers, rel)
             if lower_file is None:
                 trees.write_file(path, objects, entry)
             else:
