@@ -314,3 +314,55 @@ def test_copies_where_no_overlay_is_and_the_cli_forks_the_settings_own_agent(tmp
     assert picture(Path(out[1].split(" home ")[1].split()[0])) == at_start
     assert cli_main(["agent", "fork", "self", "0", "--config", str(settings)], env=env) == 2
     assert capsys.readouterr().err.strip().endswith("n: the number of agents to fork, 1 to 100, got 0")
+
+
+@pytest.mark.backends("bwrap")
+async def test_a_fork_takes_children_from_the_warm_pool_their_sandboxes_and_helpers_as_they_run(
+        tmp_path, repo, backend):
+    data = overlay_data(tmp_path)
+    settings = settings_file(tmp_path, repo, backend)
+    settings.write_text(settings.read_text() + "\n[templates.repo.pool]\nspare = 2\nmax = 2\n")
+    async with guilds.open(settings, data_dir=data, env={**os.environ, "GUILDS_DATA": str(data)}, pool=True) as server:
+        agents = await server.agents()
+        pool = agents.pools.pools["repo"]
+
+        async def filled() -> None:
+            deadline = asyncio.get_running_loop().time() + 60
+            while len(pool.ready) < 2 or pool.making:
+                assert asyncio.get_running_loop().time() < deadline, "the pool did not fill"
+                await asyncio.sleep(0.05)
+
+        await filled()
+        source = await server.make_agent("repo", owner="alice")  # one of the pool's: the pool refills
+        edited = await source.call("r", "shell", {"command": EDITS})
+        assert "exit_code" not in edited.text, edited.text
+        before = picture(Path(source.record.home))
+        await filled()
+        ready = {p.id: p for p in pool.ready}
+        inits = {agent_id: p.toolbox.sandbox.init_pid() for agent_id, p in ready.items()}
+        helpers = {agent_id: p.toolbox.transport.channel.pid for agent_id, p in ready.items()}
+        for p in ready.values():  # what a pooled agent's home held goes with its old tree
+            (Path(p.record.home) / "pool-marker").write_text("the pool's\n")
+
+        done = await server.fork(source.id, 3)
+        children = {child.id: child for child in done.agents}
+        assert set(ready) < set(children) and len(children) == 3  # two from the pool, one made anew
+        assert [c.record.owner for c in done.agents] == ["alice"] * 3
+        for agent_id, child in children.items():
+            home = Path(child.record.home)
+            assert picture(home) == before and owners(home) == {os.stat(home).st_uid}
+            seen = await child.call(f"c-{agent_id}", "shell", {"command": "head -1 run.sh; ls pool-marker 2>&1; "
+                                                              "git log --format=%s | head -2"})
+            gone = "ls: cannot access 'pool-marker': No such file or directory"
+            assert seen.text.split("\n")[:4] == ["# edited", gone, "edits", "the repository"], seen.text
+            if agent_id in ready:  # its sandbox and resident helper were not started again
+                assert child.toolbox.sandbox.init_pid() == inits[agent_id]
+                assert child.toolbox.transport.channel.pid == helpers[agent_id]
+        first, second = (Path(children[i].record.home) for i in sorted(ready))
+        await children[sorted(ready)[0]].call(f"c-{sorted(ready)[0]}", "shell",
+                                              {"command": "echo mine > only-first; rm run.sh"})
+        assert (first / "only-first").exists() and not (second / "only-first").exists()
+        assert (second / "run.sh").read_text().startswith("# edited") and not (first / "run.sh").exists()
+        for agent_id in children:
+            await server.remove_agent(agent_id)
+        await server.remove_agent(source.id)

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import time
@@ -61,7 +62,7 @@ from ..record.agent_rows import LIVE, AgentRecord, UidTaken
 from ..record.statements import utc_now
 from . import fork_layers
 from .home_layers import LOWER_LINK, copy_tree
-from .homes import HOME_MODE, _folders, _mount, overlay_dir, overlay_unavailable
+from .homes import HOME_MODE, _folders, _mount, overlay_dir, overlay_unavailable, swap_home
 from .registry import HOMES_FOLDER, UID_DRAWS, checked_expiry, checked_owner, new_agent_id
 
 if TYPE_CHECKING:
@@ -142,6 +143,8 @@ class _Child:
     sandbox: Sandbox
     row: dict[str, Any]
     toolbox: Any = None
+    pooled: bool = False
+    """Taken from the template's warm pool: its sandbox and helper run; its home is swapped."""
 
 
 @dataclass
@@ -166,9 +169,11 @@ async def fork(agents: Agents, source: Source, n: int, *, checkpoint: str | None
     expiry = checked_expiry(expires_in)
     made_from = agents.served.template(source.template)
     point = find_point(agents.data_dir, source, checkpoint) if checkpoint is not None else None
-    children = await _admit(agents, made_from, n, owner, expiry, adjust)
+    children = await _taken(agents, made_from, n, owner, expiry, adjust)
     plan: _Plan | None = None
     try:
+        if len(children) < n:
+            children += await _admit(agents, made_from, n - len(children), owner, expiry, adjust)
         home_owner = children[0].sandbox.home_owner
         how = OVERLAY if overlay_unavailable(agents.data_dir, home_owner) is None else COPY
         (agents.data_dir / HOMES_FOLDER).mkdir(mode=0o700, exist_ok=True)
@@ -190,6 +195,20 @@ async def fork(agents: Agents, source: Source, n: int, *, checkpoint: str | None
         agents._toolboxes[child.settings.id] = child.toolbox
     return Forked(source.id, [AgentRecord(**{**c.row, "status": LIVE}) for c in children], plan.how,
                   tuple(plan.above), None if point is None else point.id, waited)
+
+
+async def _taken(agents: Agents, made_from: Any, n: int, owner: str, expiry: float | None,
+                 adjust: Adjust | None) -> list[_Child]:
+    """Children taken from the template's warm pool, made the owner's (``Pools.take_swappable``):
+    agents whose sandbox and resident helper already run and whose homes ``swap_home`` gives
+    the fork's tree in place. None when the children's settings are adjusted or sit behind
+    the egress proxy (their sandboxes would not be the template's), or homes cannot be overlays."""
+    if adjust is not None or made_from.settings.egress:
+        return []
+    taken = await agents.pools.take_swappable(made_from.name, n, owner, expiry, agents.served.caps.max_per_owner)
+    row_of = lambda record: {k: v for k, v in dataclasses.asdict(record).items() if k != "status"}  # noqa: E731
+    return [_Child(toolbox.settings, toolbox.sandbox, row_of(record), toolbox, pooled=True)
+            for record, toolbox in taken]
 
 
 async def _admit(agents: Agents, made_from: Any, n: int, owner: str, expiry: float | None,
@@ -337,6 +356,8 @@ def _plan(data_dir: Path, above: list[str], lower: str | None, children: list[_C
     try:
         with fork_layers.forks_lock(data_dir):
             for child in children:
+                if child.pooled:  # its own folders are there: swap_home names the layers
+                    continue
                 own = overlay_dir(data_dir, child.settings.home)
                 own.parent.mkdir(mode=0o700, exist_ok=True)
                 os.mkdir(own, 0o700)
@@ -383,6 +404,9 @@ async def _start_all(agents: Agents, source: Source, children: list[_Child], pla
 
     async def start(child: _Child) -> None:
         async with limit:
+            if child.pooled:
+                await asyncio.to_thread(swap_home, agents.data_dir, child.settings.home, plan.above, plan.lower)
+                return
             if child.sandbox.egress is not None:
                 inherit_egress_origins(agents.data_dir, source.id, child.settings.id)
             await asyncio.to_thread(_home_remembered, agents.data_dir, child, plan, children[0])
@@ -395,7 +419,7 @@ async def _start_all(agents: Agents, source: Source, children: list[_Child], pla
     failed = [r for r in results if isinstance(r, BaseException)]
     if failed:
         raise failed[0]
-    await agents.store.mark_agents([child.settings.id for child in children], LIVE)
+    await agents.store.mark_agents([child.settings.id for child in children if not child.pooled], LIVE)
 
 
 async def _undo(agents: Agents, children: list[_Child], plan: _Plan | None) -> None:

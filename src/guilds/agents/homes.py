@@ -3,6 +3,8 @@
     make_home(template_home, home, data_dir, owner)   the home made; SandboxError naming what failed
     remove_home(home, data_dir) -> bool               gone, with all it holds (False: it was not there)
     mount_homes(data_dir, homes) -> [home]            the overlay homes not mounted, mounted again
+    make_home(..., swappable=True); mount_home(...)   a pooled home whose sandbox sees a later mount
+    swap_home(data_dir, home, above, lower)           such a home given a fork's layers, in place
 
 **An overlay** when the orchestrator is root, the sandbox gives the home to a
 uid (``Sandbox.home_owner``) and the kernel mounts it: the home is an overlayfs
@@ -54,28 +56,36 @@ def overlay_dir(data_dir: Path, home: Path) -> Path:
     return data_dir / OVERLAYS_FOLDER / home.name
 
 
-def make_home(template_home: Path, home: Path, data_dir: Path, owner: tuple[int, int] | None) -> None:
+def make_home(template_home: Path, home: Path, data_dir: Path, owner: tuple[int, int] | None, *,
+              swappable: bool = False) -> bool:
     """Make home (it must not exist) the template's home's: an overlay, else a copy.
-    owner: the uid and gid the sandbox runs the agent as (None: a copy)."""
+    owner: the uid and gid the sandbox runs the agent as (None: a copy). swappable: an overlay
+    home is made a shared mount point of its own (``mounts.share_point``) and its overlay left
+    unmounted, for ``mount_home`` once a sandbox has bound the point: the overlay then appears
+    in it, and ``swap_home`` can give it another. True when the home is such a one."""
     try:
         os.mkdir(home, HOME_MODE)
     except OSError as exc:
         raise SandboxError(f"cannot make the agent's home {home}: {exc.strerror or exc}") from None
     if not template_home.is_dir():
-        return
+        return False
     reason = overlay_unavailable(data_dir, owner)
     if reason is None and owner is not None:
         try:
-            _make_overlay(template_home, home, data_dir, owner)
-            return
+            _make_overlay(template_home, home, data_dir, owner, mount=not swappable)
+            if swappable:
+                mounts.share_point(home)
+            return swappable
         except (OSError, SandboxError) as exc:
             log.warning("agent home %s: a copy, the overlay failed: %s", home, exc)
     elif reason is not None:
         _once(reason)
     copy_tree(Path(os.path.realpath(template_home)), home)
+    return False
 
 
-def _make_overlay(template_home: Path, home: Path, data_dir: Path, owner: tuple[int, int]) -> None:
+def _make_overlay(template_home: Path, home: Path, data_dir: Path, owner: tuple[int, int], *,
+                  mount: bool = True) -> None:
     own = overlay_dir(data_dir, home)
     own.parent.mkdir(mode=0o700, exist_ok=True)
     try:
@@ -84,10 +94,46 @@ def _make_overlay(template_home: Path, home: Path, data_dir: Path, owner: tuple[
             os.mkdir(own, 0o700)
             os.symlink(os.path.join("..", "..", home_layers.LAYERS_FOLDER, name), own / LOWER_LINK)
         _folders(own, owner)
-        _mount(home, own)
+        if mount:
+            _mount(home, own)
     except BaseException:
         shutil.rmtree(own, ignore_errors=True)
         raise
+
+
+def mount_home(data_dir: Path, home: Path) -> None:
+    """A swappable home's overlay mounted on its point (``make_home``)."""
+    _mount(home, overlay_dir(data_dir, home))
+
+
+def swap_home(data_dir: Path, home: Path, above: list[str], lower: str | None) -> None:
+    """A swappable home given other layers: its overlay taken off its point (lazily when busy:
+    what still holds it keeps the old tree, which no path reaches), its upper emptied, the
+    fork layers ``above`` over the template layer ``lower`` (a ``lower`` link's target) named
+    under the forks' lock, and the new overlay mounted on the point. The layers it stood on
+    before are pruned when nothing else stands on them."""
+    own = overlay_dir(data_dir, home)
+    info = os.stat(own / "upper")
+    mounts.unmount_overlay(home)
+    old_lower = ""
+    with contextlib.suppress(OSError):
+        old_lower = os.path.basename(os.readlink(own / LOWER_LINK))
+    old_above = fork_layers.above(own)
+    for name in ("upper", "work"):
+        shutil.rmtree(own / name)
+    with fork_layers.forks_lock(data_dir):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(own / LOWER_LINK)
+        if lower is not None:
+            os.symlink(lower, own / LOWER_LINK)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(own / fork_layers.ABOVE_FILE)
+        fork_layers.link(own, above)
+        _folders(own, (info.st_uid, info.st_gid))
+    _mount(home, own)
+    if old_lower and os.path.basename(lower or "") != old_lower:
+        home_layers.prune(data_dir, old_lower)
+    fork_layers.prune(data_dir, [name for name in old_above if name not in above])
 
 
 def _folders(own: Path, owner: tuple[int, int]) -> None:
@@ -142,7 +188,7 @@ def _remove_path(home: Path) -> bool:
 def mount_homes(data_dir: Path, homes: Iterable[Path]) -> list[Path]:
     """Mount each overlay home of homes that is not mounted (a reboot, an unmount); those mounted.
     One that cannot be mounted is logged and left: its sandbox would find an empty folder."""
-    points, done = mounts.mount_points(), []
+    points, done = set(mounts.overlay_homes()), []  # a swappable home's bare point is no overlay
     for home in homes:
         own = overlay_dir(data_dir, home)
         if not own.is_dir() or os.path.realpath(home) in points:

@@ -6,6 +6,9 @@
     mounted(path) -> bool                   a mount point in this mount namespace?
     overlay_homes() -> [path]               the overlay homes mounted in it
     unmount(path) -> bool                   gone; True when only a lazy detach could do it
+    share_point(path)                       path a shared mount point of its own (a home a pool swaps)
+    unmount_overlay(path) -> bool           the overlay home on top of path off, its point kept
+    propagates_to(path, pid, inside) -> bool  a mount on path reaches pid's namespace at inside
 
 ``layer_mount`` clones the layer's mount (``open_tree``) and, for an owner other
 than root, makes the clone idmapped (``mount_setattr`` with MOUNT_ATTR_IDMAP and
@@ -186,6 +189,66 @@ def overlay_homes() -> list[str]:
 
 def mounted(path: str | os.PathLike) -> bool:
     return os.path.realpath(path) in mount_points()
+
+
+_MS_BIND, _MS_SHARED = 0x1000, 1 << 20
+
+
+def share_point(path: str | os.PathLike) -> None:
+    """path made a mount point of its own (a bind of itself), shared: a mount made on it later
+    appears in every copy of it made while it was the top mount there (a bwrap sandbox's
+    ``--bind`` of the home is such a copy, a slave of it)."""
+    where = os.fsencode(os.path.realpath(path))
+    for what, source, flags in (("bind", where, _MS_BIND), ("share", None, _MS_SHARED)):
+        if _libc.mount(source, where, None, flags, None) != 0:
+            code = ctypes.get_errno()
+            raise SandboxError(f"cannot {what} {os.fsdecode(where)}: {os.strerror(code)}")
+
+
+def _tops(mountinfo: str, point: str) -> list[list[str]]:
+    """The mountinfo lines (split) of every mount at point, in the order they were stacked."""
+    with open(mountinfo, encoding="utf-8", errors="surrogateescape") as fh:
+        return [fields for fields in (line.split() for line in fh) if _unescaped(fields[4]) == point]
+
+
+def unmount_overlay(path: str | os.PathLike) -> bool:
+    """Take the overlay home on top of path off (a no-op when the top mount is another), leaving
+    what is below it; True when it was busy and only a lazy detach took it off."""
+    point = os.path.realpath(path)
+    stacked = _tops("/proc/self/mountinfo", point)
+    if not stacked or f" - overlay {OVERLAY_SOURCE} " not in " ".join(stacked[-1]) + " ":
+        return False
+    where = os.fsencode(point)
+    if _libc.umount2(where, _UMOUNT_NOFOLLOW) == 0:
+        return False
+    code = ctypes.get_errno()
+    if code == errno.EBUSY and _libc.umount2(where, _UMOUNT_NOFOLLOW | _MNT_DETACH) == 0:
+        return True
+    code = ctypes.get_errno()
+    raise SandboxError(f"cannot unmount {point}: {os.strerror(code)}")
+
+
+def _field(fields: list[str], tag: str) -> str | None:
+    """An optional field of a mountinfo line (``shared:N``, ``master:N``): its value."""
+    for field in fields[6:fields.index("-")]:
+        if field.startswith(tag):
+            return field[len(tag):]
+    return None
+
+
+def propagates_to(path: str | os.PathLike, pid: int, inside: str) -> bool:
+    """A mount made on path (here) appears at inside in process pid's mount namespace: path is a
+    shared point (``share_point``) and a mount at inside there is a slave of it."""
+    point = os.path.realpath(path)
+    stacked = _tops("/proc/self/mountinfo", point)
+    group = _field(stacked[0], "shared:") if stacked else None
+    if group is None:
+        return False
+    try:
+        there = _tops(f"/proc/{pid}/mountinfo", inside)
+    except OSError:
+        return False
+    return any(_field(fields, "master:") == group for fields in there)
 
 
 def unmount(path: str | os.PathLike) -> bool:

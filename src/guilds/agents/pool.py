@@ -4,6 +4,7 @@
     pools.prepare_with(hook, template=None)         # before start: run in each pooled agent's sandbox
     await pools.start()                             # take back what a stopped process left, then fill
     taken = await pools.take(...)                   # Agents.make's: a pooled agent made the owner's, or None
+    taken = await pools.take_swappable(...)         # a fork's: up to n whose homes it swaps in place
     pools.counts()                                  # {template: PoolCounts}: ready, making, target, hits, misses
     await pools.keep()                              # each ready agent asked whether it answers (background)
     await pools.close()                             # the pooled agents removed
@@ -61,6 +62,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable
 from dataclasses import replace
 from datetime import timedelta
@@ -75,13 +77,31 @@ from ..record.agent_rows import LIVE, MAKING, POOLED, RETIRING, AgentRecord, Age
 from ..record.statements import utc_now
 from .claim_pools import ClaimPools, sized_by_demand
 from .homes import mount_homes
-from .pooled import HOLDER_PREFIX, POOLED_BACKENDS, Hook, PoolCounts, Pooled, TemplatePool, alive, answers, still_runs
+from .pooled import (
+    HOLDER_PREFIX,
+    POOLED_BACKENDS,
+    Hook,
+    PoolCounts,
+    Pooled,
+    TemplatePool,
+    alive,
+    answers,
+    still_runs,
+    swappable,
+)
 
 if TYPE_CHECKING:
     from ..toolbox import Toolbox
     from .registry import Agents
 
 log = logging.getLogger(__name__)
+class _Only:
+    """One pooled agent as a pool of its own, for ``_take_ready``'s look and adoption."""
+
+    def __init__(self, pooled: Pooled):
+        self.ready = deque([pooled])
+
+
 class Pools:
     """The warm pools of one ``Agents`` (see the module docstring)."""
 
@@ -166,7 +186,40 @@ class Pools:
             pool.hits += 1
         return taken
 
-    async def _take_ready(self, pool: TemplatePool, owner: str, expires_in: float | None,
+    async def take_swappable(self, template: str, n: int, owner: str, expires_in: float | None,
+                             max_per_owner: int) -> list[tuple[AgentRecord, Toolbox]]:
+        """Up to n ready agents of template whose homes can be swapped in place (``swappable``),
+        oldest first, each made the owner's (live, its expiry from now) as ``take`` makes one; a
+        fork gives them its children's home. Each child counts as a make of the template (the
+        pool's demand); those taken are hits, the rest misses. Past the owner's cap it stops,
+        leaving the rest in the pool (the fork's own admission then refuses past the cap)."""
+        pool = self.pools.get(template) if self._started else None
+        if pool is None:
+            return []
+        pool.made_at.extend([time.monotonic()] * n)
+        self._wake.set()
+        taken: list[tuple[AgentRecord, Toolbox]] = []
+        passed: list[Pooled] = []
+        try:
+            while pool.ready and len(taken) < n:
+                pooled = pool.ready.popleft()
+                if not swappable(pooled.toolbox, pooled.record.home):
+                    passed.append(pooled)
+                    continue
+                try:
+                    got = await self._take_ready(_Only(pooled), owner, expires_in, max_per_owner)
+                except AgentRefused:
+                    passed.append(pooled)
+                    break
+                if got is not None:
+                    taken.append(got)
+        finally:
+            pool.ready.extendleft(reversed(passed))
+        pool.hits += len(taken)
+        pool.misses += n - len(taken)
+        return taken
+
+    async def _take_ready(self, pool: TemplatePool | _Only, owner: str, expires_in: float | None,
                           max_per_owner: int) -> tuple[AgentRecord, Toolbox] | None:
         while pool.ready:
             pooled = pool.ready.popleft()

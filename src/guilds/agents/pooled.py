@@ -5,6 +5,7 @@
     await answers(toolbox)          a request through the agent's open resident helper
     await alive(toolbox)            a take's look: from the host where the sandbox tells so, else answers
     await still_runs(toolbox, dir)  its sandbox running, as the backend lists it (never started anew)
+    swappable(toolbox, home)        its home can be given another in place (a fork's child)
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
 HOLDER_PREFIX = "pool:"
 """A pooled agent's owner: this prefix and the record owner id of the process holding it."""
 POOLED_BACKENDS = ("bwrap", "docker")
+SWAPPABLE_BACKEND = "bwrap"
+"""Where a pooled agent's overlay home is made swappable (``homes.make_home``): a fork takes
+the agent and gives it the forked home in place, its sandbox and resident helper as they run."""
 PROBE_RUN = "pool-probe"
 Hook = Callable[["Toolbox"], Awaitable[None]]
 
@@ -124,3 +128,14 @@ async def still_runs(toolbox: Toolbox, data_dir: Path) -> bool:
 def _running(state: str) -> bool:
     """A box's state as bwrap ("running") and docker ("Up 3 minutes") say it."""
     return state == "running" or state.startswith("Up")
+
+
+def swappable(toolbox: Toolbox, home: str) -> bool:
+    """The pooled agent's home was made swappable and its running sandbox bound the bare point,
+    so a mount on the home here appears inside (``mounts.propagates_to``): a fork may give it
+    another home in place (``homes.swap_home``). Reads /proc only."""
+    from .mounts import propagates_to
+
+    sandbox = toolbox.sandbox
+    pid = sandbox.init_pid() if sandbox.name == SWAPPABLE_BACKEND else None  # type: ignore[attr-defined]
+    return pid is not None and propagates_to(home, pid, sandbox.home)

@@ -47,9 +47,9 @@ from ..errors import BadInput, GuildsError, SandboxError
 from ..limits import AGENT_MAKING_STALE_SECONDS, AGENT_MAX_EXPIRY_SECONDS
 from ..record.agent_rows import LIVE, MAKING, POOLED, REMOVED, RETIRING, AgentRecord, AgentRefused, UidTaken
 from ..record.statements import utc_now
-from .homes import make_home, mount_homes, remove_home
+from .homes import make_home, mount_home, mount_homes, remove_home
 from .pool import Pools
-from .pooled import HOLDER_PREFIX, POOLED_BACKENDS
+from .pooled import HOLDER_PREFIX, POOLED_BACKENDS, SWAPPABLE_BACKEND
 
 if TYPE_CHECKING:
     from ..config.settings import AgentSettings
@@ -222,7 +222,8 @@ class Agents:
         if retired is not None:
             self.pools.retired(retired)
         try:
-            toolbox = await self._build(made_from, settings, sandbox, started=prepare is None)
+            toolbox = await self._build(made_from, settings, sandbox, started=prepare is None,
+                                        swappable=then == POOLED and sandbox.name == SWAPPABLE_BACKEND)
             if prepare is not None:
                 await prepare(toolbox)
             if not await self.store.mark_agent(agent_id, then, only_from=(MAKING,)):
@@ -233,25 +234,34 @@ class Agents:
         return AgentRecord(**{**row, "status": then}), toolbox
 
     async def _build(self, made_from: Template, settings: AgentSettings, sandbox: Sandbox, *,
-                     started: bool = True) -> Toolbox:
+                     started: bool = True, swappable: bool = False) -> Toolbox:
         """The home made, the agent remembered, its sandbox started (``started``; else the
         caller starts it through the toolbox): its toolbox. In claim mode the home is the pod's:
-        nothing is made here. Checkpoints per call where the backend keeps none are refused first."""
+        nothing is made here. Checkpoints per call where the backend keeps none are refused first.
+        swappable (a pooled agent on bwrap): an overlay home is made swappable (``make_home``),
+        its sandbox started on the bare point and the overlay mounted after, so that a fork can
+        give the agent another home in place (``swap_home``)."""
         from ..sandbox import refuse_unkept_checkpoints
 
         await refuse_unkept_checkpoints(settings)
         if not in_claim_mode(settings):
             (self.data_dir / HOMES_FOLDER).mkdir(mode=0o700, exist_ok=True)
-            await asyncio.to_thread(self._home_remembered, made_from, settings, sandbox)
-        if started:
+            swappable = await asyncio.to_thread(self._home_remembered, made_from, settings, sandbox, swappable)
+        if swappable:
+            await sandbox.start()
+            await asyncio.to_thread(mount_home, self.data_dir, settings.home)
+        elif started:
             await sandbox.start()
         return self.toolbox_for(settings, sandbox)
 
-    def _home_remembered(self, made_from: Template, settings: AgentSettings, sandbox: Sandbox) -> None:
+    def _home_remembered(self, made_from: Template, settings: AgentSettings, sandbox: Sandbox,
+                         swappable: bool = False) -> bool:
         """The agent's home made from its template's, then its entry among the known agents (in a
-        thread: a burst of makes would otherwise queue on the event loop for their file work)."""
-        make_home(made_from.home, settings.home, self.data_dir, sandbox.home_owner)
+        thread: a burst of makes would otherwise queue on the event loop for their file work);
+        True when the home was made swappable."""
+        made = make_home(made_from.home, settings.home, self.data_dir, sandbox.home_owner, swappable=swappable)
         known_agents.remember(self.data_dir, settings, None)
+        return made
 
     def toolbox_for(self, settings: AgentSettings, sandbox: Sandbox) -> Toolbox:
         """An agent's toolbox, with its checkpoints and call gate where its home is on this machine."""

@@ -182,6 +182,11 @@ class BwrapSandbox(Backend):
     async def start(self) -> None:
         await asyncio.to_thread(self._start)
 
+    def init_pid(self) -> int | None:
+        """The pid of the running sandbox's init (its mount namespace's), or None."""
+        record = self._read_record()
+        return record["pid"] if record is not None and running(record["pid"], record["start"]) else None
+
     def runs_now(self) -> bool:
         """The init its record names runs and is not being killed (two reads of /proc and one
         of the record: no lock, nothing started)."""
