@@ -2,7 +2,7 @@
 repository, to each child's first call, against `cp -a` of the same tree in the same run.
 
 Run (as root, bubblewrap and overlayfs here):
-    .venv/bin/python bench/fork_bench.py [--rounds 3] [--mb 100] [--sizes 10,100] [--steps 20]
+    .venv/bin/python bench/fork_bench.py [--rounds 3] [--mb 100] [--sizes 10,100] [--steps 20] [--pool 100]
 
 The tree: whole packages of this venv's site-packages until --mb megabytes, made a git
 repository (untimed) whose objects are in one pack as a clone's are (--loose: loose, as
@@ -17,6 +17,10 @@ in a new shuffled order so the machine's load falls on all alike, times:
 - the source's pause: the freeze of its upper alone (what its call gate is held for);
 - cp -a: one copy of the source's home (a copied home per child costs n of these),
   and, for n = 10, n copies one after another;
+- with --pool N: fork(N) whose children all come from the template's warm pool of N agents
+  (``Pools.take_swappable``: sandboxes and resident helpers running, homes swapped in place),
+  to the last child's first call; the pool refilled before it and after it (untimed), and
+  every other fork made to bypass the pool;
 - the floor: n bare sandboxes of the source's shape (its bwrap argv read from /proc,
   the same mounts, the drop to the agent's uid, the init's interpreter started and
   ended), as many at once as a fork starts, no guilds code around them.
@@ -78,6 +82,11 @@ max_tool_calls = 1000000
 max = {cap}
 max_per_owner = {cap}
 '''
+POOL = """
+[templates.repo.pool]
+spare = {n}
+max = {n}
+"""
 CHANGE = ("set -e; for f in $(git ls-files '*.py' | head -3); do echo '# edited' >> $f; done; "
           "echo new > added.txt; git rm -q $(git ls-files '*.py' | tail -1); "
           "git -c user.name=b -c user.email=b@b commit -qam change")
@@ -85,6 +94,49 @@ CHANGE = ("set -e; for f in $(git ls-files '*.py' | head -3); do echo '# edited'
 
 def ms(start: float) -> float:
     return (time.perf_counter() - start) * 1000
+
+
+async def filled(pools, n: int) -> None:
+    """Until the template's warm pool holds n ready agents (untimed)."""
+    pool = pools.pools["repo"]
+    deadline = time.monotonic() + 600
+    while len(pool.ready) < n or pool.making:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the pool did not fill: {len(pool.ready)} of {n} ready")
+        await asyncio.sleep(0.1)
+
+
+@contextlib.contextmanager
+def pool_bypassed(pools):
+    """A fork that takes none of the warm pool's agents: every child made anew."""
+    if pools is None:
+        yield
+        return
+    taking = pools.take_swappable
+
+    async def none(*_args, **_kwargs):
+        return []
+
+    pools.take_swappable = none
+    try:
+        yield
+    finally:
+        pools.take_swappable = taking
+
+
+async def pooled_round(server, pools, source, n: int, times: dict[str, list[float]]) -> None:
+    """fork(n) whose children all come from the template's warm pool of n, to the last child's
+    first call (the pool's refill starts at once, as it does in a server)."""
+    await filled(pools, n)
+    start = time.perf_counter()
+    done = await server.fork(source.id, n)
+    answers = await asyncio.gather(*(c.call(f"first-{c.id}", "shell", {"command": "true"}) for c in done.agents))
+    took = ms(start)
+    assert all("exit_code" not in a.text for a in answers), answers[0].text
+    times.setdefault(f"fork({n}) from a warm pool of {n}, to the last child's first call", []).append(took)
+    for child in done.agents:
+        await server.remove_agent(child.id)
+    await filled(pools, n)
 
 
 async def fork_round(server, source, n: int, times: dict[str, list[float]], first_calls: bool) -> None:
@@ -212,21 +264,25 @@ async def steps_round(server, source, n: int) -> list[tuple[str, float]]:
 
 
 async def run(root: Path, repo: Path, sizes: list[int], rounds: int,
-              steps: int = 0) -> dict[str, list[float]] | list[tuple[str, float]]:
+              steps: int = 0, pool: int = 0) -> dict[str, list[float]] | list[tuple[str, float]]:
     (root / "own-home").mkdir()
     settings = root / "settings.toml"
-    settings.write_text(SETTINGS.format(repo=repo, cap=max(sizes) + 1))
+    settings.write_text(SETTINGS.format(repo=repo, cap=max(sizes) + 2 * pool + 1) + (POOL.format(n=pool) if pool else ""))
     settings.chmod(0o600)
     data = root / "data"
     times: dict[str, list[float]] = {}
-    async with guilds.open(settings, data_dir=data, env={**os.environ, "GUILDS_DATA": str(data)}) as server:
+    async with guilds.open(settings, data_dir=data, env={**os.environ, "GUILDS_DATA": str(data)},
+                           pool=bool(pool)) as server:
+        pools = (await server.agents()).pools if pool else None
+        if pools is not None:
+            await filled(pools, pool)
         source = await server.make_agent("repo")
         changed = await source.call("r", "shell", {"command": CHANGE})
         assert "exit_code" not in changed.text, changed.text
         home = Path(source.record.home)
         upper = overlay_dir(data, home) / "upper"
         print(f"the source's upper: {sum(1 for _ in upper.rglob('*'))} paths; "
-              f"`du -sh`: {subprocess.run(['du', '-sh', str(upper)], capture_output=True, text=True).stdout.split()[0]}")
+              f"`du -sh`: {(subprocess.run(['du', '-sh', str(upper)], capture_output=True, text=True).stdout.split() or ['?'])[0]}")
         if steps:
             per_child = await steps_round(server, source, steps)
             await server.remove_agent(source.id)
@@ -234,7 +290,7 @@ async def run(root: Path, repo: Path, sizes: list[int], rounds: int,
         scratch = root / "copies"
         scratch.mkdir()
         bare = bare_argv(home)
-        steps = [("freeze", 0, False), ("cp", 1, False)]
+        steps = [("freeze", 0, False), ("cp", 1, False)] + ([("pooled", pool, True)] if pool else [])
         for n in sizes:
             steps += [("fork", n, False), ("fork", n, True), ("bare", n, False)]
             if n <= 10:
@@ -242,8 +298,11 @@ async def run(root: Path, repo: Path, sizes: list[int], rounds: int,
         for _ in range(rounds):
             for kind, n, first in random.sample(steps, len(steps)):
                 os.sync()  # untimed: no step pays for the writeback of the copies before it
-                if kind == "fork":
-                    await fork_round(server, source, n, times, first)
+                if kind == "pooled":
+                    await pooled_round(server, pools, source, n, times)
+                elif kind == "fork":
+                    with pool_bypassed(pools):
+                        await fork_round(server, source, n, times, first)
                 elif kind == "cp":
                     copy_round(home, scratch, n, times)
                 elif kind == "bare":
@@ -271,6 +330,8 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=100)
     parser.add_argument("--sizes", default="10,100")
     parser.add_argument("--steps", type=int, default=0, help="where fork(STEPS)'s time goes, per child")
+    parser.add_argument("--pool", type=int, default=0,
+                        help="also fork(POOL) from the template's warm pool of POOL agents (the other forks bypass it)")
     parser.add_argument("--loose", action="store_true",
                         help="the repository's objects loose, as a first commit leaves them (default: packed, as a clone)")
     opts = parser.parse_args()
@@ -286,7 +347,7 @@ def main() -> None:
             for label, value in per_child:
                 print(f"| {label} | {value:.1f} |")
             return
-        times = asyncio.run(run(root, repo, sizes, opts.rounds))
+        times = asyncio.run(run(root, repo, sizes, opts.rounds, pool=opts.pool))
         report(times, files, size, opts.rounds)
 
 

@@ -286,3 +286,24 @@ async def test_a_restarted_server_mounts_its_live_agents_homes_again(tmp_path, b
         assert (await found.call("r2", "shell", {"command": "cat note src/app.py"})).text.startswith(
             "kept\nprint('template')")
         await server.remove_agent(made.id)
+
+
+def test_makes_at_once_on_a_fresh_data_folder_all_get_overlays(tmp_path):
+    """A warm pool makes its first agents at once: the overlay probe, once per data folder, is
+    made by one of them while the others wait for its answer (each probing in the same folder
+    made them copies)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder = tmp_path / "fresh"
+    (folder / "agent-homes").mkdir(parents=True)
+    tpl = template(tmp_path)
+    homes = [folder / "agent-homes" / f"a{i}" for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda home: make_home(tpl, home, folder, (UID_A, UID_A)), homes))
+    try:
+        for home in homes:
+            assert mounts.mounted(home) and overlay_dir(folder, home).is_dir(), home
+            assert (home / "src" / "app.py").read_text() == "print('template')\n"
+    finally:
+        for home in homes:
+            remove_home(home, folder)

@@ -32,6 +32,7 @@ import contextlib
 import logging
 import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Iterable
 
@@ -43,6 +44,7 @@ HOME_MODE = 0o700
 log = logging.getLogger(__name__)
 _told: set[str] = set()
 _probed: dict[str, str | None] = {}
+_probing = threading.Lock()
 
 
 def _once(reason: str) -> None:
@@ -210,8 +212,9 @@ def overlay_unavailable(data_dir: Path, owner: tuple[int, int] | None) -> str | 
     if os.geteuid() != 0:
         return "the orchestrator is not root (overlayfs mounts need root)"
     key = os.path.realpath(data_dir)
-    if key not in _probed:
-        _probed[key] = _probe(Path(key))
+    with _probing:  # one probe at a time: makes at once (a pool's) would share its folder
+        if key not in _probed:
+            _probed[key] = _probe(Path(key))
     return _probed[key]
 
 
