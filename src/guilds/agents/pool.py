@@ -213,6 +213,10 @@ class Pools:
                     break
                 if got is not None:
                     taken.append(got)
+        except BaseException:  # the record failed: what was taken already is nobody's fork's
+            for record, toolbox in taken:
+                self._later(self._remove_record(record, toolbox))
+            raise
         finally:
             pool.ready.extendleft(reversed(passed))
         pool.hits += len(taken)
