@@ -206,9 +206,12 @@ async def _taken(agents: Agents, made_from: Any, n: int, owner: str, expiry: flo
     if adjust is not None or made_from.settings.egress:
         return []
     taken = await agents.pools.take_swappable(made_from.name, n, owner, expiry, agents.served.caps.max_per_owner)
-    row_of = lambda record: {k: v for k, v in dataclasses.asdict(record).items() if k != "status"}  # noqa: E731
-    return [_Child(toolbox.settings, toolbox.sandbox, row_of(record), toolbox, pooled=True)
-            for record, toolbox in taken]
+    return [_Child(toolbox.settings, toolbox.sandbox, _row(record), toolbox, pooled=True) for record, toolbox in taken]
+
+
+def _row(record: AgentRecord) -> dict[str, Any]:
+    """A recorded agent's fields as a child's row holds them (its status apart)."""
+    return {k: v for k, v in dataclasses.asdict(record).items() if k != "status"}
 
 
 async def _admit(agents: Agents, made_from: Any, n: int, owner: str, expiry: float | None,

@@ -95,6 +95,8 @@ if TYPE_CHECKING:
     from .registry import Agents
 
 log = logging.getLogger(__name__)
+
+
 class _Only:
     """One pooled agent as a pool of its own, for ``_take_ready``'s look and adoption."""
 
