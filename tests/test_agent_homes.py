@@ -307,3 +307,35 @@ def test_makes_at_once_on_a_fresh_data_folder_all_get_overlays(tmp_path):
     finally:
         for home in homes:
             remove_home(home, folder)
+
+
+def test_a_swappable_home_whose_point_cannot_be_shared_is_a_copy_with_no_overlay_left(data, tmp_path, monkeypatch):
+    def refused(path):
+        raise homes.SandboxError(f"cannot share {path}: Operation not permitted")
+
+    monkeypatch.setattr(mounts, "share_point", refused)
+    home = data / "agent-homes" / "a1"
+    assert make_home(template(tmp_path), home, data, (UID_A, UID_A), swappable=True) is False
+    try:
+        assert not mounts.mounted(home) and not overlay_dir(data, home).exists()
+        assert (home / "src" / "app.py").read_text() == "print('template')\n"
+        assert mount_homes(data, [home]) == []  # nothing to mount again at a start
+    finally:
+        remove_home(home, data)
+
+
+def test_a_swappable_home_takes_its_overlay_on_its_shared_point_and_another_in_place(data, tmp_path):
+    home = data / "agent-homes" / "a1"
+    assert make_home(template(tmp_path), home, data, (UID_A, UID_A), swappable=True) is True
+    try:
+        assert mounts.mounted(home) and not (home / "README").exists()  # the bare point, no overlay yet
+        homes.mount_home(data, home)
+        assert (home / "README").read_text() == "read me\n" and os.stat(home / "README").st_uid == UID_A
+        (home / "mine").write_text("the pool's\n")
+        lower = os.readlink(overlay_dir(data, home) / "lower")
+        homes.swap_home(data, home, [], lower)  # the template's layer alone again: what it wrote goes
+        assert not (home / "mine").exists() and (home / "README").read_text() == "read me\n"
+        assert os.listdir(overlay_dir(data, home) / "upper") == [] and mounts.mounted(home)
+    finally:
+        remove_home(home, data)
+    assert not home.exists() and not mounts.mounted(home)

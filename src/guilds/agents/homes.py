@@ -76,7 +76,7 @@ def make_home(template_home: Path, home: Path, data_dir: Path, owner: tuple[int,
         try:
             _make_overlay(template_home, home, data_dir, owner, mount=not swappable)
             if swappable:
-                mounts.share_point(home)
+                _shared(home, data_dir)
             return swappable
         except (OSError, SandboxError) as exc:
             log.warning("agent home %s: a copy, the overlay failed: %s", home, exc)
@@ -100,6 +100,16 @@ def _make_overlay(template_home: Path, home: Path, data_dir: Path, owner: tuple[
             _mount(home, own)
     except BaseException:
         shutil.rmtree(own, ignore_errors=True)
+        raise
+
+
+def _shared(home: Path, data_dir: Path) -> None:
+    """home made a shared point (``mounts.share_point``); its overlay's folders removed when it
+    cannot be (the home is then a copy, with no overlay's folders to mount again later)."""
+    try:
+        mounts.share_point(home)
+    except BaseException:
+        shutil.rmtree(overlay_dir(data_dir, home), ignore_errors=True)
         raise
 
 
