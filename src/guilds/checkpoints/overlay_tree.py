@@ -133,9 +133,9 @@ def save(upper: str, objects: str, previous: Tree, made: list[str], *, copy: boo
          merged: str | None = None) -> Tree:
     """The upper's tree (``home_tree.save``'s, whiteouts and folders' marks included);
     copy=False: no content kept, a file's entry holds its stat key only (to compare).
-    merged: the mounted home, where a file the upper holds the metadata of only
-    (``METACOPY_XATTR``: its data still in the layers) is read; without it such a file
-    is kept as the layers show it through its own overlay, which must then be given."""
+    merged: the mounted home. A file the upper holds the metadata of only (``METACOPY_XATTR``:
+    its data still the layers') names the layers' data (``_keep_metacopy``); one also renamed
+    is read through merged, which must then be given."""
     tree: Tree = {}
     for rel, st in trees.walk(upper):
         if is_whiteout(st):

@@ -122,7 +122,7 @@ def _is_fifo(fd: int) -> bool:
 
 
 class Fifos:
-    """One process's three FIFOs: their host paths (until unlinked) and this side's ends."""
+    """One process's two FIFOs: their host paths (until unlinked) and this side's ends."""
 
     def __init__(self, name: str, paths: list[str], fds: list[int]):
         self.name, self.paths = name, paths

@@ -386,7 +386,7 @@ class DockerSandbox(ContainerSandbox):
                                      network=self.settings.network, idle_seconds=self.idle_seconds,
                                      base_env=base_env, user=self._owner,
                                      egress_dir=self.egress.files.shared if self.egress else "",
-                                     channel_dir=self._channels.ensure() if self._channels else "")
+                                     channel_dir=str(self._channels.path) if self._channels else "")
         stamp = fingerprint([kwargs, helpers_digest()])
         kwargs["labels"][spec.LABEL_FINGERPRINT] = stamp
         return kwargs
@@ -401,6 +401,8 @@ class DockerSandbox(ContainerSandbox):
     def _create(self, kwargs: dict[str, Any]) -> str | None:
         """Create, fill and start the container; None when another process created it first."""
         os.makedirs(self._host_home, exist_ok=True)
+        if self._channels is not None:  # before the engine binds it (it would make it root's, 0755)
+            self._channels.ensure()
         if os.geteuid() == 0:
             own_tree(self._host_home, self._owner)
         with self._engine("create the container"):
