@@ -477,7 +477,7 @@ recycle_loop() { while api_up || sleep 5; do recycle_once; sleep 1; done; }
 reset_state() {
   api_up && return 0
   stop_all 2>/dev/null
-  grep -o " $DIR/[^ ]*" /proc/mounts | sort -r | while read -r m; do
+  { grep -o " $DIR/[^ ]*" /proc/mounts || true; } | sort -r | while read -r m; do  # none left: no error
     case "$m" in "$DIR/pv/small"*) ;; *) umount -l "$m" 2>/dev/null || true ;; esac
   done
   rm -rf "$DIR/etcd" "$DIR/kubelet" "$DIR/kubelet-pki" "$DIR/containerd/state"
