@@ -339,3 +339,36 @@ def test_a_swappable_home_takes_its_overlay_on_its_shared_point_and_another_in_p
     finally:
         remove_home(home, data)
     assert not home.exists() and not mounts.mounted(home)
+
+
+def test_a_home_mounted_again_for_its_owner_makes_no_new_user_namespace_and_the_kept_are_bounded(
+        data, tmp_path, monkeypatch):
+    made: list[tuple[int, int]] = []
+    new = mounts._new_user_namespace
+
+    def counted(uid: int, gid: int) -> int:
+        made.append((uid, gid))
+        return new(uid, gid)
+
+    monkeypatch.setattr(mounts, "_new_user_namespace", counted)
+    monkeypatch.setattr(mounts, "_namespaces", type(mounts._namespaces)())
+    monkeypatch.setattr(mounts, "NAMESPACES_KEPT", 1)
+    home = data / "agent-homes" / "a1"
+    make_home(template(tmp_path), home, data, (UID_A, UID_A), swappable=True)
+    try:
+        homes.mount_home(data, home)
+        lower = os.readlink(overlay_dir(data, home) / "lower")
+        homes.swap_home(data, home, [], lower)
+        homes.swap_home(data, home, [], lower)
+        assert made == [(UID_A, UID_A)]  # the swaps used the kept one
+        assert os.stat(home / "README").st_uid == UID_A  # and it still maps root's files to the owner
+        [kept_a] = mounts._namespaces.values()
+        other = mounts.layer_mount(str(data / "agent-layers" / os.path.basename(lower)), (UID_B, UID_B))
+        os.close(other)
+        assert made == [(UID_A, UID_A), (UID_B, UID_B)] and list(mounts._namespaces) == [(UID_B, UID_B)]
+        with pytest.raises(OSError):  # the one pushed out is closed
+            os.fstat(kept_a)
+    finally:
+        remove_home(home, data)
+        for fd in mounts._namespaces.values():
+            os.close(fd)

@@ -374,6 +374,25 @@ async def test_a_second_process_leaves_a_running_holder_s_pooled_agents_alone(tm
         assert (await first.make_agent("box", owner="a")).id == theirs
 
 
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+async def test_the_record_adopts_a_fork_s_children_at_once_within_the_owner_s_cap(tmp_path, backend):
+    async with agents_table(tmp_path, backend) as store:
+        for agent_id in ("p1", "p2", "p3", "p4", "p5"):
+            await store.admit_agent(pool_row(agent_id, "pool:holder"), max_total=9, max_per_owner=9)
+            assert await store.mark_agent(agent_id, "pooled", only_from=("making",))
+        await store.admit_agent(pool_row("l1", "alice"), max_total=9, max_per_owner=9)
+        assert await store.mark_agent("p2", "retiring", only_from=("pooled",))  # retired meanwhile
+        change = {"owner": "alice", "created_at": utc_now(), "expires_at": None}
+        taken, looked = await store.adopt_agents(["p1", "p2", "p3", "p4", "p5"], change, max_per_owner=4, n=5)
+        assert (taken, looked) == (["p1", "p3", "p4"], 4)  # alice had 1 of 4: room for 3; p2 was not pooled
+        assert sorted(a.id for a in await store.agents(owner="alice")) == ["l1", "p1", "p3", "p4"]
+        assert [a.id for a in await store.agents(statuses=("pooled",))] == ["p5"]
+        with pytest.raises(AgentRefused, match=r"^owner 'alice' holds 4 agents"):
+            await store.adopt_agents(["p5"], change, max_per_owner=4, n=1)
+        bob = {**change, "owner": "bob"}
+        assert await store.adopt_agents(["p1", "p5"], bob, max_per_owner=4, n=1) == (["p5"], 2)  # p1 is alice's
+
+
 @pytest.mark.bwrap
 @pytest.mark.skipif(backend_kit.why_not("bwrap") is not None, reason=f"bwrap: {backend_kit.why_not('bwrap')}")
 async def test_the_server_s_cap_counts_the_pooled_and_a_make_at_the_cap_evicts_one(tmp_path):
@@ -503,6 +522,23 @@ async def test_the_hook_runs_in_each_pooled_sandbox_and_keeping_moves_the_idle_c
 PG_URL = os.environ.get("GUILDS_TEST_POSTGRES_URL")
 
 
+@contextlib.asynccontextmanager
+async def agents_table(tmp_path: Path, backend: str):
+    """A Store whose agents table is this test's own: made anew, dropped at the end (the shared
+    test database left as found)."""
+    if backend == "postgresql" and not PG_URL:
+        pytest.skip("GUILDS_TEST_POSTGRES_URL is not set")
+    url = normalize_url(PG_URL if backend == "postgresql" else f"sqlite:///{tmp_path}/guilds.db")
+    async with Store(url) as store, store.engine.begin() as conn:
+        await conn.execute(sa.text("DROP TABLE agents"))
+    async with Store(url) as store:
+        try:
+            yield store
+        finally:
+            async with store.engine.begin() as conn:
+                await conn.execute(sa.text("DROP TABLE agents"))
+
+
 def pool_row(agent_id: str, owner: str) -> dict:
     return {"id": agent_id, "template": "box", "owner": owner, "sandbox": "bwrap", "home": f"/h/{agent_id}",
             "created_at": utc_now(), "expires_at": None}
@@ -511,69 +547,51 @@ def pool_row(agent_id: str, owner: str) -> dict:
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 async def test_the_record_admits_many_at_once_all_or_none_evicting_one_pooled_agent_for_each_past_the_cap(
         tmp_path, backend):
-    if backend == "postgresql" and not PG_URL:
-        pytest.skip("GUILDS_TEST_POSTGRES_URL is not set")
-    url = normalize_url(PG_URL if backend == "postgresql" else f"sqlite:///{tmp_path}/guilds.db")
-    async with Store(url) as store, store.engine.begin() as conn:
-        await conn.execute(sa.text("DROP TABLE agents"))  # a table of this test's own
-    async with Store(url) as store:
-        try:
-            for agent_id in ("p1", "p2"):
-                await store.admit_agent(pool_row(agent_id, "pool:holder"), max_total=4, max_per_owner=4)
-                assert await store.mark_agent(agent_id, "pooled", only_from=("making",))
-            retired = await store.admit_agents([pool_row(f"l{n}", "alice") for n in (1, 2, 3)], max_total=4,
-                                               max_per_owner=3, evictable=["gone", "p1", "p2"])
-            assert retired == ["p1"]  # the third is past the cap of 4
-            making = await store.agents(statuses=("making",))
-            assert sorted(a.id for a in making) == ["l1", "l2", "l3"]
-            with pytest.raises(AgentRefused, match=r"^owner 'bob' holds 1 agents"):
-                await store.admit_agents([pool_row("b1", "bob"), pool_row("b2", "bob")], max_total=10,
-                                         max_per_owner=1)
-            with pytest.raises(AgentRefused, match=r"^this server holds 5 agents"):
-                await store.admit_agents([pool_row("b1", "bob"), pool_row("b2", "bob")], max_total=5,
-                                         max_per_owner=2)
-            assert not await store.agents(owner="bob", statuses=("making", "live"))  # a refusal keeps none
-            assert await store.mark_agents(["l1", "l2", "l3"], "live") == 3
-            assert sorted(a.id for a in await store.agents(statuses=("live",))) == ["l1", "l2", "l3"]
-        finally:
-            async with store.engine.begin() as conn:
-                await conn.execute(sa.text("DROP TABLE agents"))  # the shared test database left as found
+    async with agents_table(tmp_path, backend) as store:
+        for agent_id in ("p1", "p2"):
+            await store.admit_agent(pool_row(agent_id, "pool:holder"), max_total=4, max_per_owner=4)
+            assert await store.mark_agent(agent_id, "pooled", only_from=("making",))
+        retired = await store.admit_agents([pool_row(f"l{n}", "alice") for n in (1, 2, 3)], max_total=4,
+                                           max_per_owner=3, evictable=["gone", "p1", "p2"])
+        assert retired == ["p1"]  # the third is past the cap of 4
+        making = await store.agents(statuses=("making",))
+        assert sorted(a.id for a in making) == ["l1", "l2", "l3"]
+        with pytest.raises(AgentRefused, match=r"^owner 'bob' holds 1 agents"):
+            await store.admit_agents([pool_row("b1", "bob"), pool_row("b2", "bob")], max_total=10,
+                                     max_per_owner=1)
+        with pytest.raises(AgentRefused, match=r"^this server holds 5 agents"):
+            await store.admit_agents([pool_row("b1", "bob"), pool_row("b2", "bob")], max_total=5,
+                                     max_per_owner=2)
+        assert not await store.agents(owner="bob", statuses=("making", "live"))  # a refusal keeps none
+        assert await store.mark_agents(["l1", "l2", "l3"], "live") == 3
+        assert sorted(a.id for a in await store.agents(statuses=("live",))) == ["l1", "l2", "l3"]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 async def test_the_record_adopts_once_evicts_at_the_cap_and_hands_over(tmp_path, backend):
-    if backend == "postgresql" and not PG_URL:
-        pytest.skip("GUILDS_TEST_POSTGRES_URL is not set")
-    url = normalize_url(PG_URL if backend == "postgresql" else f"sqlite:///{tmp_path}/guilds.db")
-    async with Store(url) as store, store.engine.begin() as conn:
-        await conn.execute(sa.text("DROP TABLE agents"))  # a table of this test's own
-    async with Store(url) as store:
-        try:
-            holder = "pool:holder"
-            for agent_id in ("p1", "p2", "p3"):
-                await store.admit_agent(pool_row(agent_id, holder), max_total=4, max_per_owner=4)
-                assert await store.mark_agent(agent_id, "pooled", only_from=("making",))
-            change = {"owner": "alice", "created_at": utc_now(), "expires_at": None}
-            tried = await asyncio.gather(*(store.adopt_agent(["p1"], change, max_per_owner=2) for _ in range(5)))
-            assert (tried.count("p1"), tried.count(None)) == (1, 4)  # adopted once
-            assert [(a.id, a.owner) for a in await store.agents(statuses=("live",))] == [("p1", "alice")]
-            await store.admit_agent(pool_row("l2", "alice"), max_total=4, max_per_owner=2)  # 4: the cap
-            with pytest.raises(AgentRefused, match=r"^owner 'alice' holds 2 agents"):
-                await store.adopt_agent(["p2"], change, max_per_owner=2)
-            assert (await store.agents(agent_id="p2", statuses=("pooled",)))[0].owner == holder  # left pooled
-            with pytest.raises(AgentRefused, match=r"^this server holds 4 agents"):
-                await store.admit_agent(pool_row("l3", "bob"), max_total=4, max_per_owner=2)
-            retired = await store.admit_agent(pool_row("l3", "bob"), max_total=4, max_per_owner=2,
-                                              evictable=["gone", "p3", "p2"])
-            assert retired == "p3"
-            assert [a.id for a in await store.agents(statuses=("retiring",))] == ["p3"]
-            assert not await store.mark_agent("p3", "pooled", only_from=("making",))  # a make sees it retired
-            assert await store.hand_over_agent("p2", holder, "pool:next")
-            assert not await store.hand_over_agent("p2", holder, "pool:other")  # once
-            assert (await store.agents(agent_id="p2", statuses=("pooled",)))[0].owner == "pool:next"
-        finally:
-            async with store.engine.begin() as conn:
-                await conn.execute(sa.text("DROP TABLE agents"))  # the shared test database left as found
+    async with agents_table(tmp_path, backend) as store:
+        holder = "pool:holder"
+        for agent_id in ("p1", "p2", "p3"):
+            await store.admit_agent(pool_row(agent_id, holder), max_total=4, max_per_owner=4)
+            assert await store.mark_agent(agent_id, "pooled", only_from=("making",))
+        change = {"owner": "alice", "created_at": utc_now(), "expires_at": None}
+        tried = await asyncio.gather(*(store.adopt_agent(["p1"], change, max_per_owner=2) for _ in range(5)))
+        assert (tried.count("p1"), tried.count(None)) == (1, 4)  # adopted once
+        assert [(a.id, a.owner) for a in await store.agents(statuses=("live",))] == [("p1", "alice")]
+        await store.admit_agent(pool_row("l2", "alice"), max_total=4, max_per_owner=2)  # 4: the cap
+        with pytest.raises(AgentRefused, match=r"^owner 'alice' holds 2 agents"):
+            await store.adopt_agent(["p2"], change, max_per_owner=2)
+        assert (await store.agents(agent_id="p2", statuses=("pooled",)))[0].owner == holder  # left pooled
+        with pytest.raises(AgentRefused, match=r"^this server holds 4 agents"):
+            await store.admit_agent(pool_row("l3", "bob"), max_total=4, max_per_owner=2)
+        retired = await store.admit_agent(pool_row("l3", "bob"), max_total=4, max_per_owner=2,
+                                          evictable=["gone", "p3", "p2"])
+        assert retired == "p3"
+        assert [a.id for a in await store.agents(statuses=("retiring",))] == ["p3"]
+        assert not await store.mark_agent("p3", "pooled", only_from=("making",))  # a make sees it retired
+        assert await store.hand_over_agent("p2", holder, "pool:next")
+        assert not await store.hand_over_agent("p2", holder, "pool:other")  # once
+        assert (await store.agents(agent_id="p2", statuses=("pooled",)))[0].owner == "pool:next"
 
 
 @pytest.mark.bwrap

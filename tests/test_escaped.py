@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -240,3 +241,16 @@ async def test_bwrap_a_fork_refused_names_the_process_limit(tmp_path, sleepers):
         assert refused.text.startswith("cannot start ") and (
             f": the sandbox's process limit (RLIMIT_NPROC {PIDS_LIMIT}" in refused.text), refused.text
         assert "stop background commands (shell_status stop) or wait for some to end" in refused.text
+
+
+def test_the_pid_counters_are_read_through_descriptors_held_open_and_stay_current():
+    from guilds_code import escaped
+
+    before = escaped._read_int(escaped._LAST_PID)
+    held = dict(escaped._counters)
+    subprocess.run(["true"], check=True)
+    after = escaped._read_int(escaped._LAST_PID)
+    assert before is not None and after is not None and after != before  # a pid was handed out between
+    assert escaped._counters == held and set(held) >= {escaped._LAST_PID}  # the same descriptor, read again
+    assert os.readlink(f"/proc/self/fd/{held[escaped._LAST_PID]}") == escaped._LAST_PID
+    assert escaped._read_int(escaped._PID_MAX) == int(Path(escaped._PID_MAX).read_text())

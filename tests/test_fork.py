@@ -8,6 +8,7 @@ child's upper, caps refuse a fork past them and leave nothing; copies where no o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import site
@@ -316,6 +317,23 @@ def test_copies_where_no_overlay_is_and_the_cli_forks_the_settings_own_agent(tmp
     assert capsys.readouterr().err.strip().endswith("n: the number of agents to fork, 1 to 100, got 0")
 
 
+def waiting_workers(init_pid: int, server_pid: int) -> set[int]:
+    """The pids of a bwrap sandbox's resident helper's children (its workers), as the sandbox
+    numbers them; init_pid is the host's pid of the sandbox's init, server_pid the sandbox's of
+    the helper."""
+    def inside(pid: str) -> int:
+        with open(f"/proc/{pid}/status") as status:
+            return int(next(line for line in status if line.startswith("NSpid:")).split()[-1])
+
+    namespace = os.readlink(f"/proc/{init_pid}/ns/pid")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError, StopIteration):
+            if os.readlink(f"/proc/{pid}/ns/pid") == namespace and inside(pid) == server_pid:
+                with open(f"/proc/{pid}/task/{pid}/children") as children:
+                    return {inside(child) for child in children.read().split()}
+    return set()
+
+
 @pytest.mark.backends("bwrap")
 async def test_a_fork_takes_children_from_the_warm_pool_their_sandboxes_and_helpers_as_they_run(
         tmp_path, repo, backend):
@@ -341,6 +359,8 @@ async def test_a_fork_takes_children_from_the_warm_pool_their_sandboxes_and_help
         ready = {p.id: p for p in pool.ready}
         inits = {agent_id: p.toolbox.sandbox.init_pid() for agent_id, p in ready.items()}
         helpers = {agent_id: p.toolbox.transport.channel.pid for agent_id, p in ready.items()}
+        workers = {agent_id: waiting_workers(inits[agent_id], helpers[agent_id]) for agent_id in ready}
+        assert all(workers.values()), workers  # each pooled helper has a worker waiting for the first call
         for p in ready.values():  # what a pooled agent's home held goes with its old tree
             (Path(p.record.home) / "pool-marker").write_text("the pool's\n")
 
@@ -352,12 +372,13 @@ async def test_a_fork_takes_children_from_the_warm_pool_their_sandboxes_and_help
             home = Path(child.record.home)
             assert picture(home) == before and owners(home) == {os.stat(home).st_uid}
             seen = await child.call(f"c-{agent_id}", "shell", {"command": "head -1 run.sh; ls pool-marker 2>&1; "
-                                                              "git log --format=%s | head -2"})
+                                                              "git log --format=%s | head -2; echo $PPID"})
             gone = "ls: cannot access 'pool-marker': No such file or directory"
             assert seen.text.split("\n")[:4] == ["# edited", gone, "edits", "the repository"], seen.text
             if agent_id in ready:  # its sandbox and resident helper were not started again
                 assert child.toolbox.sandbox.init_pid() == inits[agent_id]
                 assert child.toolbox.transport.channel.pid == helpers[agent_id]
+                assert int(seen.text.split("\n")[4]) in workers[agent_id]  # the call forked no worker
         first, second = (Path(children[i].record.home) for i in sorted(ready))
         await children[sorted(ready)[0]].call(f"c-{sorted(ready)[0]}", "shell",
                                               {"command": "echo mine > only-first; rm run.sh"})

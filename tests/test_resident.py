@@ -6,6 +6,7 @@ holding frames only, stdin's end, the idle exit, and flat memory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -217,6 +218,7 @@ def test_idle_exit(sandbox):
     (["--fast", "1"], "serve: unknown option --fast"),
     (["--sleep-idle", "0"], "--sleep-idle: must be from 1 to 604800, got 0"),
     (["--woken", "256"], "--woken: must be from 0 to 255, got 256"),
+    (["--warm-first", "2"], "--warm-first: must be from 0 to 1, got 2"),
 ])
 def test_bad_options_are_named(sandbox, args, error):
     import subprocess
@@ -230,6 +232,31 @@ def test_bad_options_are_named(sandbox, args, error):
         timeout=30,
     )
     assert (done.returncode, done.stdout, done.stderr.decode()) == (2, b"", f"guilds-code serve: {error}\n")
+
+
+def counters_open(pid: int) -> set[str]:
+    """The /proc/sys files pid holds open (a warm server: those each shell call's end reads)."""
+    held = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("/proc/sys/"):
+                held.add(target)
+    return held
+
+
+def test_a_server_warm_first_is_warm_at_its_hello_and_its_workers_share_what_it_opened(sandbox):
+    counters = {"/proc/sys/kernel/ns_last_pid", "/proc/sys/kernel/pid_max"}
+    cold = ResidentServer(PYTHON, str(sandbox.helper), sandbox.process_env())
+    warm = ResidentServer(PYTHON, str(sandbox.helper), sandbox.process_env(), "--warm-first", "1")
+    try:
+        assert counters_open(cold.proc.pid) == set()  # warmed only once idle a moment after its hello
+        assert counters_open(warm.proc.pid) == counters
+        assert ok_text(warm.call(shell(sandbox, "echo $PPID; ls -l /proc/$PPID/fd | grep -c /proc/sys/"))) == \
+            f"{ok_text(warm.call(shell(sandbox, 'echo $PPID'))).strip()}\n2"  # one worker, holding the two
+    finally:
+        cold.close()
+        warm.close()
 
 
 def test_each_request_refreshes_the_idle_clock(sandbox, server):

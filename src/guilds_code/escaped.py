@@ -42,11 +42,11 @@ import os
 import time
 
 from . import limits
-from .proc import proc_stat, read_proc_file, signal_group, signal_process, signals
+from .proc import proc_stat, signal_group, signal_process, signals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Optional, Tuple
+    from typing import Dict, List, Optional, Tuple
 
 CALL_KEY_ENV = "GUILDS_CALL_KEY"
 """The variable a foreground call's processes inherit, holding the call's key."""
@@ -150,11 +150,33 @@ _PID_MAX = "/proc/sys/kernel/pid_max"
 """Past this, pids are handed out from the bottom again."""
 
 
+_counters: Dict[str, int] = {}
+"""The /proc/sys files a call's end reads (_LAST_PID, _PID_MAX), held open once opened: a path
+under /proc/sys is looked up at a cost that grows with the machine's network namespaces (with a
+hundred sandboxes running, most of a short call's)."""
+
+
+def keep_open() -> None:
+    """Open them now: the resident server, so the workers it forks after share them."""
+    for path in (_LAST_PID, _PID_MAX):
+        _counter(path)
+
+
+def _counter(path: str) -> Optional[int]:
+    fd = _counters.get(path)
+    if fd is None:
+        try:
+            fd = _counters[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+    return fd
+
+
 def _read_int(path: str) -> Optional[int]:
-    data = read_proc_file(path, 32)
+    fd = _counter(path)
     try:
-        return None if data is None else int(data)
-    except ValueError:
+        return None if fd is None else int(os.pread(fd, 32, 0))
+    except (OSError, ValueError):
         return None
 
 

@@ -3,7 +3,7 @@
 One process reads request frames from stdin and writes answer frames to
 stdout. Each request runs in a worker forked from the server, which imports
 every op once it has been idle a moment (``warm``; a request before that runs
-on a worker that imports its own op): the worker runs its op exactly as the
+on a worker that imports its own op), or before its hello with ``--warm-first 1``: the worker runs its op exactly as the
 one-shot helper would and writes the answer frame to stdout itself, then SENT
 into a pipe of its own, so the answer reaches the orchestrator with no hop
 through the server. One frame at a time goes to stdout, the server's or a
@@ -35,6 +35,10 @@ leave in its memory stays bounded; a cancelled one is never reused.
 - One watchdog for all workers (``watchdog``): a worker's command group is
   SIGKILLed when the worker dies before it is done, as the one-shot helper's
   own watchdog does, with no process started per call.
+- The server, its watchdog and a waiting worker stand in ``/``: none of them holds
+  the folder it was started in (the agent's home), so that home can be unmounted
+  and another mounted in its place (a warm pool's agent given a fork's home)
+  while the server runs; each op works in the request's ``cwd``.
 - Each request refreshes the sandbox's idle clock: the state root's mtime and
   ``<state root>/.active``'s if that file exists.
 - After ``--workers-idle`` seconds (SERVE_WORKERS_IDLE_SECONDS) with no request and none running, the waiting
@@ -409,6 +413,7 @@ class Server:
                 if not _answer(self.frames_lock, server, requests, answers, frame_id, envelope):
                     _write_all(answers, envelope)
                 _reap_children()  # background wrappers that ended: never the next op's
+                os.chdir("/")  # an op may have entered a folder: a waiting worker holds none
                 line = _read_line(requests) if served < limits.SERVE_WORKER_REQUESTS_MAX else b""
                 if not line:
                     break
@@ -695,9 +700,11 @@ def _touch_idle_clock() -> None:
 
 class Options:
     """``serve [--max-in-flight N] [--idle-exit S] [--workers-idle S] [--sleep-idle S]
-    [--woken BYTE]`` (``--woken``: the waiter's, ``asleep``)."""
+    [--warm-first 0|1] [--woken BYTE]`` (``--woken``: the waiter's, ``asleep``; ``--warm-first 1``:
+    ``warm`` before the hello, for a server opened ahead of its calls, whose first workers then
+    fork warm)."""
 
-    __slots__ = ("max_in_flight", "idle_exit", "orphan_exit", "workers_idle", "sleep_idle", "woken")
+    __slots__ = ("max_in_flight", "idle_exit", "orphan_exit", "workers_idle", "sleep_idle", "warm_first", "woken")
 
     def __init__(self) -> None:
         self.max_in_flight = frames.MAX_IN_FLIGHT_DEFAULT
@@ -705,6 +712,7 @@ class Options:
         self.orphan_exit: Optional[int] = None
         self.workers_idle: float = limits.SERVE_WORKERS_IDLE_SECONDS
         self.sleep_idle: float = limits.SERVE_SLEEP_IDLE_SECONDS
+        self.warm_first = 0
         self.woken: Optional[int] = None
 
 
@@ -712,7 +720,7 @@ _DURATION_BOUNDS = (1, 7 * 24 * 3600)
 _OPTIONS = {"--max-in-flight": ("max_in_flight", (1, 4096)), "--idle-exit": ("idle_exit", _DURATION_BOUNDS),
             "--orphan-exit": ("orphan_exit", _DURATION_BOUNDS),
             "--workers-idle": ("workers_idle", _DURATION_BOUNDS), "--sleep-idle": ("sleep_idle", _DURATION_BOUNDS),
-            asleep.WOKEN: ("woken", (0, 255))}
+            "--warm-first": ("warm_first", (0, 1)), asleep.WOKEN: ("woken", (0, 255))}
 
 
 def _options(argv: List[str]) -> Options:
@@ -742,17 +750,26 @@ def main(argv: List[str], answer: Callable[[object], bytes]) -> int:
         os.write(2, f"guilds-code serve: {exc}\n".encode())
         return 2
     gc.freeze()  # the watchdog's collections then never touch (copy) the pages it shares
+    os.chdir("/")
     if options.woken is None:
         watchdog.start()  # first, while this process is small: it forks
     else:
         watchdog.start_later()  # a request is waiting: its fork starts it, once the stop signals are handled
     codec.dumps({})  # warm what the first request needs
-    return Server(answer, options, argv).run()
+    server = Server(answer, options, argv)
+    if options.warm_first and options.woken is None:
+        warm()
+        server.warmed = True
+    return server.run()
 
 
 def warm() -> None:
-    """Import WARM_MODULES, then freeze what is loaded out of the garbage collector: the
-    workers forked from now on share these pages with the server, and collections skip them."""
+    """Import WARM_MODULES and open the files each shell call's end reads (``escaped.keep_open``),
+    then freeze what is loaded out of the garbage collector: the workers forked from now on
+    share these pages and descriptors with the server, and collections skip them."""
     for name in WARM_MODULES:
         __import__(name)
+    from . import escaped
+
+    escaped.keep_open()
     gc.freeze()

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import shutil
 import threading
 from pathlib import Path
@@ -119,14 +120,20 @@ def mount_home(data_dir: Path, home: Path) -> None:
 
 
 def swap_home(data_dir: Path, home: Path, above: list[str], lower: str | None) -> None:
-    """A swappable home given other layers: its overlay taken off its point (lazily when busy:
-    what still holds it keeps the old tree, which no path reaches), its upper emptied, the
+    """A swappable home given other layers: its overlay taken off its point (detached lazily:
+    what still holds it keeps the old tree, which no path reaches; this process holds it too
+    and lets it go in the background, ``_let_go``, for overlayfs syncs its upper's whole
+    filesystem when its last user goes), its upper emptied, the
     fork layers ``above`` over the template layer ``lower`` (a ``lower`` link's target) named
     under the forks' lock, and the new overlay mounted on the point. The layers it stood on
     before are pruned when nothing else stands on them."""
     own = overlay_dir(data_dir, home)
     info = os.stat(own / "upper")
-    mounts.unmount_overlay(home)
+    held = os.open(home, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        mounts.detach_overlay(home)
+    finally:
+        _let_go(held)
     old_lower = ""
     with contextlib.suppress(OSError):
         old_lower = os.path.basename(os.readlink(own / LOWER_LINK))
@@ -148,6 +155,28 @@ def swap_home(data_dir: Path, home: Path, above: list[str], lower: str | None) -
     fork_layers.prune(data_dir, [name for name in old_above if name not in above])
 
 
+_held: queue.SimpleQueue[int] = queue.SimpleQueue()
+_letting_go: list[threading.Thread] = []
+_letting_go_lock = threading.Lock()
+
+
+def _let_go(fd: int) -> None:
+    """Close fd, the last hold on an overlay taken off its point, in this process's one
+    background thread (started at the first), one after another: the overlay's teardown,
+    the sync of its upper's filesystem, waits on no caller."""
+    with _letting_go_lock:
+        if not _letting_go:
+            thread = threading.Thread(target=_close_held, name="guilds-overlays-let-go", daemon=True)
+            thread.start()
+            _letting_go.append(thread)
+    _held.put(fd)
+
+
+def _close_held() -> None:
+    while True:
+        os.close(_held.get())
+
+
 def _folders(own: Path, owner: tuple[int, int]) -> None:
     """upper (the agent's, 0700: the home's own owner and mode) and work (overlayfs's, root's)."""
     for name in ("upper", "work"):
@@ -164,8 +193,8 @@ def _mount(home: Path, own: Path) -> None:
     try:
         mounts.mount_overlay(str(home), layers, str(own / "upper"), str(own / "work"))
     finally:
-        for layer_fd in layers:
-            os.close(layer_fd)
+        for layer_fd in layers:  # a detached clone: its release waits for the kernel, in the background
+            _let_go(layer_fd)
 
 
 def remove_home(home: Path, data_dir: Path) -> bool:

@@ -1,13 +1,13 @@
 """The Linux mount calls an agent's overlay home needs (root only), through libc.
 
     layer_fd = layer_mount(layer, owner)    the layer, read-only, its root-owned files shown as owner's
-    layer_fds = layer_mounts(layers, owner) the same of each layer, one user namespace made for all
+    layer_fds = layer_mounts(layers, owner) the same of each layer, one user namespace for all (kept per owner)
     mount_overlay(home, layer_fds, upper, work)  # the layers top first (one fd: one layer)
     mounted(path) -> bool                   a mount point in this mount namespace?
     overlay_homes() -> [path]               the overlay homes mounted in it
     unmount(path) -> bool                   gone; True when only a lazy detach could do it
     share_point(path)                       path a shared mount point of its own (a home a pool swaps)
-    unmount_overlay(path) -> bool           the overlay home on top of path off, its point kept
+    detach_overlay(path) -> bool            the overlay on top of path detached, its point kept
     propagates_to(path, pid, inside) -> bool  a mount on path reaches pid's namespace at inside
 
 ``layer_mount`` clones the layer's mount (``open_tree``) and, for an owner other
@@ -29,6 +29,8 @@ import os
 import re
 import shutil
 import subprocess
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from ..errors import SandboxError
@@ -54,7 +56,20 @@ _MOVE_MOUNT_F_EMPTY_PATH = 4
 _MNT_DETACH, _UMOUNT_NOFOLLOW = 2, 8
 MAX_STACKED = 8
 """unmount: the most mounts it takes off one path (a home mounted twice over)."""
+NAMESPACES_KEPT = 256
+"""The user namespaces of idmapped layers kept open, the last used (one per owner): a home
+mounted again for an owner seen before (a pooled agent's home swapped by a fork) makes none."""
 _libc = ctypes.CDLL(None, use_errno=True)
+_namespaces: OrderedDict[tuple[int, int], int] = OrderedDict()
+_namespaces_lock = threading.Lock()
+
+
+class _StatFs(ctypes.Structure):
+    """struct statfs: its first field (the filesystem's magic number), room for the rest."""
+    _fields_ = [("f_type", ctypes.c_long), ("_rest", ctypes.c_byte * 256)]
+
+
+_OVERLAYFS_MAGIC = 0x794C7630
 
 
 class _MountAttr(ctypes.Structure):
@@ -71,6 +86,25 @@ def _call(what: str, nr: int, *args) -> int:
 
 
 def _user_namespace(uid: int, gid: int) -> int:
+    """A handle (the caller's to close) on a user namespace mapping 0 to uid and gid: the one
+    kept for that owner, else a new one, then kept (the ``NAMESPACES_KEPT`` last used)."""
+    with _namespaces_lock:
+        kept = _namespaces.get((uid, gid))
+        if kept is not None:
+            _namespaces.move_to_end((uid, gid))
+            return os.dup(kept)
+    made = _new_user_namespace(uid, gid)
+    with _namespaces_lock:
+        kept = _namespaces.setdefault((uid, gid), made)
+        if kept != made:
+            os.close(made)
+        _namespaces.move_to_end((uid, gid))
+        while len(_namespaces) > NAMESPACES_KEPT:
+            os.close(_namespaces.popitem(last=False)[1])
+        return os.dup(kept)
+
+
+def _new_user_namespace(uid: int, gid: int) -> int:
     """A handle on a new user namespace mapping 0 to uid and gid (a process made it, now gone)."""
     unshare = shutil.which("unshare") or "unshare"
     holder = subprocess.Popen([unshare, "--user", "--", "sh", "-c", "echo; read _"],
@@ -96,8 +130,9 @@ def layer_mount(layer: str, owner: tuple[int, int]) -> int:
 
 
 def layer_mounts(layers: Sequence[str], owner: tuple[int, int]) -> list[int]:
-    """``layer_mount`` of each layer, in order, their idmaps through one user namespace (one
-    process started for all of them, none for root); on a failure none is left open."""
+    """``layer_mount`` of each layer, in order, their idmaps through one user namespace (the
+    owner's kept one, else one process started for all of them; none for root); on a failure
+    none is left open."""
     fds: list[int] = []
     userns = -1
     try:
@@ -211,21 +246,17 @@ def _tops(mountinfo: str, point: str) -> list[list[str]]:
         return [fields for fields in (line.split() for line in fh) if _unescaped(fields[4]) == point]
 
 
-def unmount_overlay(path: str | os.PathLike) -> bool:
-    """Take the overlay home on top of path off (a no-op when the top mount is another), leaving
-    what is below it; True when it was busy and only a lazy detach took it off."""
-    point = os.path.realpath(path)
-    stacked = _tops("/proc/self/mountinfo", point)
-    if not stacked or f" - overlay {OVERLAY_SOURCE} " not in " ".join(stacked[-1]) + " ":
+def detach_overlay(path: str | os.PathLike) -> bool:
+    """Detach the overlay on top of path (``MNT_DETACH``: what still holds it keeps it; a no-op
+    when the top mount there is no overlay), leaving what is below it; True when one was."""
+    where = os.fsencode(os.path.realpath(path))
+    found = _StatFs()
+    if _libc.statfs(where, ctypes.byref(found)) != 0 or found.f_type != _OVERLAYFS_MAGIC:
         return False
-    where = os.fsencode(point)
-    if _libc.umount2(where, _UMOUNT_NOFOLLOW) == 0:
-        return False
-    code = ctypes.get_errno()
-    if code == errno.EBUSY and _libc.umount2(where, _UMOUNT_NOFOLLOW | _MNT_DETACH) == 0:
+    if _libc.umount2(where, _UMOUNT_NOFOLLOW | _MNT_DETACH) == 0:
         return True
     code = ctypes.get_errno()
-    raise SandboxError(f"cannot unmount {point}: {os.strerror(code)}")
+    raise SandboxError(f"cannot unmount {os.fsdecode(where)}: {os.strerror(code)}")
 
 
 def _field(fields: list[str], tag: str) -> str | None:

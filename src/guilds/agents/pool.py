@@ -12,8 +12,9 @@
 A template with ``[templates.NAME.pool]`` (``PoolSettings``; bwrap or docker) has
 a pool; one in kubernetes' claim mode has agent-sandbox's instead, sized by ``claims``
 (``guilds.agents.claim_pools``), and none here. A pooled agent is made as every agent is (``Agents``: its id, its home,
-its entry, its sandbox started), then its resident helper opened and the
-pool's hook run in it, and recorded ``pooled``: owned by the pool
+its entry, its sandbox started), then its resident helper opened and asked whether it
+answers (so a worker of it waits for the first call, ``guilds_code.resident``),
+the pool's hook run in it, and recorded ``pooled``: owned by the pool
 (``pool:<this process's record owner id>``), counted against the server's cap,
 never an owner's (``guilds.record.agent_rows``).
 
@@ -62,7 +63,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable
 from dataclasses import replace
 from datetime import timedelta
@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 
 from guilds_code.limits import SERVE_SLEEP_IDLE_SECONDS
 
-from ..errors import GuildsError
+from ..errors import GuildsError, SandboxError
 from ..limits import POOL_FAILURE_PAUSE_SECONDS, POOL_KEEP_SECONDS, POOL_MAKES_AT_ONCE, POOL_TICK_SECONDS
 from ..record.agent_rows import LIVE, MAKING, POOLED, RETIRING, AgentRecord, AgentRefused
 from ..record.statements import utc_now
@@ -95,13 +95,6 @@ if TYPE_CHECKING:
     from .registry import Agents
 
 log = logging.getLogger(__name__)
-
-
-class _Only:
-    """One pooled agent as a pool of its own, for ``_take_ready``'s look and adoption."""
-
-    def __init__(self, pooled: Pooled):
-        self.ready = deque([pooled])
 
 
 class Pools:
@@ -193,39 +186,50 @@ class Pools:
         """Up to n ready agents of template whose homes can be swapped in place (``swappable``),
         oldest first, each made the owner's (live, its expiry from now) as ``take`` makes one; a
         fork gives them its children's home. Each child counts as a make of the template (the
-        pool's demand); those taken are hits, the rest misses. Past the owner's cap it stops,
-        leaving the rest in the pool (the fork's own admission then refuses past the cap)."""
+        pool's demand); those taken are hits, the rest misses. They are made the owner's in one
+        transaction; past the owner's cap it stops, leaving the rest in the pool (the fork's own
+        admission then refuses past the cap)."""
         pool = self.pools.get(template) if self._started else None
         if pool is None:
             return []
         pool.made_at.extend([time.monotonic()] * n)
         self._wake.set()
-        taken: list[tuple[AgentRecord, Toolbox]] = []
+        candidates: list[Pooled] = []
         passed: list[Pooled] = []
-        try:
-            while pool.ready and len(taken) < n:
-                pooled = pool.ready.popleft()
-                if not swappable(pooled.toolbox, pooled.record.home):
-                    passed.append(pooled)
-                    continue
-                try:
-                    got = await self._take_ready(_Only(pooled), owner, expires_in, max_per_owner)
-                except AgentRefused:
-                    passed.append(pooled)
-                    break
-                if got is not None:
-                    taken.append(got)
-        except BaseException:  # the record failed: what was taken already is nobody's fork's
-            for record, toolbox in taken:
-                self._later(self._remove_record(record, toolbox))
-            raise
-        finally:
+        while pool.ready and len(candidates) < n:
+            pooled = pool.ready.popleft()
+            if not swappable(pooled):
+                passed.append(pooled)
+            elif await alive(pooled.toolbox):
+                candidates.append(pooled)
+            else:
+                self._later(self._remove(pooled))
+        if not candidates:
             pool.ready.extendleft(reversed(passed))
+            pool.misses += n
+            return []
+        now = utc_now()
+        change: dict[str, Any] = {"owner": owner, "created_at": now,
+                                  "expires_at": None if expires_in is None else now + timedelta(seconds=expires_in)}
+        try:
+            adopted, looked = await self.agents.store.adopt_agents([p.id for p in candidates], change,
+                                                                   max_per_owner=max_per_owner, n=n)
+        except AgentRefused:
+            adopted, looked = [], 0
+        except BaseException:  # the record failed: nothing was taken
+            pool.ready.extendleft(reversed(passed + candidates))
+            raise
+        ids = set(adopted)
+        taken = [p for p in candidates[:looked] if p.id in ids]
+        for pooled in candidates[:looked]:
+            if pooled.id not in ids:  # retired meanwhile by a make at the server's cap
+                self._later(self._remove(pooled))
+        pool.ready.extendleft(reversed(passed + candidates[looked:]))
         pool.hits += len(taken)
         pool.misses += n - len(taken)
-        return taken
+        return [(replace(p.record, **change, status=LIVE), p.toolbox) for p in taken]
 
-    async def _take_ready(self, pool: TemplatePool | _Only, owner: str, expires_in: float | None,
+    async def _take_ready(self, pool: TemplatePool, owner: str, expires_in: float | None,
                           max_per_owner: int) -> tuple[AgentRecord, Toolbox] | None:
         while pool.ready:
             pooled = pool.ready.popleft()
@@ -319,11 +323,19 @@ class Pools:
         finally:
             pool.making -= 1
         pool.failed_at = None
-        pool.ready.append(Pooled(record, toolbox))
+        await self._ready(pool, Pooled(record, toolbox))
+
+    @staticmethod
+    async def _ready(pool: TemplatePool, pooled: Pooled) -> None:
+        """pooled made ready, whether a fork may swap its home looked at now (``swappable``)."""
+        await asyncio.to_thread(swappable, pooled)
+        pool.ready.append(pooled)
 
     def _preparer(self, pool: TemplatePool) -> Hook:
         async def prepare(toolbox: Toolbox) -> None:
             await toolbox.warm()
+            if not await answers(toolbox):  # and so its helper has a worker waiting: a first call forks none
+                raise SandboxError("its resident helper does not answer")
             if pool.hook is not None:
                 await pool.hook(toolbox)
         return prepare
@@ -386,7 +398,7 @@ class Pools:
                 try:
                     await self._preparer(pool)(toolbox)
                     if await answers(toolbox):
-                        pool.ready.append(Pooled(record, toolbox))
+                        await self._ready(pool, Pooled(record, toolbox))
                         return
                 except (GuildsError, OSError) as exc:
                     log.warning("pool %s: agent %s not taken back: %s", pool.template.name, record.id, exc)

@@ -5,7 +5,7 @@
     await answers(toolbox)          a request through the agent's open resident helper
     await alive(toolbox)            a take's look: from the host where the sandbox tells so, else answers
     await still_runs(toolbox, dir)  its sandbox running, as the backend lists it (never started anew)
-    swappable(toolbox, home)        its home can be given another in place (a fork's child)
+    swappable(pooled)               its home can be given another in place (a fork's child)
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ class Pooled:
 
     record: AgentRecord
     toolbox: Toolbox
+    swaps_in: int | None = None
+    """The pid of the sandbox's init its home was last found swappable in (``swappable``)."""
 
     @property
     def id(self) -> str:
@@ -130,12 +132,17 @@ def _running(state: str) -> bool:
     return state == "running" or state.startswith("Up")
 
 
-def swappable(toolbox: Toolbox, home: str) -> bool:
+def swappable(pooled: Pooled) -> bool:
     """The pooled agent's home was made swappable and its running sandbox bound the bare point,
     so a mount on the home here appears inside (``mounts.propagates_to``): a fork may give it
-    another home in place (``homes.swap_home``). Reads /proc only."""
+    another home in place (``homes.swap_home``). Reads /proc only: both mount tables once per
+    sandbox init (the pool looks when it makes the agent), then whether that init still runs."""
     from .mounts import propagates_to
 
-    sandbox = toolbox.sandbox
+    sandbox = pooled.toolbox.sandbox
     pid = sandbox.init_pid() if sandbox.name == SWAPPABLE_BACKEND else None  # type: ignore[attr-defined]
-    return pid is not None and propagates_to(home, pid, sandbox.home)
+    if pid is None:
+        return False
+    if pooled.swaps_in != pid:
+        pooled.swaps_in = pid if propagates_to(pooled.record.home, pid, sandbox.home) else None
+    return pooled.swaps_in == pid

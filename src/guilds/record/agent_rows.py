@@ -2,6 +2,7 @@
 
     admit(conn, row, caps)       insert a ``making`` agent if the caps allow it, else AgentRefused
     adopt(conn, ids, owner...)   a ``pooled`` agent of ids made ``live``, the owner's, within its cap
+    adopt_each(conn, ids, ...)   up to n of them so, in one transaction (a fork's children)
     mark(conn, id, status, at)   making -> live or pooled, live -> removed (only from given statuses)
     expire(conn, id, at)         a live agent's new expiry
     forget(conn, id)             drop the row of a make that failed: nothing of it stays
@@ -193,6 +194,27 @@ def adopt(conn: sa.Connection, candidates: Sequence[str], change: Mapping[str, A
         if conn.execute(taken.values(**change, status=LIVE)).rowcount:
             return agent_id
     return None
+
+
+def adopt_each(conn: sa.Connection, candidates: Sequence[str], change: Mapping[str, Any], max_per_owner: int,
+               n: int) -> tuple[list[str], int]:
+    """Up to n of candidates still ``pooled``, in order, each made ``live`` with ``change`` while
+    the owner is within its cap (AgentRefused when it is at it already): the ids taken, and how
+    many candidates were looked at (one looked at and not taken is no longer pooled)."""
+    _lock(conn)
+    room = max_per_owner - _counted(conn, HELD, agents.c.owner == change["owner"])
+    if room <= 0:
+        raise _owner_full(change["owner"], max_per_owner)
+    taken: list[str] = []
+    looked = 0
+    for agent_id in candidates:
+        if len(taken) >= min(n, room):
+            break
+        looked += 1
+        adopted = sa.update(agents).where(agents.c.id == agent_id, agents.c.status == POOLED)
+        if conn.execute(adopted.values(**change, status=LIVE)).rowcount:
+            taken.append(agent_id)
+    return taken, looked
 
 
 def hand_over(conn: sa.Connection, agent_id: str, holder: str, new_holder: str) -> bool:

@@ -556,6 +556,14 @@ class Store:
         return await self._in_transaction(
             f"an agent for {change['owner']}", lambda conn: agent_rows.adopt(conn, candidates, change, max_per_owner))
 
+    async def adopt_agents(self, candidates: Sequence[str], change: dict[str, Any], *, max_per_owner: int,
+                           n: int) -> tuple[list[str], int]:
+        """Up to n of the pooled candidates made live with ``change`` in one transaction
+        (``agent_rows.adopt_each``): the ids taken, and how many candidates were looked at."""
+        return await self._in_transaction(
+            f"agents for {change['owner']}",
+            lambda conn: agent_rows.adopt_each(conn, candidates, change, max_per_owner, n))
+
     async def hand_over_agent(self, agent_id: str, holder: str, new_holder: str) -> bool:
         """A pooled agent of a gone process taken by this one (``agent_rows.hand_over``)."""
         return await self._in_transaction(f"the pooled agent {agent_id}",

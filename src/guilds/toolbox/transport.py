@@ -99,13 +99,15 @@ def _failure(headline: str, result: ExecResult) -> str:
 # --- the resident transport ---------------------------------------------------
 
 
-def serve_argv(sandbox: Sandbox, max_in_flight: int) -> list[str]:
+def serve_argv(sandbox: Sandbox, max_in_flight: int, *, warm_first: bool = False) -> list[str]:
     """How the resident helper is started inside the sandbox (with ``--orphan-exit`` where the
-    sandbox's channel is kept alive: ``keepalive_of``)."""
+    sandbox's channel is kept alive: ``keepalive_of``; ``--warm-first 1`` for one opened ahead
+    of its calls, which imports every op before its hello)."""
     idle = getattr(sandbox, "idle_seconds", None) or RESIDENT_IDLE_EXIT_SECONDS_DEFAULT
     orphan = ["--orphan-exit", str(RESIDENT_ORPHAN_EXIT_SECONDS)] if keepalive_of(sandbox) else []
+    warm = ["--warm-first", "1"] if warm_first else []
     return [sandbox.python, "-I", "-S", sandbox.helper_path(HELPER), "serve",
-            "--max-in-flight", str(max_in_flight), "--idle-exit", str(max(1, round(idle))), *orphan]
+            "--max-in-flight", str(max_in_flight), "--idle-exit", str(max(1, round(idle))), *orphan, *warm]
 
 
 def keepalive_of(sandbox: Sandbox) -> float | None:
@@ -156,11 +158,12 @@ class Transport:
         return self._live()
 
     async def warm(self) -> ResidentChannel | None:
-        """Open the channel now and wait for it; None under ``exec``, or under auto when it
-        could not open (calls then go by exec, as the class docstring says)."""
+        """Open the channel now and wait for it, its server warm before its hello
+        (``--warm-first``); None under ``exec``, or under auto when it could not open (calls
+        then go by exec, as the class docstring says)."""
         if self.mode == "exec":
             return None
-        return await self._open()
+        return await self._open(warm_first=True)
 
     async def call(self, request: dict[str, Any], *, wait: float, helper: str = HELPER,
                    rerunnable: bool = False) -> dict[str, Any]:
@@ -215,7 +218,7 @@ class Transport:
         if not task.cancelled() and task.exception() is not None:  # retrieved: auto goes by exec
             self._failed_at = time.monotonic()
 
-    async def _open(self) -> ResidentChannel | None:
+    async def _open(self, *, warm_first: bool = False) -> ResidentChannel | None:
         """Open the channel unless one is live; None when auto falls back to exec."""
         from .resident_channel import ChannelDied, ResidentChannel
 
@@ -225,7 +228,8 @@ class Transport:
             await self.close()
             try:
                 self._channel = await ResidentChannel.open(
-                    self.sandbox, serve_argv(self.sandbox, self.max_in_flight), keepalive=keepalive_of(self.sandbox))
+                    self.sandbox, serve_argv(self.sandbox, self.max_in_flight, warm_first=warm_first),
+                    keepalive=keepalive_of(self.sandbox))
             except (ChannelDied, SandboxError) as exc:
                 if self.mode == "resident":
                     raise SandboxError(f"cannot open the resident helper: {exc}") from exc
