@@ -23,6 +23,7 @@ import sqlalchemy as sa
 
 import backend_kit
 import guilds
+from guilds.agents import pool as pool_module
 from guilds.agents.demand import target
 from guilds.config.templates import PoolSettings
 from guilds.errors import BadInput, ConfigError
@@ -448,6 +449,25 @@ async def test_the_pool_grows_under_a_steady_stream_and_shrinks_only_after_the_c
             await asyncio.sleep(0.2)
         await until(lambda: agents.pools.counts()["box"].target == 1, "the target falls after the cool-down", 5)
         await until(ready_exactly(agents, 1), "shrunk to spare", 30)
+
+
+@pytest.mark.bwrap
+@pytest.mark.skipif(backend_kit.why_not("bwrap") is not None, reason=f"bwrap: {backend_kit.why_not('bwrap')}")
+@pytest.mark.skipif(os.geteuid() != 0, reason="a fork takes pooled agents whose overlay homes a root orchestrator made")
+async def test_a_fork_s_take_refills_after_its_pause_and_a_make_s_at_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(pool_module, "POOL_FORK_REFILL_PAUSE_SECONDS", 3.0)
+    async with serving(tmp_path, server(tmp_path, spare=2, max_pool=3)) as (agent, agents):
+        await until(ready(agents, 2), "the pool filled")
+        taken = await agents.pools.take_swappable("box", 2, "alice", None, 5)
+        started = time.monotonic()
+        assert [record.owner for record, _ in taken] == ["alice", "alice"]
+        await until(lambda: agents.pools.counts()["box"].making > 0, "the refill started", 30)
+        assert time.monotonic() - started > 2.5  # not before the pause (the tick is 1 s)
+        await until(ready(agents, 3), "refilled to spare + the takes of the window")
+        made = time.monotonic()
+        await agent.make_agent("box", owner="bob")
+        await until(lambda: agents.pools.counts()["box"].making > 0, "the make's refill started", 30)
+        assert time.monotonic() - made < 2.5
 
 
 def ready_exactly(agents, n: int):

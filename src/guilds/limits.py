@@ -464,6 +464,9 @@ POOL_FAILURE_PAUSE_SECONDS = 30.0
 """After a pooled agent's make failed (an engine away, an image missing), its pool is not refilled this long."""
 POOL_MAKES_AT_ONCE = 2
 """Pooled agents being made at once across a server's pools (two cores: more only queue)."""
+POOL_FORK_REFILL_PAUSE_SECONDS = 1.0
+"""After a fork takes a pool's agents, its refill waits this long: the children's first calls,
+which the fork is for, get the machine first (a make's take refills at once)."""
 CHECKPOINT_GATE_POLL_SECONDS = 0.01
 """How often a call or a rewind waiting at an agent's call gate tries its lock again: a call
 waits at most this much past a rewind's end (guilds.checkpoints.call_gate)."""

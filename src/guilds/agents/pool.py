@@ -28,7 +28,8 @@ never an owner's (``guilds.record.agent_rows``).
   open, is the agent's: the first call starts nothing. A make that finds no
   ready agent is a miss and makes one as without a pool; it never waits for a
   refill under way.
-- **Sized** from demand (``guilds.agents.demand``), refilled in the background:
+- **Sized** from demand (``guilds.agents.demand``), refilled in the background
+  (after a fork's take, from POOL_FORK_REFILL_PAUSE_SECONDS on):
   at most POOL_MAKES_AT_ONCE made at once across the pools, each admitted within
   the server's cap (a refill at the cap makes nothing); shrunk oldest first.
   A template whose make fails is not refilled for POOL_FAILURE_PAUSE_SECONDS.
@@ -72,7 +73,13 @@ from typing import TYPE_CHECKING, Any
 from guilds_code.limits import SERVE_SLEEP_IDLE_SECONDS
 
 from ..errors import GuildsError, SandboxError
-from ..limits import POOL_FAILURE_PAUSE_SECONDS, POOL_KEEP_SECONDS, POOL_MAKES_AT_ONCE, POOL_TICK_SECONDS
+from ..limits import (
+    POOL_FAILURE_PAUSE_SECONDS,
+    POOL_FORK_REFILL_PAUSE_SECONDS,
+    POOL_KEEP_SECONDS,
+    POOL_MAKES_AT_ONCE,
+    POOL_TICK_SECONDS,
+)
 from ..record.agent_rows import LIVE, MAKING, POOLED, RETIRING, AgentRecord, AgentRefused
 from ..record.statements import utc_now
 from .claim_pools import ClaimPools, sized_by_demand
@@ -193,7 +200,7 @@ class Pools:
         if pool is None:
             return []
         pool.made_at.extend([time.monotonic()] * n)
-        self._wake.set()
+        pool.refill_from = time.monotonic() + POOL_FORK_REFILL_PAUSE_SECONDS
         candidates: list[Pooled] = []
         passed: list[Pooled] = []
         while pool.ready and len(candidates) < n:
@@ -295,6 +302,8 @@ class Pools:
         have = len(pool.ready) + pool.making
         if have < goal:
             if pool.failed_at is not None and now - pool.failed_at < POOL_FAILURE_PAUSE_SECONDS:
+                return
+            if now < pool.refill_from:
                 return
             for _ in range(goal - have):
                 pool.making += 1

@@ -77,6 +77,8 @@ class TemplatePool:
     hits: int = 0
     misses: int = 0
     failed_at: float | None = None
+    refill_from: float = 0.0
+    """No make starts before this monotonic time (a fork's take: ``POOL_FORK_REFILL_PAUSE_SECONDS``)."""
     hook: Hook | None = None
 
     def target(self, now: float) -> int:
@@ -87,7 +89,6 @@ class TemplatePool:
 
     def counts(self, now: float) -> PoolCounts:
         return PoolCounts(len(self.ready), self.making, self.target(now), self.hits, self.misses)
-
 
 
 async def answers(toolbox: Toolbox) -> bool:
