@@ -161,9 +161,10 @@ _letting_go_lock = threading.Lock()
 
 
 def _let_go(fd: int) -> None:
-    """Close fd, the last hold on an overlay taken off its point, in this process's one
-    background thread (started at the first), one after another: the overlay's teardown,
-    the sync of its upper's filesystem, waits on no caller."""
+    """Close fd (the last hold on an overlay taken off its point, or a layer's detached clone)
+    in this process's one background thread (started at the first), one after another: the
+    mount's release (an overlay's teardown syncs its upper's filesystem; any waits for the
+    kernel's grace period) waits on no caller."""
     with _letting_go_lock:
         if not _letting_go:
             thread = threading.Thread(target=_close_held, name="guilds-overlays-let-go", daemon=True)
