@@ -203,14 +203,18 @@ class Pools:
         pool.refill_from = time.monotonic() + POOL_FORK_REFILL_PAUSE_SECONDS
         candidates: list[Pooled] = []
         passed: list[Pooled] = []
-        while pool.ready and len(candidates) < n:
-            pooled = pool.ready.popleft()
-            if not swappable(pooled):
-                passed.append(pooled)
-            elif await alive(pooled.toolbox):
-                candidates.append(pooled)
-            else:
-                self._later(self._remove(pooled))
+        try:
+            while pool.ready and len(candidates) < n:
+                pooled = pool.ready.popleft()
+                if not swappable(pooled):
+                    passed.append(pooled)
+                elif await alive(pooled.toolbox):
+                    candidates.append(pooled)
+                else:
+                    self._later(self._remove(pooled))
+        except BaseException:  # cancelled while looking: every one looked at stays in the pool
+            pool.ready.extendleft(reversed(passed + candidates))
+            raise
         if not candidates:
             pool.ready.extendleft(reversed(passed))
             pool.misses += n
