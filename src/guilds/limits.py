@@ -479,9 +479,6 @@ FORK_MAX_LAYERS = 32
 whole home as one layer instead of stacking one more (guilds.agents.fork)."""
 FORK_STARTS_AT_ONCE = 8
 """A fork's children whose homes are mounted and sandboxes started at once."""
-FORK_SWAPS_AT_ONCE = 32
-"""A fork's children taken from a warm pool whose homes are swapped at once, each in a thread of
-the fork's own (a swap is mostly mount and file system calls, about 1.5 ms)."""
 
 KUBERNETES_POD_GONE_ATTEMPTS = 4
 """Tries of a step whose exec finds its pod gone (``KubePodSandbox._in_pod``)."""

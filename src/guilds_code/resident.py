@@ -3,8 +3,9 @@
 One process reads request frames from stdin and writes answer frames to
 stdout. Each request runs in a worker forked from the server, which imports
 every op once it has been idle a moment (``warm``; a request before that runs
-on a worker that imports its own op), or before its hello with ``--warm-first 1``: the worker runs its op exactly as the
-one-shot helper would and writes the answer frame to stdout itself, then SENT
+on a worker that imports its own op), or before its hello with ``--warm-first
+1``: the worker runs its op exactly as the one-shot helper would and writes the
+answer frame to stdout itself, then SENT
 into a pipe of its own, so the answer reaches the orchestrator with no hop
 through the server. One frame at a time goes to stdout, the server's or a
 worker's: each writer holds a POSIX lock on a memfd the server made (the frames

@@ -48,7 +48,6 @@ import dataclasses
 import os
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -58,7 +57,7 @@ from ..checkpoints.call_gate import CallGate
 from ..checkpoints.point_store import Checkpoint, CheckpointError, CheckpointStore
 from ..config import agents as known_agents
 from ..errors import BadInput, GuildsError
-from ..limits import FORK_MAX_CHILDREN, FORK_MAX_LAYERS, FORK_STARTS_AT_ONCE, FORK_SWAPS_AT_ONCE
+from ..limits import FORK_MAX_CHILDREN, FORK_MAX_LAYERS, FORK_STARTS_AT_ONCE
 from ..record.agent_rows import LIVE, AgentRecord, UidTaken
 from ..record.statements import utc_now
 from . import fork_layers
@@ -405,14 +404,12 @@ async def _start_all(agents: Agents, source: Source, children: list[_Child], pla
     from ..sandbox import inherit_egress_origins
 
     limit = asyncio.Semaphore(FORK_STARTS_AT_ONCE)
-    swaps = ThreadPoolExecutor(FORK_SWAPS_AT_ONCE, thread_name_prefix="guilds-fork-swap")
 
     async def start(child: _Child) -> None:
-        if child.pooled:
-            await asyncio.get_running_loop().run_in_executor(
-                swaps, swap_home, agents.data_dir, child.settings.home, plan.above, plan.lower)
-            return
         async with limit:
+            if child.pooled:
+                await asyncio.to_thread(swap_home, agents.data_dir, child.settings.home, plan.above, plan.lower)
+                return
             if child.sandbox.egress is not None:
                 inherit_egress_origins(agents.data_dir, source.id, child.settings.id)
             await asyncio.to_thread(_home_remembered, agents.data_dir, child, plan, children[0])
@@ -421,10 +418,7 @@ async def _start_all(agents: Agents, source: Source, children: list[_Child], pla
             child.toolbox = agents.toolbox_for(child.settings, child.sandbox)
             child.toolbox.started_by_maker(time.monotonic() - started)
 
-    try:
-        results = await asyncio.gather(*(start(c) for c in children), return_exceptions=True)
-    finally:
-        swaps.shutdown(wait=False)
+    results = await asyncio.gather(*(start(c) for c in children), return_exceptions=True)
     failed = [r for r in results if isinstance(r, BaseException)]
     if failed:
         raise failed[0]

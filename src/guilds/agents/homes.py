@@ -31,9 +31,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import queue
 import shutil
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable
 
@@ -155,27 +155,15 @@ def swap_home(data_dir: Path, home: Path, above: list[str], lower: str | None) -
     fork_layers.prune(data_dir, [name for name in old_above if name not in above])
 
 
-_held: queue.SimpleQueue[int] = queue.SimpleQueue()
-_letting_go: list[threading.Thread] = []
-_letting_go_lock = threading.Lock()
+_letting_go = ThreadPoolExecutor(1, thread_name_prefix="guilds-overlays-let-go")
 
 
 def _let_go(fd: int) -> None:
     """Close fd (the last hold on an overlay taken off its point, or a layer's detached clone)
-    in this process's one background thread (started at the first), one after another: the
-    mount's release (an overlay's teardown syncs its upper's filesystem; any waits for the
-    kernel's grace period) waits on no caller."""
-    with _letting_go_lock:
-        if not _letting_go:
-            thread = threading.Thread(target=_close_held, name="guilds-overlays-let-go", daemon=True)
-            thread.start()
-            _letting_go.append(thread)
-    _held.put(fd)
-
-
-def _close_held() -> None:
-    while True:
-        os.close(_held.get())
+    in this process's one background thread, one after another: the mount's release (an
+    overlay's teardown syncs its upper's filesystem; any waits for the kernel's grace period)
+    waits on no caller."""
+    _letting_go.submit(os.close, fd)
 
 
 def _folders(own: Path, owner: tuple[int, int]) -> None:
