@@ -5,10 +5,13 @@ another agent, and the nsenter path taken when the starter cannot serve. Real bw
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
 import signal
+import sys
+import time
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -239,3 +242,37 @@ async def test_auto_goes_by_exec_when_the_forked_helper_is_not_open_in_time(tmp_
         assert box.forks_helpers
         assert len(await _calls_by_exec(box, toolbox, monkeypatch)) == 1  # not waited for: a one-shot helper
         assert await toolbox.transport.opened() is not None  # the opening went on
+
+
+def init_ends_once_found(box: BwrapSandbox, monkeypatch, by: str = "") -> list[int]:
+    """The sandbox's init killed right after the next call found it (by: only as the method
+    of that name finds it), once, as its idle stop would end it at that moment; the list gets
+    the pid killed."""
+    found, killed = box._ensure_init, []
+
+    def find_then_end() -> tuple[int, int]:
+        pid, start = found()
+        if not killed and by in ("", sys._getframe(1).f_code.co_name):
+            killed.append(pid)
+            os.kill(pid, signal.SIGKILL)
+            while Path(f"/proc/{pid}/ns/ipc").exists():
+                time.sleep(0.01)
+        return pid, start
+
+    monkeypatch.setattr(box, "_ensure_init", find_then_end)
+    return killed
+
+
+@pytest.mark.parametrize("way", ["exec", "starter"])
+async def test_a_call_coming_in_as_the_init_ends_runs_in_a_new_sandbox(tmp_path, monkeypatch, caplog, way):
+    """exec's nsenter and the starter's fork find no init: the call goes to a new sandbox, once."""
+    async with agent(tmp_path, "a", transport="exec" if way == "exec" else "resident") as (box, toolbox):
+        if way == "exec":
+            assert (await shell(toolbox, "echo ran")).startswith("ran\n")
+        killed = init_ends_once_found(box, monkeypatch, by="" if way == "exec" else "_open_process")
+        assert (await shell(toolbox, "echo ran again")).startswith("ran again\n")
+        assert "out of reach" not in caplog.text  # not found by a start: by the call itself
+        record = json.loads((tmp_path / "data" / "sandboxes" / "a.json").read_text())
+        assert killed and record["pid"] != killed[0] and Path(f"/proc/{record['pid']}").exists()
+        if way == "starter":
+            assert forked(cmdline(server_pid(box, toolbox)))

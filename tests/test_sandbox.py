@@ -292,14 +292,14 @@ async def test_recreated_after_the_init_is_killed(jail, tmp_path):
 @pytest.mark.bwrap
 @pytest.mark.slow
 async def test_idle_stop(tmp_path):
-    box = BwrapSandbox(settings_for(tmp_path, "bwrap"), tmp_path / "data", idle_seconds=1)
+    box = BwrapSandbox(settings_for(tmp_path, "bwrap"), tmp_path / "data", idle_seconds=2)
     await box.start()
     try:
-        assert await sh(box, "sleep 2; echo still here") == "still here\n"  # a call is not idle
+        assert await sh(box, "sleep 3; echo still here") == "still here\n"  # a call is not idle
         await sh(box, "setsid sleep 98.5 >/dev/null 2>&1 < /dev/null &")
         record = json.loads((tmp_path / "data" / "sandboxes" / "agent1.json").read_text())
         assert await eventually(lambda: host_pids_running("sleep", "98.5"))
-        assert await eventually(lambda: not host_pids_running("sleep", "98.5"), timeout=6)
+        assert await eventually(lambda: not host_pids_running("sleep", "98.5"), timeout=10)
         assert not Path(f"/proc/{record['pid']}").exists()
     finally:
         await box.stop()
@@ -312,3 +312,4 @@ def test_the_container_backends_label_their_sandboxes_guilds_agent():
     from guilds.sandbox.kubernetes import kube_spec
 
     assert docker_spec.LABEL_AGENT == kube_spec.LABEL_AGENT == "guilds.agent"
+

@@ -50,7 +50,9 @@ Lifecycle:
   its rlimits and cgroup set in the spawn path's child before it runs
   (``limits_in_child``), then ``setpriv`` (the agent's uid, no capabilities), then argv;
   the agent's environment is nsenter's environment, never its argv. Each exec
-  moves the idle clock.
+  moves the idle clock. An init that ended between the call finding it and
+  entering it (its idle stop at that moment): the call, which ran nothing, goes
+  to a new sandbox, once (exec's nsenter and the starter's fork alike).
 - stop: SIGKILL to the init; the kernel ends the rest.
 
 Needs bwrap, and util-linux's nsenter, setpriv and setsid; as root, or where
@@ -207,7 +209,18 @@ class BwrapSandbox(Backend):
     async def exec(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float
     ) -> ExecResult:
-        pid = await asyncio.to_thread(self._ensure)
+        """argv run in the sandbox. An init that ends as the call comes in (its idle stop
+        at that moment) never entered argv: a new sandbox runs it, once."""
+        for attempt in (1, 2):
+            pid, start = await asyncio.to_thread(self._ensure_init)
+            result = await self._enter(pid, argv, env, timeout)
+            if attempt == 2 or not _ended_before_entry(result, pid, start):
+                break
+            log.info("bwrap: the sandbox ended as a call came in; the call goes to a new one")
+        return result
+
+    async def _enter(self, pid: int, argv: Sequence[str], env: Mapping[str, str] | None,
+                     timeout: float) -> ExecResult:
         keep_alive = asyncio.create_task(self._keep_alive())
         try:
             return await run_process(enter_argv(pid, self.home, argv, self._entering()),
@@ -227,12 +240,23 @@ class BwrapSandbox(Backend):
         starter = self._starter(argv)
         if starter is not None:
             try:
-                return starter.start(self._start_request(pid, start, argv))
+                return self._start_by(starter, pid, start, argv)
             except StarterFailed as exc:
                 starter.broken = str(exc)
                 log.warning("bwrap: helpers are started through nsenter from now on: the starter failed: %s", exc)
         entered = limited_argv(self._process_limits(), enter_argv(pid, self.home, argv, self._entering()))
         return LocalProcess(entered, env=self._env, cwd="/")
+
+    def _start_by(self, starter: Starter, pid: int, start: int, argv: list[str]) -> StartedProcess:
+        """The helper forked by the starter; an init that ended as it came in (its idle
+        stop at that moment): into a new sandbox, once."""
+        try:
+            return starter.start(self._start_request(pid, start, argv))
+        except SandboxError:
+            if start_time(pid) == start:
+                raise
+        pid, start = self._ensure_init()
+        return starter.start(self._start_request(pid, start, argv))
 
     @property
     def forks_helpers(self) -> bool:
@@ -290,10 +314,6 @@ class BwrapSandbox(Backend):
         return []
 
     # --- lifecycle (blocking; run in a thread) --------------------------------
-    def _ensure(self) -> int:
-        """The running sandbox's init pid: found again by agent id, else started."""
-        return self._ensure_init()[0]
-
     def _ensure_init(self) -> tuple[int, int]:
         """The running sandbox's init: (pid, start time)."""
         with self._locked():
@@ -522,6 +542,12 @@ def _open_state_root(pid: int, start: int) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _ended_before_entry(result: ExecResult, pid: int, start: int) -> bool:
+    """nsenter found no namespaces to enter: the init (pid, start) had ended; argv never ran."""
+    return (result.exit_code == 1 and not result.stdout and result.stderr.startswith(b"nsenter: cannot open /proc/")
+            and start_time(pid) != start)
 
 
 def _alive(record: dict) -> bool:
