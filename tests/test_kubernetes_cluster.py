@@ -28,6 +28,7 @@ from guilds.errors import SandboxError
 from guilds.record.store import Store
 from guilds.sandbox.kubernetes import kube_spec as spec
 from guilds.sandbox.kubernetes.kube_sandbox import KubernetesSandbox
+from guilds.sandbox.process_channel import DirectProcess
 from guilds.toolbox import Toolbox
 from guilds.toolbox.transport import call_helper
 from kube_kit import (
@@ -307,8 +308,11 @@ async def test_a_full_disk_is_said_and_loses_nothing(make):
     assert (await call_helper(box, shell(box, "echo hi", "c2"), wait=60))["text"] == "hi"
 
 
-async def test_the_toolbox_on_the_resident_channel_over_pods_exec_v5(make, tmp_path):
-    box = await make()
+@pytest.mark.parametrize("channel", ["exec", "direct"])
+async def test_the_toolbox_on_the_resident_channel_over_pods_exec_v5(make, tmp_path, channel):
+    """exec: the helper's frames on the pods/exec stream (v5); direct: on TCP to the pod's IP
+    (``kube_direct``), the same calls, cancel and timeout."""
+    box = await make(channel=channel)
     settings = box.settings
     async with Store(f"sqlite:///{tmp_path}/guilds.db") as store:
         toolbox = Toolbox(kube_settings(settings).__class__(**{**settings.__dict__, "transport": "resident"}),
@@ -318,7 +322,12 @@ async def test_the_toolbox_on_the_resident_channel_over_pods_exec_v5(make, tmp_p
             assert first.text.split(TRAILER)[0] == "[REDACTED]\n[working directory now: ~/sub]"
             assert not first.is_error
             assert toolbox.transport.mode == "resident"
-            assert toolbox.transport.channel._process.protocol == "v5.channel.k8s.io"
+            process = toolbox.transport.channel._process
+            if channel == "exec":
+                assert process.protocol == "v5.channel.k8s.io"
+            else:
+                assert isinstance(process, DirectProcess)
+                assert process.peer == core().read_namespaced_pod(box.pod, NAMESPACE).status.pod_ip
             assert (await toolbox.call("r1", "shell", {"command": "pwd"})).text.startswith("/home/agent/sub\n")
             await toolbox.call("r1", "shell", {"command": "printf 'a\\nb\\nneedle\\n' > f.txt"})
             read = await toolbox.call("r1", "file_read", {"path": "f.txt"})

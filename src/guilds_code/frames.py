@@ -8,12 +8,16 @@ Orchestrator -> helper (stdin):
 
     {"v": 1, "id": ID, "request": {...}}   a request, the one-shot request object
     {"v": 1, "id": ID, "cancel": true}     stop request ID (its command's whole group)
+    {"v": 1, "direct": TOKEN}              the token of the TCP channel offered (``direct``)
     (a bare newline)                       a keepalive: the orchestrator lives (``--orphan-exit``)
 
 Helper -> orchestrator (stdout), in any order:
 
     {"v": 1, "hello": "guilds-code", "max_in_flight": N, "max_frame_bytes": M, "pid": P}
-                                           first, once, when the helper is ready
+                                           first, once, when the helper is ready; with
+                                           ``"direct": PORT`` where ``serve --direct 1``
+                                           offers the channel over TCP, and again on that
+                                           socket once it is the channel (``direct``)
     {"v": 1, "id": ID, "envelope": E}      the answer to request ID, once; E is the
                                            one-shot envelope line (base64 JSON)
 
@@ -58,9 +62,10 @@ def answer_frame(frame_id: "str | None", envelope_line: bytes) -> bytes:
     return b'{"v":%d,"id":%s,"envelope":"%s"}\n' % (VERSION, quoted, envelope_line.strip())
 
 
-def hello_frame(max_in_flight: int, max_frame: int, pid: int) -> bytes:
+def hello_frame(max_in_flight: int, max_frame: int, pid: int, **offered: int) -> bytes:
+    """The hello; offered: ``direct=PORT`` where the channel is offered over TCP (``direct``)."""
     body = {"v": VERSION, "hello": HELLO, "max_in_flight": max_in_flight,
-            "max_frame_bytes": max_frame, "pid": pid}
+            "max_frame_bytes": max_frame, "pid": pid, **offered}
     return codec.dumps(body).encode() + b"\n"
 
 

@@ -297,3 +297,11 @@ waiter (``--sleep-idle``; ``asleep``); the E2B front's ``--e2b-sleep-idle`` sets
 ENVD_SLEEP_IDLE_MAX_SECONDS = 7 * 24 * 3600
 ENVD_BUSY_LOOK_SECONDS = 1.0
 """While something of its own runs, how often the service looks whether it is done (to sleep later)."""
+DIRECT_OFFER_SECONDS = 10.0
+"""guilds-code serve --direct 1: how long its TCP listener waits for the orchestrator's
+connection after the hello (it is closed sooner by that connection, or by a request frame
+on stdin: the orchestrator kept the exec's streams)."""
+DIRECT_TOKEN_SECONDS = 2.0
+"""...how long a connection has to name the token before it is closed."""
+DIRECT_REFUSALS_MAX = 8
+"""...connections that did not name the token, before the listener is closed for good."""

@@ -71,7 +71,7 @@ import os
 import select
 import time
 
-from . import asleep, codec, frames, limits, protocol, watchdog
+from . import asleep, codec, direct, frames, limits, protocol, watchdog
 from .proc import signals
 
 TYPE_CHECKING = False
@@ -153,6 +153,8 @@ class Server:
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         self.frames_lock = _frames_lock()
+        self.offer = _offer() if options.direct and self.woken is None else None
+        """``--direct 1``: the channel offered over TCP until taken or given up (``direct``)."""
 
     # --- output -----------------------------------------------------------
     def write(self, data: bytes) -> None:
@@ -179,7 +181,7 @@ class Server:
             signals.signal(sig, self._on_stop)
         asleep.handled()
         if self.woken is None:
-            self.write(frames.hello_frame(self.max_in_flight, self.max_frame, os.getpid()))
+            self.write(self._hello())
         else:
             self.last_frame = self.last_busy = time.monotonic()
             self.take(bytes((self.woken,)))
@@ -193,6 +195,8 @@ class Server:
             if self.stopping or not self.stdin_open:
                 self.retire_idle()
             self.step()
+            if self.offer is not None and self.offer.over():
+                self.end_offer()
             if not self.workers and time.monotonic() - self.last_busy >= min(self.workers_idle, self.sleep_idle):
                 self.retire_idle()
                 watchdog.stop()
@@ -207,14 +211,22 @@ class Server:
             _reap(pid, 0)
         return 0
 
+    def _hello(self) -> bytes:
+        offered = {} if self.offer is None else {"direct": self.offer.port}
+        return frames.hello_frame(self.max_in_flight, self.max_frame, os.getpid(), **offered)
+
     def step(self) -> None:
         poller = select.poll()  # not select(): worker pipes may number past FD_SETSIZE
-        for fd in [self.wake_r, *self.workers, *self.idle] + ([0] if self.stdin_open else []):
+        # a connection waits in the backlog until the token has come on stdin (it may come later)
+        offer = [self.offer.fileno()] if self.offer is not None and self.offer.token is not None else []
+        for fd in [self.wake_r, *self.workers, *self.idle, *offer] + ([0] if self.stdin_open else []):
             poller.register(fd, select.POLLIN)
         ready = [fd for fd, _ in poller.poll(int(self._sleep() * 1000) + 1)]
         for fd in ready:
             if fd == 0:
                 self.read_stdin()
+            elif offer and fd == offer[0]:
+                self.take_offer()
             elif fd == self.wake_r:
                 os.read(fd, 64)
             elif fd in self.workers or fd in self.idle:
@@ -222,9 +234,33 @@ class Server:
         self.reap()
         self.kill_late()
 
+    def take_offer(self) -> None:
+        """A connection to the offered port: the channel from now on when it names the
+        token (stdin and stdout that socket, a hello on it); the offer ends then, or
+        once it is over."""
+        if self.offer is None:
+            return
+        fd = self.offer.take() if self.stdin_open else None
+        if fd is not None:
+            os.dup2(fd, 0)
+            os.dup2(fd, 1)
+            os.close(fd)
+            self.inbox, self.skipping = bytearray(), False
+            self.end_offer()
+            self.write(self._hello())
+        elif self.offer.over():
+            self.end_offer()
+
+    def end_offer(self) -> None:
+        if self.offer is not None:
+            self.offer.close()
+            self.offer = None
+
     def _sleep(self) -> float:
         wait = limits.SERVE_REAP_TICK_SECONDS if self.unreaped else limits.SERVE_TICK_SECONDS
         now = time.monotonic()
+        if self.offer is not None:
+            wait = min(wait, max(0.0, self.offer.until - now))
         if not self.warmed and not self.workers:
             wait = min(wait, max(0.0, self.last_frame + limits.SERVE_WARM_IDLE_SECONDS - now))
         for worker in self.workers.values():
@@ -324,6 +360,12 @@ class Server:
         except protocol.RequestError as exc:
             self.refuse(_usable_id(frames.leading_id(line)), str(exc))
             return
+        if self.offer is not None:
+            token = direct.token_of(frame)
+            if token is not None and self.offer.token is None:
+                self.offer.token = token
+                return
+            self.end_offer()  # a request on stdin: the exec's streams stay the channel
         problem, frame_id = _check_frame(frame)
         if problem:  # the id as the frame opens, read by a pattern only for a frame gone wrong
             self.refuse(frame_id or _usable_id(frames.leading_id(line)), problem)
@@ -409,6 +451,8 @@ class Server:
                 os.close(worker.requests)
             os.close(self.wake_r)
             os.close(self.wake_w)
+            if self.offer is not None:
+                self.offer.close()
             for served in range(1, limits.SERVE_WORKER_REQUESTS_MAX + 1):
                 envelope = self.answer(request)
                 if not _answer(self.frames_lock, server, requests, answers, frame_id, envelope):
@@ -595,6 +639,15 @@ def _mark_cancelled(requests: int) -> None:
         pass
 
 
+def _offer() -> Optional[direct.Offer]:
+    """A listener for ``--direct 1``; None where none can be made (no network: the exec's
+    streams are the channel)."""
+    try:
+        return direct.Offer()
+    except OSError:
+        return None
+
+
 def _usable_id(value: Optional[str]) -> Optional[str]:
     return value if protocol.is_safe_name(value) else None
 
@@ -701,11 +754,12 @@ def _touch_idle_clock() -> None:
 
 class Options:
     """``serve [--max-in-flight N] [--idle-exit S] [--workers-idle S] [--sleep-idle S]
-    [--warm-first 0|1] [--woken BYTE]`` (``--woken``: the waiter's, ``asleep``; ``--warm-first 1``:
-    ``warm`` before the hello, for a server opened ahead of its calls, whose first workers then
-    fork warm)."""
+    [--warm-first 0|1] [--direct 0|1] [--woken BYTE]`` (``--woken``: the waiter's, ``asleep``;
+    ``--warm-first 1``: ``warm`` before the hello, for a server opened ahead of its calls, whose
+    first workers then fork warm; ``--direct 1``: the channel offered over TCP, ``direct``)."""
 
-    __slots__ = ("max_in_flight", "idle_exit", "orphan_exit", "workers_idle", "sleep_idle", "warm_first", "woken")
+    __slots__ = ("max_in_flight", "idle_exit", "orphan_exit", "workers_idle", "sleep_idle", "warm_first", "woken",
+                 "direct")
 
     def __init__(self) -> None:
         self.max_in_flight = frames.MAX_IN_FLIGHT_DEFAULT
@@ -715,13 +769,15 @@ class Options:
         self.sleep_idle: float = limits.SERVE_SLEEP_IDLE_SECONDS
         self.warm_first = 0
         self.woken: Optional[int] = None
+        self.direct = 0
 
 
 _DURATION_BOUNDS = (1, 7 * 24 * 3600)
 _OPTIONS = {"--max-in-flight": ("max_in_flight", (1, 4096)), "--idle-exit": ("idle_exit", _DURATION_BOUNDS),
             "--orphan-exit": ("orphan_exit", _DURATION_BOUNDS),
             "--workers-idle": ("workers_idle", _DURATION_BOUNDS), "--sleep-idle": ("sleep_idle", _DURATION_BOUNDS),
-            "--warm-first": ("warm_first", (0, 1)), asleep.WOKEN: ("woken", (0, 255))}
+            "--warm-first": ("warm_first", (0, 1)), "--direct": ("direct", (0, 1)),
+            asleep.WOKEN: ("woken", (0, 255))}
 
 
 def _options(argv: List[str]) -> Options:

@@ -65,6 +65,8 @@ keep_home = false             # claim: the agent keeps a Sandbox of its own with
 egress_address = ""           # agent.network a list: where the egress proxy listens for the
                               # pods (an address of this host they reach); empty: the one
                               # this host sends from towards the agent's pod (docs/network.md)
+channel = "exec"              # pod mode: the resident helper's frames on its exec's stream
+                              # (exec), or on TCP to the pod's IP (direct: this host reaches it)
 ```
 
 Every section and key is optional. A bad file raises ``ConfigError`` whose
@@ -109,6 +111,7 @@ DEFAULT_CHECKPOINTS_MAX_SIZE = 2 << 30
 """The most agent.max_in_flight may be: each request in flight is a process in the sandbox."""
 SANDBOXES = ("auto", "local", "bwrap", "docker", "kubernetes")
 KUBERNETES_MODES = ("pod", "claim")
+KUBERNETES_CHANNELS = ("exec", "direct")
 """The sandbox backends by the name agent.sandbox gives (guilds.sandbox.get_sandbox)."""
 SETTINGS_FILE = "settings.toml"
 DATA_ENV = "GUILDS_DATA"
@@ -202,6 +205,10 @@ class KubernetesSettings:
     The sandbox makes the template and the pool when they are missing (at ``warm``) but never resizes
     the pool, and removing the agent leaves them."""
     egress_address: str = ""
+    channel: str = "exec"
+    """pod mode: how the resident helper's frames travel. exec: on the pods/exec stream that
+    started it (through the API server and the kubelet); direct: on a TCP connection to the
+    pod's address, once the exec has said where (this host reaches the pods' IPs)."""
 
 
 @dataclass(frozen=True)
@@ -397,7 +404,7 @@ _SECTIONS: dict[str, tuple[type, dict[str, Callable[[Any, str], Any]]]] = {
         "idle_minutes": _minutes, "home_size": check.string,
         "mode": lambda v, k: check.choice(v, k, KUBERNETES_MODES),
         "warm": lambda v, k: check.integer(v, k, 0, 1000), "keep_home": check.boolean,
-        "egress_address": _address}),
+        "egress_address": _address, "channel": lambda v, k: check.choice(v, k, KUBERNETES_CHANNELS)}),
 }
 
 

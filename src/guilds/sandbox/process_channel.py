@@ -26,6 +26,8 @@ what is there with ``receive_nowait``, writing with ``send_nowait``.
   (bwrap: a helper forked by the starter, ``bwrap_starter``), followed by a pidfd;
 - ``DockerProcess``: one engine exec with stdin attached, its multiplexed
   stream read from the hijacked connection;
+- ``DirectProcess``: a resident helper's channel on a TCP connection to it, beside
+  the exec that started it (``kubernetes.channel = "direct"``);
 - ``KubeProcess``: one pods/exec websocket with stdin, speaking
   ``v5.channel.k8s.io`` when the API server does (stdin closed by a close
   frame on channel 255), else ``v4.channel.k8s.io``.
@@ -327,37 +329,21 @@ class StartedProcess(PipedProcess):
             self._pidfd = None
 
 
-class DockerProcess:
-    """One exec with stdin attached: the engine's hijacked connection, read
-    frame by frame (8-byte headers: stream, size), written as raw bytes."""
+class _SocketStream:
+    """A channel whose stdout and stdin are one connected socket (``_sock``): what is
+    read past the process's own bytes (a stream's framing) is taken off by ``_stdout_of``."""
 
-    def __init__(self, response: Any, split_frames: Callable[[bytes], tuple], stop: Callable[[], None]):
-        """response: the exec start's streamed response; split_frames: the stream's
-        deframer; stop: ends the exec's processes inside (called by close)."""
-        self._response = response
-        self._reader = response.raw._fp.fp
-        self._sock = self._reader.raw._sock
-        self._split, self._stop = split_frames, stop
-        self._buf, self._tail = b"", _Tail()
-        self._closed = False
-        self._early = self._buffered()
-        self._sock.settimeout(None)
-
-    def _buffered(self) -> bytes:
-        """What the response's reader had read past the headers (taken out of it), with
-        the socket not waited on: from then on the socket alone holds the stream."""
-        self._sock.settimeout(0)
-        try:
-            held = self._reader.peek(1)
-        except (BlockingIOError, OSError, ValueError):
-            return b""
-        return self._reader.read1(len(held)) if held else b""
+    _sock: socket.socket
+    _early: bytes
 
     def send(self, data: bytes) -> None:
         try:
             self._sock.sendall(data)
         except OSError as exc:
-            raise ChannelClosed(f"the exec's connection is gone ({exc})") from exc
+            raise ChannelClosed(f"the {self.what} is gone ({exc})") from exc
+
+    what = "connection"
+    """What the socket is, for ChannelClosed's message."""
 
     def receive(self) -> bytes:
         while True:
@@ -386,17 +372,7 @@ class DockerProcess:
         return self._stdout_of(chunk) or None
 
     def _stdout_of(self, chunk: bytes) -> bytes:
-        """The stdout in chunk's whole frames (stderr kept for the tail; a partial frame for the next chunk)."""
-        frames, self._buf = self._split(self._buf + chunk)
-        for stream, payload in frames:
-            if stream == 2:
-                self._tail.add(payload)
-        return b"".join(payload for stream, payload in frames if stream == 1)
-
-    @property
-    def loop_readable(self) -> bool:
-        """Readable by an event loop: a plain socket (a TLS one's records are read through its reader thread)."""
-        return not isinstance(self._sock, ssl.SSLSocket)
+        return chunk
 
     def reader_fd(self) -> int:
         """A duplicate of the connection's descriptor (the caller closes it), to watch;
@@ -409,10 +385,12 @@ class DockerProcess:
         except BlockingIOError:
             return 0
         except OSError as exc:
-            raise ChannelClosed(f"the exec's connection is gone ({exc})") from exc
+            raise ChannelClosed(f"the {self.what} is gone ({exc})") from exc
 
     def stdout_ended(self) -> None:
-        """Nothing to note: the stream ends with its stderr."""
+        """Nothing to note: the stream's end is the connection's."""
+
+    _closed = False
 
     def close(self) -> None:
         if self._closed:
@@ -420,12 +398,92 @@ class DockerProcess:
         self._closed = True
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
+        self._closed_after()
+
+    def _closed_after(self) -> None:
+        """What closing does once the connection is shut down."""
+
+
+class DockerProcess(_SocketStream):
+    """One exec with stdin attached: the engine's hijacked connection, read
+    frame by frame (8-byte headers: stream, size), written as raw bytes."""
+
+    what = "exec's connection"
+
+    def __init__(self, response: Any, split_frames: Callable[[bytes], tuple], stop: Callable[[], None]):
+        """response: the exec start's streamed response; split_frames: the stream's
+        deframer; stop: ends the exec's processes inside (called by close)."""
+        self._response = response
+        self._reader = response.raw._fp.fp
+        self._sock = self._reader.raw._sock
+        self._split, self._stop = split_frames, stop
+        self._buf, self._tail = b"", _Tail()
+        self._early = self._buffered()
+        self._sock.settimeout(None)
+
+    def _buffered(self) -> bytes:
+        """What the response's reader had read past the headers (taken out of it), with
+        the socket not waited on: from then on the socket alone holds the stream."""
+        self._sock.settimeout(0)
+        try:
+            held = self._reader.peek(1)
+        except (BlockingIOError, OSError, ValueError):
+            return b""
+        return self._reader.read1(len(held)) if held else b""
+
+    def _stdout_of(self, chunk: bytes) -> bytes:
+        """The stdout in chunk's whole frames (stderr kept for the tail; a partial frame for the next chunk)."""
+        frames, self._buf = self._split(self._buf + chunk)
+        for stream, payload in frames:
+            if stream == 2:
+                self._tail.add(payload)
+        return b"".join(payload for stream, payload in frames if stream == 1)
+
+    @property
+    def loop_readable(self) -> bool:
+        """Readable by an event loop: a plain socket (a TLS one's records are read through its reader thread)."""
+        return not isinstance(self._sock, ssl.SSLSocket)
+
+    def _closed_after(self) -> None:
         with contextlib.suppress(Exception):
             self._response.close()
         self._stop()
 
     def stderr_tail(self) -> str:
         return self._tail.lines()
+
+
+class DirectProcess(_SocketStream):
+    """A resident helper's channel on a TCP connection of its own (``guilds_code.direct``),
+    beside the process that started it (``via``, a KubeProcess whose exec's streams the
+    helper gave up): via's stderr is read by a thread of its own into via's tail, and
+    closing the connection ends the helper (its stdin's end), then via is closed."""
+
+    what = "helper's connection"
+    loop_readable = True
+
+    def __init__(self, sock: socket.socket, via: Any, early: bytes = b""):
+        """sock: connected, the helper's hello read from it (early: what came after it)."""
+        self._sock, self._via, self._early = sock, via, early
+        sock.settimeout(None)
+        threading.Thread(target=self._drain_via, name="guilds-direct-stderr", daemon=True).start()
+
+    def _drain_via(self) -> None:
+        with contextlib.suppress(Exception):
+            while self._via.receive():
+                pass
+
+    @property
+    def peer(self) -> str:
+        """The address the connection reaches."""
+        return str(self._sock.getpeername()[0])
+
+    def _closed_after(self) -> None:
+        self._sock.close()
+        self._via.close()
+
+    def stderr_tail(self) -> str:
+        return str(self._via.stderr_tail())
 
 
 V5 = "v5.channel.k8s.io"
@@ -534,6 +592,36 @@ class KubeProcess:
             self._tail.add(bytes(err))
             with contextlib.suppress(Exception):
                 self._ws.settimeout(None)
+
+    def first_line(self, deadline: float) -> bytes | None:
+        """The first line of stdout (its newline kept), read by deadline and left for
+        ``receive`` with what came after it; None when the stream ended first or at
+        deadline. Before any reader."""
+        from websocket import WebSocketTimeoutException
+
+        try:
+            while b"\n" not in self._early and (left := deadline - time.monotonic()) > 0:
+                self._ws.settimeout(left)
+                try:
+                    frame = self._frame()
+                except WebSocketTimeoutException:
+                    return None
+                if frame is None:
+                    return None
+                channel, payload = frame
+                if channel == STDOUT:
+                    self._early += payload
+                elif channel == STDERR:
+                    self._tail.add(payload)
+        finally:
+            with contextlib.suppress(Exception):
+                self._ws.settimeout(None)
+        line, newline, _ = self._early.partition(b"\n")
+        return line + newline if newline else None
+
+    def forget_early(self) -> None:
+        """What was read for ``first_line`` is not for a reader (the channel went elsewhere)."""
+        self._early = b""
 
     def close(self) -> None:
         """stdin closed; a command that ends itself is waited for (up to

@@ -49,6 +49,7 @@ from ..sandbox.base import Sandbox
 from ..sandbox.docker.docker_fifos import FifoProcess
 from ..sandbox.process_channel import (
     ChannelClosed,
+    DirectProcess,
     DockerProcess,
     Lines,
     LineTooLong,
@@ -347,7 +348,7 @@ def loop_readable(process: ProcessChannel) -> LoopReadable | None:
     """process, when an event loop can read it (see the module docstring)."""
     if isinstance(process, PipedProcess):  # local, or bwrap's (entered or forked)
         return process
-    if isinstance(process, (DockerProcess, FifoProcess)) and process.loop_readable:
+    if isinstance(process, (DockerProcess, DirectProcess, FifoProcess)) and process.loop_readable:
         return process
     return None
 

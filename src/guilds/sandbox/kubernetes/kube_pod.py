@@ -51,7 +51,7 @@ from .._container import (
 from .._host_folder import DEFAULT_PATH, agent_env, checked_id
 from .._spawn import KILL_GRACE_SECONDS
 from ..base import ExecResult
-from ..process_channel import KubeProcess
+from ..process_channel import DirectProcess, KubeProcess
 from . import kube_admin as admin
 from . import kube_cluster as cluster
 from . import kube_spec as spec
@@ -122,11 +122,12 @@ class KubePodSandbox(ContainerSandbox):
         have the loader say on stderr that it found what it loads)."""
         return [*self._loader, *command]
 
-    async def open_process(self, argv: Sequence[str]) -> KubeProcess:
-        """One pods/exec websocket with stdin; closing it also kills what it started (by token)."""
+    async def open_process(self, argv: Sequence[str]) -> KubeProcess | DirectProcess:
+        """One pods/exec websocket with stdin; closing it also kills what it started (by token).
+        A mode may carry a resident helper's channel elsewhere (``DirectProcess``)."""
         return await blocking(self._open_process, list(argv))
 
-    def _open_process(self, argv: list[str]) -> KubeProcess:
+    def _open_process(self, argv: list[str]) -> KubeProcess | DirectProcess:
         token = secrets.token_hex(8)
         return self._in_pod(lambda: self._process(ending_argv(argv, token), token))
 

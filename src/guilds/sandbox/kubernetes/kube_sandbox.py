@@ -53,9 +53,10 @@ from ...errors import SandboxError
 from .._container import blocking, helpers_digest, repos_file, repos_json
 from ..base import Box, Check
 from ..egress_side import Egress
+from ..process_channel import DirectProcess, KubeProcess
 from . import kube_admin as admin
 from . import kube_cluster as cluster
-from . import kube_host
+from . import kube_direct, kube_host
 from . import kube_spec as spec
 from .kube_egress import KubeEgress, PodSide
 from .kube_pod import KubePodSandbox
@@ -80,6 +81,8 @@ class KubernetesSandbox(KubePodSandbox):
         (None otherwise)."""
         if self.egress is not None:
             self._base_env.update(self.egress.env())
+        self._channel_policy_for: str | None = None
+        """``channel = "direct"``: the pod uid whose ingress policy this process made."""
 
     @classmethod
     def for_agent(cls, settings: AgentSettings, data_dir: str | os.PathLike, *,
@@ -162,6 +165,40 @@ class KubernetesSandbox(KubePodSandbox):
         pod["metadata"]["annotations"][spec.ANNOTATION_FINGERPRINT] = stamp
         return pod
 
+    # --- channel = "direct" (``kube_direct``) ----------------------------------------
+    def _open_process(self, argv: list[str]) -> KubeProcess | DirectProcess:
+        if self.config.channel != "direct" or not kube_direct.serves(argv):
+            return super()._open_process(argv)
+        process = super()._open_process(kube_direct.offering(argv))
+        if not isinstance(process, KubeProcess):
+            return process
+        try:
+            pod_ip = self._direct_address()
+            return kube_direct.taken(process, pod_ip) or process
+        except BaseException:
+            process.close()
+            raise
+
+    def _direct_address(self) -> str:
+        """The pod's IP, its ingress policy made once per pod by this process."""
+        pod = self._read_pod() or {}
+        uid, pod_ip = (pod.get("metadata") or {}).get("uid"), (pod.get("status") or {}).get("podIP")
+        if not uid or not pod_ip:
+            raise SandboxError(f"kubernetes: the pod {self.pod} runs without an address")
+        self._channel_policy(uid, pod_ip)
+        return str(pod_ip)
+
+    def _channel_policy(self, uid: str, pod_ip: str) -> None:
+        if uid == self._channel_policy_for:
+            return
+        from kubernetes import client
+
+        manifest = kube_direct.ingress_manifest(self.config.namespace, self.pod, kube_direct.source_towards(pod_ip),
+                                                owner=uid)
+        self._create_once("channel network policy", lambda: client.NetworkingV1Api(self.core.api_client)
+                          .create_namespaced_network_policy(self.config.namespace, manifest))
+        self._channel_policy_for = uid
+
     def _delete_pod(self) -> None:
         with self._api("delete the pod"), cluster.ignoring(404):
             self.core.delete_namespaced_pod(self.pod, self.config.namespace, grace_period_seconds=0)
@@ -196,6 +233,8 @@ class KubernetesSandbox(KubePodSandbox):
                 self._egress_for_pod()
                 return
         self._wait_running()
+        if self.config.channel == "direct":  # made now, so that it holds by the channel's opening
+            self._direct_address()
         self._check_helpers()
         self._put(self._repos_files(), making=True)
         self._egress_for_pod()
