@@ -246,6 +246,23 @@ async def test_a_calls_prepared_writes_store_byte_for_byte_what_sqlalchemy_store
     assert written["prepared"] == written["sqlalchemy"] and len(written["prepared"]) == 3
 
 
+async def test_a_calls_start_at_once_is_written_now_or_left_to_begin_call(store):
+    """On a SQLite file with no other write of the Store under way, the start is written
+    now, as begin_call writes it; else (PostgreSQL, the write lock held) nothing is written."""
+    start = {"run_id": "r1", "agent_id": "a1", "tool": "shell", "args": {"command": "true"},
+             "started_at": T0, "budget": 10}
+    slot = store.begin_call_at_once(**start, call_id="c1")
+    if not store.sqlite:
+        assert slot is None and await store.calls("r1") == []
+        return
+    assert (slot.seq, slot.used, slot.admitted) == (1, 1, True)
+    async with store._write_lock:  # another write of this Store under way
+        assert store.begin_call_at_once(**start, call_id="c2") is None
+    later = await store.begin_call(**start, call_id="c3")
+    assert later.seq == 2 and [(c.call_id, c.status) for c in await store.calls("r1")] == [
+        ("c1", "running"), ("c3", "running")]
+
+
 async def test_a_statement_with_a_column_default_to_fill_is_left_to_sqlalchemy(tmp_path):
     """SQLAlchemy fills a column's Python default when it runs the statement: a prepared
     statement missing a value that has one falls back whole, nothing of it written."""

@@ -219,11 +219,10 @@ class RecordThread:
         ``prepared``: work's statements are those the thread was made with, tried
         first on the plain connection (``record.prepared``).
         """
-        if write and not self._checkpointing and self._is_loop_thread():
+        if write and self.writes_now():
             if prepared:
-                written, done = self.prepared.write(work)
+                written, done = self.write_prepared(work)
                 if written:
-                    self._committed()
                     return done  # type: ignore[return-value]  # work's own value
             try:
                 return self._write_at_once(work)
@@ -233,6 +232,18 @@ class RecordThread:
                     raise
         return await asyncio.get_running_loop().run_in_executor(
             self.thread, self._write if write else self._read, work)
+
+    def writes_now(self) -> bool:
+        """A write may run now, on the event loop: no checkpoint in the thread, and this is the loop's thread."""
+        return not self._checkpointing and self._is_loop_thread()
+
+    def write_prepared(self, work: Callable[[Any], T]) -> tuple[bool, T | None]:
+        """``prepared.write(work)`` (call only when ``writes_now``): (True, work(conn)) committed,
+        or (False, None), nothing of it written, for SQLAlchemy to write (``run``)."""
+        written, done = self.prepared.write(work)
+        if written:
+            self._committed()
+        return written, done
 
     async def make_schema(self) -> None:
         """Switch the file to WAL and make the schema where missing, one process at a

@@ -33,8 +33,8 @@ class NotPrepared(Exception):
 
 class _Compiled:
     """One statement for one set of value names: its SQL and, per placeholder, the
-    value's name, its bind processor (None: written as it is) and the statement's
-    own value for it (its literals)."""
+    value's name and its bind processor (None: written as it is); or, for one of the
+    statement's own values (its literals), no name and that value, processed once."""
 
     __slots__ = ("sql", "binds")
 
@@ -43,14 +43,21 @@ class _Compiled:
         if compiled.positiontup is None or compiled.insert_prefetch or compiled.update_prefetch:
             raise NotPrepared("a column default to compute")  # SQLAlchemy's execution fills those
         self.sql = compiled.string
-        self.binds = [(name, compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect),
-                       compiled.binds[name].effective_value)
-                      for name in compiled.positiontup]
+        self.binds: list[tuple[str | None, Any, Any]] = []
+        for name in compiled.positiontup:
+            bind = compiled.binds[name]
+            process = bind.type.dialect_impl(dialect).bind_processor(dialect)
+            if name in keys:
+                self.binds.append((name, process, None))
+            elif bind.callable is not None:
+                raise NotPrepared("a value to compute")  # at each execution: not one to keep
+            else:
+                own = bind.effective_value
+                self.binds.append((None, None, own if process is None else process(own)))
 
     def values(self, params: Mapping[str, Any]) -> list[Any]:
-        values = [params.get(name, own) for name, _, own in self.binds]
-        return [process(value) if process else value
-                for value, (_, process, _) in zip(values, self.binds, strict=True)]
+        return [own if name is None else params[name] if process is None else process(params[name])
+                for name, process, own in self.binds]
 
 
 class Rows:
@@ -74,15 +81,13 @@ class PreparedConnection:
         self._writer = writer
 
     def execute(self, statement: Any, params: Mapping[str, Any] | list[Mapping[str, Any]] | None = None) -> Rows:
-        many = isinstance(params, list)
-        rows = params if isinstance(params, list) else [params or {}]
-        compiled = self._writer.compiled(statement, rows[0].keys())
-        cursor = self._writer.connection.cursor()
-        if many:
-            cursor.executemany(compiled.sql, [compiled.values(row) for row in rows])
-        else:
-            cursor.execute(compiled.sql, compiled.values(rows[0]))
-        return Rows(cursor)
+        connection = self._writer.connection
+        if isinstance(params, list):
+            compiled = self._writer.compiled(statement, params[0].keys())
+            return Rows(connection.executemany(compiled.sql, [compiled.values(row) for row in params]))
+        one = params or {}
+        compiled = self._writer.compiled(statement, one.keys())
+        return Rows(connection.execute(compiled.sql, compiled.values(one)))
 
 
 class PreparedWriter:
@@ -105,7 +110,7 @@ class PreparedWriter:
         return self._connection
 
     def compiled(self, statement: Any, keys: Iterable[str]) -> _Compiled:
-        names = tuple(sorted(keys))
+        names = tuple(keys)  # in the caller's order: the same set in another order is compiled again, alike
         found = self._compiled.get((id(statement), names))
         if found is None:
             if id(statement) not in self._statements:

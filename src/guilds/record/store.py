@@ -292,6 +292,13 @@ class Store:
         """work(conn) in one write transaction (see the module docstring); a database
         failure (a full disk) becomes RecordError naming ``what``. ``prepared``: work runs
         only CALL_WRITES and the allocation, prepared on a SQLite file (``record.prepared``)."""
+        writer = self._loop_writer() if prepared else None
+        if writer is not None:  # no lock to take, no hop: written now, or handed to SQLAlchemy below
+            written, done = writer.write_prepared(work)
+            if written:
+                return done  # type: ignore[return-value]  # work's own value
+            prepared = False
+
         async def attempt() -> T:
             if self._record_thread is not None:
                 return await self._record_thread.run(work, write=True, prepared=prepared)
@@ -304,6 +311,14 @@ class Store:
         except (sa.exc.DBAPIError, OSError) as exc:
             raise RecordError(f"the run record at {self.where} could not be written ({what}): "
                               f"{reason(exc)}") from None
+
+    def _loop_writer(self) -> RecordThread | None:
+        """The record thread when a prepared write may run now, on the event loop, without a
+        wait: its ``writes_now``, and no other write of this Store under way (the lock free)."""
+        thread, lock = self._record_thread, self._write_lock
+        if thread is None or lock is None or lock.locked() or not thread.writes_now():
+            return None
+        return thread
 
     async def _again_while_busy(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """attempt() (a whole transaction); on SQLite run again while it fails with
@@ -333,6 +348,25 @@ class Store:
         ``key``: the call's key, made in the same transaction; ``call_keys.KeyHeld`` (nothing
         recorded) when it names a call already.
         """
+        begin = self._call_start(run_id, agent_id, tool, args, call_id, started_at, budget, key)
+        return self._begun(*await self._in_transaction(f"the start of a {tool[:40]!r} call", begin,
+                                                       prepared=key is None))
+
+    def begin_call_at_once(self, *, run_id: str, agent_id: str, tool: str, args: Any, call_id: str,
+                           started_at: datetime, budget: int) -> Slot | None:
+        """``begin_call`` of a call without a key when it is written now, prepared, on the event
+        loop (a SQLite file, no other write under way: ``_loop_writer``): its caller needs no task
+        to see it through a cancellation. None: nothing is written, ``begin_call`` writes it."""
+        writer = self._loop_writer()
+        if writer is None:
+            return None
+        _, done = writer.write_prepared(self._call_start(run_id, agent_id, tool, args, call_id, started_at,
+                                                         budget, None))
+        return None if done is None else self._begun(*done)
+
+    def _call_start(self, run_id: str, agent_id: str, tool: str, args: Any, call_id: str, started_at: datetime,
+                    budget: int, key: CallKey | None) -> Callable[[sa.Connection], tuple[int, int, bool]]:
+        """The transaction of a call's start (``begin_call``): its (seq, used, admitted)."""
         def begin(conn: sa.Connection) -> tuple[int, int, bool]:
             allocated = conn.execute(self._allocate, {
                 "run_id": run_id, "agent_id": agent_id, "now": started_at, "budget": budget,
@@ -348,9 +382,10 @@ class Store:
             if key is not None:
                 keys.claim(conn, self._insert, agent_id, key, run_id, seq, started_at)
             return seq, used, admitted_seq == seq
+        return begin
 
-        seq, used, admitted = await self._in_transaction(f"the start of a {tool[:40]!r} call", begin,
-                                                         prepared=key is None)
+    def _begun(self, seq: int, used: int, admitted: bool) -> Slot:
+        """A call's start written: its slot, and one more call whose end is awaited (``settled``)."""
         self._in_flight += 1
         self._idle.clear()
         return Slot(seq=seq, used=used, admitted=admitted)

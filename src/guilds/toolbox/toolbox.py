@@ -51,7 +51,7 @@ from ..record.call_keys import CallKey, KeyHeld
 from ..record.redaction import redact_meta
 from ..record.rows import row_text
 from ..record.store import Store
-from ..record.values import call_fields, decision_rows, tagged_runs
+from ..record.values import Slot, call_fields, decision_rows, tagged_runs
 from ..sandbox.base import Sandbox, keep_egress
 from ..sandbox.helpers import CODE_HELPER
 from . import transport
@@ -170,7 +170,10 @@ class Toolbox:
 
     def default_cwd(self) -> str:
         """repos/<name> when the agent has exactly one repository, else the home (as the sandbox sees it)."""
-        folders = self._repo_folders()
+        return self._cwd(self._repo_folders())
+
+    def _cwd(self, folders: dict[str, str]) -> str:
+        """default_cwd from the repositories' folders (``_repo_folders``)."""
         return next(iter(folders.values())) if len(folders) == 1 else self.sandbox.home
 
     @property
@@ -258,16 +261,12 @@ class Toolbox:
         recorded_tool, recorded_args = redact_meta(self._redactor, [tool, args])
         with self.observer.traced(call_id, recorded_tool):
             budget = self.settings.max_tool_calls
-            beginning = asyncio.ensure_future(self.store.begin_call(
-                run_id=run_id, agent_id=self.settings.id, tool=recorded_tool, args=recorded_args,
-                call_id=call_id, started_at=started_at, budget=budget, key=key))
-            try:
-                slot = await asyncio.shield(beginning)
-            except asyncio.CancelledError:  # its transaction goes on: the call it records is ended as cancelled
-                slot = await beginning
-                cancelled = True
-            else:
-                cancelled = False
+            start = {"run_id": run_id, "agent_id": self.settings.id, "tool": recorded_tool, "args": recorded_args,
+                     "call_id": call_id, "started_at": started_at, "budget": budget}
+            slot = None if key is not None else self.store.begin_call_at_once(**start)  # no task needed
+            cancelled = False
+            if slot is None:
+                slot, cancelled = await self._begin_shielded(start, key)
             call = _Call(run_id, tool, args, slot.seq, call_id, started_at, t0, max(0, budget - slot.used),
                          recorded_tool, key)
             try:
@@ -285,6 +284,16 @@ class Toolbox:
                 raise
             return await self._record(call, outcome)
 
+    async def _begin_shielded(self, start: dict[str, Any], key: CallKey | None) -> tuple[Slot, bool]:
+        """The call's start written in a task of its own (``Store.begin_call``): its slot, and
+        whether the call was cancelled meanwhile. Its transaction goes on through a cancellation:
+        the call it records is then ended as cancelled."""
+        beginning = asyncio.ensure_future(self.store.begin_call(**start, key=key))
+        try:
+            return await asyncio.shield(beginning), False
+        except asyncio.CancelledError:
+            return await beginning, True
+
     async def _run(self, call: _Call) -> Outcome:
         tool = tool_named(call.tool)
         if tool is None:
@@ -293,10 +302,10 @@ class Toolbox:
             valid = tool.check(call.args)
         except RequestError as exc:
             return _error(str(exc))
-        site = CallSite(call.run_id, call.seq, self.store, self.settings, self._repo_folders())
-        extra = await tool.extra_fields(site)
+        folders = self._repo_folders()
+        extra = await tool.extra_fields(CallSite(call.run_id, call.seq, self.store, self.settings, folders))
         request = self.request(tool.name, call.args, run_id=call.run_id, call_id=call.call_id, seq=call.seq,
-                               cwd=self.default_cwd(), max_bytes=self.settings.result_max_bytes,
+                               cwd=self._cwd(folders), max_bytes=self.settings.result_max_bytes,
                                kind=tool.request_type, **extra.fields)
         if call.key is not None:
             await self.store.mark_key_sent(self.settings.id, call.key)
@@ -365,10 +374,11 @@ class Toolbox:
 
     async def _record(self, call: _Call, outcome: Outcome, status: str = "done") -> CallResult:
         shaped = run_pipeline(self._redactor, outcome.text, call.remaining)
+        text = shaped.text
         duration_ms = round((time.monotonic() - call.t0) * 1000)
         row = self._redactor.redact(row_text(call.tool, call.args, outcome.meta, outcome.is_error))
         tool_meta = {**redact_meta(self._redactor, outcome.meta),
-                     **savings_meta(shaped.text, outcome.pointed_bytes)}
+                     **savings_meta(text, outcome.pointed_bytes)}
         fields = call_fields(call.call_id, call.recorded_tool, call.run_id, call.seq, call.started_at, duration_ms, row)
         meta = {**tool_meta, **fields}
         try:
@@ -383,7 +393,7 @@ class Toolbox:
             self.observer.record_error("call")
         await self._record_egress(call)
         self._ended(call, outcome.is_error, status, NOT_RECORDED not in meta)
-        return CallResult(shaped.text, outcome.is_error, meta)
+        return CallResult(text, outcome.is_error, meta)
 
     def _ended(self, call: _Call, is_error: bool, status: str, recorded: bool) -> None:
         """The observer told of a call's end: its outcome, its time, the redacted run id and tool."""
