@@ -2,6 +2,9 @@
 
 Run: .venv/bin/python bench/shell_call_bench.py [--calls N] [--backends local,bwrap,docker,kubernetes]
 
+``kubernetes-direct`` is the kubernetes backend with ``channel = "direct"`` (the helper's
+frames on TCP to the pod's IP, docs/sandboxes.md), beside ``kubernetes`` (on the exec's stream).
+
 Each backend's agent makes shell `true` calls through ``Toolbox.call`` (the run
 record on SQLite, redaction, the pipeline) on the resident transport; the floor
 is `bash -c true` spawned from the orchestrator (asyncio, as
@@ -45,11 +48,13 @@ async def toolboxes(root: Path, store: Store, backends: list[str]) -> dict[str, 
     for backend in backends:
         home = root / "homes" / backend
         home.mkdir(parents=True)
+        sandbox, _, channel = backend.partition("-")
         data: dict[str, Any] = {"agent": {"id": f"sc-{backend}-{os.getpid()}", "home": str(home),
-                                          "sandbox": backend, "transport": "resident", "max_tool_calls": 10_000_000}}
-        if backend == "kubernetes":  # the test cluster's (scripts/kube-test-env.sh)
+                                          "sandbox": sandbox, "transport": "resident", "max_tool_calls": 10_000_000}}
+        if sandbox == "kubernetes":  # the test cluster's (scripts/kube-test-env.sh)
             data["kubernetes"] = {"namespace": os.environ.get("GUILDS_TEST_KUBE_NAMESPACE", "guilds-test"),
-                                  "image": os.environ.get("GUILDS_TEST_KUBE_IMAGE", "guilds-sandbox:latest")}
+                                  "image": os.environ.get("GUILDS_TEST_KUBE_IMAGE", "guilds-sandbox:latest"),
+                                  "channel": channel or "exec"}
         settings = parse_settings(data, root, env={})
         toolbox = Toolbox(settings, get_sandbox(settings, root / "data"), store)
         try:

@@ -211,10 +211,10 @@ KUBERNETES_STATUS_POLL_SECONDS = 0.2
 """While a pod that lost a call is waited for to say it ended: how often to read it."""
 KUBERNETES_FRAME_WAIT_SECONDS = 1.0
 """The longest wait for one websocket frame before the deadline is looked at again."""
-KUBERNETES_DIRECT_SECONDS = 3.0
-"""kubernetes.channel = "direct": how long a resident helper's channel opening waits for the
-helper's hello on the exec and then for its TCP connection (a new pod's network policy
-settling), before it keeps the exec's streams (one warning line)."""
+KUBERNETES_DIRECT_SECONDS = 5.0
+"""kubernetes.channel = "direct": how long a resident helper's channel opening tries to connect
+after the helper's hello (a new pod's network policy settling), before it keeps the exec's
+streams (one warning line)."""
 KUBERNETES_DIRECT_TRY_SECONDS = 0.5
 """...each connection attempt's own bound."""
 KUBERNETES_REQUEST_SECONDS = 30.0

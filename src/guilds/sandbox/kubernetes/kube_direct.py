@@ -17,7 +17,7 @@ The pod: ``<pod>-channel``, a NetworkPolicy owned by the pod (``ingress_manifest
 this host's address towards the pod (``route_source``) open connections to it, and
 nothing else: a pod of the namespace's deny-all policy (``agent.network`` false or a
 list) is otherwise closed to it, and other pods stay shut out. Where no connection is
-made within KUBERNETES_DIRECT_SECONDS (this host does not reach the pod network, or
+made within KUBERNETES_DIRECT_SECONDS of the hello (this host does not reach the pod network, or
 the cluster drops what its policies do not name), one warning line says so and the
 exec's stream is the channel, as with ``channel = "exec"``.
 """
@@ -32,7 +32,7 @@ import socket
 import time
 from typing import Any
 
-from ...limits import KUBERNETES_DIRECT_SECONDS, KUBERNETES_DIRECT_TRY_SECONDS
+from ...limits import CHANNEL_HELLO_SECONDS, KUBERNETES_DIRECT_SECONDS, KUBERNETES_DIRECT_TRY_SECONDS
 from .._container import HELPER_DIR
 from ..helpers import CODE_HELPER
 from ..process_channel import DirectProcess, KubeProcess
@@ -80,16 +80,16 @@ def source_towards(pod_ip: str) -> str:
 def taken(process: KubeProcess, pod_ip: str) -> DirectProcess | None:
     """The helper process (started by ``offering``'s argv) on a connection to pod_ip, its
     exec beside it; None, the exec's stream kept as it was (its hello still to read), when
-    the helper offers no port or no connection is made by KUBERNETES_DIRECT_SECONDS."""
-    deadline = time.monotonic() + KUBERNETES_DIRECT_SECONDS
+    the helper offers no port (or says no hello by CHANNEL_HELLO_SECONDS) or no connection
+    is made by KUBERNETES_DIRECT_SECONDS after its hello."""
     token = secrets.token_hex(32)
     process.send(json.dumps({"v": 1, "direct": token}).encode() + b"\n")
-    hello = process.first_line(deadline)
+    hello = process.first_line(time.monotonic() + CHANNEL_HELLO_SECONDS)
     port = _offered_port(hello)
-    if port is None:
+    if port is None:  # no hello in time: the channel's own wait for it says so
         return None
     try:
-        sock, second = _connect(pod_ip, port, token, deadline)
+        sock, second = _connect(pod_ip, port, token, time.monotonic() + KUBERNETES_DIRECT_SECONDS)
     except OSError as exc:
         log.warning("kubernetes: the resident helper's channel stays on the exec: no connection to "
                     "%s:%d (%s)", pod_ip, port, exc.strerror or exc)
