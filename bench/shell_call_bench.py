@@ -17,7 +17,8 @@ The script times the tree it sits in: copied into another checkout's bench/
 (beside that tree's resident_bench.py), it times that tree, so a change's
 before and after run one right after the other.
 
-Prints a Markdown table: median ms per backend, and its shell / spawn (aim <= 1.5x).
+Prints a Markdown table: median ms per backend, and its shell / spawn (aim <= 1.5x);
+with --round-trips, each backend's channel alone too (a request the helper answers at once).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from guilds.config.settings import parse_settings
 from guilds.record.store import Store
 from guilds.sandbox import get_sandbox
 from guilds.toolbox import Toolbox
-from resident_bench import Timed, interleaved, median_ms, spawn
+from resident_bench import Timed, interleaved, median_ms, spawn, transport_call
 
 
 async def toolboxes(root: Path, store: Store, backends: list[str]) -> dict[str, Toolbox]:
@@ -88,6 +89,10 @@ def table(times: dict[str, list[float]], backends: list[str]) -> str:
     for backend in backends:
         shell = median_ms(times[backend])
         rows.append(f"| {backend} | {shell:.2f} | {shell / spawn_ms:.2f}× |")
+    trips = [f"{b} {median_ms(times[f'{b} round trip']):.2f} ms" for b in backends if f"{b} round trip" in times]
+    if trips:
+        rows.append("\nRound trip (an op the helper does not know, answered at once, no record): " + ", ".join(trips)
+                    + ".")
     rows.append(f"\nFloor: spawning `bash -c true` {spawn_ms:.2f} ms.")
     return "\n".join(rows)
 
@@ -96,6 +101,8 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--backends", default="local,bwrap")
+    parser.add_argument("--round-trips", action="store_true",
+                        help="also time each backend's channel alone: a request the helper answers at once")
     opts = parser.parse_args()
     print(f"tree: {ROOT}; load average {os.getloadavg()[0]:.1f}")
     root = Path(tempfile.mkdtemp(prefix="guilds-shell-call-bench-"))
@@ -104,6 +111,9 @@ async def main() -> None:
             made = await toolboxes(root, store, [b for b in opts.backends.split(",") if b])
             try:
                 paths: dict[str, Timed] = {backend: shell_call(tb) for backend, tb in made.items()}
+                if opts.round_trips:
+                    paths.update({f"{backend} round trip": transport_call(tb, "none", {})
+                                  for backend, tb in made.items()})
                 paths["spawn"] = lambda: spawn(["bash", "-c", "true"])
                 times = await interleaved(paths, opts.calls)
             finally:
