@@ -54,6 +54,10 @@ leave in its memory stays bounded; a cancelled one is never reused.
   every running request is cancelled and answered, then the server exits 0.
   With ``--idle-exit S`` it also exits after S seconds with nothing running
   and no frame, so a container's idle stop is not held off by it.
+- ``--direct 1``: the channel is also offered over TCP (``direct``); once a connection
+  naming the token takes it, stdin and stdout are that socket. A worker cannot open a
+  socket through /proc, so on it the server writes every answer (the worker hands it
+  over its pipe, as where there is no frames lock).
 - ``--orphan-exit S``: nothing at all on stdin for S seconds, not even a keepalive
   (KEEPALIVE, a bare newline the orchestrator sends while it lives and the channel
   is quiet), counts as stdin's end: where the orchestrator's end does not reach
@@ -240,7 +244,10 @@ class Server:
         once it is over."""
         if self.offer is None:
             return
-        fd = self.offer.take() if self.stdin_open else None
+        if not self.stdin_open:  # the orchestrator is gone: nothing more to offer
+            self.end_offer()
+            return
+        fd = self.offer.take()
         if fd is not None:
             os.dup2(fd, 0)
             os.dup2(fd, 1)

@@ -425,6 +425,10 @@ def parse_settings(data: Mapping[str, Any], base: Path, env: Mapping[str, str] |
     secrets, secret_hosts = _secrets(check.table(data.get("secrets", {}), "secrets"), filtered)
     repos = tuple(_repo(n, e, filtered) for n, e in check.table(data.get("repos", {}), "repos").items())
     sections = {where: _section(data, where) for where in _SECTIONS}
+    kube = sections["kubernetes"]
+    if kube.channel == "direct" and kube.mode != "pod":
+        raise ConfigError(f"kubernetes.channel: \"direct\" is for mode \"pod\" (claim mode's pods keep the "
+                          f"exec's stream), got mode {kube.mode!r}")
     resolve = egress.resolve_table(check.table(data.get("egress", {}), "egress"), filtered)
     return AgentSettings(**agent, secrets=secrets, secret_hosts=secret_hosts, repos=repos,
                          egress_resolve=resolve, **sections)
