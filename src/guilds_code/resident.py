@@ -75,12 +75,14 @@ import os
 import select
 import time
 
-from . import asleep, codec, direct, frames, limits, protocol, watchdog
+from . import asleep, codec, frames, limits, protocol, watchdog
 from .proc import signals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Dict, List, Optional, Sequence, Set
+
+    from .direct import Offer
 
 READ_BYTES = 64 * 1024
 KEEPALIVE = frames.KEEPALIVE
@@ -368,7 +370,9 @@ class Server:
             self.refuse(_usable_id(frames.leading_id(line)), str(exc))
             return
         if self.offer is not None:
-            token = direct.token_of(frame)
+            from .direct import token_of
+
+            token = token_of(frame)
             if token is not None and self.offer.token is None:
                 self.offer.token = token
                 return
@@ -646,11 +650,13 @@ def _mark_cancelled(requests: int) -> None:
         pass
 
 
-def _offer() -> Optional[direct.Offer]:
+def _offer() -> Optional[Offer]:
     """A listener for ``--direct 1``; None where none can be made (no network: the exec's
-    streams are the channel)."""
+    streams are the channel). Imported only then: socket and hmac cost every other server's start."""
+    from .direct import Offer
+
     try:
-        return direct.Offer()
+        return Offer()
     except OSError:
         return None
 
