@@ -36,12 +36,13 @@ from ...limits import CHANNEL_HELLO_SECONDS, KUBERNETES_DIRECT_SECONDS, KUBERNET
 from .._container import HELPER_DIR
 from ..helpers import CODE_HELPER
 from ..process_channel import DirectProcess, KubeProcess
-from .kube_egress import route_source
 from .kube_spec import LABEL_AGENT
 
 log = logging.getLogger(__name__)
 
 POLICY_SUFFIX = "-channel"
+RETRY_PAUSE_SECONDS = 0.05
+"""Between connection attempts that failed at once (refused)."""
 
 
 def serves(argv: list[str]) -> bool:
@@ -70,11 +71,6 @@ def ingress_manifest(namespace: str, pod: str, address: str, *, owner: str) -> d
                      "policyTypes": ["Ingress"],
                      "ingress": [{"from": [{"ipBlock": {"cidr": f"{address}/{width}"}}],
                                   "ports": [{"protocol": "TCP"}]}]}}
-
-
-def source_towards(pod_ip: str) -> str:
-    """This host's address as the pod sees its connections."""
-    return route_source(pod_ip)
 
 
 def taken(process: KubeProcess, pod_ip: str) -> DirectProcess | None:
@@ -111,12 +107,11 @@ def _connect(pod_ip: str, port: int, token: str, deadline: float) -> tuple[socke
     (OSError, the last one met, when none by deadline)."""
     last: OSError = TimeoutError("no time left")
     while (left := deadline - time.monotonic()) > 0:
-        began = time.monotonic()
         try:
             sock = socket.create_connection((pod_ip, port), timeout=min(left, KUBERNETES_DIRECT_TRY_SECONDS))
-        except OSError as exc:
+        except OSError as exc:  # refused at once, or dropped until the policy holds: again shortly
             last = exc
-            time.sleep(max(0.0, min(deadline - time.monotonic(), 0.05 - (time.monotonic() - began))))
+            time.sleep(min(RETRY_PAUSE_SECONDS, max(0.0, deadline - time.monotonic())))
             continue
         try:
             sock.settimeout(max(0.01, deadline - time.monotonic()))

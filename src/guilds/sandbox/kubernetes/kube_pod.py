@@ -262,16 +262,21 @@ class KubePodSandbox(ContainerSandbox):
         egress = self.egress
         if egress is None:
             return
+        egress.for_pod(*self._pod_address(pod))
+
+    def _pod_address(self, pod: dict[str, Any] | None = None) -> tuple[str | None, str]:
+        """The running pod's (uid, IP) (pod: as just read, else read now); SandboxError
+        when it has no IP."""
         pod = pod or self._read_pod() or {}
         uid, pod_ip = (pod.get("metadata") or {}).get("uid"), (pod.get("status") or {}).get("podIP")
         if not pod_ip:
             raise SandboxError(f"kubernetes: the pod {self.pod} runs without an address")
-        egress.for_pod(uid, pod_ip)
+        return uid, str(pod_ip)
 
-    def _apply_policy(self, manifest: dict[str, Any]) -> None:
+    def _apply_policy(self, manifest: dict[str, Any], what: str = "egress network policy") -> None:
         from kubernetes import client
 
-        self._create_once("egress network policy", lambda: client.NetworkingV1Api(self.core.api_client)
+        self._create_once(what, lambda: client.NetworkingV1Api(self.core.api_client)
                           .create_namespaced_network_policy(self.config.namespace, manifest))
 
     def _run_quietly(self, argv: list[str]) -> str:

@@ -58,7 +58,7 @@ from . import kube_admin as admin
 from . import kube_cluster as cluster
 from . import kube_direct, kube_host
 from . import kube_spec as spec
-from .kube_egress import KubeEgress, PodSide
+from .kube_egress import KubeEgress, PodSide, route_source
 from .kube_pod import KubePodSandbox
 from .kube_user import with_user
 
@@ -181,23 +181,12 @@ class KubernetesSandbox(KubePodSandbox):
 
     def _direct_address(self) -> str:
         """The pod's IP, its ingress policy made once per pod by this process."""
-        pod = self._read_pod() or {}
-        uid, pod_ip = (pod.get("metadata") or {}).get("uid"), (pod.get("status") or {}).get("podIP")
-        if not uid or not pod_ip:
-            raise SandboxError(f"kubernetes: the pod {self.pod} runs without an address")
-        self._channel_policy(uid, pod_ip)
-        return str(pod_ip)
-
-    def _channel_policy(self, uid: str, pod_ip: str) -> None:
-        if uid == self._channel_policy_for:
-            return
-        from kubernetes import client
-
-        manifest = kube_direct.ingress_manifest(self.config.namespace, self.pod, kube_direct.source_towards(pod_ip),
-                                                owner=uid)
-        self._create_once("channel network policy", lambda: client.NetworkingV1Api(self.core.api_client)
-                          .create_namespaced_network_policy(self.config.namespace, manifest))
-        self._channel_policy_for = uid
+        uid, pod_ip = self._pod_address()
+        if uid and uid != self._channel_policy_for:
+            self._apply_policy(kube_direct.ingress_manifest(self.config.namespace, self.pod, route_source(pod_ip),
+                                                            owner=uid), "channel network policy")
+            self._channel_policy_for = uid
+        return pod_ip
 
     def _delete_pod(self) -> None:
         with self._api("delete the pod"), cluster.ignoring(404):
