@@ -217,6 +217,8 @@ after the helper's hello (a new pod's network policy settling), before it keeps 
 streams (one warning line)."""
 KUBERNETES_DIRECT_TRY_SECONDS = 0.5
 """...each connection attempt's own bound."""
+KUBERNETES_DIRECT_PAUSE_SECONDS = 0.05
+"""...the pause after an attempt that failed (refused at once, or dropped)."""
 KUBERNETES_REQUEST_SECONDS = 30.0
 """Claim mode: the longest one request to the API server waits for its answer (a watch: its own timeout besides)."""
 KUBERNETES_EGRESS_SETTLE_SECONDS = 60

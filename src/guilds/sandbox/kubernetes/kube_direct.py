@@ -32,7 +32,12 @@ import socket
 import time
 from typing import Any
 
-from ...limits import CHANNEL_HELLO_SECONDS, KUBERNETES_DIRECT_SECONDS, KUBERNETES_DIRECT_TRY_SECONDS
+from ...limits import (
+    CHANNEL_HELLO_SECONDS,
+    KUBERNETES_DIRECT_PAUSE_SECONDS,
+    KUBERNETES_DIRECT_SECONDS,
+    KUBERNETES_DIRECT_TRY_SECONDS,
+)
 from .._container import HELPER_DIR
 from ..helpers import CODE_HELPER
 from ..process_channel import DirectProcess, KubeProcess
@@ -41,8 +46,6 @@ from .kube_spec import LABEL_AGENT
 log = logging.getLogger(__name__)
 
 POLICY_SUFFIX = "-channel"
-RETRY_PAUSE_SECONDS = 0.05
-"""Between connection attempts that failed at once (refused)."""
 
 
 def serves(argv: list[str]) -> bool:
@@ -111,7 +114,7 @@ def _connect(pod_ip: str, port: int, token: str, deadline: float) -> tuple[socke
             sock = socket.create_connection((pod_ip, port), timeout=min(left, KUBERNETES_DIRECT_TRY_SECONDS))
         except OSError as exc:  # refused at once, or dropped until the policy holds: again shortly
             last = exc
-            time.sleep(min(RETRY_PAUSE_SECONDS, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(KUBERNETES_DIRECT_PAUSE_SECONDS, max(0.0, deadline - time.monotonic())))
             continue
         try:
             sock.settimeout(max(0.01, deadline - time.monotonic()))
