@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx2
@@ -18,6 +19,14 @@ def envelope(method: str, params: dict[str, Any], *, tasks: bool = False, reques
             "io.modelcontextprotocol/clientCapabilities": capabilities,
             **params.pop("_meta", {})}
     return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**params, "_meta": meta}}
+
+
+def _last_message(stream: str) -> dict:
+    """The last `message` event's JSON of a response the server sent as a stream (it does so
+    when the answer takes long enough for a keep-alive comment to go first)."""
+    data = [line[len("data:"):].strip() for line in stream.splitlines() if line.startswith("data:")]
+    assert data, stream
+    return json.loads(data[-1])
 
 
 class RawClient:
@@ -38,6 +47,8 @@ class RawClient:
         async with httpx2.AsyncClient(timeout=60) as http:
             response = await http.post(self.url, json=message, headers=headers)
         assert response.status_code in (200, 400, 404), (response.status_code, response.text)
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            return _last_message(response.text)
         return response.json()
 
     async def call(self, tool: str, arguments: dict[str, Any], **kw: Any) -> dict:
