@@ -53,6 +53,10 @@ class ResidentServer:
         line, self._buffer = self._buffer.split(b"\n", 1)
         return line + b"\n"
 
+    def ready(self) -> bool:
+        """Is a frame (or stdout's end) waiting to be read now?"""
+        return b"\n" in self._buffer or bool(select.select([self.proc.stdout], [], [], 0)[0])
+
     def read_frame(self, timeout: float = 60) -> dict[str, Any]:
         line = self.read_line(timeout)
         assert line.endswith(b"\n"), f"stdout ended: {line[:200]!r}"

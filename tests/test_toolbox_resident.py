@@ -22,6 +22,7 @@ from guilds.toolbox import Toolbox
 from guilds.toolbox.resident_channel import ChannelDied, ResidentChannel
 from guilds.toolbox.transport import Transport
 from guilds_code import limits
+from test_resident import children_of
 from toolbox_kit import FakeSandbox, local_toolbox, make_settings, ok
 
 TRAILER = "\nremaining_tool_calls: "
@@ -112,13 +113,23 @@ async def test_a_safe_call_in_flight_when_the_server_dies_runs_once_more(tmp_pat
         await tb.call("r", "shell", {"command": "true"})
         (tmp_path / "home/f.txt").write_text("a\nb\n")
         server = tb.transport.channel.pid
-        os.kill(server, signal.SIGSTOP)  # the request waits in its stdin...
+        helper = signal_helper(server, signal.SIGSTOP)  # the request waits in its stdin...
         call = asyncio.ensure_future(tb.call("r", tool, args))
         await asyncio.sleep(0.3)
-        os.kill(server, signal.SIGKILL)  # ...and dies there
+        signal_helper(server, signal.SIGKILL, helper)  # ...and dies there
         result = await asyncio.wait_for(call, 20)
         assert (result.is_error, body(result.text)) == (False, expected)
         assert tb.transport.channel.pid != server
+
+
+def signal_helper(server: int, sig: int, pids: list[int] | None = None) -> list[int]:
+    """sig to the resident server and its workers (the one waiting may read the next request
+    itself: stopping the server alone leaves it reading); the pids signalled."""
+    pids = pids if pids is not None else [server, *(pid for pid, _ in children_of(server))]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+    return pids
 
 
 async def test_cancelling_a_call_stops_its_command_on_the_channel(tmp_path):
@@ -227,15 +238,14 @@ async def test_a_hung_server_is_given_up_and_the_next_call_gets_a_new_one(tmp_pa
     async with local_toolbox(tmp_path, agent={"transport": "resident"}) as tb:
         await tb.call("r", "shell", {"command": "true"})
         channel = tb.transport.channel
-        os.kill(channel.pid, signal.SIGSTOP)
+        helper = signal_helper(channel.pid, signal.SIGSTOP)
         try:
             with pytest.raises(Exception, match="no answer within 1 s"):
                 await channel.call({"op": "shell_status", "args": {}, "run_id": "r", "agent_id": tb.settings.id,
                                     "call_id": "c9", "home": tb.sandbox.home}, 1)
             assert channel.dead and "did not answer within 1 s, nor a cancel" in channel.dead
         finally:
-            with contextlib.suppress(ProcessLookupError):  # already ended by the close
-                os.kill(channel.pid, signal.SIGCONT)
+            signal_helper(channel.pid, signal.SIGCONT, helper)  # those the close has not ended
         assert body((await tb.call("r", "shell", {"command": "echo fresh"})).text) == "fresh"
         assert tb.transport.channel is not channel
 

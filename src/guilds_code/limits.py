@@ -190,6 +190,13 @@ SERVE_HAND_SECONDS = 1.0
 """guilds-code serve: a waiting worker that has not taken a request this long after
 it was handed over (its pipe full: the worker was stopped) is killed, and a fresh
 fork runs the request."""
+SERVE_READER_CHECK_SECONDS = 0.25
+"""guilds-code serve: while a waiting worker reads stdin in the server's place (``reader``),
+the server looks this often whether stdin holds bytes the worker has not taken; still so
+at the next look (the worker was stopped), it takes stdin back."""
+SERVE_READER_UNDO_SECONDS = 0.5
+"""guilds-code serve: how long the server waits for its reader's reply when it takes stdin
+back; a reader silent that long is killed."""
 SERVE_IDLE_WORKERS_MAX = 4
 """guilds-code serve: workers kept waiting for the next request; one that answers
 past this many exits."""

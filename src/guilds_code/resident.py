@@ -73,9 +73,10 @@ import gc
 import json
 import os
 import select
+import stat
 import time
 
-from . import asleep, codec, frames, limits, protocol, watchdog
+from . import asleep, codec, frames, limits, protocol, reader, watchdog
 from .proc import signals
 
 TYPE_CHECKING = False
@@ -84,7 +85,7 @@ if TYPE_CHECKING:
 
     from .direct import Offer
 
-READ_BYTES = 64 * 1024
+READ_BYTES = reader.READ_BYTES
 KEEPALIVE = frames.KEEPALIVE
 SENT = b"-\n"
 """What a worker writes into its answer pipe once it has written its answer frame to
@@ -161,6 +162,11 @@ class Server:
         self.frames_lock = _frames_lock()
         self.offer = _offer() if options.direct and self.woken is None else None
         """``--direct 1``: the channel offered over TCP until taken or given up (``direct``)."""
+        self.reader: Optional[Worker] = None
+        """The waiting worker that reads stdin in the server's place (``reader``), if one does."""
+        self.unread_since: Optional[float] = None
+        """When stdin was first seen holding bytes its reader had not taken."""
+        self.stdin_is_pipe = _is_pipe(0)
 
     # --- output -----------------------------------------------------------
     def write(self, data: bytes) -> None:
@@ -225,7 +231,8 @@ class Server:
         poller = select.poll()  # not select(): worker pipes may number past FD_SETSIZE
         # a connection waits in the backlog until the token has come on stdin (it may come later)
         offer = [self.offer.fileno()] if self.offer is not None and self.offer.token is not None else []
-        for fd in [self.wake_r, *self.workers, *self.idle, *offer] + ([0] if self.stdin_open else []):
+        reading = self.stdin_open and self.reader is None
+        for fd in [self.wake_r, *self.workers, *self.idle, *offer] + ([0] if reading else []):
             poller.register(fd, select.POLLIN)
         ready = [fd for fd, _ in poller.poll(int(self._sleep() * 1000) + 1)]
         for fd in ready:
@@ -236,9 +243,13 @@ class Server:
             elif fd == self.wake_r:
                 os.read(fd, 64)
             elif fd in self.workers or fd in self.idle:
-                self.read_worker(self.workers.get(fd) or self.idle[fd])
+                worker = self.workers.get(fd) or self.idle.get(fd)
+                if worker is not None:  # not retired by an earlier fd's handling in this turn
+                    self.read_worker(worker)
         self.reap()
         self.kill_late()
+        self.watch_reader()
+        self.name_reader()
 
     def take_offer(self) -> None:
         """A connection to the offered port: the channel from now on when it names the
@@ -254,6 +265,7 @@ class Server:
             os.dup2(fd, 0)
             os.dup2(fd, 1)
             os.close(fd)
+            self.stdin_is_pipe = False
             self.inbox, self.skipping = bytearray(), False
             self.end_offer()
             self.write(self._hello())
@@ -279,6 +291,8 @@ class Server:
             wait = min(wait, max(0.0, self.last_frame + self.idle_exit - now))
         if self.orphan_exit is not None and self.stdin_open:
             wait = min(wait, max(0.0, self.last_heard + self.orphan_exit - now))
+        if self.reader is not None:
+            wait = min(wait, limits.SERVE_READER_CHECK_SECONDS)
         return wait
 
     def _orphaned(self) -> bool:
@@ -325,7 +339,10 @@ class Server:
 
     # --- frames in ----------------------------------------------------------
     def read_stdin(self) -> None:
-        data = os.read(0, READ_BYTES)
+        self.heard(os.read(0, READ_BYTES))
+
+    def heard(self, data: bytes) -> None:
+        """Bytes read from stdin, by the server or its reader (b"": stdin's end)."""
         if not data:
             self.stdin_open = False
             self.cancel_all()
@@ -391,6 +408,20 @@ class Server:
             self.start(frame_id, frame["request"])
 
     # --- workers ------------------------------------------------------------
+    def one_request(self, data: bytes) -> Optional[reader.Taken]:
+        """(id, request) when data, read by a reader, is one whole frame that this server,
+        with nothing running, would run as it is (``on_frame``); None for anything else."""
+        if data.find(b"\n") != len(data) - 1 or len(data) > self.max_frame:
+            return None
+        try:
+            frame = protocol.parse_json(data, "frame")
+        except protocol.RequestError:
+            return None
+        problem, frame_id = _check_frame(frame)
+        if problem or frame_id is None or "cancel" in frame:
+            return None
+        return frame_id, frame["request"]
+
     def start(self, frame_id: str, request: object) -> None:
         try:
             worker = (self._waiting_worker(frame_id, request) or self._freed_worker(frame_id, request)
@@ -400,6 +431,10 @@ class Server:
 
             self.refuse(frame_id, f"cannot start a worker for the call: {why_not_started(exc)}")
             return
+        self.running(worker, frame_id)
+
+    def running(self, worker: Worker, frame_id: str) -> None:
+        """worker runs request frame_id now (handed over, or taken as the reader)."""
         worker.assign(frame_id)
         self.workers[worker.fd] = worker
         self.by_id[frame_id] = worker
@@ -464,25 +499,99 @@ class Server:
             os.close(self.wake_w)
             if self.offer is not None:
                 self.offer.close()
+            pipe = reader.RequestPipe(requests)
             for served in range(1, limits.SERVE_WORKER_REQUESTS_MAX + 1):
                 envelope = self.answer(request)
                 if not _answer(self.frames_lock, server, requests, answers, frame_id, envelope):
                     _write_all(answers, envelope)
                 _reap_children()  # background wrappers that ended: never the next op's
                 os.chdir("/")  # an op may have entered a folder: a waiting worker holds none
-                line = _read_line(requests) if served < limits.SERVE_WORKER_REQUESTS_MAX else b""
-                if not line:
+                taken = pipe.next_request(server, answers, self.one_request) \
+                    if served < limits.SERVE_WORKER_REQUESTS_MAX else None
+                if taken is None:
                     break
-                head, _, body = line.partition(b" ")
-                frame_id, request = head.decode("ascii"), json.loads(body)
+                frame_id, request = taken
         finally:
             os._exit(0)
+
+    # --- the reader (``reader``) -------------------------------------------
+    def name_reader(self) -> None:
+        """With nothing running and nothing half read, a waiting worker reads stdin from now on."""
+        if (self.reader is not None or not self.idle or self.workers or not self.stdin_open or self.stopping
+                or not self.stdin_is_pipe or self.offer is not None or self.inbox or self.skipping):
+            return
+        worker = self.idle[next(iter(self.idle))]
+        if _hand(worker.requests, reader.READ):
+            self.reader, self.unread_since = worker, None
+            return
+        del self.idle[worker.fd]
+        _signal(worker.pid, signals.SIGKILL)
+        self.retire(worker)
+
+    def watch_reader(self) -> None:
+        """stdin holding bytes its reader has not taken for SERVE_READER_CHECK_SECONDS (the
+        reader was stopped): taken back."""
+        if self.reader is None or not _readable(0):
+            self.unread_since = None
+            return
+        now = time.monotonic()
+        if self.unread_since is None:
+            self.unread_since = now
+        elif now - self.unread_since >= limits.SERVE_READER_CHECK_SECONDS:
+            self.take_back()
+
+    def take_back(self) -> None:
+        """The server reads stdin again: its reader told so (UNDO) and its reply read; one that
+        does not reply within SERVE_READER_UNDO_SECONDS is killed (what it read is lost with it)."""
+        worker = self.reader
+        if worker is None:
+            return
+        deadline = time.monotonic() + limits.SERVE_READER_UNDO_SECONDS
+        if _hand(worker.requests, reader.UNDO):
+            while self.reader is worker and _readable(worker.fd, deadline - time.monotonic()):
+                self.read_worker(worker)
+        if self.reader is worker:
+            self.reader = None
+            self.idle.pop(worker.fd, None)
+            _signal(worker.pid, signals.SIGKILL)
+            self.retire(worker)
+
+    def from_reader(self, worker: Worker, data: bytes) -> None:
+        """The reader's reply (``reader``): a request it took and runs, bytes it gave back, or
+        stdin's end; its pipe's end (it died) or anything else retires it."""
+        worker.answer += data
+        try:
+            reply, broken = reader.parse(worker.answer), not data
+        except (ValueError, UnicodeDecodeError):
+            reply, broken = None, True
+        if reply is None:
+            if broken:
+                self.reader = None
+                del self.idle[worker.fd]
+                _signal(worker.pid, signals.SIGKILL)
+                self.retire(worker)
+            return
+        self.reader, worker.answer = None, b""
+        if reply.frame_id is not None:
+            del self.idle[worker.fd]
+            self.last_frame = self.last_busy = self.last_heard = time.monotonic()
+            self.running(worker, reply.frame_id)
+            worker.answer = reply.rest
+            if worker.complete():
+                self.finish(worker)
+        elif reply.ended:
+            self.heard(b"")
+        elif reply.data:
+            self.heard(reply.data)
 
     def read_worker(self, worker: Worker) -> None:
         """Its answer is sent as soon as its line is whole."""
         try:
             data = os.read(worker.fd, READ_BYTES)
         except BlockingIOError:  # read already (a cancel looked for its answer)
+            return
+        if worker is self.reader:
+            self.from_reader(worker, data)
             return
         if worker.fd in self.idle:  # a waiting worker's pipe ended: it exited
             del self.idle[worker.fd]
@@ -527,6 +636,7 @@ class Server:
             self.unreaped.add(worker.pid)
 
     def retire_idle(self) -> None:
+        self.take_back()
         while self.idle:
             self.retire(self.idle.pop(next(iter(self.idle))))
 
@@ -560,6 +670,7 @@ class Server:
         _signal(worker.pid, signals.SIGTERM)
 
     def cancel_all(self) -> None:
+        self.take_back()
         for frame_id in list(self.by_id):
             self.cancel(frame_id)
 
@@ -699,10 +810,21 @@ def _reap(pid: int, options: int) -> bool:
         return True
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
+_write_all = reader.write_all
+
+
+def _readable(fd: int, timeout: float = 0.0) -> bool:
+    """Is fd readable (or at its end) now, or within timeout seconds?"""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0, int(timeout * 1000))))
+
+
+def _is_pipe(fd: int) -> bool:
+    try:
+        return stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except OSError:
+        return False
 
 
 def _hand(fd: int, line: bytes) -> bool:
@@ -721,17 +843,6 @@ def _hand(fd: int, line: bytes) -> bool:
         except OSError:  # BrokenPipeError: it died while waiting
             return False
     return True
-
-
-def _read_line(fd: int) -> bytes:
-    """One line from a pipe that carries one at a time; b"" at its end."""
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = os.read(fd, READ_BYTES)
-        if not chunk:
-            return b""
-        data += chunk
-    return data
 
 
 def _reap_children() -> None:

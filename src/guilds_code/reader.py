@@ -1,0 +1,157 @@
+"""The next request read off the channel by a waiting worker itself (``guilds-code serve``).
+
+While no request runs, the server names one waiting worker the reader (READ into its
+request pipe) and reads stdin no more: the next frame then wakes that worker alone, and it
+runs the request at once, with no hop through the server. The worker opens the server's
+stdin anew (through /proc, as it opens stdout for an answer; not blocking, so a channel
+whose writer is gone does not hold it in the open), waits for stdin or its request pipe,
+and reads stdin once:
+
+- one whole frame, a request the server would run as it is (``one_request``): ``T <id>``
+  into its answer pipe, then it runs the request, as one handed to it; the server, reading
+  that, counts the request in flight and reads stdin again;
+- anything else (a partial frame, several, a cancel, a keepalive, a frame gone wrong):
+  ``G <n>`` and those n bytes, which the server takes as read from stdin itself;
+- stdin's end: ``E``.
+
+The server takes stdin back (UNDO into the request pipe) before it retires the worker,
+cancels what runs or stops; the worker answers ``G 0``, or ``T <id>`` when a frame came
+first. An UNDO the worker finds when it is no longer the reader is passed over. A reader
+that lets a frame sit unread (it was stopped) is found by the server's clock and killed
+(``limits.SERVE_READER_CHECK_SECONDS``). Where stdin is no pipe (a socket: ``direct``), no
+worker is named: it cannot open a socket through /proc.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Optional, Tuple
+
+    Taken = Tuple[str, object]
+
+READ = b"R\n"
+UNDO = b"U\n"
+ENDED = b"E\n"
+READ_BYTES = 64 * 1024
+
+
+def gave(data: bytes) -> bytes:
+    """The message handing data (read from stdin) back to the server."""
+    return b"G %d\n%s" % (len(data), data)
+
+
+def took(frame_id: str) -> bytes:
+    return b"T %s\n" % frame_id.encode("ascii")
+
+
+class Reply:
+    """What a reader said (``parse``): ``frame_id`` (it took that request), ``data`` (it gave
+    those bytes back), or ``ended`` (stdin's end); ``rest``: what followed in its pipe."""
+
+    __slots__ = ("frame_id", "data", "ended", "rest")
+
+    def __init__(self, frame_id: Optional[str] = None, data: bytes = b"", ended: bool = False, rest: bytes = b""):
+        self.frame_id, self.data, self.ended, self.rest = frame_id, data, ended, rest
+
+
+def parse(buffer: bytes) -> Optional[Reply]:
+    """The reader's reply at the start of buffer; None while it is not whole. ValueError for
+    anything else (the worker is not one to trust further)."""
+    head, newline, rest = buffer.partition(b"\n")
+    if not newline:
+        return None
+    if head == ENDED[:-1]:
+        return Reply(ended=True, rest=rest)
+    kind, _, value = head.partition(b" ")
+    if kind == b"T":
+        return Reply(frame_id=value.decode("ascii"), rest=rest)
+    if kind == b"G":
+        size = int(value)
+        if len(rest) < size:
+            return None
+        return Reply(data=rest[:size], rest=rest[size:])
+    raise ValueError(f"not a reader's reply: {head[:40]!r}")
+
+
+class RequestPipe:
+    """A worker's request pipe, line by line: a request line (``<id> <json>``), READ or UNDO."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.buffer = b""
+
+    def next_line(self) -> bytes:
+        """The next line, its newline kept; b"" at the pipe's end."""
+        while b"\n" not in self.buffer:
+            chunk = os.read(self.fd, READ_BYTES)
+            if not chunk:
+                return b""
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line + b"\n"
+
+    def next_request(self, server: int, answers: int, one_request: Callable[[bytes], Optional[Taken]]):
+        """The next request (its frame id and object), handed over or, named the reader, read
+        off stdin; None at the pipe's end."""
+        while True:
+            line = self.next_line()
+            if not line:
+                return None
+            if line == UNDO:  # it came after this worker had taken a frame: nothing to undo
+                continue
+            if line != READ:
+                head, _, body = line.partition(b" ")
+                return head.decode("ascii"), json.loads(body)
+            taken = self._read_stdin(server, answers, one_request)
+            if taken is not None:
+                return taken
+
+    def _read_stdin(self, server: int, answers: int, one_request: Callable[[bytes], Optional[Taken]]):
+        """As the reader: the request of a frame taken; None once it gave back, or was undone."""
+        data: Optional[bytes] = None
+        try:
+            channel = os.open(f"/proc/{server}/fd/0", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            channel = None
+        if channel is not None:
+            try:
+                data = self._wait_and_read(channel)
+            finally:
+                os.close(channel)
+        if data is None:  # undone, or no stdin to read: nothing taken
+            write_all(answers, gave(b""))
+            return None
+        if not data:
+            write_all(answers, ENDED)
+            return None
+        taken = one_request(data)
+        write_all(answers, gave(data) if taken is None else took(taken[0]))
+        return taken
+
+    def _wait_and_read(self, channel: int) -> Optional[bytes]:
+        """stdin's next bytes (b"" at its end); None when the request pipe spoke first (UNDO,
+        or its end: the server is gone)."""
+        if self.buffer:
+            return None
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        poller.register(channel, select.POLLIN)
+        while True:
+            ready = dict(poller.poll())
+            if self.fd in ready:
+                return None
+            try:
+                return os.read(channel, READ_BYTES)
+            except BlockingIOError:  # another reader (the server, after killing a late one) was first
+                continue
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
