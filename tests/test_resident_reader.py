@@ -20,6 +20,13 @@ from test_helper_faults import _wait_for
 from test_resident import children_of, sandbox, server, shell  # noqa: F401  (fixtures)
 
 
+def with_reader(sandbox, server) -> int:
+    """A call answered, and a moment for the server to name its waiting worker the reader: its pid."""
+    worker = int(ok_text(server.call(shell(sandbox, "echo $PPID"))))
+    time.sleep(0.2)
+    return worker
+
+
 def frame(frame_id: str, request: dict) -> bytes:
     return json.dumps({"v": 1, "id": frame_id, "request": request}).encode() + b"\n"
 
@@ -34,8 +41,7 @@ def stopped(pid: int):
 
 
 def test_a_request_is_read_and_run_by_the_waiting_worker_while_the_server_sleeps(sandbox, server):
-    first = int(ok_text(server.call(shell(sandbox, "echo $PPID"))))
-    time.sleep(0.2)  # the server names its waiting worker the reader
+    first = with_reader(sandbox, server)
     with stopped(server.proc.pid):  # a server that read stdin itself would answer nothing now
         assert int(ok_text(server.call(shell(sandbox, "echo $PPID"), timeout=10))) == first
     assert ok_text(server.call(shell(sandbox, "echo again"))) == "again"  # the server reads its reply, reads on
@@ -52,8 +58,7 @@ def test_a_frame_in_two_writes_is_given_back_and_answered(sandbox, server):
 
 
 def test_two_frames_in_one_write_are_both_answered(sandbox, server):
-    server.call(shell(sandbox, "true"))
-    time.sleep(0.2)
+    with_reader(sandbox, server)
     server.send(frame("a", shell(sandbox, "echo one")) + frame("b", shell(sandbox, "echo two")))
     answers = {a["id"]: ok_text(a["envelope"]) for a in server.answers(2, timeout=10)}
     assert answers == {"a": "one", "b": "two"}
@@ -66,8 +71,7 @@ def test_two_frames_in_one_write_are_both_answered(sandbox, server):
     (b"not json\n", "frame: not valid JSON"),
 ])
 def test_what_is_no_request_goes_back_to_the_server_which_answers_as_before(sandbox, server, given, error):
-    server.call(shell(sandbox, "true"))
-    time.sleep(0.2)
+    with_reader(sandbox, server)
     server.send(given)
     if error is not None:
         (answer,) = server.answers(1, timeout=10)
@@ -76,15 +80,13 @@ def test_what_is_no_request_goes_back_to_the_server_which_answers_as_before(sand
 
 
 def test_stdin_ending_while_the_worker_reads_ends_the_server(sandbox, server):
-    server.call(shell(sandbox, "true"))
-    time.sleep(0.2)
+    with_reader(sandbox, server)
     server.proc.stdin.close()
     assert server.proc.wait(10) == 0
 
 
 def test_a_stopped_reader_is_killed_and_the_request_answered_within_the_check(sandbox, server):
-    reader = int(ok_text(server.call(shell(sandbox, "echo $PPID"))))
-    time.sleep(0.2)
+    reader = with_reader(sandbox, server)
     os.kill(reader, signal.SIGSTOP)  # the agent's own commands run as the same user
     try:
         began = time.monotonic()
@@ -114,8 +116,7 @@ def test_an_idle_server_takes_stdin_back_before_its_workers_exit(sandbox):
 
 
 def test_a_cancel_reaches_a_request_the_reader_took(sandbox, server):
-    server.call(shell(sandbox, "true"))
-    time.sleep(0.2)
+    with_reader(sandbox, server)
     frame_id = server.request(shell(sandbox, "sleep 30"))
     time.sleep(0.3)
     server.cancel(frame_id)
