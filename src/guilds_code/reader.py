@@ -2,24 +2,26 @@
 
 While no request runs, the server names one waiting worker the reader (READ into its
 request pipe) and reads stdin no more: the next frame then wakes that worker alone, and it
-runs the request at once, with no hop through the server. The worker opens the server's
-stdin anew (through /proc, as it opens stdout for an answer; not blocking, so a channel
-whose writer is gone does not hold it in the open), waits for stdin or its request pipe,
-and reads stdin once:
+runs the request at once, with no hop through the server. Each worker keeps the channel's
+stdin it was forked with on a descriptor no command inherits (close-on-exec; its own 0 is
+/dev/null); named the reader, it waits for stdin or its request pipe, and reads stdin once:
 
 - one whole frame, a request the server would run as it is (``one_request``): ``T <id>``
   into its answer pipe, then it runs the request, as one handed to it; the server, reading
   that, counts the request in flight and reads stdin again;
 - anything else (a partial frame, several, a cancel, a keepalive, a frame gone wrong):
   ``G <n>`` and those n bytes, which the server takes as read from stdin itself;
-- stdin's end: ``E``.
+- stdin's end: ``E``;
+- no stdin to read (its descriptor is gone): ``N``, and the server names no reader again.
+
+A reader whose server is gone (no longer its parent) runs nothing it read.
 
 The server takes stdin back (UNDO into the request pipe) before it retires the worker,
 cancels what runs or stops; the worker answers ``G 0``, or ``T <id>`` when a frame came
 first. An UNDO the worker finds when it is no longer the reader is passed over. A reader
 that lets a frame sit unread (it was stopped) is found by the server's clock and killed
-(``limits.SERVE_READER_CHECK_SECONDS``). Where stdin is no pipe (a socket: ``direct``), no
-worker is named: it cannot open a socket through /proc.
+(``limits.SERVE_READER_CHECK_SECONDS``). When the channel moves to a socket (``direct``), the
+workers forked before, which hold the exec's stdin, are retired.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 READ = b"R\n"
 UNDO = b"U\n"
 ENDED = b"E\n"
+NO_STDIN = b"N\n"
 READ_BYTES = 64 * 1024
 
 
@@ -51,12 +54,14 @@ def took(frame_id: str) -> bytes:
 
 class Reply:
     """What a reader said (``parse``): ``frame_id`` (it took that request), ``data`` (it gave
-    those bytes back), or ``ended`` (stdin's end); ``rest``: what followed in its pipe."""
+    those bytes back), ``ended`` (stdin's end) or ``unable`` (no stdin to read); ``rest``: what
+    followed in its pipe."""
 
-    __slots__ = ("frame_id", "data", "ended", "rest")
+    __slots__ = ("frame_id", "data", "ended", "unable", "rest")
 
-    def __init__(self, frame_id: Optional[str] = None, data: bytes = b"", ended: bool = False, rest: bytes = b""):
-        self.frame_id, self.data, self.ended, self.rest = frame_id, data, ended, rest
+    def __init__(self, frame_id: Optional[str] = None, data: bytes = b"", ended: bool = False,
+                 unable: bool = False, rest: bytes = b""):
+        self.frame_id, self.data, self.ended, self.unable, self.rest = frame_id, data, ended, unable, rest
 
 
 def parse(buffer: bytes) -> Optional[Reply]:
@@ -67,6 +72,8 @@ def parse(buffer: bytes) -> Optional[Reply]:
         return None
     if head == ENDED[:-1]:
         return Reply(ended=True, rest=rest)
+    if head == NO_STDIN[:-1]:
+        return Reply(unable=True, rest=rest)
     kind, _, value = head.partition(b" ")
     if kind == b"T":
         return Reply(frame_id=value.decode("ascii"), rest=rest)
@@ -79,10 +86,11 @@ def parse(buffer: bytes) -> Optional[Reply]:
 
 
 class RequestPipe:
-    """A worker's request pipe, line by line: a request line (``<id> <json>``), READ or UNDO."""
+    """A worker's request pipe, line by line: a request line (``<id> <json>``), READ or UNDO;
+    ``channel``: the channel's stdin as the worker was forked with it (None: none)."""
 
-    def __init__(self, fd: int):
-        self.fd = fd
+    def __init__(self, fd: int, channel: Optional[int]):
+        self.fd, self.channel = fd, channel
         self.buffer = b""
 
     def next_line(self) -> bytes:
@@ -113,18 +121,18 @@ class RequestPipe:
 
     def _read_stdin(self, server: int, answers: int, one_request: Callable[[bytes], Optional[Taken]]):
         """As the reader: the request of a frame taken; None once it gave back, or was undone."""
-        data: Optional[bytes] = None
         try:
-            channel = os.open(f"/proc/{server}/fd/0", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            channel = None
-        if channel is not None:
-            try:
-                data = self._wait_and_read(channel)
-            finally:
-                os.close(channel)
-        if data is None:  # undone, or no stdin to read: nothing taken
+            data = self._wait_and_read(self.channel) if self.channel is not None else None
+        except OSError:  # EBADF: the descriptor is gone
+            self.channel = None
+            data = None
+        if self.channel is None:
+            write_all(answers, NO_STDIN)
+            return None
+        if data is None:  # undone
             write_all(answers, gave(b""))
+            return None
+        if os.getppid() != server:  # the server is gone: nothing is run for a channel that ended
             return None
         if not data:
             write_all(answers, ENDED)

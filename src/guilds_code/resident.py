@@ -73,7 +73,6 @@ import gc
 import json
 import os
 import select
-import stat
 import time
 
 from . import asleep, codec, frames, limits, protocol, reader, watchdog
@@ -166,7 +165,8 @@ class Server:
         """The waiting worker that reads stdin in the server's place (``reader``), if one does."""
         self.unread_since: Optional[float] = None
         """When stdin was first seen holding bytes its reader had not taken."""
-        self.stdin_is_pipe = _is_pipe(0)
+        self.workers_read = True
+        """Workers may read stdin in the server's place (False once one could not: ``reader``)."""
 
     # --- output -----------------------------------------------------------
     def write(self, data: bytes) -> None:
@@ -265,7 +265,7 @@ class Server:
             os.dup2(fd, 0)
             os.dup2(fd, 1)
             os.close(fd)
-            self.stdin_is_pipe = False
+            self.retire_idle()  # forked before: they hold the exec's stdin, no longer the channel
             self.inbox, self.skipping = bytearray(), False
             self.end_offer()
             self.write(self._hello())
@@ -488,6 +488,7 @@ class Server:
             for sig in STOP_SIGNALS:
                 signals.signal(sig, signals.SIG_DFL)
             server = os.getppid()
+            channel = _kept_stdin()
             null = os.open(os.devnull, os.O_RDWR)
             os.dup2(null, 0)
             os.dup2(null, 1)
@@ -499,7 +500,7 @@ class Server:
             os.close(self.wake_w)
             if self.offer is not None:
                 self.offer.close()
-            pipe = reader.RequestPipe(requests)
+            pipe = reader.RequestPipe(requests, channel)
             for served in range(1, limits.SERVE_WORKER_REQUESTS_MAX + 1):
                 envelope = self.answer(request)
                 if not _answer(self.frames_lock, server, requests, answers, frame_id, envelope):
@@ -518,7 +519,7 @@ class Server:
     def name_reader(self) -> None:
         """With nothing running and nothing half read, a waiting worker reads stdin from now on."""
         if (self.reader is not None or not self.idle or self.workers or not self.stdin_open or self.stopping
-                or not self.stdin_is_pipe or self.offer is not None or self.inbox or self.skipping):
+                or not self.workers_read or self.offer is not None or self.inbox or self.skipping):
             return
         worker = self.idle[next(iter(self.idle))]
         if _hand(worker.requests, reader.READ):
@@ -579,6 +580,8 @@ class Server:
             worker.answer = reply.rest
             if worker.complete():
                 self.finish(worker)
+        elif reply.unable:
+            self.workers_read = False
         elif reply.ended:
             self.heard(b"")
         elif reply.data:
@@ -820,11 +823,13 @@ def _readable(fd: int, timeout: float = 0.0) -> bool:
     return bool(poller.poll(max(0, int(timeout * 1000))))
 
 
-def _is_pipe(fd: int) -> bool:
+def _kept_stdin() -> Optional[int]:
+    """In a worker just forked: the channel's stdin on a descriptor of its own, close-on-exec
+    (``reader``); None where it cannot be had."""
     try:
-        return stat.S_ISFIFO(os.fstat(fd).st_mode)
+        return os.dup(0)  # Python makes it non-inheritable
     except OSError:
-        return False
+        return None
 
 
 def _hand(fd: int, line: bytes) -> bool:
