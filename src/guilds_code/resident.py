@@ -54,6 +54,9 @@ leave in its memory stays bounded; a cancelled one is never reused.
   every running request is cancelled and answered, then the server exits 0.
   With ``--idle-exit S`` it also exits after S seconds with nothing running
   and no frame, so a container's idle stop is not held off by it.
+- With nothing running, a waiting worker reads the next request off stdin itself (the
+  reader, ``reader``): one whole request frame it runs at once, with no hop through the
+  server; anything else it hands to the server, which reads as before.
 - ``--direct 1``: the channel is also offered over TCP (``direct``); once a connection
   naming the token takes it, stdin and stdout are that socket. A worker cannot open a
   socket through /proc, so on it the server writes every answer (the worker hands it
