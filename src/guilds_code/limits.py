@@ -196,7 +196,8 @@ the server looks this often whether stdin holds bytes the worker has not taken; 
 at the next look (the worker was stopped), it takes stdin back."""
 SERVE_READER_UNDO_SECONDS = 0.5
 """guilds-code serve: how long the server waits for its reader's reply when it takes stdin
-back; a reader silent that long is killed."""
+back before it looks at the reader: a stopped one is killed; a live one is waited for, up to
+SERVE_WORKER_KILL_SECONDS in all."""
 SERVE_IDLE_WORKERS_MAX = 4
 """guilds-code serve: workers kept waiting for the next request; one that answers
 past this many exits."""

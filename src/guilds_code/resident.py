@@ -78,7 +78,7 @@ import os
 import select
 import time
 
-from . import asleep, codec, frames, limits, protocol, reader, watchdog
+from . import asleep, codec, frames, limits, proc, protocol, reader, watchdog
 from .proc import signals
 
 TYPE_CHECKING = False
@@ -545,15 +545,20 @@ class Server:
             self.take_back()
 
     def take_back(self) -> None:
-        """The server reads stdin again: its reader told so (UNDO) and its reply read; one that
-        does not reply within SERVE_READER_UNDO_SECONDS is killed (what it read is lost with it)."""
+        """The server reads stdin again: its reader told so (UNDO) and its reply read. A reader
+        that has not replied within SERVE_READER_UNDO_SECONDS is killed when it is stopped, or
+        when it still has not SERVE_WORKER_KILL_SECONDS after (a slow one on a busy machine is
+        waited for: what it read would be lost with it)."""
         worker = self.reader
         if worker is None:
             return
-        deadline = time.monotonic() + limits.SERVE_READER_UNDO_SECONDS
+        began = time.monotonic()
         if _hand(worker.requests, reader.UNDO):
-            while self.reader is worker and _readable(worker.fd, deadline - time.monotonic()):
-                self.read_worker(worker)
+            while self.reader is worker:
+                if _readable(worker.fd, limits.SERVE_READER_UNDO_SECONDS):
+                    self.read_worker(worker)
+                elif _stopped(worker.pid) or time.monotonic() - began >= limits.SERVE_WORKER_KILL_SECONDS:
+                    break
         if self.reader is worker:
             self.reader = None
             self.idle.pop(worker.fd, None)
@@ -824,6 +829,12 @@ def _readable(fd: int, timeout: float = 0.0) -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     return bool(poller.poll(max(0, int(timeout * 1000))))
+
+
+def _stopped(pid: int) -> bool:
+    """Is pid stopped (SIGSTOP, or a tracer's stop), or gone?"""
+    stat = proc.proc_stat(pid)
+    return stat is None or stat.state in "TtZX"
 
 
 def _kept_stdin() -> Optional[int]:
