@@ -92,7 +92,7 @@ def test_a_stopped_reader_is_killed_and_the_request_answered_within_the_check(sa
         began = time.monotonic()
         answered = int(ok_text(server.call(shell(sandbox, "echo $PPID"), timeout=10)))
         assert answered != reader
-        assert time.monotonic() - began < 2 * limits.SERVE_READER_CHECK_SECONDS + limits.SERVE_READER_UNDO_SECONDS + 1
+        assert time.monotonic() - began < 2 * limits.SERVE_READER_CHECK_SECONDS + limits.SERVE_READER_UNDO_SECONDS + 2
         assert _wait_for(lambda: reader not in {pid for pid, _ in children_of(server.proc.pid)})
     finally:
         with contextlib.suppress(ProcessLookupError):
