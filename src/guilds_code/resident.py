@@ -507,7 +507,7 @@ class Server:
             for served in range(1, limits.SERVE_WORKER_REQUESTS_MAX + 1):
                 envelope = self.answer(request)
                 if not _answer(self.frames_lock, server, requests, answers, frame_id, envelope):
-                    _write_all(answers, envelope)
+                    reader.write_all(answers, envelope)
                 _reap_children()  # background wrappers that ended: never the next op's
                 os.chdir("/")  # an op may have entered a folder: a waiting worker holds none
                 taken = pipe.next_request(server, answers, self.one_request) \
@@ -527,10 +527,8 @@ class Server:
         worker = self.idle[next(iter(self.idle))]
         if _hand(worker.requests, reader.READ):
             self.reader, self.unread_since = worker, None
-            return
-        del self.idle[worker.fd]
-        _signal(worker.pid, signals.SIGKILL)
-        self.retire(worker)
+        else:
+            self.kill_waiting(worker)
 
     def watch_reader(self) -> None:
         """stdin holding bytes its reader has not taken for SERVE_READER_CHECK_SECONDS (the
@@ -560,10 +558,15 @@ class Server:
                 elif _stopped(worker.pid) or time.monotonic() - began >= limits.SERVE_WORKER_KILL_SECONDS:
                     break
         if self.reader is worker:
+            self.kill_waiting(worker)
+
+    def kill_waiting(self, worker: Worker) -> None:
+        """A waiting worker (the reader or not) no longer to be trusted: killed and retired."""
+        if worker is self.reader:
             self.reader = None
-            self.idle.pop(worker.fd, None)
-            _signal(worker.pid, signals.SIGKILL)
-            self.retire(worker)
+        self.idle.pop(worker.fd, None)
+        _signal(worker.pid, signals.SIGKILL)
+        self.retire(worker)
 
     def from_reader(self, worker: Worker, data: bytes) -> None:
         """The reader's reply (``reader``): a request it took and runs, bytes it gave back, or
@@ -575,10 +578,7 @@ class Server:
             reply, broken = None, True
         if reply is None:
             if broken:
-                self.reader = None
-                del self.idle[worker.fd]
-                _signal(worker.pid, signals.SIGKILL)
-                self.retire(worker)
+                self.kill_waiting(worker)
             return
         self.reader, worker.answer = None, b""
         if reply.frame_id is not None:
@@ -731,11 +731,11 @@ def _answer(lock: Optional[int], server: int, requests: int, answers: int, frame
         return False
     try:
         with _Held(lock):
-            if _marked(requests):
+            if _readable(requests):  # a cancel's mark, or the pipe's end
                 return False
-            _write_all(answers, SENT)  # first: the server knows this worker free before the next request can come
+            reader.write_all(answers, SENT)  # first: the server knows this worker free before the next request can come
             try:
-                _write_all(out, frames.answer_frame(frame_id, envelope))
+                reader.write_all(out, frames.answer_frame(frame_id, envelope))
             except OSError:  # the orchestrator stopped reading: the server sees it too
                 pass
         return True
@@ -755,14 +755,6 @@ def _stdout_of(server: int) -> Optional[int]:
         return None
     os.set_blocking(fd, True)
     return fd
-
-
-def _marked(requests: int) -> bool:
-    """Is there something in the worker's request pipe while its request runs (a
-    cancel's mark, or the pipe's end)?"""
-    poller = select.poll()
-    poller.register(requests, select.POLLIN)
-    return bool(poller.poll(0))
 
 
 def _mark_cancelled(requests: int) -> None:
@@ -819,9 +811,6 @@ def _reap(pid: int, options: int) -> bool:
         return os.waitpid(pid, options)[0] != 0
     except ChildProcessError:
         return True
-
-
-_write_all = reader.write_all
 
 
 def _readable(fd: int, timeout: float = 0.0) -> bool:
