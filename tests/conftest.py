@@ -21,6 +21,7 @@ import pytest
 
 import backend_kit
 import parallel_kit
+import rerun_report
 from guilds.sandbox.helpers import build_helper
 from guilds_code.protocol import decode_envelope
 from resident_kit import ResidentServer
@@ -33,6 +34,8 @@ def pytest_configure(config: pytest.Config) -> None:
     parallel_kit.short_basetemp(config)
     parallel_kit.own_postgres()
     config.pluginmanager.register(parallel_kit.Groups(), "parallel_kit.groups")
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) prints them
+        config.pluginmanager.register(rerun_report.FirstFailures(), "rerun_report")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
