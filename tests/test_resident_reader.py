@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -17,7 +18,7 @@ from conftest import PYTHON, ok_text
 from guilds_code import limits
 from resident_kit import ResidentServer
 from test_helper_faults import _wait_for
-from test_resident import children_of, sandbox, server, shell  # noqa: F401  (fixtures)
+from test_resident import children_of, eventually_gone, sandbox, server, shell  # noqa: F401  (fixtures)
 
 
 def with_reader(sandbox, server) -> int:
@@ -122,3 +123,59 @@ def test_a_cancel_reaches_a_request_the_reader_took(sandbox, server):
     server.cancel(frame_id)
     (answer,) = server.answers(1, timeout=10)
     assert answer["envelope"]["error"].startswith("cancelled")
+
+
+@contextlib.contextmanager
+def telling_after(sandbox, ms: int):
+    """A server whose readers tell of a request they took only ms after taking it (or at its end)."""
+    server = ResidentServer(PYTHON, str(sandbox.helper), sandbox.process_env(), "--reader-tell-ms", str(ms))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_a_short_request_the_reader_took_wakes_the_server_once_with_its_answer(sandbox):
+    with telling_after(sandbox, 600_000) as server:
+        with_reader(sandbox, server)
+        first = server.request(shell(sandbox, "sleep 1.5; echo first"))
+        time.sleep(0.3)  # the reader runs it and has not told the server: nothing reads stdin
+        second = server.request(shell(sandbox, "echo second"))
+        time.sleep(0.5)
+        assert not server.ready()
+        answers = {a["id"]: ok_text(a["envelope"]) for a in server.answers(2, timeout=10)}
+        assert answers == {first: "first", second: "second"}
+
+
+def test_a_long_request_the_reader_took_is_told_at_the_clock_and_others_run_beside_it(sandbox):
+    with telling_after(sandbox, 200) as server:
+        with_reader(sandbox, server)
+        slow = server.request(shell(sandbox, "sleep 30"))
+        time.sleep(0.5)
+        began = time.monotonic()
+        assert ok_text(server.call(shell(sandbox, "echo beside"), timeout=10)) == "beside"
+        assert time.monotonic() - began < 2
+        server.cancel(slow)
+        (answer,) = server.answers(1, timeout=10)
+        assert (answer["id"], answer["envelope"]["error"][:9]) == (slow, "cancelled")
+
+
+def test_a_reader_killed_before_it_told_has_its_request_answered(sandbox):
+    with telling_after(sandbox, 600_000) as server:
+        reader = with_reader(sandbox, server)
+        began = time.monotonic()
+        answer = server.call(shell(sandbox, "kill -9 $PPID; sleep 5"), timeout=10)  # its own worker
+        assert answer["error"] == "internal error: the request's worker ended without an answer"
+        assert time.monotonic() - began < 3
+        assert eventually_gone(reader)
+        assert ok_text(server.call(shell(sandbox, "echo next"), timeout=10)) == "next"
+
+
+@pytest.mark.parametrize("value", ["0", "x", str(1000 * 7 * 24 * 3600 + 1)])
+def test_a_bad_tell_time_is_refused_in_one_line(sandbox, value):
+    done = subprocess.run([PYTHON, "-I", "-S", str(sandbox.helper), "serve", "--reader-tell-ms", value],
+                          env=sandbox.process_env(), stdin=subprocess.DEVNULL, capture_output=True, timeout=30,
+                          check=False)
+    said = (done.stdout + done.stderr).decode()
+    assert done.returncode != 0
+    assert said.startswith("guilds-code serve: --reader-tell-ms: must be ") and said.count("\n") == 1, said

@@ -198,6 +198,10 @@ SERVE_READER_UNDO_SECONDS = 0.5
 """guilds-code serve: how long the server waits for its reader's reply when it takes stdin
 back before it looks at the reader: a stopped one is killed; a live one is waited for, up to
 SERVE_WORKER_KILL_SECONDS in all."""
+SERVE_READER_TELL_SECONDS = 0.005
+"""guilds-code serve: a request its reader took off stdin is told to the server when its op
+is done or this long after it was taken, whichever comes first (``reader``): a cancel of it,
+and the requests after it, reach the server at most this much later."""
 SERVE_IDLE_WORKERS_MAX = 4
 """guilds-code serve: workers kept waiting for the next request; one that answers
 past this many exits."""

@@ -92,6 +92,7 @@ KEEPALIVE = frames.KEEPALIVE
 SENT = b"-\n"
 """What a worker writes into its answer pipe once it has written its answer frame to
 stdout itself (never an envelope line: base64 has no '-')."""
+WORKER_LOST = "internal error: the request's worker ended without an answer"
 CANCEL_MARK = b"c"
 """What the server writes into a running worker's request pipe when it cancels its
 request: the worker then leaves the answer to the server."""
@@ -114,10 +115,11 @@ class Worker:
     """A forked worker: its pid, the read end of its answer pipe, the write end of its
     request pipe; and the request it runs, if any."""
 
-    __slots__ = ("pid", "fd", "requests", "served", "frame_id", "answer", "kill_at", "cancelled", "reaped")
+    __slots__ = ("pid", "fd", "requests", "slot", "served", "frame_id", "answer", "kill_at", "cancelled",
+                 "reaped")
 
-    def __init__(self, pid: int, fd: int, requests: int):
-        self.pid, self.fd, self.requests = pid, fd, requests
+    def __init__(self, pid: int, fd: int, requests: int, slot: int = -1):
+        self.pid, self.fd, self.requests, self.slot = pid, fd, requests, slot
         self.served = 0
         self.frame_id = ""
         self.answer = b""
@@ -143,6 +145,7 @@ class Server:
         self.workers_idle = options.workers_idle
         self.sleep_idle = options.sleep_idle
         self.woken = options.woken
+        self.reader_tell = options.reader_tell_ms / 1000
         self.argv = list(argv)  # what followed "serve": the command line that wakes it again
         self.max_frame = frames.max_frame_bytes(limits.REQUEST_FILE_MAX)
         self.workers: Dict[int, Worker] = {}  # running a request, by answer pipe
@@ -162,6 +165,8 @@ class Server:
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         self.frames_lock = _frames_lock()
+        self.ledger = reader.Ledger(self.frames_lock) if self.frames_lock is not None else None
+        """What each reader took and has not told yet (``reader.Ledger``); None without a memfd."""
         self.offer = _offer() if options.direct and self.woken is None else None
         """``--direct 1``: the channel offered over TCP until taken or given up (``direct``)."""
         self.reader: Optional[Worker] = None
@@ -468,23 +473,26 @@ class Server:
         watchdog.resume()
         answers_r, answers_w = os.pipe()
         requests_r, requests_w = os.pipe()
+        slot = self.ledger.take_slot() if self.ledger is not None else -1
         try:
             pid = os.fork()
         except OSError:
             for fd in (answers_r, answers_w, requests_r, requests_w):
                 os.close(fd)
+            if self.ledger is not None:
+                self.ledger.free(slot)
             raise
         if pid == 0:
             os.close(answers_r)
             os.close(requests_w)
-            self._in_worker(answers_w, requests_r, frame_id, request)
+            self._in_worker(answers_w, requests_r, slot, frame_id, request)
         os.close(answers_w)
         os.close(requests_r)
         os.set_blocking(requests_w, False)
         os.set_blocking(answers_r, False)
-        return Worker(pid, answers_r, requests_w)
+        return Worker(pid, answers_r, requests_w, slot)
 
-    def _in_worker(self, answers: int, requests: int, frame_id: str, request: object) -> None:
+    def _in_worker(self, answers: int, requests: int, slot: int, frame_id: str, request: object) -> None:
         """The forked worker: answer the request, then each one its pipe brings, up to
         SERVE_WORKER_REQUESTS_MAX; exit at the pipe's end (never returns)."""
         try:
@@ -503,9 +511,11 @@ class Server:
             os.close(self.wake_w)
             if self.offer is not None:
                 self.offer.close()
-            pipe = reader.RequestPipe(requests, channel)
+            pipe = reader.RequestPipe(requests, channel, None if self.ledger is None else (self.ledger, slot),
+                                      self.reader_tell)
             for served in range(1, limits.SERVE_WORKER_REQUESTS_MAX + 1):
                 envelope = self.answer(request)
+                pipe.tell()  # a request it read itself: the server learns of it first
                 if not _answer(self.frames_lock, server, requests, answers, frame_id, envelope):
                     reader.write_all(answers, envelope)
                 _reap_children()  # background wrappers that ended: never the next op's
@@ -525,6 +535,8 @@ class Server:
                 or not self.workers_read or self.offer is not None or self.inbox or self.skipping):
             return
         worker = self.idle[next(iter(self.idle))]
+        if self.ledger is not None:
+            self.ledger.clear(worker.slot)
         if _hand(worker.requests, reader.READ):
             self.reader, self.unread_since = worker, None
         else:
@@ -561,12 +573,17 @@ class Server:
             self.kill_waiting(worker)
 
     def kill_waiting(self, worker: Worker) -> None:
-        """A waiting worker (the reader or not) no longer to be trusted: killed and retired."""
+        """A waiting worker (the reader or not) no longer to be trusted: killed and retired. A
+        request the reader took and had not told (``reader.Ledger``) is answered with the error."""
+        _signal(worker.pid, signals.SIGKILL)  # first: what the ledger holds then is final
+        lost = None
         if worker is self.reader:
             self.reader = None
+            lost = self.ledger.taken(worker.slot) if self.ledger is not None else None
         self.idle.pop(worker.fd, None)
-        _signal(worker.pid, signals.SIGKILL)
         self.retire(worker)
+        if lost is not None:
+            self.refuse(lost, WORKER_LOST)
 
     def from_reader(self, worker: Worker, data: bytes) -> None:
         """The reader's reply (``reader``): a request it took and runs, bytes it gave back, or
@@ -627,7 +644,7 @@ class Server:
         elif worker.complete():
             self.reply(worker.frame_id, worker.answer)
         else:
-            self.refuse(worker.frame_id, "internal error: the request's worker ended without an answer")
+            self.refuse(worker.frame_id, WORKER_LOST)
         if self._keeps(worker):
             worker.frame_id, worker.answer = "", b""
             self.idle[worker.fd] = worker
@@ -643,6 +660,8 @@ class Server:
         """Close its pipes (a waiting worker exits at its request pipe's end); reap it."""
         os.close(worker.fd)
         os.close(worker.requests)
+        if self.ledger is not None:
+            self.ledger.free(worker.slot)
         if not worker.reaped and not _reap(worker.pid, os.WNOHANG):
             self.unreaped.add(worker.pid)
 
@@ -886,12 +905,14 @@ def _touch_idle_clock() -> None:
 
 class Options:
     """``serve [--max-in-flight N] [--idle-exit S] [--workers-idle S] [--sleep-idle S]
-    [--warm-first 0|1] [--direct 0|1] [--woken BYTE]`` (``--woken``: the waiter's, ``asleep``;
-    ``--warm-first 1``: ``warm`` before the hello, for a server opened ahead of its calls, whose
-    first workers then fork warm; ``--direct 1``: the channel offered over TCP, ``direct``)."""
+    [--warm-first 0|1] [--direct 0|1] [--reader-tell-ms MS] [--woken BYTE]`` (``--woken``: the
+    waiter's, ``asleep``; ``--warm-first 1``: ``warm`` before the hello, for a server opened ahead
+    of its calls, whose first workers then fork warm; ``--direct 1``: the channel offered over
+    TCP, ``direct``; ``--reader-tell-ms``: when a reader tells of a request it took, at the
+    latest, SERVE_READER_TELL_SECONDS by default, ``reader``)."""
 
     __slots__ = ("max_in_flight", "idle_exit", "orphan_exit", "workers_idle", "sleep_idle", "warm_first", "woken",
-                 "direct")
+                 "direct", "reader_tell_ms")
 
     def __init__(self) -> None:
         self.max_in_flight = frames.MAX_IN_FLIGHT_DEFAULT
@@ -902,6 +923,7 @@ class Options:
         self.warm_first = 0
         self.woken: Optional[int] = None
         self.direct = 0
+        self.reader_tell_ms = round(limits.SERVE_READER_TELL_SECONDS * 1000)
 
 
 _DURATION_BOUNDS = (1, 7 * 24 * 3600)
@@ -909,6 +931,7 @@ _OPTIONS = {"--max-in-flight": ("max_in_flight", (1, 4096)), "--idle-exit": ("id
             "--orphan-exit": ("orphan_exit", _DURATION_BOUNDS),
             "--workers-idle": ("workers_idle", _DURATION_BOUNDS), "--sleep-idle": ("sleep_idle", _DURATION_BOUNDS),
             "--warm-first": ("warm_first", (0, 1)), "--direct": ("direct", (0, 1)),
+            "--reader-tell-ms": ("reader_tell_ms", (1, 1000 * _DURATION_BOUNDS[1])),
             asleep.WOKEN: ("woken", (0, 255))}
 
 
