@@ -4,6 +4,7 @@ another agent, and the nsenter path taken when the starter cannot serve. Real bw
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -276,3 +277,25 @@ async def test_a_call_coming_in_as_the_init_ends_runs_in_a_new_sandbox(tmp_path,
         assert killed and record["pid"] != killed[0] and Path(f"/proc/{record['pid']}").exists()
         if way == "starter":
             assert forked(cmdline(server_pid(box, toolbox)))
+
+
+CHANNEL_REACH = (
+    "s=$(awk '/^PPid/{print $2}' /proc/$PPID/status);"
+    " for f in 0 1; do head -c0 /proc/$s/fd/$f 2>/dev/null && echo read-$f-open || echo read-$f-denied;"
+    " (: 2>/dev/null > /proc/$s/fd/$f) && echo write-$f-open || echo write-$f-denied; done"
+)
+"""What a command can open of its resident server's stdin (0) and stdout (1) through /proc."""
+
+
+async def test_a_worker_writes_its_answer_itself_and_a_command_can_read_neither_pipe(tmp_path):
+    async with agent(tmp_path, "chan") as (box, toolbox):
+        reach = (await shell(toolbox, CHANNEL_REACH)).split()[:4]
+        assert reach == ["read-0-denied", "write-0-denied", "read-1-denied", "write-1-open"], reach
+        await asyncio.sleep(0.3)  # the server names its waiting worker the reader
+        server = server_pid(box, toolbox)
+        os.kill(server, signal.SIGSTOP)  # a server that relayed the answer would give none now
+        try:
+            assert (await asyncio.wait_for(shell(toolbox, "echo answered"), 10)).splitlines()[0] == "answered"
+        finally:
+            os.kill(server, signal.SIGCONT)
+        assert (await shell(toolbox, "echo again")).splitlines()[0] == "again"

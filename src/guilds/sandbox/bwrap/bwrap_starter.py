@@ -17,6 +17,7 @@ process: the open goes through nsenter, with one warning line.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -37,6 +38,18 @@ log = logging.getLogger(__name__)
 START_MESSAGE = b"s"
 GONE = "gone: "
 """The answer's start when the sandbox's init is not the one named any more."""
+
+
+def _writable_by_agent(stdout: int, request: dict[str, Any]) -> None:
+    """The helper's stdout pipe made the agent's, to write only (mode 0200): the resident
+    helper's workers, which run as the agent's uid, then open it through ``/proc`` and write
+    their answers themselves, with no hop through the server (docs/helper.md). The agent's
+    commands could write there too, as on the other backends ("What a command inside the
+    sandbox can do to the channel"), and can read nothing from it; stdin stays root's. A
+    failure leaves the pipe root's: the server then writes every answer."""
+    with contextlib.suppress(OSError, KeyError, TypeError, ValueError):
+        os.fchown(stdout, int(request["uid"]), int(request["gid"]))
+        os.fchmod(stdout, 0o200)
 
 
 class StarterFailed(Exception):
@@ -62,6 +75,7 @@ class Starter:
         pipes = [os.pipe() for _ in range(4)]  # stdin, stdout, stderr, the answer
         (in_r, in_w), (out_r, out_w), (err_r, err_w), (ans_r, ans_w) = pipes
         theirs, ours = [body, in_r, out_w, err_w, ans_w], [in_w, out_r, err_r]
+        _writable_by_agent(out_w, request)
         try:
             os.write(body, json.dumps(request).encode())
             self._send(theirs)
