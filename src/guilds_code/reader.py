@@ -8,8 +8,9 @@ stdin it was forked with on a descriptor no command inherits (close-on-exec; its
 
 - one whole frame, a request the server would run as it is (``one_request``): it runs the
   request, as one handed to it, and says ``T <id>`` into its answer pipe when the op is done
-  (just before its answer) or limits.SERVE_READER_TELL_SECONDS after it took the frame,
-  whichever comes first (``tell``: SIGALRM, which a blocking call outlasts, PEP 475); the
+  (with SENT, in one write after its answer frame: ``resident._answer``) or
+  limits.SERVE_READER_TELL_SECONDS after it took the frame, whichever comes first
+  (``tell``: SIGALRM, which a blocking call outlasts, PEP 475); the
   server, reading that, counts the request in flight and reads stdin again. A short request
   thus wakes the server once, with its answer, and not a second time while it runs: the
   server's turn on a CPU then cost the request's own turn about 0.15 ms. A cancel or the next
@@ -141,16 +142,22 @@ class RequestPipe:
                  tell_after: float = limits.SERVE_READER_TELL_SECONDS):
         self.fd, self.channel, self.ledger, self.tell_after = fd, channel, ledger, tell_after
         self.buffer = b""
-        self.untold: Optional[Tuple[int, bytes]] = None
+        self.to_tell: Optional[Tuple[int, bytes]] = None
         """(answer pipe, ``T <id>``) of the request taken, while the server has not been told."""
 
     def tell(self) -> None:
-        """The server told of the request taken (``T <id>``), once; its clock stopped. Safe
-        to call at any moment, from the SIGALRM handler too: it writes at most one line."""
-        untold, self.untold = self.untold, None
-        if untold is not None:
-            signals.setitimer(signals.ITIMER_REAL, 0)
-            write_all(*untold)
+        """The server told of the request taken (``T <id>``), once: the SIGALRM handler. Safe
+        at any moment: it writes at most one line, and only one not handed out by ``untold``."""
+        to_tell, self.to_tell = self.to_tell, None
+        if to_tell is not None:
+            write_all(*to_tell)
+
+    def untold(self) -> bytes:
+        """``T <id>`` of the request taken, for the caller to write (b"" when told, or none
+        was taken); from now on the clock tells nothing."""
+        to_tell, self.to_tell = self.to_tell, None
+        signals.setitimer(signals.ITIMER_REAL, 0)
+        return b"" if to_tell is None else to_tell[1]
 
     def _took(self, answers: int, frame_id: str) -> None:
         """A request taken: in the ledger now, and the server told when the op is done (``tell``)
@@ -160,7 +167,7 @@ class RequestPipe:
             return
         ledger, slot = self.ledger
         ledger.write(slot, frame_id)
-        self.untold = (answers, took(frame_id))
+        self.to_tell = (answers, took(frame_id))
         signals.signal(signals.SIGALRM, lambda _signum, _frame: self.tell())
         signals.setitimer(signals.ITIMER_REAL, self.tell_after)
 

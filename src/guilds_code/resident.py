@@ -515,9 +515,9 @@ class Server:
                                       self.reader_tell)
             for served in range(1, limits.SERVE_WORKER_REQUESTS_MAX + 1):
                 envelope = self.answer(request)
-                pipe.tell()  # a request it read itself: the server learns of it first
-                if not _answer(self.frames_lock, server, requests, answers, frame_id, envelope):
-                    reader.write_all(answers, envelope)
+                told = pipe.untold()  # a request it read itself, the server not told yet: with the answer
+                if not _answer(self.frames_lock, server, requests, answers, frame_id, envelope, told):
+                    reader.write_all(answers, told + envelope)
                 _reap_children()  # background wrappers that ended: never the next op's
                 os.chdir("/")  # an op may have entered a folder: a waiting worker holds none
                 taken = pipe.next_request(server, answers, self.one_request) \
@@ -740,23 +740,31 @@ def _frames_lock() -> Optional[int]:
 
 
 def _answer(lock: Optional[int], server: int, requests: int, answers: int, frame_id: str,
-            envelope: bytes) -> bool:
-    """SENT into a worker's answer pipe, then its answer frame written to the server's
-    stdout by the worker, holding the frames lock; False, with nothing written, when
-    there is no frames lock, the server is gone, or the request was cancelled first
-    (the server answers it)."""
+            envelope: bytes, told: bytes = b"") -> bool:
+    """SENT into a worker's answer pipe and its answer frame written to the server's stdout
+    by the worker, holding the frames lock; False, with nothing written, when there is no
+    frames lock, the server is gone, or the request was cancelled first (the server answers
+    it). SENT goes first, so the server, which reads stdin while a request it handed over
+    runs, knows this worker free before the next request can come. ``told``: ``T <id>`` of a
+    request the worker read itself and has not told (``reader``): the server reads no stdin
+    until it reads that, so the frame goes first, then ``told`` and SENT in one write, which
+    wakes the server once and after the answer is on its way."""
     out = _stdout_of(server) if lock is not None else None
     if out is None:
         return False
+    frame = frames.answer_frame(frame_id, envelope)
     try:
         with _Held(lock):
             if _readable(requests):  # a cancel's mark, or the pipe's end
                 return False
-            reader.write_all(answers, SENT)  # first: the server knows this worker free before the next request can come
+            if not told:
+                reader.write_all(answers, SENT)
             try:
-                reader.write_all(out, frames.answer_frame(frame_id, envelope))
+                reader.write_all(out, frame)
             except OSError:  # the orchestrator stopped reading: the server sees it too
                 pass
+            if told:
+                reader.write_all(answers, told + SENT)
         return True
     finally:
         os.close(out)
