@@ -170,7 +170,8 @@ class ResidentChannel:
 
     async def _answer(self, frame_id: str, future: Answer, wait: float) -> dict[str, Any]:
         try:
-            return await asyncio.wait_for(asyncio.shield(future), wait)
+            async with asyncio.timeout(wait):  # no task and no waiter of wait_for's: the answer wakes the call at once
+                return await asyncio.shield(future)
         except TimeoutError:
             if not await self._cancel(frame_id, future):  # no answer to the cancel either: hung
                 self._die(f"the resident helper did not answer within {wait:g} s, nor a cancel "
