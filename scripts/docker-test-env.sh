@@ -26,7 +26,7 @@ export DOCKER_HOST="unix://$SOCK"
 BASE=${GUILDS_BASE_IMAGE:-guilds-base:local}
 IMAGE=${GUILDS_SANDBOX_IMAGE:-guilds-sandbox:latest}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PACKAGES=(python3-minimal libpython3.11-stdlib bash dash coreutils git ripgrep grep sed
+PACKAGES=(python3-minimal libpython3.11-stdlib bash dash coreutils git ripgrep grep sed libc-bin
           findutils tar procps util-linux gzip base-files base-passwd)
 
 log() { echo "docker-test-env: $*" >&2; }
@@ -88,13 +88,17 @@ for line in sys.stdin:
 print("\n".join(sorted(seen)))
 '
 
-# The build context of `guilds sandbox image --no-install` on BASE, as a tar on stdout.
+# The build context of `guilds sandbox image --no-install` on BASE, as a tar on stdout, with
+# the loader's cache made first: the base is files copied from this machine's packages, which
+# hold no /etc/ld.so.cache (ldconfig makes it when a package is installed), and without one
+# every program started in the container looks for each library in some 20 folders first.
 CONTEXT='
 import sys
 from guilds.sandbox._container import helper_files
 from guilds.sandbox.image import build_context, dockerfile
 files = helper_files()
-sys.stdout.buffer.write(build_context(dockerfile(sys.argv[1], [n for n, _ in files], install=False), files))
+text = dockerfile(sys.argv[1], [n for n, _ in files], install=False).replace("\n", "\nRUN ldconfig\n", 1)
+sys.stdout.buffer.write(build_context(text, files))
 '
 
 build_base() {
