@@ -144,6 +144,8 @@ class RequestPipe:
         self.buffer = b""
         self.to_tell: Optional[Tuple[int, bytes]] = None
         """(answer pipe, ``T <id>``) of the request taken, while the server has not been told."""
+        if ledger is not None:
+            signals.signal(signals.SIGALRM, lambda _signum, _frame: self.tell())
 
     def tell(self) -> None:
         """The server told of the request taken (``T <id>``), once: the SIGALRM handler. Safe
@@ -156,8 +158,10 @@ class RequestPipe:
         """``T <id>`` of the request taken, for the caller to write (b"" when told, or none
         was taken); from now on the clock tells nothing."""
         to_tell, self.to_tell = self.to_tell, None
+        if to_tell is None:  # none taken, or told by the clock, which rings once
+            return b""
         signals.setitimer(signals.ITIMER_REAL, 0)
-        return b"" if to_tell is None else to_tell[1]
+        return to_tell[1]
 
     def _took(self, answers: int, frame_id: str) -> None:
         """A request taken: in the ledger now, and the server told when the op is done (``tell``)
@@ -168,7 +172,6 @@ class RequestPipe:
         ledger, slot = self.ledger
         ledger.write(slot, frame_id)
         self.to_tell = (answers, took(frame_id))
-        signals.signal(signals.SIGALRM, lambda _signum, _frame: self.tell())
         signals.setitimer(signals.ITIMER_REAL, self.tell_after)
 
     def next_line(self) -> bytes:
