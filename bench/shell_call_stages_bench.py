@@ -105,8 +105,12 @@ def put_marks() -> None:
     resident_channel.ResidentChannel._readable = readable  # type: ignore[method-assign]
 
 
+BASH = shutil.which("bash") or "/bin/bash"
+"""Found once: the floor of bash alone times no PATH search."""
+
+
 def bare_spawn() -> None:
-    os.waitpid(os.posix_spawn(shutil.which("bash") or "/bin/bash", ["bash", "-c", "true"], os.environ), 0)
+    os.waitpid(os.posix_spawn(BASH, ["bash", "-c", "true"], os.environ), 0)
 
 
 async def bare_spawn_call() -> None:
