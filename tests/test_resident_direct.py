@@ -6,6 +6,8 @@ stdin's. The kubernetes side: tests/test_kube_direct.py."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import time
 
@@ -98,6 +100,62 @@ def test_the_token_named_makes_the_connection_the_channel(offering, tmp_path):
     assert refused(port)  # the listener closed once taken
     sock.shutdown(socket.SHUT_WR)  # the socket's end is stdin's: the server exits
     assert server.proc.wait(10) == 0
+
+
+def request_line(frame_id: str, command: str, home: str) -> bytes:
+    return json.dumps({"v": 1, "id": frame_id, "request": {
+        "op": "shell", "args": {"command": command}, "run_id": "r1", "agent_id": "a", "call_id": frame_id,
+        "home": home, "cwd": home}}).encode() + b"\n"
+
+
+def answer_text(sock: socket.socket, frame_id: str) -> str:
+    from guilds_code.protocol import decode_envelope
+
+    answer = json.loads(line_of(sock))
+    assert answer["id"] == frame_id, answer
+    return ok_text(decode_envelope(answer["envelope"].encode()))
+
+
+def test_a_worker_writes_its_answer_on_the_connection_itself(offering, tmp_path):
+    """No /proc path opens a socket: the worker writes on its own descriptor of the connection,
+    so a stopped server (which would have to relay every answer) leaves calls answered."""
+    server = offering()
+    server.send(token_frame())
+    sock = connect(server.hello["direct"])
+    assert b'"hello"' in line_of(sock)
+    sock.sendall(request_line("a1", "echo first", str(tmp_path)))
+    assert answer_text(sock, "a1") == "first"
+    time.sleep(0.3)  # the server names its waiting worker the reader
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        sock.sendall(request_line("a2", "echo with the server stopped", str(tmp_path)))
+        assert answer_text(sock, "a2") == "with the server stopped"
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    sock.sendall(request_line("a3", "echo again", str(tmp_path)))
+    assert answer_text(sock, "a3") == "again"
+
+
+def test_the_connection_taken_sends_each_frame_at_once():
+    """TCP_NODELAY on the channel's socket: a frame written while another is unacknowledged
+    (two calls' answers, a cancel) is not held for the acknowledgement."""
+    from guilds_code.direct import Offer
+
+    offer = Offer()
+    try:
+        offer.token = TOKEN.encode()
+        client = connect(offer.port)
+        fd = offer.take()
+        assert fd is not None
+        taken = socket.socket(fileno=fd)
+        try:
+            assert taken.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            assert taken.gettimeout() is None  # blocking, as stdin and stdout are
+        finally:
+            taken.close()
+        client.close()
+    finally:
+        offer.close()
 
 
 def test_a_connection_before_the_token_waits_for_it(offering):

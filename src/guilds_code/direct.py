@@ -75,6 +75,7 @@ class Offer:
             line = b""
         if self.token is not None and line and hmac.compare_digest(line, self.token):
             conn.settimeout(None)
+            _no_delay(conn)
             return conn.detach()
         conn.close()
         self.refused += 1
@@ -104,3 +105,13 @@ def _line(conn: socket.socket, most: int) -> bytes:
         got += part
     line, newline, _ = got.partition(b"\n")
     return line if newline else b""
+
+
+def _no_delay(conn: socket.socket) -> None:
+    """Each frame sent at once (TCP_NODELAY): a frame is one write, and one that follows
+    another unanswered (a second call's answer, a cancel) would otherwise wait for the
+    first's acknowledgement."""
+    try:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        pass

@@ -76,6 +76,7 @@ import gc
 import json
 import os
 import select
+import stat
 import time
 
 from . import asleep, codec, frames, limits, proc, protocol, reader, watchdog
@@ -500,6 +501,7 @@ class Server:
                 signals.signal(sig, signals.SIG_DFL)
             server = os.getppid()
             channel = _kept_stdin()
+            channel_socket = _socket_stdout(server, channel)
             null = os.open(os.devnull, os.O_RDWR)
             os.dup2(null, 0)
             os.dup2(null, 1)
@@ -516,7 +518,8 @@ class Server:
             for served in range(1, limits.SERVE_WORKER_REQUESTS_MAX + 1):
                 envelope = self.answer(request)
                 told = pipe.untold()  # a request it read itself, the server not told yet: with the answer
-                if not _answer(self.frames_lock, server, requests, answers, frame_id, envelope, told):
+                if not _answer(self.frames_lock, server, requests, answers, frame_id, envelope, told,
+                               channel_socket):
                     reader.write_all(answers, told + envelope)
                 _reap_children()  # background wrappers that ended: never the next op's
                 os.chdir("/")  # an op may have entered a folder: a waiting worker holds none
@@ -740,7 +743,7 @@ def _frames_lock() -> Optional[int]:
 
 
 def _answer(lock: Optional[int], server: int, requests: int, answers: int, frame_id: str,
-            envelope: bytes, told: bytes = b"") -> bool:
+            envelope: bytes, told: bytes = b"", channel_socket: Optional[int] = None) -> bool:
     """SENT into a worker's answer pipe and its answer frame written to the server's stdout
     by the worker, holding the frames lock; False, with nothing written, when there is no
     frames lock, the server is gone, or the request was cancelled first (the server answers
@@ -748,8 +751,9 @@ def _answer(lock: Optional[int], server: int, requests: int, answers: int, frame
     runs, knows this worker free before the next request can come. ``told``: ``T <id>`` of a
     request the worker read itself and has not told (``reader``): the server reads no stdin
     until it reads that, so the frame goes first, then ``told`` and SENT in one write, which
-    wakes the server once and after the answer is on its way."""
-    out = _stdout_of(server) if lock is not None else None
+    wakes the server once and after the answer is on its way. ``channel_socket``: see
+    ``_stdout_of``."""
+    out = _stdout_of(server, channel_socket) if lock is not None else None
     if out is None:
         return False
     frame = frames.answer_frame(frame_id, envelope)
@@ -770,18 +774,42 @@ def _answer(lock: Optional[int], server: int, requests: int, answers: int, frame
         os.close(out)
 
 
-def _stdout_of(server: int) -> Optional[int]:
+def _stdout_of(server: int, channel_socket: Optional[int] = None) -> Optional[int]:
     """The server's stdout opened anew, for one answer: a worker holds no descriptor
     of the channel while its op runs, so the channel ends with the server; None
-    when the server is gone (no longer this worker's parent) or it cannot be opened."""
+    when the server is gone (no longer this worker's parent) or it cannot be opened.
+    On the direct channel (``channel_socket``, ``_socket_stdout``) stdout is the
+    socket the worker holds already to read requests, which no /proc path opens:
+    a duplicate of it."""
     if os.getppid() != server:
         return None
+    if channel_socket is not None:
+        try:
+            return os.dup(channel_socket)
+        except OSError:
+            return None
     try:  # not blocking in the open: a pipe with no reader left would wait there
         fd = os.open(f"/proc/{server}/fd/1", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     os.set_blocking(fd, True)
     return fd
+
+
+def _socket_stdout(server: int, channel: Optional[int]) -> Optional[int]:
+    """channel (a worker's own descriptor of stdin) when it is a socket and the server's
+    stdout is that same socket: the direct channel, one connection both ways
+    (``direct``), whose answers the worker then writes itself as on a pipe; else None."""
+    if channel is None:
+        return None
+    try:
+        mine = os.fstat(channel)
+        if not stat.S_ISSOCK(mine.st_mode):
+            return None
+        theirs = os.stat(f"/proc/{server}/fd/1")
+    except OSError:
+        return None
+    return channel if (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino) else None
 
 
 def _mark_cancelled(requests: int) -> None:

@@ -117,6 +117,7 @@ def _connect(pod_ip: str, port: int, token: str, deadline: float) -> tuple[socke
             time.sleep(min(KUBERNETES_DIRECT_PAUSE_SECONDS, max(0.0, deadline - time.monotonic())))
             continue
         try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a frame is one write: sent at once
             sock.settimeout(max(0.01, deadline - time.monotonic()))
             sock.sendall(token.encode() + b"\n")
             return sock, _hello_line(sock)
