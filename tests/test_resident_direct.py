@@ -158,6 +158,19 @@ def test_the_connection_taken_sends_each_frame_at_once():
         offer.close()
 
 
+def test_the_orchestrators_connection_sends_each_frame_at_once(offering):
+    """kube_direct's side of the same: the connection it makes to the offered port (here the
+    built helper's, on loopback) has TCP_NODELAY, and is the channel (its hello read)."""
+    from guilds.sandbox.kubernetes import kube_direct
+
+    server = offering()
+    server.send(token_frame())
+    sock, hello = kube_direct._connect("127.0.0.1", server.hello["direct"], TOKEN, time.monotonic() + 10)
+    OPEN.append(sock)
+    assert json.loads(hello)["hello"] == "guilds-code"
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
 def test_a_connection_before_the_token_waits_for_it(offering):
     server = offering()
     port = server.hello["direct"]
