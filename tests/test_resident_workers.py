@@ -165,12 +165,23 @@ def _woken(pid: int) -> int:
 
 
 def test_calls_in_a_row_do_not_wake_the_watchdog_at_each_line(sandbox, server):
+    """Each call writes the watchdog two lines; while they come it reads them once a
+    WATCHDOG_READ_SECONDS tick instead, so calls well within the tick wake it fewer times
+    than there are calls. Calls near or past the tick (a loaded machine) leave it little
+    to gather (a tick that finds no line sends it back to waiting on the pipe): such a
+    round is measured again, up to three rounds."""
     watchdog = _watchdog_of(server)
-    calls = 100
-    before = _woken(watchdog)
-    for _ in range(calls):
-        server.call(shell(sandbox, "true"))
-    assert _woken(watchdog) - before < calls  # each call writes it two lines
+    calls, rounds = 100, []
+    for _ in range(3):
+        before, began = _woken(watchdog), time.monotonic()
+        for _ in range(calls):
+            server.call(shell(sandbox, "true"))
+        took, woken = time.monotonic() - began, _woken(watchdog) - before
+        if took / calls < limits.WATCHDOG_READ_SECONDS / 2:
+            assert woken < calls, (woken, took)  # two lines a call
+            return
+        rounds.append(f"{took / calls * 1000:.0f} ms a call, woken {woken} times")
+    pytest.skip(f"calls slower than half the watchdog's tick in every round ({'; '.join(rounds)})")
 
 
 def test_a_worker_dead_before_the_watchdog_read_its_line_has_its_command_killed(sandbox, server):
