@@ -4,6 +4,10 @@ Run: .venv/bin/python bench/shell_call_bench.py [--calls N] [--backends local,bw
 
 ``kubernetes-direct`` is the kubernetes backend with ``channel = "direct"`` (the helper's
 frames on TCP to the pod's IP, docs/sandboxes.md), beside ``kubernetes`` (on the exec's stream).
+``docker-hostbin`` is the docker backend with this machine's bash, loader, libraries and
+locales bound read-only over the image's (HOSTBIN): the same files, so the same pages in
+memory and in the CPU's caches, as the floor's bash and local's. Beside ``docker`` it shows
+what the image's own copy of them costs in the caches, apart from what docker adds.
 
 Each backend's agent makes shell `true` calls through ``Toolbox.call`` (the run
 record on SQLite, redaction, the pipeline) on the resident transport; the floor
@@ -39,8 +43,26 @@ sys.path.insert(0, str(ROOT / "src"))
 from guilds.config.settings import parse_settings
 from guilds.record.store import Store
 from guilds.sandbox import get_sandbox
+from guilds.sandbox.docker import docker_spec
 from guilds.toolbox import Toolbox
 from resident_bench import Timed, interleaved, median_ms, spawn, transport_call
+
+
+HOSTBIN = ("/usr/bin/bash", "/usr/lib/x86_64-linux-gnu", "/usr/lib/locale")
+"""What ``docker-hostbin`` binds from this machine, each at its own path (ld.so, libc and
+libtinfo are in the library folder; /lib64's loader is a link into it)."""
+
+
+def bind_host_binaries(agent_id: str) -> None:
+    """The container of agent_id made with HOSTBIN bound read-only (docker_spec, for this run)."""
+    make = docker_spec.container_spec
+
+    def spec(cfg: Any, **kwargs: Any) -> dict[str, Any]:
+        made = make(cfg, **kwargs)
+        if kwargs.get("agent_id") == agent_id:
+            made["volumes"] = {**made["volumes"], **{path: {"bind": path, "mode": "ro"} for path in HOSTBIN}}
+        return made
+    docker_spec.container_spec = spec  # type: ignore[assignment]
 
 
 async def toolboxes(root: Path, store: Store, backends: list[str]) -> dict[str, Toolbox]:
@@ -56,6 +78,8 @@ async def toolboxes(root: Path, store: Store, backends: list[str]) -> dict[str, 
             data["kubernetes"] = {"namespace": os.environ.get("GUILDS_TEST_KUBE_NAMESPACE", "guilds-test"),
                                   "image": os.environ.get("GUILDS_TEST_KUBE_IMAGE", "guilds-sandbox:latest"),
                                   "channel": channel or "exec"}
+        if backend == "docker-hostbin":
+            bind_host_binaries(data["agent"]["id"])
         settings = parse_settings(data, root, env={})
         toolbox = Toolbox(settings, get_sandbox(settings, root / "data"), store)
         try:
