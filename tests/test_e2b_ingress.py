@@ -98,8 +98,15 @@ PORT, CLOSED, SECOND, ENDLESS, BIND_ALL, DAEMON = _free_ports(6)
 
 @pytest.fixture(scope="module")
 def server(backend, tmp_path_factory) -> Iterator[E2BServer]:
-    with e2b_server(tmp_path_factory.mktemp("ingress"), backend) as served:
-        yield served
+    """The E2B server, on a port of its own: one the kernel gave it on one of the ports above
+    (freed when this module was read) is stopped and another started, since the sandbox's
+    server could not listen there (on local and bwrap it shares this machine's ports)."""
+    for _ in range(3):
+        with e2b_server(tmp_path_factory.mktemp("ingress"), backend) as served:
+            if httpx.URL(served.url).port not in (PORT, CLOSED, SECOND, ENDLESS, BIND_ALL, DAEMON):
+                yield served
+                return
+    raise AssertionError("three servers in a row were given a port of this module's")
 
 
 def _serve(box: Any, port: int = PORT) -> Any:
