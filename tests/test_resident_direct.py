@@ -81,27 +81,6 @@ def refused(port: int) -> bool:
     return False
 
 
-def test_the_token_named_makes_the_connection_the_channel(offering, tmp_path):
-    server = offering()
-    port = server.hello["direct"]
-    assert isinstance(port, int) and 0 < port < 65536
-    server.send(token_frame())
-    sock = connect(port)
-    hello = json.loads(line_of(sock))
-    assert hello["hello"] == "guilds-code" and hello["pid"] == server.proc.pid and "direct" not in hello
-    sock.sendall(json.dumps({"v": 1, "id": "a1", "request": {
-        "op": "shell", "args": {"command": "echo over tcp"}, "run_id": "r1", "agent_id": "a", "call_id": "c1",
-        "home": str(tmp_path), "cwd": str(tmp_path)}}).encode() + b"\n")
-    answer = json.loads(line_of(sock))
-    assert answer["id"] == "a1"
-    from guilds_code.protocol import decode_envelope
-
-    assert ok_text(decode_envelope(answer["envelope"].encode())) == "over tcp"
-    assert refused(port)  # the listener closed once taken
-    sock.shutdown(socket.SHUT_WR)  # the socket's end is stdin's: the server exits
-    assert server.proc.wait(10) == 0
-
-
 def request_line(frame_id: str, command: str, home: str) -> bytes:
     return json.dumps({"v": 1, "id": frame_id, "request": {
         "op": "shell", "args": {"command": command}, "run_id": "r1", "agent_id": "a", "call_id": frame_id,
@@ -114,6 +93,21 @@ def answer_text(sock: socket.socket, frame_id: str) -> str:
     answer = json.loads(line_of(sock))
     assert answer["id"] == frame_id, answer
     return ok_text(decode_envelope(answer["envelope"].encode()))
+
+
+def test_the_token_named_makes_the_connection_the_channel(offering, tmp_path):
+    server = offering()
+    port = server.hello["direct"]
+    assert isinstance(port, int) and 0 < port < 65536
+    server.send(token_frame())
+    sock = connect(port)
+    hello = json.loads(line_of(sock))
+    assert hello["hello"] == "guilds-code" and hello["pid"] == server.proc.pid and "direct" not in hello
+    sock.sendall(request_line("a1", "echo over tcp", str(tmp_path)))
+    assert answer_text(sock, "a1") == "over tcp"
+    assert refused(port)  # the listener closed once taken
+    sock.shutdown(socket.SHUT_WR)  # the socket's end is stdin's: the server exits
+    assert server.proc.wait(10) == 0
 
 
 def test_a_worker_writes_its_answer_on_the_connection_itself(offering, tmp_path):
